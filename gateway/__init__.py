@@ -1,0 +1,1 @@
+"""The async service: data plane, control API, sessions, stores and providers."""

@@ -1,0 +1,174 @@
+"""The control API (port 8081): sessions, sandboxes, route dry runs, health.
+
+Every error leaves through :func:`error_middleware`, the one place where a
+``GatewayError`` (or aiohttp's own 404/405/413) becomes the documented JSON
+shape; an unexpected exception is logged with its stack and answered with a
+bare 500 that says nothing about internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.errors import BadRequest, GatewayError, error_body
+from gateway.metrics import Metrics
+from gateway.model import Binding, SandboxRecord
+from gateway.sessions import SessionRouter
+from routing import Identity, InvalidIdentity
+
+log = logging.getLogger(__name__)
+
+ROUTER = web.AppKey("router", SessionRouter)
+READINESS = web.AppKey("readiness", Callable[[], Awaitable[list[str]]])
+METRICS = web.AppKey("metrics", Metrics)
+
+_IDENTITY_FIELDS = ("org_id", "user_id", "session_id", "bot_id")
+_HEADER_OF = {"org_id": "X-Org-Id", "user_id": "X-User-Id", "session_id": "X-Session-Id", "bot_id": "X-Bot-Id"}
+
+
+def json_error(exc: GatewayError) -> web.Response:
+    return web.Response(status=exc.status, body=error_body(exc), content_type="application/json",
+                        headers=exc.headers())
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return json_error(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status, "bad_request")
+        error = GatewayError(exc.reason, code=code)
+        error.status = exc.status  # type: ignore[misc]  # keep aiohttp's status, our body shape
+        return json_error(error)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return json_error(GatewayError("internal error; the gateway logged the details"))
+
+
+def _identity(raw: dict[str, Any]) -> Identity:
+    try:
+        return Identity.parse(**{field: raw.get(field) for field in _IDENTITY_FIELDS})
+    except InvalidIdentity as exc:
+        raise BadRequest(str(exc), code="invalid_identity") from None
+
+
+def _caller(request: web.Request, session_id: str) -> Identity | None:
+    """An identity from X-* headers, when the caller sent one: then the owner check applies."""
+    if "X-User-Id" not in request.headers:
+        return None
+    raw = {field: request.headers.get(header) for field, header in _HEADER_OF.items()}
+    raw["session_id"] = session_id
+    return _identity(raw)
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json(loads=json.loads)
+    except ValueError:
+        raise BadRequest("the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object", code="invalid_json")
+    unknown = sorted(set(body) - set(_IDENTITY_FIELDS))
+    if unknown:
+        raise BadRequest(f"unknown field {unknown[0]!r} (allowed: {', '.join(_IDENTITY_FIELDS)})")
+    return body
+
+
+def _path_session(request: web.Request) -> str:
+    session_id = request.match_info["session_id"]
+    try:
+        Identity.parse(user_id="-", session_id=session_id)
+    except InvalidIdentity as exc:
+        raise BadRequest(str(exc), code="invalid_identity") from None
+    return session_id
+
+
+def _binding_view(binding: Binding, record: SandboxRecord | None) -> dict[str, Any]:
+    return {
+        "session_id": binding.session_id,
+        "sandbox_id": binding.sandbox_id,
+        "pool": binding.pool,
+        "isolation": binding.isolation.value,
+        "state": record.state.value if record is not None else "absent",
+        "endpoint": record.endpoint.url() if record is not None and record.endpoint is not None else None,
+    }
+
+
+async def create_session(request: web.Request) -> web.Response:
+    identity = _identity(await _json_object(request))
+    binding, record = await request.app[ROUTER].bind(identity)
+    return web.json_response(_binding_view(binding, record))
+
+
+async def get_session(request: web.Request) -> web.Response:
+    session_id = _path_session(request)
+    router = request.app[ROUTER]
+    binding = await router.lookup(session_id, _caller(request, session_id))
+    return web.json_response(_binding_view(binding, await router.store.get_sandbox(binding.sandbox_id)))
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    session_id = _path_session(request)
+    binding = await request.app[ROUTER].close_session(session_id, _caller(request, session_id))
+    return web.json_response({"session_id": session_id, "sandbox_id": binding.sandbox_id, "deleted": True})
+
+
+async def list_sandboxes(request: web.Request) -> web.Response:
+    records = await request.app[ROUTER].store.list_sandboxes()
+    return web.json_response({"sandboxes": [
+        {"sandbox_id": r.sandbox_id, "pool": r.pool, "state": r.state.value, "sessions": r.sessions,
+         "last_activity": r.last_active, "created_at": r.created_at}
+        for r in sorted(records, key=lambda r: r.created_at)
+    ]})
+
+
+async def route_dry_run(request: web.Request) -> web.Response:
+    unknown = sorted(set(request.query) - set(_IDENTITY_FIELDS))
+    if unknown:
+        raise BadRequest(f"unknown query parameter {unknown[0]!r} (allowed: {', '.join(_IDENTITY_FIELDS)})")
+    placement = request.app[ROUTER].dry_run(_identity(dict(request.query)))
+    return web.json_response(placement.as_dict())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    problems = await request.app[READINESS]()
+    if problems:
+        return web.json_response({"status": "unavailable", "problems": problems}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[list[str]]], metrics_: Metrics) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024)
+    app[ROUTER] = router
+    app[READINESS] = readiness
+    app[METRICS] = metrics_
+    app.router.add_post("/v1/sessions", create_session)
+    app.router.add_get("/v1/sessions/{session_id}", get_session)
+    app.router.add_delete("/v1/sessions/{session_id}", delete_session)
+    app.router.add_get("/v1/sandboxes", list_sandboxes)
+    app.router.add_get("/v1/route", route_dry_run)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app

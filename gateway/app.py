@@ -1,0 +1,201 @@
+"""The composition root: the one place that picks implementations and wires them.
+
+``Gateway`` owns everything a serving process runs (store, providers, session
+router, data plane, control API, background loops) and starts and stops them in
+order. Nothing here runs at import time; ``serve`` in ``gateway.server`` binds
+sockets and supervises worker processes around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gateway.api import create_control_app
+from gateway.errors import GatewayError
+from gateway.metrics import Metrics, status_class
+from gateway.providers.base import PoolProviders, SandboxProvider
+from gateway.sessions import RouterTuning, SessionRouter
+from gateway.settings import Settings
+from gateway.store.base import SessionStore
+from routing import Policy, PolicyError, default_policy, parse_org_list, parse_policy
+
+log = logging.getLogger("gateway")
+access_log = logging.getLogger("gateway.access")
+
+
+def load_policy(settings: Settings) -> Policy:
+    """The policy file if one is configured, else the built-in default; env orgs merged in."""
+    extra = parse_org_list(settings.per_session_org_ids)
+    if settings.policy_file is None:
+        return default_policy(extra)
+    path = settings.policy_file
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError([f"{path}: cannot read the policy file: {exc.strerror}"]) from None
+    return parse_policy(text, str(path), extra)
+
+
+def build_store(settings: Settings) -> SessionStore:
+    if settings.redis_url:
+        from gateway.store.redis import RedisStore  # imported only when selected
+
+        return RedisStore(settings.redis_url, settings.redis_prefix, settings.replica_id)
+    from gateway.store.memory import MemoryStore
+
+    return MemoryStore()
+
+
+def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
+    """One provider instance per kind, serving every pool of that kind."""
+    by_kind: dict[str, list[str]] = {}
+    for name, pool in policy.pools.items():
+        by_kind.setdefault(pool.provider, []).append(name)
+    instances: dict[str, SandboxProvider] = {}
+    if "local" in by_kind:
+        from gateway.providers.local import LocalProvider
+
+        instances["local"] = LocalProvider(Path(settings.data_dir), stop_on_close=settings.redis_url is None)
+    if "static" in by_kind:
+        from gateway.providers.static import StaticProvider
+
+        instances["static"] = StaticProvider({p: policy.pools[p].upstreams or [] for p in by_kind["static"]})
+    if "kubernetes" in by_kind:
+        from gateway.providers.kubernetes import KubernetesProvider
+
+        instances["kubernetes"] = KubernetesProvider.from_policy(settings, policy, by_kind["kubernetes"])
+    return PoolProviders({name: instances[kind] for kind, names in by_kind.items() for name in names})
+
+
+class Gateway:
+    """One serving process: build with :meth:`create`, then :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, settings: Settings, policy: Policy, store: SessionStore, provider: PoolProviders,
+                 metrics: Metrics) -> None:
+        self.settings = settings
+        self.store = store
+        self.provider = provider
+        self.metrics = metrics
+        self.router = SessionRouter(
+            store, provider, policy, replica_id=settings.replica_id,
+            tuning=RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
+                                session_ttl=settings.session_ttl, activity_interval=settings.activity_flush_interval),
+        )
+        self.data_plane: Any = None
+        self._control_runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._policy_mtime: float | None = None
+        self.data_address: tuple[str, int] | None = None
+        self.control_address: tuple[str, int] | None = None
+
+    @classmethod
+    def create(cls, settings: Settings) -> Gateway:
+        policy = load_policy(settings)
+        metrics = Metrics(per_org=settings.per_org_metrics, org_label_limit=settings.org_label_limit)
+        return cls(settings, policy, build_store(settings), build_providers(settings, policy), metrics)
+
+    async def start(self, data_sock: socket.socket, control_sock: socket.socket) -> None:
+        from gateway.proxy import DataPlane
+
+        await self.provider.start(self.router.sandbox_lost)
+        self.data_plane = DataPlane(self.router, self.settings, on_request=self._on_request)
+        await self.data_plane.start(data_sock)
+        control = create_control_app(self.router, self.readiness, self.metrics)
+        self._control_runner = web.AppRunner(control, access_log=None, handle_signals=False)
+        await self._control_runner.setup()
+        await web.SockSite(self._control_runner, control_sock).start()
+        self.data_address = data_sock.getsockname()[:2]
+        self.control_address = control_sock.getsockname()[:2]
+        self._every(self.settings.activity_flush_interval, self.router.flush_activity)
+        self._every(self.settings.reap_interval, self._reap)
+        if self.settings.policy_file is not None:
+            self._policy_mtime = self.settings.policy_file.stat().st_mtime
+            self._every(2.0, self._reload_policy)
+
+    async def stop(self) -> None:
+        """Drain: stop accepting, let in-flight requests finish (bounded), leave sandboxes alive."""
+        if self.data_plane is not None:
+            await self.data_plane.stop(self.settings.drain_timeout)
+        if self._control_runner is not None:
+            await self._control_runner.cleanup()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(GatewayError):
+            await self.router.flush_activity()
+        await self.provider.close()
+        await self.store.close()
+
+    async def readiness(self) -> list[str]:
+        problems = []
+        try:
+            await self.store.ping()
+        except GatewayError as exc:
+            problems.append(f"store: {exc.message}")
+        return problems
+
+    def describe(self) -> list[str]:
+        policy = self.router.policy
+        pools = ", ".join(f"{name} ({pool.provider})" for name, pool in policy.pools.items())
+        return [f"store: {self.settings.store_kind}", f"policy: {policy.source}", f"pools: {pools}",
+                f"per-session orgs: {', '.join(sorted(policy.per_session_orgs)) or '(none)'}"]
+
+    # background work ------------------------------------------------------
+    def _every(self, interval: float, job: Callable[[], Awaitable[Any]]) -> None:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await job()
+                except GatewayError as exc:
+                    log.warning("%s failed: %s", job.__name__, exc.message)
+                except Exception:
+                    log.exception("%s failed", job.__name__)
+
+        self._tasks.append(asyncio.create_task(loop(), name=f"every-{job.__name__}"))
+
+    async def _reap(self) -> None:
+        for sandbox_id in await self.router.reap_once():
+            self.metrics.reaps.labels("idle").inc()
+            log.info("reaped idle sandbox %s", sandbox_id)
+
+    async def _reload_policy(self) -> None:
+        """Hot reload: a changed file replaces the policy for new sessions; a bad one is refused."""
+        path = self.settings.policy_file
+        assert path is not None
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return
+        if mtime == self._policy_mtime:
+            return
+        self._policy_mtime = mtime
+        try:
+            self.router.policy = load_policy(self.settings)
+        except PolicyError as exc:
+            log.error("policy reload failed, keeping the previous policy:\n%s", exc)
+            return
+        log.info("policy reloaded from %s", path)
+
+    def _on_request(self, entry: Any) -> None:
+        m = self.metrics
+        pool = entry.pool or "none"
+        m.requests.labels(pool, entry.protocol, status_class(entry.status)).inc()
+        m.request_duration.labels(pool, entry.protocol).observe(entry.duration)
+        if entry.error:
+            m.upstream_errors.labels(entry.error).inc()
+        if self.settings.access_log:
+            access_log.info("%s %s", entry.method, entry.status, extra={"fields": {
+                "request_id": entry.request_id, "pool": entry.pool, "sandbox_id": entry.sandbox_id,
+                "status": entry.status, "duration_ms": round(entry.duration * 1000, 2), "protocol": entry.protocol,
+            }})

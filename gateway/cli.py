@@ -1,0 +1,156 @@
+"""The ``sandbox-gateway`` command.
+
+``serve`` runs the gateway; ``route`` and ``check-policy`` are the pure routing
+core on the command line; ``runtime`` is the reference sandbox runtime the
+local provider starts. Bad input is one line on stderr and exit code 2
+(``check-policy`` exits 1 when the file has errors, listing all of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
+
+from routing import Identity, InvalidIdentity, PolicyError, default_policy, parse_org_list, parse_policy, place
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"sandbox-gateway: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _cmd_route(args: argparse.Namespace) -> int:
+    import os
+
+    extra = parse_org_list(os.environ.get("PER_SESSION_SANDBOX_ORG_IDS"))
+    try:
+        if args.policy is not None:
+            policy = parse_policy(Path(args.policy).read_text(encoding="utf-8"), args.policy, extra)
+        else:
+            policy = default_policy(extra)
+        identity = Identity.parse(org_id=args.org, user_id=args.user, session_id=args.session, bot_id=args.bot)
+    except OSError as exc:
+        _fail(f"cannot read policy file {args.policy}: {exc.strerror}")
+    except PolicyError as exc:
+        _fail(str(exc).replace("\n", "; "))
+    except InvalidIdentity as exc:
+        flag = {"org_id": "--org", "user_id": "--user", "session_id": "--session", "bot_id": "--bot"}[exc.field]
+        _fail(f"{flag}: {exc.reason}")
+    print(json.dumps(place(identity, policy).as_dict()))
+    return 0
+
+
+def _cmd_check_policy(args: argparse.Namespace) -> int:
+    import os
+
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except OSError as exc:
+        print(f"{args.file}: cannot read: {exc.strerror}", file=sys.stderr)
+        return 1
+    try:
+        policy = parse_policy(text, args.file, parse_org_list(os.environ.get("PER_SESSION_SANDBOX_ORG_IDS")))
+    except PolicyError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        print(f"{len(exc.errors)} error(s)", file=sys.stderr)
+        return 1
+    print(policy.summary())
+    print("ok")
+    return 0
+
+
+_SERVE_FLAGS: dict[str, str] = {
+    "host": "host", "data_port": "data_port", "control_port": "control_port", "workers": "workers",
+    "policy": "policy_file", "data_dir": "data_dir", "redis_url": "redis_url", "log_level": "log_level",
+    "log_format": "log_format", "access_log": "access_log",
+}
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.server import serve
+    from gateway.settings import Settings
+
+    overrides: dict[str, Any] = {
+        field: getattr(args, flag) for flag, field in _SERVE_FLAGS.items() if getattr(args, flag) is not None
+    }
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        _fail(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+    try:
+        return serve(settings)
+    except PolicyError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        return 2
+    except OSError as exc:
+        _fail(f"cannot listen: {exc.strerror or exc}")
+
+
+def _cmd_runtime(args: argparse.Namespace) -> int:
+    from gateway.runtime import run
+
+    run(args.host, args.port, Path(args.root), args.sandbox_id)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sandbox-gateway",
+                                     description="A routing gateway in front of code-execution sandboxes.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the gateway (data plane and control API)",
+                           description="Run the gateway. Flags override SANDBOX_GATEWAY_* environment variables.")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--data-port", type=int, help="data-plane port (default 8080; 0 = any free port)")
+    serve.add_argument("--control-port", type=int, help="control API port (default 8081; 0 = any free port)")
+    serve.add_argument("--workers", type=int, help="worker processes sharing the ports (default 1; >1 needs REDIS_URL)")
+    serve.add_argument("--policy", help="policy YAML file (default: built-in two local pools)")
+    serve.add_argument("--data-dir", help="where local sandboxes keep their files (default .sandbox-gateway)")
+    serve.add_argument("--redis-url", help="shared session store (default: in memory, one process)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", choices=["auto", "json", "text"])
+    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
+                       help="one log line per data-plane request (default on)")
+    serve.set_defaults(func=_cmd_serve)
+
+    route = sub.add_parser("route", help="print the sandbox decision for an identity (creates nothing)",
+                           description="Dry-run placement: prints {sandbox_id, pool, isolation} as JSON.")
+    route.add_argument("--org", help="org ID (omit for a personal account)")
+    route.add_argument("--user", required=True, help="user ID")
+    route.add_argument("--session", required=True, help="session ID")
+    route.add_argument("--bot", help="bot ID (optional)")
+    route.add_argument("--policy", help="policy YAML file (default: built-in)")
+    route.set_defaults(func=_cmd_route)
+
+    check = sub.add_parser("check-policy", help="validate a policy file",
+                           description="Validate a policy file: a summary and exit 0, or every error and exit 1.")
+    check.add_argument("file", help="policy YAML file")
+    check.set_defaults(func=_cmd_check_policy)
+
+    runtime = sub.add_parser("runtime", help="run the reference sandbox runtime (one sandbox)",
+                             description="The reference sandbox runtime the local provider starts.")
+    runtime.add_argument("--host", default="127.0.0.1")
+    runtime.add_argument("--port", type=int, default=8888)
+    runtime.add_argument("--root", required=True, help="the sandbox's working directory")
+    runtime.add_argument("--sandbox-id", default="")
+    runtime.set_defaults(func=_cmd_runtime)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

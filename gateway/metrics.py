@@ -1,0 +1,85 @@
+"""Every Prometheus metric the gateway exports, in one place.
+
+Labels are bounded by construction: pools come from the policy, protocols and
+reasons from enums or fixed strings, status as a class (``2xx``). No sandbox or
+session ID is ever a label. Per-org series exist only when enabled, and fold
+orgs beyond ``org_label_limit`` into ``other`` so a tenant flood cannot blow up
+the series count.
+
+Each gateway owns a ``CollectorRegistry`` (tests build several in one process).
+With ``--workers N`` the workers share a multiprocess directory and the
+exposition aggregates them (prometheus-client's multiprocess mode).
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_PROVISION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+_STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1)
+_STATUS_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
+
+
+def status_class(status: int) -> str:
+    return _STATUS_CLASS.get(status // 100, "other")
+
+
+class Metrics:
+    def __init__(self, *, per_org: bool = False, org_label_limit: int = 100) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("sgw_requests_total", "Data-plane requests by pool, protocol and status class",
+                                ["pool", "protocol", "status"], registry=r)
+        self.request_duration = Histogram("sgw_request_duration_seconds", "Data-plane request duration",
+                                          ["pool", "protocol"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.upstream_errors = Counter("sgw_upstream_errors_total", "Upstream failures by reason", ["reason"], registry=r)
+        self.provision_duration = Histogram("sgw_provision_duration_seconds", "Time to create a sandbox until ready",
+                                            ["pool"], buckets=_PROVISION_BUCKETS, registry=r)
+        self.provisions = Counter("sgw_provisions_total", "Sandbox creations by pool and outcome",
+                                  ["pool", "outcome"], registry=r)
+        self.sessions = Gauge("sgw_sessions", "Bound sessions by pool", ["pool"], registry=r,
+                              multiprocess_mode="max")
+        self.sandboxes = Gauge("sgw_sandboxes", "Sandboxes by pool and state", ["pool", "state"], registry=r,
+                               multiprocess_mode="max")
+        self.capacity_rejections = Counter("sgw_capacity_rejections_total", "Requests refused at a cap", ["scope"],
+                                           registry=r)
+        self.reaps = Counter("sgw_reaps_total", "Sandboxes destroyed by reason", ["reason"], registry=r)
+        self.sweeps = Counter("sgw_orphan_sweeps_total", "Orphaned provider objects deleted", ["reason"], registry=r)
+        self.route_cache = Counter("sgw_route_cache_total", "Route cache lookups", ["result"], registry=r)
+        self.store_errors = Counter("sgw_store_errors_total", "Session store failures", ["op"], registry=r)
+        self.store_latency = Histogram("sgw_store_latency_seconds", "Session store call latency", ["op"],
+                                       buckets=_STORE_BUCKETS, registry=r)
+        self.in_flight = Gauge("sgw_in_flight_requests", "Data-plane requests in progress", registry=r,
+                               multiprocess_mode="livesum")
+        self.open_streams = Gauge("sgw_open_streams", "Open WebSocket and SSE streams", registry=r,
+                                  multiprocess_mode="livesum")
+        self.security_denials = Counter("sgw_security_denials_total", "Requests denied for isolation or auth",
+                                        ["reason"], registry=r)
+        self.per_org = per_org
+        self._org_limit = org_label_limit
+        self._orgs: set[str] = set()
+        self.org_requests = Counter("sgw_org_requests_total", "Data-plane requests per org (when enabled)",
+                                    ["org", "status"], registry=r)
+
+    def org_label(self, org_id: str | None) -> str:
+        """The org as a label value, folding orgs past the limit into ``other``."""
+        org = org_id if org_id is not None else "personal"
+        if org in self._orgs:
+            return org
+        if len(self._orgs) < self._org_limit:
+            self._orgs.add(org)
+            return org
+        return "other"
+
+    def exposition(self) -> tuple[bytes, str]:
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory:
+            aggregate = CollectorRegistry()
+            multiprocess.MultiProcessCollector(aggregate, path=directory)
+            return generate_latest(aggregate), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,64 @@
+"""The ``SandboxProvider`` seam: create, find and destroy sandboxes.
+
+A provider is idempotent on the sandbox ID: ``ensure`` for an ID that already
+exists adopts it, so a creation retried after a crash (on this or another
+replica) never makes a second sandbox. Providers report sandboxes that died
+through the ``on_lost`` callback given to ``start``; the router then forgets
+the route and the next request re-creates the sandbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from gateway.errors import ProvisionFailed
+from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
+
+LostHandler = Callable[[str], None]
+
+
+class SandboxProvider(Protocol):
+    async def start(self, on_lost: LostHandler) -> None: ...
+    async def ensure(self, request: SandboxRequest) -> Endpoint:
+        """Create (or adopt) the sandbox and return its endpoint once it is ready."""
+    async def delete(self, sandbox_id: str, pool: str) -> None:
+        """Destroy the sandbox; one that does not exist counts as deleted."""
+    async def list_managed(self) -> list[ManagedSandbox]: ...
+    async def close(self) -> None:
+        """Release clients; sandboxes stay alive (shutdown drains, it does not destroy)."""
+
+
+class PoolProviders:
+    """Dispatches each pool to the provider that serves it; itself a ``SandboxProvider``."""
+
+    def __init__(self, by_pool: Mapping[str, SandboxProvider]) -> None:
+        self._by_pool = dict(by_pool)
+        # One provider may serve several pools; start and close it once.
+        self._distinct = list({id(p): p for p in self._by_pool.values()}.values())
+
+    def for_pool(self, pool: str) -> SandboxProvider:
+        try:
+            return self._by_pool[pool]
+        except KeyError:
+            raise ProvisionFailed(f"no provider serves pool {pool!r}") from None
+
+    async def start(self, on_lost: LostHandler) -> None:
+        for provider in self._distinct:
+            await provider.start(on_lost)
+
+    async def ensure(self, request: SandboxRequest) -> Endpoint:
+        return await self.for_pool(request.pool).ensure(request)
+
+    async def delete(self, sandbox_id: str, pool: str) -> None:
+        await self.for_pool(pool).delete(sandbox_id, pool)
+
+    async def list_managed(self) -> list[ManagedSandbox]:
+        found: list[ManagedSandbox] = []
+        for provider in self._distinct:
+            found.extend(await provider.list_managed())
+        return found
+
+    async def close(self) -> None:
+        for provider in self._distinct:
+            await provider.close()

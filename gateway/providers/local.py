@@ -1,0 +1,282 @@
+"""One OS process per sandbox, running the reference runtime on loopback.
+
+State lives on disk under ``<data_dir>/sandboxes/<sandbox_id>/`` (``root/`` is
+the sandbox's working directory, ``state.json`` its pid and port), guarded by
+an ``flock`` per sandbox. That makes the provider idempotent across processes:
+any gateway worker or replica on this host can find, reach and delete a
+sandbox that another one started, and a sandbox outlives the worker that
+started it (it runs in its own session, so a worker's death does not take its
+sandboxes with it).
+
+Deaths are noticed without polling: each sandbox process is watched through a
+pidfd, which becomes readable when the process exits, whoever started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gateway.errors import ProvisionFailed, ProvisionTimeout
+from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
+from gateway.providers.base import LostHandler
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+STOP_GRACE_SECONDS = 5.0
+
+
+def _alive(pid: int, sandbox_id: str) -> bool:
+    """True when ``pid`` runs and is this sandbox's runtime (guards against pid reuse)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return sandbox_id.encode() in f.read()
+    except OSError:
+        return False
+
+
+class LocalProvider:
+    def __init__(self, data_dir: Path, *, stop_on_close: bool, python: str = sys.executable) -> None:
+        self._dir = data_dir / "sandboxes"
+        self._stop_on_close = stop_on_close
+        self._python = python
+        self._on_lost: LostHandler = lambda _sandbox_id: None
+        self._http: aiohttp.ClientSession | None = None
+        self._watched: dict[str, tuple[int, int]] = {}  # sandbox_id -> (pidfd, pid)
+        self._deleting: set[str] = set()
+
+    async def start(self, on_lost: LostHandler) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._on_lost = on_lost
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
+        for sandbox_id, state in self._states():
+            if _alive(state["pid"], sandbox_id):
+                self._watch(sandbox_id, state["pid"])
+
+    async def ensure(self, request: SandboxRequest) -> Endpoint:
+        try:
+            return await asyncio.wait_for(self._ensure(request), request.timeout)
+        except TimeoutError:
+            raise ProvisionTimeout(
+                f"local sandbox {request.sandbox_id} was not ready within {request.timeout:g}s",
+                sandbox_id=request.sandbox_id,
+            ) from None
+
+    async def _ensure(self, request: SandboxRequest) -> Endpoint:
+        box = self._dir / request.sandbox_id
+        async with _FileLock(box / "lock"):
+            state = _read_state(box)
+            if state is not None and _alive(state["pid"], request.sandbox_id) and await self._healthy(state["port"]):
+                self._watch(request.sandbox_id, state["pid"])
+                return Endpoint(HOST, state["port"])
+            if state is not None:
+                _terminate(state["pid"], request.sandbox_id)
+            pid, port = await self._spawn(request, box)
+            _write_state(box, {"pid": pid, "port": port, "pool": request.pool, "created_at": time.time()})
+        if not await self._healthy(port):
+            raise ProvisionFailed(f"local sandbox {request.sandbox_id} did not answer its health check",
+                                  sandbox_id=request.sandbox_id)
+        self._watch(request.sandbox_id, pid)
+        return Endpoint(HOST, port)
+
+    async def _spawn(self, request: SandboxRequest, box: Path) -> tuple[int, int]:
+        """Start the runtime in its own session and read the port from its LISTENING line.
+
+        ``posix_spawn`` rather than ``asyncio.create_subprocess_exec``: an asyncio
+        transport kills its child when closed, and these children must outlive us.
+        """
+        root = box / "root"
+        root.mkdir(parents=True, exist_ok=True)
+        read_fd, write_fd = os.pipe()
+        argv = [self._python, "-m", "gateway.runtime", "--host", HOST, "--port", "0",
+                "--root", str(root), "--sandbox-id", request.sandbox_id]
+        try:
+            pid = os.posix_spawn(self._python, argv, os.environ, setsid=True, file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, write_fd, 1),
+                (os.POSIX_SPAWN_OPEN, 2, str(box / "runtime.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+            ])
+        finally:
+            os.close(write_fd)
+        line = await _read_line(read_fd)
+        parts = line.decode(errors="replace").split()
+        if len(parts) != 3 or parts[0] != "LISTENING":
+            _terminate(pid, request.sandbox_id)
+            _reap(pid)
+            raise ProvisionFailed(f"local sandbox {request.sandbox_id} failed to start (see {box / 'runtime.log'})",
+                                  sandbox_id=request.sandbox_id)
+        return pid, int(parts[2])
+
+    async def _healthy(self, port: int) -> bool:
+        assert self._http is not None
+        try:
+            async with self._http.get(f"http://{HOST}:{port}/") as response:
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def delete(self, sandbox_id: str, pool: str) -> None:
+        box = self._dir / sandbox_id
+        if not box.exists():
+            return
+        self._deleting.add(sandbox_id)
+        try:
+            async with _FileLock(box / "lock"):
+                state = _read_state(box)
+                if state is not None:
+                    await _stop(state["pid"], sandbox_id)
+                await asyncio.to_thread(shutil.rmtree, box, True)
+        finally:
+            self._unwatch(sandbox_id)
+            self._deleting.discard(sandbox_id)
+
+    async def list_managed(self) -> list[ManagedSandbox]:
+        return [ManagedSandbox(sid, s.get("pool", ""), float(s.get("created_at", 0.0))) for sid, s in self._states()]
+
+    async def close(self) -> None:
+        if self._stop_on_close:
+            # A memory store forgets every binding at exit; sandboxes nobody can reach again are stopped.
+            for sandbox_id, state in self._states():
+                self._deleting.add(sandbox_id)
+                await _stop(state["pid"], sandbox_id)
+                await asyncio.to_thread(shutil.rmtree, self._dir / sandbox_id, True)
+        for sandbox_id in list(self._watched):
+            self._unwatch(sandbox_id)
+        if self._http is not None:
+            await self._http.close()
+
+    def describe(self) -> str:
+        return f"local processes under {self._dir}"
+
+    # death notification ----------------------------------------------------
+    def _watch(self, sandbox_id: str, pid: int) -> None:
+        if sandbox_id in self._watched:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            self._on_lost(sandbox_id)
+            return
+        self._watched[sandbox_id] = (fd, pid)
+        asyncio.get_running_loop().add_reader(fd, self._exited, sandbox_id)
+
+    def _unwatch(self, sandbox_id: str) -> None:
+        watched = self._watched.pop(sandbox_id, None)
+        if watched is not None:
+            fd, pid = watched
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+            _reap(pid)
+
+    def _exited(self, sandbox_id: str) -> None:
+        self._unwatch(sandbox_id)
+        if sandbox_id not in self._deleting:
+            log.warning("local sandbox %s exited; it will be re-created on its next request", sandbox_id)
+            self._on_lost(sandbox_id)
+
+    def _states(self) -> list[tuple[str, dict[str, Any]]]:
+        found = []
+        if self._dir.exists():
+            for box in sorted(self._dir.iterdir()):
+                state = _read_state(box)
+                if state is not None:
+                    found.append((box.name, state))
+        return found
+
+
+class _FileLock:
+    """An exclusive ``flock`` on a file, taken in a thread so the loop never blocks."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd = -1
+
+    async def __aenter__(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            await asyncio.to_thread(fcntl.flock, self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+
+
+def _read_state(box: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads((box / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and "pid" in state and "port" in state else None
+
+
+def _write_state(box: Path, state: dict[str, Any]) -> None:
+    tmp = box / "state.json.tmp"
+    tmp.write_text(json.dumps(state))
+    tmp.replace(box / "state.json")  # atomic: readers never see half a file
+
+
+async def _read_line(fd: int) -> bytes:
+    """Read one line from a pipe without blocking the loop; closes the pipe."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+    try:
+        return await reader.readline()
+    finally:
+        transport.close()
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of our own child (no-op for another process's)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _terminate(pid: int, sandbox_id: str) -> None:
+    if _alive(pid, sandbox_id):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+
+
+async def _stop(pid: int, sandbox_id: str) -> None:
+    """SIGTERM the sandbox's process group, SIGKILL it after a grace period; wait on a pidfd."""
+    if not _alive(pid, sandbox_id):
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+    try:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(exited), STOP_GRACE_SECONDS)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            await asyncio.wait_for(exited, STOP_GRACE_SECONDS)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+        _reap(pid)

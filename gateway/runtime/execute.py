@@ -1,0 +1,167 @@
+"""``POST /execute``: run one shell command in the sandbox root.
+
+The command runs as ``/bin/sh -c <command>`` in its own session (so its own
+process group): a timeout or an abandoned request kills the whole group, not
+just the shell, and background children cannot keep the call hanging.
+
+Exit codes follow the shell's conventions: 124 for a timeout (as
+``timeout(1)``), 128+N for a command killed by signal N.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .config import CONFIG
+from .errors import BadRequest
+
+#: Used when the request gives no ``timeout_seconds``: long enough for builds
+#: and test runs, short enough that a forgotten process does not live forever.
+DEFAULT_TIMEOUT_SECONDS = 300.0
+MAX_TIMEOUT_SECONDS = 24 * 3600.0
+TIMEOUT_EXIT_CODE = 124
+_READ_BYTES = 64 * 1024
+
+
+@dataclass
+class _Capture:
+    """Output of one stream: the first ``limit`` bytes and how many were dropped.
+
+    Filled in place by :func:`_drain`, so whatever arrived before a timeout
+    is still here after the reader is cancelled.
+    """
+
+    limit: int
+    data: bytearray = field(default_factory=bytearray)
+    dropped: int = 0
+
+    def text(self, name: str) -> str:
+        out = self.data.decode("utf-8", errors="replace")
+        if self.dropped:
+            out += f"\n[sandbox-runtime: {name} truncated after {self.limit} bytes; {self.dropped} bytes dropped]\n"
+        return out
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What ``/execute`` returns, already in its wire shape."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"stdout": self.stdout, "stderr": self.stderr, "exit_code": self.exit_code}
+
+
+async def _drain(stream: asyncio.StreamReader, capture: _Capture) -> None:
+    """Read ``stream`` to EOF, keeping at most ``capture.limit`` bytes.
+
+    Reading continues past the limit (discarding) so a chatty command never
+    blocks on a full pipe.
+    """
+    while chunk := await stream.read(_READ_BYTES):
+        room = capture.limit - len(capture.data)
+        if room > 0:
+            capture.data += chunk[:room]
+        capture.dropped += max(0, len(chunk) - max(room, 0))
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the command's process group; it may already be gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def run_command(command: str, *, cwd: Path, timeout: float, max_output_bytes: int) -> ExecResult:
+    """Run ``command`` under ``/bin/sh -c`` and collect its output.
+
+    On timeout the process group is killed and exit code 124 is returned
+    with whatever output arrived. If the caller is cancelled (the client went
+    away, the server is stopping) the group is killed before re-raising, so
+    no command outlives its request.
+
+    Output is read until both pipes close, as ``subprocess.run`` does: a
+    background job that keeps the command's stdout open (``server &``) holds
+    the call until the timeout; redirect its output to keep it running.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        "/bin/sh", "-c", command,
+        cwd=cwd,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
+    readers = [asyncio.create_task(_drain(proc.stdout, out)), asyncio.create_task(_drain(proc.stderr, err))]
+    timed_out = False
+    try:
+        async with asyncio.timeout(timeout):
+            await asyncio.gather(*readers)
+            await proc.wait()
+    except TimeoutError:
+        timed_out = True
+    finally:
+        if proc.returncode is None or timed_out:
+            _kill_group(proc)
+        # A grandchild that left the group may still hold the pipes open;
+        # we have what we need, so stop reading rather than wait for EOF.
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        await proc.wait()  # reap the shell; prompt after SIGKILL
+    stdout, stderr = out.text("stdout"), err.text("stderr")
+    if timed_out:
+        note = f"\n[sandbox-runtime: command timed out after {timeout:g}s and was killed]\n"
+        return ExecResult(stdout, stderr + note, TIMEOUT_EXIT_CODE)
+    returncode = proc.returncode
+    assert returncode is not None
+    return ExecResult(stdout, stderr, returncode if returncode >= 0 else 128 - returncode)
+
+
+def parse_execute_body(raw: bytes) -> tuple[str, float]:
+    """Validate an ``/execute`` body into ``(command, timeout_seconds)``."""
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise BadRequest(f"body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise BadRequest('body must be a JSON object like {"command": "ls"}', code="invalid_body")
+    command = body.get("command")
+    if not isinstance(command, str):
+        raise BadRequest("'command' is required and must be a string", code="invalid_command")
+    if "\x00" in command:
+        raise BadRequest("'command' must not contain NUL bytes", code="invalid_command")
+    timeout = body.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
+    if timeout is None:
+        timeout = DEFAULT_TIMEOUT_SECONDS
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= MAX_TIMEOUT_SECONDS
+    ):
+        raise BadRequest(
+            f"'timeout_seconds' must be a number in (0, {MAX_TIMEOUT_SECONDS:g}]", code="invalid_timeout"
+        )
+    return command, float(timeout)
+
+
+async def handle_execute(request: web.Request) -> web.Response:
+    """``POST /execute`` ``{"command", "timeout_seconds"?}`` -> ``{"stdout", "stderr", "exit_code"}``."""
+    command, timeout = parse_execute_body(await request.read())
+    config = request.app[CONFIG]
+    result = await run_command(command, cwd=config.root, timeout=timeout, max_output_bytes=config.max_output_bytes)
+    return web.json_response(result.as_json())

@@ -1,0 +1,136 @@
+"""``serve``: bind the listeners, run one or N gateway processes, drain on SIGTERM.
+
+With ``--workers N`` every worker binds the same ports with ``SO_REUSEPORT``
+and the kernel spreads connections across them. The supervisor first binds
+(without listening) to reserve the ports, so ``--data-port 0`` still gives all
+workers one port; a bound socket that never listens receives no connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import tempfile
+
+from gateway.app import Gateway
+from gateway.logs import configure_logging
+from gateway.settings import Settings
+
+log = logging.getLogger("gateway")
+
+
+def bind(host: str, port: int, *, listen: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    if listen:
+        sock.listen(2048)
+        sock.setblocking(False)
+    return sock
+
+
+def _use_uvloop() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def _serve_one(settings: Settings, data_port: int, control_port: int, worker: int) -> None:
+    gateway = Gateway.create(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    data_sock = bind(settings.host, data_port, listen=True)
+    control_sock = bind(settings.host, control_port, listen=True)
+    await gateway.start(data_sock, control_sock)
+    if worker == 0:
+        for line in gateway.describe():
+            log.info(line)
+    dh, dp = gateway.data_address or ("?", 0)
+    ch, cp = gateway.control_address or ("?", 0)
+    log.info("serving (worker %d, pid %d): data plane http://%s:%d, control API http://%s:%d",
+             worker, os.getpid(), dh, dp, ch, cp)
+    await stop.wait()
+    log.info("draining (worker %d): up to %gs for in-flight requests; sandboxes stay up",
+             worker, settings.drain_timeout)
+    await gateway.stop()
+    log.info("stopped (worker %d)", worker)
+
+
+def _worker_main(settings: Settings, data_port: int, control_port: int, worker: int) -> None:
+    configure_logging(settings.log_level, settings.log_format)
+    _use_uvloop()
+    asyncio.run(_serve_one(settings, data_port, control_port, worker))
+
+
+def serve(settings: Settings) -> int:
+    configure_logging(settings.log_level, settings.log_format)
+    if settings.workers > 1 and not settings.redis_url:
+        log.error("--workers %d needs REDIS_URL: with the memory store every worker would keep "
+                  "its own session map and sandboxes could be created twice", settings.workers)
+        return 2
+    # Reserve the ports (and resolve port 0) before any worker starts.
+    data_reserve = bind(settings.host, settings.data_port, listen=False)
+    control_reserve = bind(settings.host, settings.control_port, listen=False)
+    data_port, control_port = data_reserve.getsockname()[1], control_reserve.getsockname()[1]
+    try:
+        if settings.workers == 1:
+            _use_uvloop()
+            asyncio.run(_serve_one(settings, data_port, control_port, 0))
+            return 0
+        return _supervise(settings, data_port, control_port)
+    finally:
+        data_reserve.close()
+        control_reserve.close()
+
+
+def _supervise(settings: Settings, data_port: int, control_port: int) -> int:
+    """Run N workers; forward SIGTERM/SIGINT; restart a worker that dies unexpectedly."""
+    metrics_dir = tempfile.mkdtemp(prefix="sgw-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by prometheus-client in each worker
+    ctx = multiprocessing.get_context("spawn")
+    stopping = False
+
+    def start(index: int) -> multiprocessing.process.BaseProcess:
+        proc = ctx.Process(target=_worker_main, args=(settings, data_port, control_port, index),
+                           name=f"sandbox-gateway-worker-{index}")
+        proc.start()
+        return proc
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for proc in workers:
+            if proc.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+
+    workers = [start(i) for i in range(settings.workers)]
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    from multiprocessing.connection import wait
+
+    while True:
+        live = [p for p in workers if p.is_alive()]
+        if not live:
+            break
+        wait([p.sentinel for p in live])
+        for index, proc in enumerate(workers):
+            if not proc.is_alive() and not stopping and proc.exitcode not in (0, None):
+                log.error("worker %d exited with %s; restarting it", index, proc.exitcode)
+                workers[index] = start(index)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(metrics_dir):
+            os.unlink(os.path.join(metrics_dir, name))
+        os.rmdir(metrics_dir)
+    return 0 if all(p.exitcode == 0 for p in workers) else 1
+

@@ -1,0 +1,311 @@
+"""SessionRouter: identity -> binding -> sandbox -> endpoint.
+
+The hot path is :meth:`SessionRouter.resolve`: a request for a known session
+is answered from a per-process route cache (no store round trip), with the
+owner checked on every hit; activity is recorded in memory and flushed to the
+store in batches (:class:`ActivityLog`), never one write per request.
+
+The slow path binds the session (a stored binding wins over re-derivation, so a
+policy change never moves a live session), then makes sure its sandbox exists,
+exactly once however many requests race for it: in-process callers share one
+task per sandbox, and across processes the store's atomic reservation decides
+who creates while everyone else waits for the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.errors import GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
+from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxRequest, SandboxState
+from gateway.providers.base import SandboxProvider
+from gateway.store.base import Caps, SessionStore
+from routing import Identity, Isolation, Placement, Policy, place
+
+log = logging.getLogger(__name__)
+
+REAPER_LEASE = "reaper"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Everything the data plane needs to forward one request."""
+
+    session_id: str
+    sandbox_id: str
+    pool: str
+    endpoint: Endpoint
+    owner: Owner
+
+
+@dataclass(slots=True)
+class _Cached:
+    route: Route
+    fresh_until: float
+    stale_until: float
+
+
+@dataclass(frozen=True, slots=True)
+class RouterTuning:
+    route_ttl: float = 30.0          # how long a cached route is trusted without the store
+    route_stale_ttl: float = 300.0   # how long a cached route may serve while the store is down
+    route_cache_size: int = 100_000
+    lease_seconds: float = 30.0      # creation lease; renewed by nothing, so > provisioning time
+    session_ttl: float = 86_400.0    # a binding idle this long is forgotten
+    activity_interval: float = 1.0   # how often activity and stream counts are flushed
+    reaper_lease_ttl: float = 60.0   # must exceed the reap interval so the holder keeps it
+
+
+class ActivityLog:
+    """Last-use times and stream deltas gathered in memory, flushed in one batch."""
+
+    __slots__ = ("sandboxes", "sessions", "streams")
+
+    def __init__(self) -> None:
+        self.sandboxes: dict[str, float] = {}
+        self.sessions: dict[str, float] = {}
+        self.streams: dict[str, int] = {}
+
+    def take(self) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+        taken = (self.sandboxes, self.sessions, {k: v for k, v in self.streams.items() if v})
+        self.sandboxes, self.sessions, self.streams = {}, {}, {}
+        return taken
+
+
+class SessionRouter:
+    def __init__(
+        self,
+        store: SessionStore,
+        provider: SandboxProvider,
+        policy: Policy,
+        *,
+        replica_id: str,
+        tuning: RouterTuning = RouterTuning(),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.provider = provider
+        self.policy = policy
+        self.replica_id = replica_id
+        self.tuning = tuning
+        self._clock = clock
+        self._cache: dict[str, _Cached] = {}
+        self._sessions_by_sandbox: dict[str, set[str]] = {}
+        self._inflight: dict[str, asyncio.Task[SandboxRecord]] = {}
+        self.activity = ActivityLog()
+        store.subscribe(self.invalidate)
+
+    # hot path ---------------------------------------------------------------
+    async def resolve(self, identity: Identity) -> Route:
+        """The route for a request; creates the session's sandbox on first use."""
+        cached = self._cache.get(identity.session_id)
+        now = self._clock()
+        if cached is not None and now < cached.fresh_until:
+            route = cached.route
+            if not route.owner.matches(identity):
+                raise _unknown_session()
+        else:
+            route = await self._resolve_uncached(identity, cached, now)
+        self.activity.sandboxes[route.sandbox_id] = now
+        self.activity.sessions[route.session_id] = now
+        return route
+
+    async def _resolve_uncached(self, identity: Identity, cached: _Cached | None, now: float) -> Route:
+        try:
+            binding, record = await self.bind(identity)
+        except StoreUnavailable:
+            if cached is not None and now < cached.stale_until and cached.route.owner.matches(identity):
+                return cached.route  # bounded stale-if-error while the store is down
+            raise
+        assert record.endpoint is not None
+        route = Route(binding.session_id, binding.sandbox_id, binding.pool, record.endpoint, binding.owner)
+        self._remember(route, now)
+        return route
+
+    def stream_opened(self, sandbox_id: str) -> None:
+        self.activity.streams[sandbox_id] = self.activity.streams.get(sandbox_id, 0) + 1
+
+    def stream_closed(self, sandbox_id: str) -> None:
+        self.activity.streams[sandbox_id] = self.activity.streams.get(sandbox_id, 0) - 1
+        self.activity.sandboxes[sandbox_id] = self._clock()
+
+    # binding ----------------------------------------------------------------
+    def dry_run(self, identity: Identity) -> Placement:
+        return place(identity, self.policy)
+
+    async def bind(self, identity: Identity) -> tuple[Binding, SandboxRecord]:
+        """Bind the session (idempotent) and return it with its ready sandbox."""
+        binding = await self.store.get_binding(identity.session_id)
+        created_binding = False
+        if binding is None:
+            placement = place(identity, self.policy)
+            fresh = Binding(identity.session_id, placement.sandbox_id, placement.pool, placement.isolation,
+                            Owner.of(identity), self._clock())
+            binding = await self.store.put_binding(fresh)
+            created_binding = binding == fresh
+        if not binding.owner.matches(identity):
+            raise _unknown_session()
+        try:
+            record = await self.ensure_sandbox(binding)
+        except GatewayError:
+            if created_binding:
+                # Nothing half-created: a session whose sandbox could not be had is not bound.
+                with contextlib.suppress(GatewayError):
+                    await self.store.delete_binding(binding.session_id)
+            raise
+        return binding, record
+
+    async def lookup(self, session_id: str, identity: Identity | None = None) -> Binding:
+        binding = await self.store.get_binding(session_id)
+        if binding is None or (identity is not None and not binding.owner.matches(identity)):
+            raise _unknown_session()
+        return binding
+
+    async def close_session(self, session_id: str, identity: Identity | None = None) -> Binding:
+        """Unbind a session; its per-session sandbox is destroyed with it."""
+        binding = await self.lookup(session_id, identity)
+        await self.store.delete_binding(session_id)
+        if binding.isolation is Isolation.PER_SESSION and not await self.store.sessions_of(binding.sandbox_id):
+            record = await self.store.get_sandbox(binding.sandbox_id)
+            if record is not None:
+                await self.destroy(record, reason="session_deleted")
+        return binding
+
+    # create once ------------------------------------------------------------
+    async def ensure_sandbox(self, binding: Binding) -> SandboxRecord:
+        record = await self.store.get_sandbox(binding.sandbox_id)
+        if record is not None and record.state is SandboxState.READY:
+            return record
+        task = self._inflight.get(binding.sandbox_id)
+        if task is None:
+            task = asyncio.create_task(self._ensure_once(binding))
+            self._inflight[binding.sandbox_id] = task
+            task.add_done_callback(lambda _t: self._inflight.pop(binding.sandbox_id, None))
+        # Shielded: one caller giving up must not abort a creation others wait for.
+        return await asyncio.shield(task)
+
+    async def _ensure_once(self, binding: Binding) -> SandboxRecord:
+        pool = self.policy.pools.get(binding.pool)
+        timeout = pool.provisioning_timeout if pool is not None else 120.0
+        for _attempt in range(3):
+            template = SandboxRecord(binding.sandbox_id, binding.pool, binding.owner.org_id,
+                                     SandboxState.CREATING, created_at=self._clock())
+            reservation = await self.store.reserve_sandbox(template, self._caps(binding), self.tuning.lease_seconds)
+            if reservation.created:
+                return await self._create(reservation.record, binding, timeout)
+            if reservation.record.state is SandboxState.READY:
+                return reservation.record
+            try:
+                settlement = await self.store.wait_settled(binding.sandbox_id, timeout)
+            except TimeoutError:
+                raise ProvisionTimeout(f"sandbox {binding.sandbox_id} was not ready within {timeout:g}s",
+                                       sandbox_id=binding.sandbox_id) from None
+            if settlement.record is not None and settlement.record.state is SandboxState.READY:
+                return settlement.record
+            if settlement.error is not None and settlement.error != "the sandbox was removed":
+                raise ProvisionFailed(settlement.error, sandbox_id=binding.sandbox_id)
+        raise ProvisionFailed(f"sandbox {binding.sandbox_id} kept disappearing while being created; retry",
+                              sandbox_id=binding.sandbox_id)
+
+    async def _create(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
+        request = SandboxRequest(record.sandbox_id, record.pool, binding.isolation, binding.owner,
+                                 binding.session_id, timeout)
+        try:
+            endpoint = await self.provider.ensure(request)
+        except BaseException as exc:
+            message = exc.message if isinstance(exc, GatewayError) else "sandbox creation was interrupted"
+            with contextlib.suppress(GatewayError):
+                await self.store.release_sandbox(record.sandbox_id, error=message)
+            if isinstance(exc, GatewayError | asyncio.CancelledError):
+                raise
+            log.exception("provider failed creating %s", record.sandbox_id)
+            raise ProvisionFailed(f"creating sandbox {record.sandbox_id} failed", sandbox_id=record.sandbox_id) from exc
+        return await self.store.mark_ready(record.sandbox_id, endpoint)
+
+    def _caps(self, binding: Binding) -> Caps:
+        pool = self.policy.pools.get(binding.pool)
+        org = self.policy.orgs.get(binding.owner.org_id) if binding.owner.org_id is not None else None
+        return Caps(pool_max=pool.max_sandboxes if pool else None, org_max=org.max_sandboxes if org else None)
+
+    # lifecycle --------------------------------------------------------------
+    async def destroy(self, record: SandboxRecord, *, reason: str) -> None:
+        """Delete a sandbox at its provider, then forget it (and its per-session bindings)."""
+        log.info("destroying sandbox %s (pool %s): %s", record.sandbox_id, record.pool, reason)
+        await self.provider.delete(record.sandbox_id, record.pool)
+        if record.sandbox_id.startswith("ses-"):
+            for session_id in await self.store.sessions_of(record.sandbox_id):
+                await self.store.delete_binding(session_id)
+        await self.store.release_sandbox(record.sandbox_id, error=f"sandbox destroyed: {reason}")
+
+    def sandbox_lost(self, sandbox_id: str) -> None:
+        """Provider callback: a sandbox died; forget it so the next request re-creates it."""
+        self.invalidate(sandbox_id)
+        task = asyncio.get_running_loop().create_task(self._forget_lost(sandbox_id))
+        task.add_done_callback(_log_task_error)
+
+    async def _forget_lost(self, sandbox_id: str) -> None:
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is not None and record.state is SandboxState.READY:
+            await self.store.release_sandbox(sandbox_id, error="sandbox died")
+
+    async def reap_once(self) -> list[str]:
+        """One reaper pass, only on the replica holding the reaper lease. Returns reaped IDs."""
+        now = self._clock()
+        if not await self.store.acquire_lease(REAPER_LEASE, self.replica_id, ttl=self.tuning.reaper_lease_ttl):
+            return []
+        reaped = []
+        for name, pool in self.policy.pools.items():
+            for record in await self.store.idle_sandboxes(name, now - pool.idle_timeout):
+                if await self.store.open_streams(record.sandbox_id) > 0:
+                    await self.store.touch({record.sandbox_id: now}, {})
+                    continue
+                await self.destroy(record, reason="idle")
+                reaped.append(record.sandbox_id)
+        for session_id in await self.store.idle_sessions(now - self.tuning.session_ttl):
+            await self.store.delete_binding(session_id)
+        return reaped
+
+    async def flush_activity(self) -> None:
+        sandboxes, sessions, streams = self.activity.take()
+        if streams:
+            await self.store.add_streams(streams)
+        if sandboxes or sessions:
+            await self.store.touch(sandboxes, sessions)
+
+    # route cache ------------------------------------------------------------
+    def _remember(self, route: Route, now: float) -> None:
+        if len(self._cache) >= self.tuning.route_cache_size:
+            oldest = next(iter(self._cache))
+            self.invalidate(oldest)
+        self._cache[route.session_id] = _Cached(route, now + self.tuning.route_ttl, now + self.tuning.route_stale_ttl)
+        self._sessions_by_sandbox.setdefault(route.sandbox_id, set()).add(route.session_id)
+
+    def invalidate(self, key: str) -> None:
+        """Forget cached routes for a session ID or a sandbox ID (store pub/sub calls this)."""
+        cached = self._cache.pop(key, None)
+        if cached is not None:
+            sessions = self._sessions_by_sandbox.get(cached.route.sandbox_id)
+            if sessions is not None:
+                sessions.discard(key)
+                if not sessions:
+                    del self._sessions_by_sandbox[cached.route.sandbox_id]
+        for session_id in self._sessions_by_sandbox.pop(key, ()):
+            self._cache.pop(session_id, None)
+
+    def cached_route_count(self) -> int:
+        return len(self._cache)
+
+
+def _unknown_session() -> NotFound:
+    # The same answer whether the session does not exist or belongs to someone else.
+    return NotFound("no such session for this identity")
+
+
+def _log_task_error(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("background task failed: %s", task.exception())

@@ -1,0 +1,69 @@
+"""One typed Settings object, from flags, environment variables and defaults.
+
+Precedence: command-line flags > environment (``SANDBOX_GATEWAY_*``, plus the
+unprefixed ``REDIS_URL`` and ``PER_SESSION_SANDBOX_ORG_IDS`` that other systems
+already use) > defaults. Nothing else in the gateway reads the environment.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_replica_id() -> str:
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SANDBOX_GATEWAY_", extra="forbid", frozen=True)
+
+    # listeners
+    host: str = "127.0.0.1"
+    data_port: int = Field(default=8080, ge=0, le=65535)
+    control_port: int = Field(default=8081, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, le=64)
+
+    # configuration
+    policy_file: Path | None = None
+    per_session_org_ids: str | None = Field(
+        default=None, validation_alias=AliasChoices("per_session_org_ids", "PER_SESSION_SANDBOX_ORG_IDS"))
+    data_dir: Path = Path(".sandbox-gateway")
+    redis_url: str | None = Field(default=None, validation_alias=AliasChoices("redis_url", "REDIS_URL"))
+    redis_prefix: str = "sgw"
+    replica_id: str = Field(default_factory=_default_replica_id)
+
+    # logging
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "text"] = "auto"
+    access_log: bool = True
+    per_org_metrics: bool = False
+    org_label_limit: int = Field(default=100, ge=1)
+
+    # sessions and lifecycle
+    route_cache_ttl: float = Field(default=30.0, gt=0)
+    route_stale_ttl: float = Field(default=300.0, gt=0)
+    session_ttl: float = Field(default=86_400.0, gt=0)
+    reap_interval: float = Field(default=15.0, gt=0)
+    activity_flush_interval: float = Field(default=1.0, gt=0)
+    drain_timeout: float = Field(default=20.0, ge=0)
+
+    # data plane
+    upstream_connect_timeout: float = Field(default=5.0, gt=0)
+    upstream_connect_retries: int = Field(default=3, ge=0, le=20)
+    upstream_connect_backoff: float = Field(default=0.05, ge=0)
+    upstream_read_timeout: float = Field(default=60.0, gt=0)
+    upstream_pool_size: int = Field(default=64, ge=1)
+    upstream_keepalive_timeout: float = Field(default=30.0, gt=0)
+    stream_idle_timeout: float = Field(default=300.0, gt=0)
+    trust_forwarded_for: bool = False
+    max_header_bytes: int = Field(default=32_768, ge=1024)
+
+    @property
+    def store_kind(self) -> str:
+        return "redis" if self.redis_url else "memory"

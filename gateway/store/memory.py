@@ -1,0 +1,193 @@
+"""The embedded default store: one process, everything in dictionaries.
+
+Atomicity comes for free: no method awaits between reading and writing, so on
+one event loop every method is a critical section. Waiters for a creation are
+futures resolved by ``mark_ready``/``release_sandbox``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+
+from gateway.errors import CapacityExceeded
+from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
+from gateway.store.base import Caps, Invalidation, Reservation, Settlement
+
+_LIVE = (SandboxState.CREATING, SandboxState.READY)
+
+
+class MemoryStore:
+    """``SessionStore`` for a single gateway process."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._bindings: dict[str, Binding] = {}
+        self._session_seen: dict[str, float] = {}
+        self._sandboxes: dict[str, SandboxRecord] = {}
+        self._sandbox_sessions: dict[str, set[str]] = defaultdict(set)
+        self._streams: dict[str, int] = defaultdict(int)
+        self._leases: dict[str, tuple[str, float]] = {}
+        self._waiters: dict[str, list[asyncio.Future[Settlement]]] = defaultdict(list)
+        self._subscribers: list[Invalidation] = []
+
+    # bindings ------------------------------------------------------------
+    async def get_binding(self, session_id: str) -> Binding | None:
+        return self._bindings.get(session_id)
+
+    async def put_binding(self, binding: Binding) -> Binding:
+        stored = self._bindings.setdefault(binding.session_id, binding)
+        if stored is binding:
+            self._session_seen[binding.session_id] = binding.created_at
+            self._sandbox_sessions[binding.sandbox_id].add(binding.session_id)
+        return stored
+
+    async def delete_binding(self, session_id: str) -> Binding | None:
+        binding = self._bindings.pop(session_id, None)
+        self._session_seen.pop(session_id, None)
+        if binding is not None:
+            sessions = self._sandbox_sessions.get(binding.sandbox_id)
+            if sessions is not None:
+                sessions.discard(session_id)
+                if not sessions:
+                    del self._sandbox_sessions[binding.sandbox_id]
+            self._publish(session_id)
+        return binding
+
+    async def sessions_of(self, sandbox_id: str) -> list[str]:
+        return sorted(self._sandbox_sessions.get(sandbox_id, ()))
+
+    # sandboxes -----------------------------------------------------------
+    async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        return self._with_sessions(self._sandboxes.get(sandbox_id))
+
+    async def list_sandboxes(self) -> list[SandboxRecord]:
+        return [self._with_sessions(r) for r in self._sandboxes.values()]  # type: ignore[misc]
+
+    async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
+        now = self._clock()
+        existing = self._sandboxes.get(record.sandbox_id)
+        if existing is not None and not (existing.state is SandboxState.CREATING and existing.lease_until < now):
+            return Reservation(self._with_sessions(existing), created=False)  # type: ignore[arg-type]
+        live = [r for r in self._sandboxes.values() if r.state in _LIVE and r.sandbox_id != record.sandbox_id]
+        _check_caps(record, caps, live)
+        fresh = record.with_(state=SandboxState.CREATING, lease_until=now + lease_seconds,
+                             last_active=max(record.last_active, record.created_at))
+        self._sandboxes[record.sandbox_id] = fresh
+        return Reservation(fresh, created=True)
+
+    async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
+        current = self._sandboxes.get(sandbox_id)
+        if current is None:
+            raise KeyError(sandbox_id)
+        ready = current.with_(state=SandboxState.READY, endpoint=endpoint, lease_until=0.0)
+        self._sandboxes[sandbox_id] = ready
+        self._settle(sandbox_id, Settlement(ready))
+        return ready
+
+    async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
+        record = self._sandboxes.pop(sandbox_id, None)
+        self._streams.pop(sandbox_id, None)
+        self._settle(sandbox_id, Settlement(None, error or "the sandbox was removed"))
+        if record is not None:
+            self._publish(sandbox_id)
+        return record
+
+    async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
+        record = self._sandboxes.get(sandbox_id)
+        if record is None:
+            return Settlement(None, "the sandbox was removed")
+        if record.state is not SandboxState.CREATING:
+            return Settlement(self._with_sessions(record))
+        future: asyncio.Future[Settlement] = asyncio.get_running_loop().create_future()
+        self._waiters[sandbox_id].append(future)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            waiters = self._waiters.get(sandbox_id)
+            if waiters and future in waiters:
+                waiters.remove(future)
+
+    # activity and streams -----------------------------------------------
+    async def touch(self, sandboxes: Mapping[str, float], sessions: Mapping[str, float]) -> None:
+        for sandbox_id, at in sandboxes.items():
+            record = self._sandboxes.get(sandbox_id)
+            if record is not None and at > record.last_active:
+                self._sandboxes[sandbox_id] = record.with_(last_active=at)
+        for session_id, at in sessions.items():
+            if session_id in self._session_seen and at > self._session_seen[session_id]:
+                self._session_seen[session_id] = at
+
+    async def idle_sandboxes(self, pool: str, before: float) -> list[SandboxRecord]:
+        return [
+            r for r in self._sandboxes.values()
+            if r.pool == pool and r.state is SandboxState.READY and r.last_active < before
+        ]
+
+    async def idle_sessions(self, before: float) -> list[str]:
+        return [s for s, seen in self._session_seen.items() if seen < before]
+
+    async def add_streams(self, deltas: Mapping[str, int]) -> None:
+        for sandbox_id, delta in deltas.items():
+            count = self._streams[sandbox_id] + delta
+            if count > 0:
+                self._streams[sandbox_id] = count
+            else:
+                self._streams.pop(sandbox_id, None)
+
+    async def open_streams(self, sandbox_id: str) -> int:
+        return self._streams.get(sandbox_id, 0)
+
+    # coordination -------------------------------------------------------
+    async def acquire_lease(self, name: str, holder: str, ttl: float) -> bool:
+        now = self._clock()
+        current = self._leases.get(name)
+        if current is None or current[0] == holder or current[1] < now:
+            self._leases[name] = (holder, now + ttl)
+            return True
+        return False
+
+    def subscribe(self, callback: Invalidation) -> None:
+        self._subscribers.append(callback)
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        for waiters in self._waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.cancel()
+        self._waiters.clear()
+
+    # internals ----------------------------------------------------------
+    def _with_sessions(self, record: SandboxRecord | None) -> SandboxRecord | None:
+        if record is None:
+            return None
+        return record.with_(sessions=len(self._sandbox_sessions.get(record.sandbox_id, ())))
+
+    def _settle(self, sandbox_id: str, outcome: Settlement) -> None:
+        for future in self._waiters.pop(sandbox_id, []):
+            if not future.done():
+                future.set_result(outcome)
+
+    def _publish(self, key: str) -> None:
+        for callback in self._subscribers:
+            callback(key)
+
+
+def _check_caps(record: SandboxRecord, caps: Caps, live: list[SandboxRecord]) -> None:
+    """Raise when reserving ``record`` would exceed a cap (shared with no other store)."""
+    if caps.pool_max is not None and sum(r.pool == record.pool for r in live) >= caps.pool_max:
+        raise CapacityExceeded(
+            f"pool {record.pool!r} is at its cap of {caps.pool_max} sandboxes (max_sandboxes); retry later",
+            scope="pool",
+        )
+    if (caps.org_max is not None and record.org_id is not None
+            and sum(r.org_id == record.org_id for r in live) >= caps.org_max):
+        raise CapacityExceeded(
+            f"org {record.org_id!r} is at its cap of {caps.org_max} sandboxes (orgs.{record.org_id}.max_sandboxes); retry later",
+            scope="org",
+        )

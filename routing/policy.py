@@ -1,0 +1,224 @@
+"""The routing policy: pools, per-session orgs, prefix -> pool, per-org overrides.
+
+One YAML document (see ``examples/policy.yaml``), validated strictly: unknown
+keys are errors, every error names the source file and the field path, and
+cross-references (a prefix or org naming a pool that does not exist) are
+checked too. Parsing is pure: callers read the file and pass its text, so this
+module stays free of I/O and can be used by the CLI, the gateway and tests
+alike.
+
+Without a file, :func:`default_policy` serves: two local pools, ``small`` for
+per-session (``ses-``) sandboxes and ``shared`` for everything else.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from routing.ids import WILDCARD
+
+PREFIX_KEYS = ("ses", "org", "usr", "bot", "ubt", "default")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+class PolicyError(ValueError):
+    """The policy is invalid; ``errors`` holds one ``source: path: message`` line each."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+def parse_duration(value: Any) -> float:
+    """``90``, ``"90s"``, ``"10m"``, ``"1.5h"`` -> seconds. Booleans are rejected."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration such as 30s, 10m or 1h")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := _DURATION.match(value)):
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    else:
+        raise ValueError("must be a duration such as 30s, 10m or 1h")
+    if seconds <= 0:
+        raise ValueError("must be positive")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class Isolation(StrEnum):
+    """How sandboxes are shared: one per session, or one per org/user/bot."""
+
+    PER_SESSION = "per_session"
+    SHARED = "shared"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KubernetesPoolOptions(_Strict):
+    """Where and how a pool's sandboxes live in Kubernetes (agent-sandbox CRs)."""
+
+    namespace: str = "default"
+    api_version: Literal["v1alpha1", "v1beta1"] = "v1alpha1"
+    mode: Literal["sandbox", "claim"] = "sandbox"
+    port: int = Field(default=8888, ge=1, le=65535)
+    # mode: sandbox
+    pod_template: dict[str, Any] | None = None
+    volume_claim_templates: list[dict[str, Any]] | None = None
+    service: bool | None = None
+    shutdown_policy: Literal["Delete", "Retain"] | None = None
+    lifetime: Duration | None = None
+    # mode: claim
+    template: str | None = None
+    warm_pool: str | None = None
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> KubernetesPoolOptions:
+        if self.mode == "sandbox" and self.pod_template is None:
+            raise ValueError("mode 'sandbox' needs pod_template")
+        if self.mode == "claim" and not self.template and not self.warm_pool:
+            raise ValueError("mode 'claim' needs template (v1alpha1) or warm_pool")
+        return self
+
+
+class PoolSpec(_Strict):
+    """One pool of sandboxes and the provider that creates them."""
+
+    provider: Literal["local", "static", "kubernetes"] = "local"
+    max_sandboxes: int | None = Field(default=None, ge=1)
+    idle_timeout: Duration = 1800.0
+    provisioning_timeout: Duration = 120.0
+    upstreams: list[str] | None = None
+    kubernetes: KubernetesPoolOptions | None = None
+
+    @model_validator(mode="after")
+    def _provider_fields(self) -> PoolSpec:
+        if self.provider == "static":
+            if not self.upstreams:
+                raise ValueError("provider 'static' needs a non-empty upstreams list")
+            bad = [u for u in self.upstreams if not re.match(r"^https?://[^/\s]+", u)]
+            if bad:
+                raise ValueError(f"upstreams must be http(s) base URLs, got {bad[0]!r}")
+            if len(set(self.upstreams)) != len(self.upstreams):
+                raise ValueError("upstreams must be distinct")
+        elif self.upstreams is not None:
+            raise ValueError(f"upstreams only applies to provider 'static', not {self.provider!r}")
+        if self.provider == "kubernetes" and self.kubernetes is None:
+            raise ValueError("provider 'kubernetes' needs a kubernetes section")
+        if self.provider != "kubernetes" and self.kubernetes is not None:
+            raise ValueError(f"kubernetes only applies to provider 'kubernetes', not {self.provider!r}")
+        return self
+
+
+class RoutingRules(_Strict):
+    per_session_orgs: list[str] = Field(default_factory=list)
+    prefix_pools: dict[str, str] = Field(default_factory=lambda: {"ses": "small", "default": "shared"})
+
+    @model_validator(mode="after")
+    def _prefix_keys(self) -> RoutingRules:
+        unknown = sorted(set(self.prefix_pools) - set(PREFIX_KEYS))
+        if unknown:
+            raise ValueError(f"unknown prefix {unknown[0]!r} in prefix_pools (allowed: {', '.join(PREFIX_KEYS)})")
+        if "default" not in self.prefix_pools:
+            raise ValueError("prefix_pools needs a 'default' entry")
+        return self
+
+
+class OrgRule(_Strict):
+    """Per-org overrides: forced isolation, a pool, a sandbox cap."""
+
+    isolation: Isolation | None = None
+    pool: str | None = None
+    max_sandboxes: int | None = Field(default=None, ge=1)
+
+
+class PolicyDocument(_Strict):
+    """The YAML document as written; :class:`Policy` is what routing uses."""
+
+    pools: dict[str, PoolSpec]
+    routing: RoutingRules = Field(default_factory=RoutingRules)
+    orgs: dict[str, OrgRule] = Field(default_factory=dict)
+
+
+class Policy:
+    """A validated policy, with the lookups placement needs precomputed."""
+
+    __slots__ = ("default_pool", "document", "orgs", "per_session_orgs", "pools", "prefix_pools", "source")
+
+    def __init__(self, document: PolicyDocument, source: str, extra_per_session_orgs: Iterable[str] = ()) -> None:
+        self.document = document
+        self.source = source
+        self.pools: Mapping[str, PoolSpec] = document.pools
+        self.orgs: Mapping[str, OrgRule] = document.orgs
+        self.prefix_pools: Mapping[str, str] = document.routing.prefix_pools
+        self.default_pool: str = document.routing.prefix_pools["default"]
+        listed = {o.strip() for o in document.routing.per_session_orgs if o.strip()}
+        self.per_session_orgs: frozenset[str] = frozenset(listed | set(extra_per_session_orgs))
+
+    def summary(self) -> str:
+        """A few human lines: what an operator checks after editing the file."""
+        lines = [f"policy {self.source}: {len(self.pools)} pool(s)"]
+        for name, pool in self.pools.items():
+            cap = pool.max_sandboxes if pool.max_sandboxes is not None else "unlimited"
+            lines.append(f"  pool {name}: provider={pool.provider} max_sandboxes={cap} idle_timeout={pool.idle_timeout:g}s")
+        orgs = ", ".join(sorted(self.per_session_orgs)) or "(none)"
+        lines.append(f"  per-session orgs: {orgs}")
+        lines.append("  prefix pools: " + ", ".join(f"{k}->{v}" for k, v in self.prefix_pools.items()))
+        lines.append(f"  org overrides: {len(self.orgs)}")
+        return "\n".join(lines)
+
+
+def _cross_references(doc: PolicyDocument) -> list[str]:
+    errors = []
+    for prefix, pool in doc.routing.prefix_pools.items():
+        if pool not in doc.pools:
+            errors.append(f"routing.prefix_pools.{prefix}: pool {pool!r} is not defined under pools")
+    for org, rule in doc.orgs.items():
+        if rule.pool is not None and rule.pool not in doc.pools:
+            errors.append(f"orgs.{org}.pool: pool {rule.pool!r} is not defined under pools")
+    if WILDCARD in doc.orgs:
+        errors.append(f"orgs.{WILDCARD}: '*' is only meaningful in routing.per_session_orgs")
+    return errors
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc if not str(part).startswith(("function-", "literal[")))
+
+
+def parse_policy(text: str, source: str = "<policy>", extra_per_session_orgs: Iterable[str] = ()) -> Policy:
+    """Parse and validate a policy document; raise :class:`PolicyError` listing every error."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise PolicyError([f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
+    if not isinstance(raw, dict):
+        raise PolicyError([f"{source}: the policy must be a mapping with a 'pools' key"])
+    try:
+        doc = PolicyDocument.model_validate(raw)
+    except ValidationError as exc:
+        raise PolicyError([f"{source}: {_format_loc(e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()]) from None
+    errors = _cross_references(doc)
+    if errors:
+        raise PolicyError([f"{source}: {e}" for e in errors])
+    return Policy(doc, source, extra_per_session_orgs)
+
+
+def default_policy(extra_per_session_orgs: Iterable[str] = ()) -> Policy:
+    """The embedded default: two local pools, no per-session orgs unless the env says so."""
+    doc = PolicyDocument(
+        pools={"small": PoolSpec(idle_timeout=600.0), "shared": PoolSpec(idle_timeout=1800.0)},
+    )
+    return Policy(doc, "<built-in default>", extra_per_session_orgs)

@@ -1,0 +1,18 @@
+# Shared by scripts/serve and scripts/test: create .venv and install the
+# project (with the dev extra when asked), only when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON="${PYTHON:-python3}"
+extra="${1:-}"
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv with $("$PYTHON" --version)" >&2
+    "$PYTHON" -m venv .venv
+fi
+stamp=".venv/.installed${extra:+-$extra}"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+    echo "setup: installing sandbox-gateway${extra:+[$extra]} into .venv" >&2
+    .venv/bin/python -m pip install --quiet --upgrade pip >&2
+    .venv/bin/python -m pip install --quiet -e ".${extra:+[$extra]}" >&2
+    echo "$want" > "$stamp"
+fi

@@ -1,0 +1,70 @@
+"""Shared fixtures. Every test runs against real sockets and real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
+from gateway.providers.base import LostHandler
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+
+
+class CountingProvider:
+    """A hand-written fake ``SandboxProvider``: every sandbox is one fixed endpoint.
+
+    It counts ``ensure`` calls per sandbox ID, can hold creations on a gate (so
+    tests can line up concurrent callers), and can be told to fail.
+    """
+
+    def __init__(self, endpoint: Endpoint = Endpoint("127.0.0.1", 9)) -> None:
+        self.endpoint = endpoint
+        self.created: dict[str, int] = {}
+        self.deleted: list[str] = []
+        self.gate: asyncio.Event | None = None
+        self.fail_with: Exception | None = None
+        self.on_lost: LostHandler | None = None
+
+    async def start(self, on_lost: LostHandler) -> None:
+        self.on_lost = on_lost
+
+    async def ensure(self, request: SandboxRequest) -> Endpoint:
+        self.created[request.sandbox_id] = self.created.get(request.sandbox_id, 0) + 1
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail_with is not None:
+            raise self.fail_with
+        return self.endpoint
+
+    async def delete(self, sandbox_id: str, pool: str) -> None:
+        self.deleted.append(sandbox_id)
+
+    async def list_managed(self) -> list[ManagedSandbox]:
+        return []
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.fixture
+def counting_provider() -> CountingProvider:
+    return CountingProvider()
+
+
+@pytest.fixture
+async def no_task_leaks() -> AsyncIterator[None]:
+    """Fails a test that leaves tasks running on its loop."""
+    before = asyncio.all_tasks()
+    yield
+    leaked = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
+    assert not leaked, f"tasks leaked: {leaked}"
+
+
+def python() -> str:
+    return sys.executable
