@@ -1,0 +1,148 @@
+"""The control API over real sockets, with real local sandbox processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway.api import create_control_app
+from gateway.metrics import Metrics
+from gateway.providers.base import PoolProviders
+from gateway.providers.local import LocalProvider
+from gateway.sessions import SessionRouter
+from gateway.store.memory import MemoryStore
+from routing import default_policy
+
+
+@pytest.fixture
+async def stack(tmp_path: Path):
+    store = MemoryStore()
+    local = LocalProvider(tmp_path, stop_on_close=True)
+    provider = PoolProviders({"small": local, "shared": local})
+    router = SessionRouter(store, provider, default_policy(["iso-org"]), replica_id="test")
+    await provider.start(router.sandbox_lost)
+    yield router, local
+    await provider.close()
+    await store.close()
+
+
+@pytest.fixture
+async def api(stack, aiohttp_client):
+    router, _ = stack
+
+    async def ready() -> list[str]:
+        return []
+
+    return await aiohttp_client(create_control_app(router, ready, Metrics()))
+
+
+async def execute(http: aiohttp.ClientSession, endpoint: str, command: str) -> dict:
+    async with http.post(f"{endpoint}/execute", json={"command": command}) as response:
+        assert response.status == 200
+        return await response.json()
+
+
+async def bind(api, **identity) -> dict:
+    response = await api.post("/v1/sessions", json=identity)
+    assert response.status == 200, await response.text()
+    return await response.json()
+
+
+async def test_walkthrough_per_session_org_isolates_sessions(api):
+    a = await bind(api, org_id="iso-org", user_id="alice", session_id="s-a")
+    b = await bind(api, org_id="iso-org", user_id="alice", session_id="s-b")
+    assert a["sandbox_id"] != b["sandbox_id"] and a["sandbox_id"].startswith("ses-")
+    assert a["pool"] == "small" and a["state"] == "ready"
+    async with aiohttp.ClientSession() as http:
+        await execute(http, a["endpoint"], "echo secret > note.txt")
+        seen_a = await execute(http, a["endpoint"], "cat note.txt")
+        seen_b = await execute(http, b["endpoint"], "cat note.txt")
+    assert seen_a["stdout"] == "secret\n"
+    assert seen_b["exit_code"] != 0 and seen_b["stdout"] == ""
+
+
+async def test_walkthrough_shared_org_shares_one_sandbox(api):
+    a = await bind(api, org_id="team", user_id="bob", session_id="s-1")
+    b = await bind(api, org_id="team", user_id="bob", session_id="s-2")
+    assert a["sandbox_id"] == b["sandbox_id"] and a["sandbox_id"].startswith("org-")
+    async with aiohttp.ClientSession() as http:
+        await execute(http, a["endpoint"], "echo shared > note.txt")
+        seen = await execute(http, b["endpoint"], "cat note.txt")
+    assert seen["stdout"] == "shared\n"
+    listing = await (await api.get("/v1/sandboxes")).json()
+    assert [(s["sandbox_id"], s["sessions"], s["state"]) for s in listing["sandboxes"]] == [(a["sandbox_id"], 2, "ready")]
+
+
+async def test_get_and_delete_session(api, stack):
+    _, local = stack
+    a = await bind(api, org_id="iso-org", user_id="carol", session_id="s-x")
+    got = await (await api.get("/v1/sessions/s-x")).json()
+    assert got["sandbox_id"] == a["sandbox_id"]
+    foreign = await api.get("/v1/sessions/s-x", headers={"X-User-Id": "mallory", "X-Org-Id": "iso-org"})
+    assert foreign.status == 404
+    deleted = await api.delete("/v1/sessions/s-x")
+    assert (await deleted.json())["deleted"] is True
+    assert await local.list_managed() == []  # the ses- sandbox went with its session
+    missing = await api.get("/v1/sessions/s-x")
+    assert missing.status == 404 and (await missing.json())["error"]["code"] == "not_found"
+
+
+async def test_route_dry_run_creates_nothing(api, stack):
+    _, local = stack
+    response = await api.get("/v1/route", params={"org_id": "iso-org", "user_id": "u", "session_id": "agent_abc"})
+    body = await response.json()
+    assert body["sandbox_id"].startswith("ses-") and body["pool"] == "small"
+    assert await local.list_managed() == []
+
+
+async def test_killed_sandbox_is_recreated_on_next_bind(api, stack, tmp_path):
+    router, local = stack
+    first = await bind(api, org_id="iso-org", user_id="dave", session_id="s-k")
+    state = json.loads((tmp_path / "sandboxes" / first["sandbox_id"] / "state.json").read_text())
+    released = asyncio.Event()
+    router.store.subscribe(lambda key: released.set() if key == first["sandbox_id"] else None)
+    os.kill(state["pid"], signal.SIGKILL)
+    await released.wait()  # the provider noticed the death through its pidfd
+    again = await bind(api, org_id="iso-org", user_id="dave", session_id="s-k")
+    assert again["sandbox_id"] == first["sandbox_id"] and again["endpoint"] != first["endpoint"]
+    async with aiohttp.ClientSession() as http:
+        assert (await execute(http, again["endpoint"], "echo back"))["stdout"] == "back\n"
+
+
+LONG = "x" * 300
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "code"), [
+    pytest.param("POST", "/v1/sessions", {"session_id": "s"}, 400, "invalid_identity", id="missing user"),
+    pytest.param("POST", "/v1/sessions", {"user_id": "u", "session_id": ""}, 400, "invalid_identity", id="empty session"),
+    pytest.param("POST", "/v1/sessions", {"user_id": "u\n", "session_id": "s"}, 400, "invalid_identity", id="control character"),
+    pytest.param("POST", "/v1/sessions", {"user_id": "u", "session_id": LONG}, 400, "invalid_identity", id="300-char session"),
+    pytest.param("POST", "/v1/sessions", {"user_id": 7, "session_id": "s"}, 400, "invalid_identity", id="non-string user"),
+    pytest.param("POST", "/v1/sessions", {"user_id": "u", "session_id": "s", "role": "admin"}, 400, "bad_request", id="unknown field"),
+    pytest.param("POST", "/v1/sessions", b"{not json", 400, "invalid_json", id="malformed JSON"),
+    pytest.param("POST", "/v1/sessions", b"[1, 2]", 400, "invalid_json", id="JSON array"),
+    pytest.param("POST", "/v1/sessions", b"", 400, "invalid_json", id="empty body"),
+    pytest.param("GET", "/v1/sessions/unknown", None, 404, "not_found", id="unknown session"),
+    pytest.param("DELETE", "/v1/sessions/unknown", None, 404, "not_found", id="delete unknown session"),
+    pytest.param("GET", f"/v1/sessions/{LONG}", None, 400, "invalid_identity", id="300-char path session"),
+    pytest.param("GET", "/v1/sessions/%01", None, 400, "invalid_identity", id="control character in path"),
+    pytest.param("GET", "/v1/route?user_id=u", None, 400, "invalid_identity", id="dry run without session"),
+    pytest.param("GET", "/v1/route?user_id=u&session_id=s&admin=1", None, 400, "bad_request", id="dry run unknown param"),
+    pytest.param("GET", "/v1/nope", None, 404, "not_found", id="unknown route"),
+    pytest.param("PUT", "/v1/sessions", b"{}", 405, "method_not_allowed", id="wrong method"),
+    pytest.param("POST", "/v1/sessions", b"{" + b" " * 70_000 + b"}", 413, "payload_too_large", id="oversized body"),
+])
+async def test_bad_input_gets_documented_json_error(api, stack, method, path, body, status, code):
+    _, local = stack
+    kwargs = {"json": body} if isinstance(body, dict) else {"data": body}
+    response = await api.request(method, path, **kwargs)
+    assert response.status == status
+    payload = await response.json()
+    assert payload["error"]["code"] == code and payload["error"]["message"]
+    assert await local.list_managed() == []
