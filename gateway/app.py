@@ -25,6 +25,7 @@ from gateway.providers.base import PoolProviders, SandboxProvider
 from gateway.sessions import RouterTuning, SessionRouter
 from gateway.settings import Settings
 from gateway.store.base import SessionStore
+from gateway.store.instrumented import InstrumentedStore
 from routing import Policy, PolicyError, default_policy, parse_org_list, parse_policy
 
 log = logging.getLogger("gateway")
@@ -78,7 +79,7 @@ def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
 class Gateway:
     """One serving process: build with :meth:`create`, then :meth:`start` and :meth:`stop`."""
 
-    def __init__(self, settings: Settings, policy: Policy, store: SessionStore, provider: PoolProviders,
+    def __init__(self, settings: Settings, policy: Policy, store: SessionStore | InstrumentedStore, provider: PoolProviders,
                  metrics: Metrics) -> None:
         self.settings = settings
         self.store = store
@@ -88,6 +89,7 @@ class Gateway:
             store, provider, policy, replica_id=settings.replica_id,
             tuning=RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
                                 session_ttl=settings.session_ttl, activity_interval=settings.activity_flush_interval),
+            events=metrics,
         )
         self.data_plane: Any = None
         self._control_runner: web.AppRunner | None = None
@@ -100,7 +102,8 @@ class Gateway:
     def create(cls, settings: Settings) -> Gateway:
         policy = load_policy(settings)
         metrics = Metrics(per_org=settings.per_org_metrics, org_label_limit=settings.org_label_limit)
-        return cls(settings, policy, build_store(settings), build_providers(settings, policy), metrics)
+        store = InstrumentedStore(build_store(settings), metrics)
+        return cls(settings, policy, store, build_providers(settings, policy), metrics)
 
     async def start(self, data_sock: socket.socket, control_sock: socket.socket) -> None:
         from gateway.proxy import DataPlane
@@ -166,7 +169,6 @@ class Gateway:
 
     async def _reap(self) -> None:
         for sandbox_id in await self.router.reap_once():
-            self.metrics.reaps.labels("idle").inc()
             log.info("reaped idle sandbox %s", sandbox_id)
 
     async def _reload_policy(self) -> None:

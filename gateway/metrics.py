@@ -50,7 +50,7 @@ class Metrics:
                                            registry=r)
         self.reaps = Counter("sgw_reaps_total", "Sandboxes destroyed by reason", ["reason"], registry=r)
         self.sweeps = Counter("sgw_orphan_sweeps_total", "Orphaned provider objects deleted", ["reason"], registry=r)
-        self.route_cache = Counter("sgw_route_cache_total", "Route cache lookups", ["result"], registry=r)
+        self.route_cache_lookups = Counter("sgw_route_cache_total", "Route cache lookups", ["result"], registry=r)
         self.store_errors = Counter("sgw_store_errors_total", "Session store failures", ["op"], registry=r)
         self.store_latency = Histogram("sgw_store_latency_seconds", "Session store call latency", ["op"],
                                        buckets=_STORE_BUCKETS, registry=r)
@@ -60,6 +60,9 @@ class Metrics:
                                   multiprocess_mode="livesum")
         self.security_denials = Counter("sgw_security_denials_total", "Requests denied for isolation or auth",
                                         ["reason"], registry=r)
+        # Resolved once: the cache counters are bumped on every data-plane request.
+        self._cache_hit = self.route_cache_lookups.labels("hit")
+        self._cache_miss = self.route_cache_lookups.labels("miss")
         self.per_org = per_org
         self._org_limit = org_label_limit
         self._orgs: set[str] = set()
@@ -75,6 +78,24 @@ class Metrics:
             self._orgs.add(org)
             return org
         return "other"
+
+    # RouterEvents ---------------------------------------------------------
+    def route_cache(self, hit: bool) -> None:
+        (self._cache_hit if hit else self._cache_miss).inc()
+
+    def provisioned(self, pool: str, seconds: float, outcome: str) -> None:
+        self.provisions.labels(pool, outcome).inc()
+        if outcome == "ready":
+            self.provision_duration.labels(pool).observe(seconds)
+
+    def capacity_rejected(self, scope: str) -> None:
+        self.capacity_rejections.labels(scope).inc()
+
+    def reaped(self, reason: str) -> None:
+        self.reaps.labels(reason).inc()
+
+    def denied(self, reason: str) -> None:
+        self.security_denials.labels(reason).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")

@@ -20,8 +20,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from gateway.errors import GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
+from gateway.errors import CapacityExceeded, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
 from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxRequest, SandboxState
 from gateway.providers.base import SandboxProvider
 from gateway.store.base import Caps, SessionStore
@@ -30,6 +31,26 @@ from routing import Identity, Isolation, Placement, Policy, place
 log = logging.getLogger(__name__)
 
 REAPER_LEASE = "reaper"
+
+
+class RouterEvents(Protocol):
+    """What the router reports; ``gateway.metrics`` implements it, tests may too."""
+
+    def route_cache(self, hit: bool) -> None: ...
+    def provisioned(self, pool: str, seconds: float, outcome: str) -> None: ...
+    def capacity_rejected(self, scope: str) -> None: ...
+    def reaped(self, reason: str) -> None: ...
+    def denied(self, reason: str) -> None: ...
+
+
+class NoEvents:
+    """The null object: a router without metrics reports into the void."""
+
+    def route_cache(self, hit: bool) -> None: ...
+    def provisioned(self, pool: str, seconds: float, outcome: str) -> None: ...
+    def capacity_rejected(self, scope: str) -> None: ...
+    def reaped(self, reason: str) -> None: ...
+    def denied(self, reason: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +108,9 @@ class SessionRouter:
         replica_id: str,
         tuning: RouterTuning = RouterTuning(),
         clock: Callable[[], float] = time.time,
+        events: RouterEvents = NoEvents(),
     ) -> None:
+        self.events = events
         self.store = store
         self.provider = provider
         self.policy = policy
@@ -106,10 +129,13 @@ class SessionRouter:
         cached = self._cache.get(identity.session_id)
         now = self._clock()
         if cached is not None and now < cached.fresh_until:
+            self.events.route_cache(True)
             route = cached.route
             if not route.owner.matches(identity):
+                self.events.denied("owner_mismatch")
                 raise _unknown_session()
         else:
+            self.events.route_cache(False)
             route = await self._resolve_uncached(identity, cached, now)
         self.activity.sandboxes[route.sandbox_id] = now
         self.activity.sessions[route.session_id] = now
@@ -149,6 +175,7 @@ class SessionRouter:
             binding = await self.store.put_binding(fresh)
             created_binding = binding == fresh
         if not binding.owner.matches(identity):
+            self.events.denied("owner_mismatch")
             raise _unknown_session()
         try:
             record = await self.ensure_sandbox(binding)
@@ -174,6 +201,7 @@ class SessionRouter:
             record = await self.store.get_sandbox(binding.sandbox_id)
             if record is not None:
                 await self.destroy(record, reason="session_deleted")
+                self.events.reaped("session_deleted")
         return binding
 
     # create once ------------------------------------------------------------
@@ -195,7 +223,11 @@ class SessionRouter:
         for _attempt in range(3):
             template = SandboxRecord(binding.sandbox_id, binding.pool, binding.owner.org_id,
                                      SandboxState.CREATING, created_at=self._clock())
-            reservation = await self.store.reserve_sandbox(template, self._caps(binding), self.tuning.lease_seconds)
+            try:
+                reservation = await self.store.reserve_sandbox(template, self._caps(binding), self.tuning.lease_seconds)
+            except CapacityExceeded as exc:
+                self.events.capacity_rejected(exc.scope)
+                raise
             if reservation.created:
                 return await self._create(reservation.record, binding, timeout)
             if reservation.record.state is SandboxState.READY:
@@ -215,9 +247,11 @@ class SessionRouter:
     async def _create(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
         request = SandboxRequest(record.sandbox_id, record.pool, binding.isolation, binding.owner,
                                  binding.session_id, timeout)
+        started = time.perf_counter()
         try:
             endpoint = await self.provider.ensure(request)
         except BaseException as exc:
+            self.events.provisioned(record.pool, time.perf_counter() - started, _outcome(exc))
             message = exc.message if isinstance(exc, GatewayError) else "sandbox creation was interrupted"
             with contextlib.suppress(GatewayError):
                 await self.store.release_sandbox(record.sandbox_id, error=message)
@@ -225,6 +259,7 @@ class SessionRouter:
                 raise
             log.exception("provider failed creating %s", record.sandbox_id)
             raise ProvisionFailed(f"creating sandbox {record.sandbox_id} failed", sandbox_id=record.sandbox_id) from exc
+        self.events.provisioned(record.pool, time.perf_counter() - started, "ready")
         return await self.store.mark_ready(record.sandbox_id, endpoint)
 
     def _caps(self, binding: Binding) -> Caps:
@@ -265,6 +300,7 @@ class SessionRouter:
                     await self.store.touch({record.sandbox_id: now}, {})
                     continue
                 await self.destroy(record, reason="idle")
+                self.events.reaped("idle")
                 reaped.append(record.sandbox_id)
         for session_id in await self.store.idle_sessions(now - self.tuning.session_ttl):
             await self.store.delete_binding(session_id)
@@ -304,6 +340,12 @@ class SessionRouter:
 def _unknown_session() -> NotFound:
     # The same answer whether the session does not exist or belongs to someone else.
     return NotFound("no such session for this identity")
+
+
+def _outcome(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    return exc.code if isinstance(exc, GatewayError) else "error"
 
 
 def _log_task_error(task: asyncio.Task[None]) -> None:
