@@ -170,6 +170,7 @@ class Gateway:
     async def _reap(self) -> None:
         for sandbox_id in await self.router.reap_once():
             log.info("reaped idle sandbox %s", sandbox_id)
+        await self.router.sweep_orphans(self.settings.orphan_grace)
 
     async def _reload_policy(self) -> None:
         """Hot reload: a changed file replaces the policy for new sessions; a bad one is refused."""

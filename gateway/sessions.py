@@ -306,6 +306,25 @@ class SessionRouter:
             await self.store.delete_binding(session_id)
         return reaped
 
+    async def sweep_orphans(self, grace: float) -> list[str]:
+        """Delete provider objects of this installation that the store does not know (lease holder only).
+
+        ``grace`` protects objects whose creation is in flight on a replica that
+        has not written its record yet, and objects of a store that was just reset.
+        """
+        if not await self.store.acquire_lease(REAPER_LEASE, self.replica_id, ttl=self.tuning.reaper_lease_ttl):
+            return []
+        known = {record.sandbox_id for record in await self.store.list_sandboxes()}
+        cutoff = self._clock() - grace
+        swept = []
+        for managed in await self.provider.list_managed():
+            if managed.sandbox_id not in known and managed.created_at < cutoff:
+                log.info("sweeping orphaned sandbox %s (pool %s)", managed.sandbox_id, managed.pool)
+                await self.provider.delete(managed.sandbox_id, managed.pool)
+                self.events.reaped("orphan")
+                swept.append(managed.sandbox_id)
+        return swept
+
     async def flush_activity(self) -> None:
         sandboxes, sessions, streams = self.activity.take()
         if streams:

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, validation_alias=AliasChoices("redis_url", "REDIS_URL"))
     redis_prefix: str = "sgw"
     replica_id: str = Field(default_factory=_default_replica_id)
+    # Names this installation's Kubernetes objects (label) so two gateways never touch each other's.
+    installation: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    kubeconfig: str | None = None
+    orphan_grace: float = Field(default=600.0, gt=0)
 
     # logging
     log_level: Literal["debug", "info", "warning", "error"] = "info"

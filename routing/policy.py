@@ -87,8 +87,10 @@ class KubernetesPoolOptions(_Strict):
     def _mode_fields(self) -> KubernetesPoolOptions:
         if self.mode == "sandbox" and self.pod_template is None:
             raise ValueError("mode 'sandbox' needs pod_template")
-        if self.mode == "claim" and not self.template and not self.warm_pool:
-            raise ValueError("mode 'claim' needs template (v1alpha1) or warm_pool")
+        if self.mode == "claim" and self.api_version == "v1alpha1" and not self.template:
+            raise ValueError("mode 'claim' with api_version v1alpha1 needs template (the SandboxTemplate name)")
+        if self.mode == "claim" and self.api_version == "v1beta1" and not self.warm_pool:
+            raise ValueError("mode 'claim' with api_version v1beta1 needs warm_pool (the SandboxWarmPool name)")
         return self
 
 

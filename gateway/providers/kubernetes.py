@@ -1,0 +1,352 @@
+"""Sandboxes as kubernetes-sigs/agent-sandbox objects, ready by watch.
+
+Per pool: a namespace, an API version (``v1alpha1`` or ``v1beta1``) and a mode:
+``sandbox`` creates a ``Sandbox`` (agents.x-k8s.io) from the pool's pod template;
+``claim`` creates a ``SandboxClaim`` (extensions.agents.x-k8s.io) against the
+pool's SandboxTemplate or warm pool. The object is named by the sandbox ID (52
+chars, a valid DNS label) and labelled as ours; identity goes into annotations
+because label values cannot hold arbitrary strings.
+
+Readiness is watched, never polled: a watch on the one object (field selector
+on its name) from the create response's resourceVersion, resumed from the last
+seen version when the stream drops and restarted from a fresh GET on 410 Gone.
+Routable means ``Ready=True`` *and* a pod IP: old controllers report Ready for
+``replicas: 0``. Terminal reasons fail at once and delete the object; a
+provisioning timeout deletes it too (504).
+
+A second watch over every object of this installation notices sandboxes that
+are deleted or lose their pod and reports them through ``on_lost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gateway.errors import Conflict, GatewayError, ProvisionFailed, ProvisionTimeout
+from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
+from gateway.providers.base import LostHandler
+from routing.policy import KubernetesPoolOptions
+
+log = logging.getLogger(__name__)
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+INSTALLATION = "sandbox-gateway.io/installation"
+POOL = "sandbox-gateway.io/pool"
+ISOLATION = "sandbox-gateway.io/isolation"
+ANNOTATION = "sandbox-gateway.io/"
+
+TERMINAL_REASONS = frozenset({
+    "SandboxExpired", "ClaimExpired", "TemplateNotFound", "WarmPoolNotFound", "ReconcilerError",
+    "PodFailed", "PodSucceeded", "InvalidMetadata", "EnvVarsInjectionRejected",
+})
+
+# Exactly what this provider calls, per pool namespace; the Helm chart's Role renders these.
+RBAC_RULES: tuple[dict[str, Any], ...] = (
+    {"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
+     "verbs": ["get", "list", "watch", "create", "delete"]},
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @classmethod
+    def of(cls, pool: KubernetesPoolOptions) -> _Kind:
+        if pool.mode == "claim":
+            return cls("extensions.agents.x-k8s.io", pool.api_version, "sandboxclaims", "SandboxClaim")
+        return cls("agents.x-k8s.io", pool.api_version, "sandboxes", "Sandbox")
+
+
+def _ready_condition(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for condition in (obj.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "Ready":
+            return condition
+    return None
+
+
+def _pod_ips(obj: Mapping[str, Any]) -> list[str]:
+    status = obj.get("status") or {}
+    if obj.get("kind") == "SandboxClaim":
+        return list((status.get("sandbox") or {}).get("podIPs") or ())
+    return list(status.get("podIPs") or ())
+
+
+def routable(obj: Mapping[str, Any]) -> bool:
+    ready = _ready_condition(obj)
+    return ready is not None and ready.get("status") == "True" and bool(_pod_ips(obj))
+
+
+def terminal_failure(obj: Mapping[str, Any]) -> str | None:
+    ready = _ready_condition(obj)
+    if ready is not None and ready.get("status") == "False" and ready.get("reason") in TERMINAL_REASONS:
+        return f"{ready['reason']}: {ready.get('message') or 'no message'}"
+    return None
+
+
+class KubernetesProvider:
+    def __init__(self, pools: Mapping[str, KubernetesPoolOptions], installation: str, *,
+                 kubeconfig: str | None = None, api_client: client.ApiClient | None = None) -> None:
+        self._pools = dict(pools)
+        self._installation = installation
+        self._kubeconfig = kubeconfig
+        self._api_client = api_client
+        self._owns_client = api_client is None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._routable: set[str] = set()
+
+    @classmethod
+    def from_policy(cls, settings: Any, policy: Any, pool_names: Sequence[str]) -> KubernetesProvider:
+        pools = {name: policy.pools[name].kubernetes for name in pool_names}
+        return cls(pools, settings.installation, kubeconfig=settings.kubeconfig)
+
+    @property
+    def _api(self) -> client.CustomObjectsApi:
+        assert self._api_client is not None, "start() first"
+        return client.CustomObjectsApi(self._api_client)
+
+    async def start(self, on_lost: LostHandler) -> None:
+        if self._api_client is None:
+            configuration = client.Configuration()
+            if self._kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config(client_configuration=configuration)
+            else:
+                await config.load_kube_config(config_file=self._kubeconfig, client_configuration=configuration)
+            self._api_client = client.ApiClient(configuration)
+        targets = {(o.namespace, _Kind.of(o)) for o in self._pools.values()}
+        for namespace, kind in sorted(targets, key=str):
+            self._tasks.append(asyncio.create_task(self._watch_managed(namespace, kind, on_lost)))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._owns_client and self._api_client is not None:
+            await self._api_client.close()
+
+    # create ---------------------------------------------------------------
+    async def ensure(self, request: SandboxRequest) -> Endpoint:
+        pool = self._pool(request.pool, request.sandbox_id)
+        kind = _Kind.of(pool)
+        obj = await self._create_or_adopt(pool, kind, request)
+        try:
+            obj = await asyncio.wait_for(self._await_ready(pool, kind, obj), request.timeout)
+        except TimeoutError:
+            await self.delete(request.sandbox_id, request.pool)
+            raise ProvisionTimeout(
+                f"sandbox {request.sandbox_id} was not Ready with a pod IP within {request.timeout:g}s; "
+                f"the {kind.kind} was deleted", sandbox_id=request.sandbox_id) from None
+        except ProvisionFailed:
+            await self.delete(request.sandbox_id, request.pool)
+            raise
+        self._routable.add(request.sandbox_id)
+        return self._endpoint(pool, obj)
+
+    async def _create_or_adopt(self, pool: KubernetesPoolOptions, kind: _Kind,
+                               request: SandboxRequest) -> dict[str, Any]:
+        body = self._manifest(pool, kind, request)
+        try:
+            return await self._api.create_namespaced_custom_object(
+                kind.group, kind.version, pool.namespace, kind.plural, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise _provision_error(exc, f"creating {kind.kind} {request.sandbox_id}", request.sandbox_id) from exc
+        existing = await self._get(pool, kind, request.sandbox_id)
+        labels = (existing or {}).get("metadata", {}).get("labels") or {}
+        if existing is None or labels.get(INSTALLATION) != self._installation:
+            raise Conflict(f"{kind.kind} {pool.namespace}/{request.sandbox_id} already exists and is not managed "
+                           f"by installation {self._installation!r}; delete it or change the installation name",
+                           sandbox_id=request.sandbox_id)
+        return existing
+
+    async def _await_ready(self, pool: KubernetesPoolOptions, kind: _Kind, obj: dict[str, Any]) -> dict[str, Any]:
+        name = obj["metadata"]["name"]
+        version = obj["metadata"].get("resourceVersion")
+        while True:
+            failure = terminal_failure(obj)
+            if failure is not None:
+                raise ProvisionFailed(f"{kind.kind} {name} failed: {failure}", sandbox_id=name)
+            if routable(obj):
+                return obj
+            stream = watch.Watch()
+            try:
+                async for event in stream.stream(
+                        self._api.list_namespaced_custom_object, kind.group, kind.version, pool.namespace,
+                        kind.plural, field_selector=f"metadata.name={name}", resource_version=version,
+                        timeout_seconds=300):
+                    if event["type"] == "DELETED":
+                        raise ProvisionFailed(f"{kind.kind} {name} was deleted while starting", sandbox_id=name)
+                    obj = event["raw_object"]
+                    version = obj["metadata"].get("resourceVersion", version)
+                    if routable(obj) or terminal_failure(obj):
+                        break
+            except ApiException as exc:
+                if exc.status != 410:
+                    raise _provision_error(exc, f"watching {kind.kind} {name}", name) from exc
+                # 410 Gone: our version fell out of the watch cache; start over from a fresh read.
+                fresh = await self._get(pool, kind, name)
+                if fresh is None:
+                    raise ProvisionFailed(f"{kind.kind} {name} disappeared while starting", sandbox_id=name) from None
+                obj, version = fresh, fresh["metadata"].get("resourceVersion")
+            except (OSError, TimeoutError, aiohttp.ClientError):
+                pass  # the stream dropped: resume from the last version we saw
+            finally:
+                await stream.close()
+
+    def _manifest(self, pool: KubernetesPoolOptions, kind: _Kind, request: SandboxRequest) -> dict[str, Any]:
+        owner = request.owner
+        annotations = {f"{ANNOTATION}user-id": owner.user_id, f"{ANNOTATION}session-id": request.session_id}
+        if owner.org_id is not None:
+            annotations[f"{ANNOTATION}org-id"] = owner.org_id
+        if owner.bot_id is not None:
+            annotations[f"{ANNOTATION}bot-id"] = owner.bot_id
+        metadata = {
+            "name": request.sandbox_id,
+            "labels": {MANAGED_BY: "sandbox-gateway", INSTALLATION: self._installation,
+                       POOL: request.pool, ISOLATION: request.isolation.value},
+            "annotations": annotations,
+        }
+        shutdown = None
+        if pool.lifetime is not None:
+            at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=pool.lifetime)
+            shutdown = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        spec: dict[str, Any]
+        if pool.mode == "sandbox":
+            spec = {"podTemplate": pool.pod_template}
+            if pool.volume_claim_templates:
+                spec["volumeClaimTemplates"] = pool.volume_claim_templates
+            if pool.service is not None:
+                spec["service"] = pool.service
+            if pool.shutdown_policy is not None:
+                spec["shutdownPolicy"] = pool.shutdown_policy
+            if shutdown is not None:
+                spec["shutdownTime"] = shutdown
+        else:
+            if pool.api_version == "v1beta1":
+                spec = {"warmPoolRef": {"name": pool.warm_pool}}
+            else:
+                spec = {"sandboxTemplateRef": {"name": pool.template}}
+                if pool.warm_pool:
+                    spec["warmpool"] = pool.warm_pool
+            if shutdown is not None or pool.shutdown_policy is not None:
+                spec["lifecycle"] = {k: v for k, v in
+                                     (("shutdownTime", shutdown), ("shutdownPolicy", pool.shutdown_policy)) if v}
+        return {"apiVersion": f"{kind.group}/{kind.version}", "kind": kind.kind, "metadata": metadata, "spec": spec}
+
+    def _endpoint(self, pool: KubernetesPoolOptions, obj: Mapping[str, Any]) -> Endpoint:
+        return Endpoint(_pod_ips(obj)[0], pool.port)
+
+    # delete, list -------------------------------------------------------
+    async def delete(self, sandbox_id: str, pool: str) -> None:
+        options = self._pool(pool, sandbox_id)
+        kind = _Kind.of(options)
+        self._routable.discard(sandbox_id)
+        try:
+            await self._api.delete_namespaced_custom_object(
+                kind.group, kind.version, options.namespace, kind.plural, sandbox_id,
+                body=client.V1DeleteOptions(propagation_policy="Background"))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _provision_error(exc, f"deleting {kind.kind} {sandbox_id}", sandbox_id) from exc
+
+    async def list_managed(self) -> list[ManagedSandbox]:
+        found: list[ManagedSandbox] = []
+        seen: set[tuple[str, _Kind]] = set()
+        for options in self._pools.values():
+            target = (options.namespace, _Kind.of(options))
+            if target in seen:
+                continue
+            seen.add(target)
+            kind = target[1]
+            try:
+                listing = await self._api.list_namespaced_custom_object(
+                    kind.group, kind.version, options.namespace, kind.plural, label_selector=self._selector())
+            except ApiException as exc:
+                raise _provision_error(exc, f"listing {kind.plural} in {options.namespace}", None) from exc
+            for item in listing.get("items", ()):
+                meta = item["metadata"]
+                created = meta.get("creationTimestamp")
+                at = dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else time.time()
+                found.append(ManagedSandbox(meta["name"], (meta.get("labels") or {}).get(POOL, ""), at))
+        return found
+
+    # lost sandboxes -------------------------------------------------------
+    async def _watch_managed(self, namespace: str, kind: _Kind, on_lost: LostHandler) -> None:
+        """Report objects of ours that are deleted or stop being routable; reconnect forever."""
+        version: str | None = None
+        while True:
+            stream = watch.Watch()
+            try:
+                if version is None:
+                    listing = await self._api.list_namespaced_custom_object(
+                        kind.group, kind.version, namespace, kind.plural, label_selector=self._selector())
+                    version = listing["metadata"].get("resourceVersion")
+                async for event in stream.stream(
+                        self._api.list_namespaced_custom_object, kind.group, kind.version, namespace, kind.plural,
+                        label_selector=self._selector(), resource_version=version, timeout_seconds=300):
+                    obj = event["raw_object"]
+                    version = obj["metadata"].get("resourceVersion", version)
+                    name = obj["metadata"]["name"]
+                    if event["type"] == "DELETED" or not routable(obj):
+                        if name in self._routable:
+                            self._routable.discard(name)
+                            on_lost(name)
+                    else:
+                        self._routable.add(name)
+            except asyncio.CancelledError:
+                raise
+            except ApiException as exc:
+                if exc.status == 410:
+                    version = None  # relist
+                else:
+                    log.warning("watching %s in %s failed (%s); retrying", kind.plural, namespace, exc.status)
+                    await asyncio.sleep(1.0)
+            except Exception as exc:  # the stream dropped or the API server is away: back off, resume
+                log.warning("watch on %s in %s dropped: %s", kind.plural, namespace, exc)
+                await asyncio.sleep(1.0)
+            finally:
+                await stream.close()
+
+    # helpers ----------------------------------------------------------------
+    def _selector(self) -> str:
+        return f"{MANAGED_BY}=sandbox-gateway,{INSTALLATION}={self._installation}"
+
+    def _pool(self, pool: str, sandbox_id: str) -> KubernetesPoolOptions:
+        options = self._pools.get(pool)
+        if options is None:
+            raise ProvisionFailed(f"pool {pool!r} is not a kubernetes pool", sandbox_id=sandbox_id)
+        return options
+
+    async def _get(self, pool: KubernetesPoolOptions, kind: _Kind, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._api.get_namespaced_custom_object(kind.group, kind.version, pool.namespace,
+                                                                kind.plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _provision_error(exc, f"reading {kind.kind} {name}", name) from exc
+
+    def describe(self) -> str:
+        return ", ".join(f"{name}: {o.mode} {o.api_version} in {o.namespace}" for name, o in self._pools.items())
+
+
+def _provision_error(exc: ApiException, doing: str, sandbox_id: str | None) -> GatewayError:
+    return ProvisionFailed(f"Kubernetes API error {exc.status} {exc.reason} while {doing}", sandbox_id=sandbox_id)

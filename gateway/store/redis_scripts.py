@@ -1,0 +1,186 @@
+"""The Lua scripts of the Redis store, one module constant each.
+
+Every script receives all the keys it touches through ``KEYS`` (so it is valid
+on Redis Cluster: every key of an installation carries the same ``{prefix}``
+hash tag) and does all of its checks before its first write, so a script that
+fails fails before writing anything. Numbers cross the boundary as strings
+written by Python (``repr(float)``): Lua compares them with ``tonumber`` but never
+formats one, because Lua would print only 14 significant digits.
+
+A sandbox is a hash with these fields (the record JSON holds only the fields
+that never change after a reservation):
+
+``rec``          JSON of ``sandbox_id``, ``pool``, ``org_id``, ``created_at``, ``meta``
+``state``        ``creating`` | ``ready`` (``failed``/``deleting`` are never stored)
+``endpoint``     Endpoint JSON, or ``""`` while creating
+``lease_until``  creation lease deadline (the store's clock), ``0`` once ready
+``gen``          a token per reservation: tells one incarnation from the next
+``pool``, ``org`` what the capacity counters count by (``org`` absent: no org)
+
+A record in state ``creating`` or ``ready`` is *live* and counted once in
+``count:pool[pool]`` and (when it has an org) ``count:org[org]``; every script
+that changes a state keeps that true.
+"""
+
+from __future__ import annotations
+
+# Shared helpers, prepended to the scripts that need them.
+_HELPERS = """
+local function view(sandbox_key, index_key, sessions_key, sandbox_id)
+  local h = redis.call('HMGET', sandbox_key, 'rec', 'state', 'endpoint', 'lease_until', 'gen')
+  if not h[1] then return false end
+  return {h[1], h[2], h[3] or '', h[4] or '0',
+          redis.call('ZSCORE', index_key, sandbox_id) or '0',
+          redis.call('SCARD', sessions_key), h[5] or ''}
+end
+local function uncount(key, field)
+  if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
+end
+local function is_live(state)
+  return state == 'creating' or state == 'ready'
+end
+"""
+
+# A "view" (what the get/reserve/mark/release scripts return for a record) is
+# {rec JSON, state, endpoint JSON or '', lease_until, last_active, sessions, gen}.
+
+GET_SANDBOX = _HELPERS + """
+-- KEYS[1] sandbox hash  KEYS[2] sandboxes zset  KEYS[3] sandbox-sessions set
+-- ARGV[1] sandbox id
+-- returns the record's view, or false (nil) when there is no record
+return view(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
+"""
+
+PUT_BINDING = """
+-- KEYS[1] binding string  KEYS[2] session-seen zset  KEYS[3] sandbox-sessions set of the binding's sandbox
+-- ARGV[1] binding JSON  ARGV[2] session id  ARGV[3] created_at (first "seen" time)
+-- returns the binding already stored (JSON): it wins; false (nil) when ARGV[1] was stored
+local current = redis.call('GET', KEYS[1])
+if current then return current end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[2])
+return false
+"""
+
+DELETE_BINDING = """
+-- KEYS[1] binding string  KEYS[2] session-seen zset  KEYS[3] sandbox-sessions set of the sandbox named in ARGV[2]
+-- ARGV[1] session id  ARGV[2] the binding JSON the caller read (KEYS[3] was derived from it)
+-- ARGV[3] invalidate channel  ARGV[4] invalidate message
+-- returns the deleted binding JSON; false (nil) when there was none;
+--         0 when the binding changed since the caller read it (read again and retry)
+local current = redis.call('GET', KEYS[1])
+if not current then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return false
+end
+if current ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('SREM', KEYS[3], ARGV[1])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return current
+"""
+
+RESERVE_SANDBOX = _HELPERS + """
+-- KEYS[1] sandbox hash  KEYS[2] sandboxes zset  KEYS[3] count:pool hash  KEYS[4] count:org hash
+-- KEYS[5] sandbox-sessions set
+-- ARGV[1] now  ARGV[2] sandbox id  ARGV[3] pool  ARGV[4] org id ('' when none)  ARGV[5] '1' when there is an org
+-- ARGV[6] pool cap ('' = none)  ARGV[7] org cap ('' = none)  ARGV[8] record JSON (static fields)
+-- ARGV[9] lease_until  ARGV[10] last_active  ARGV[11] reservation token (gen)
+-- ARGV[12] invalidate channel  ARGV[13] invalidate message (published on a takeover)
+-- returns {'created' | 'taken' | 'existing', view...}, or {'cap', 'pool' | 'org'} when a cap is reached
+local state = redis.call('HGET', KEYS[1], 'state')
+local stale = false
+if state then
+  local cur = redis.call('HMGET', KEYS[1], 'lease_until', 'gen', 'pool', 'org')
+  if state == 'creating' and cur[2] == ARGV[11] then
+    -- our own reservation: this call is a retry of one that succeeded
+    local v = view(KEYS[1], KEYS[2], KEYS[5], ARGV[2])
+    return {'created', unpack(v)}
+  end
+  if not (state == 'creating' and tonumber(cur[1]) < tonumber(ARGV[1])) then
+    local v = view(KEYS[1], KEYS[2], KEYS[5], ARGV[2])
+    return {'existing', unpack(v)}
+  end
+  stale = cur  -- a creation whose creator's lease expired: take it over
+end
+local has_org = ARGV[5] == '1'
+local pool_live = tonumber(redis.call('HGET', KEYS[3], ARGV[3]) or '0')
+local org_live = 0
+if has_org then org_live = tonumber(redis.call('HGET', KEYS[4], ARGV[4]) or '0') end
+if stale then
+  -- the stale record is live and counted, but it does not count against its own takeover
+  if stale[3] == ARGV[3] then pool_live = pool_live - 1 end
+  if has_org and stale[4] == ARGV[4] then org_live = org_live - 1 end
+end
+if ARGV[6] ~= '' and pool_live >= tonumber(ARGV[6]) then return {'cap', 'pool'} end
+if has_org and ARGV[7] ~= '' and org_live >= tonumber(ARGV[7]) then return {'cap', 'org'} end
+if stale then
+  if stale[3] then uncount(KEYS[3], stale[3]) end
+  if stale[4] then uncount(KEYS[4], stale[4]) end
+  redis.call('DEL', KEYS[1])
+end
+redis.call('HSET', KEYS[1], 'rec', ARGV[8], 'state', 'creating', 'endpoint', '',
+           'lease_until', ARGV[9], 'gen', ARGV[11], 'pool', ARGV[3])
+redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+if has_org then
+  redis.call('HSET', KEYS[1], 'org', ARGV[4])
+  redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
+end
+redis.call('ZADD', KEYS[2], ARGV[10], ARGV[2])
+if stale then redis.call('PUBLISH', ARGV[12], ARGV[13]) end
+local v = view(KEYS[1], KEYS[2], KEYS[5], ARGV[2])
+if stale then return {'taken', unpack(v)} end
+return {'created', unpack(v)}
+"""
+
+MARK_READY = _HELPERS + """
+-- KEYS[1] sandbox hash  KEYS[2] sandboxes zset  KEYS[3] count:pool hash  KEYS[4] count:org hash
+-- KEYS[5] sandbox-sessions set
+-- ARGV[1] sandbox id  ARGV[2] endpoint JSON  ARGV[3] settled channel
+-- returns the ready record's view; false (nil) when there is no record
+local cur = redis.call('HMGET', KEYS[1], 'state', 'pool', 'org', 'gen')
+if not cur[1] then return false end
+if not is_live(cur[1]) then
+  if cur[2] then redis.call('HINCRBY', KEYS[3], cur[2], 1) end
+  if cur[3] then redis.call('HINCRBY', KEYS[4], cur[3], 1) end
+end
+redis.call('HSET', KEYS[1], 'state', 'ready', 'endpoint', ARGV[2], 'lease_until', '0')
+redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = cur[4] or '', state = 'ready'}))
+return view(KEYS[1], KEYS[2], KEYS[5], ARGV[1])
+"""
+
+RELEASE_SANDBOX = _HELPERS + """
+-- KEYS[1] sandbox hash  KEYS[2] sandboxes zset  KEYS[3] count:pool hash  KEYS[4] count:org hash
+-- KEYS[5] sandbox-sessions set  KEYS[6] streams hash
+-- ARGV[1] sandbox id  ARGV[2] error for the waiters  ARGV[3] settled channel
+-- ARGV[4] invalidate channel  ARGV[5] invalidate message
+-- returns the removed record's view; false (nil) when there was no record (waiters are woken either way)
+local found = view(KEYS[1], KEYS[2], KEYS[5], ARGV[1])
+local gen = ''
+if found then
+  local cur = redis.call('HMGET', KEYS[1], 'state', 'pool', 'org', 'gen')
+  if is_live(cur[1]) then
+    if cur[2] then uncount(KEYS[3], cur[2]) end
+    if cur[3] then uncount(KEYS[4], cur[3]) end
+  end
+  gen = cur[4] or ''
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('PUBLISH', ARGV[4], ARGV[5])
+end
+redis.call('DEL', KEYS[6])
+redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = gen, state = 'removed', error = ARGV[2]}))
+return found
+"""
+
+ACQUIRE_LEASE = """
+-- KEYS[1] lease string
+-- ARGV[1] holder  ARGV[2] ttl in milliseconds
+-- returns 1 when ARGV[1] now holds the lease (taken or renewed), 0 when another holder has it
+local current = redis.call('GET', KEYS[1])
+if current and current ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
