@@ -17,6 +17,9 @@ MAX_FIELD_LENGTH = 256
 # C0 and C1 control characters plus DEL. Unicode line/paragraph separators are
 # included because they split log lines and HTTP header values just the same.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Lone surrogates (JSON "\\ud800", or an invalid UTF-8 header byte decoded with
+# surrogateescape) cannot be encoded to UTF-8, so they could never be hashed.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class InvalidIdentity(ValueError):
@@ -41,6 +44,8 @@ def _check(field: str, value: object, *, required: bool) -> str | None:
         raise InvalidIdentity(field, f"must be at most {MAX_FIELD_LENGTH} characters (got {len(value)})")
     if _CONTROL.search(value):
         raise InvalidIdentity(field, "must not contain control characters")
+    if _SURROGATE.search(value):
+        raise InvalidIdentity(field, "must be valid UTF-8 (found a lone surrogate)")
     return value
 
 

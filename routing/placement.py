@@ -50,5 +50,9 @@ def place(identity: Identity, policy: Policy) -> Placement:
     else:
         sandbox_id = shared_sandbox_id(identity.org_id, identity.user_id, identity.bot_id)
     rule = policy.orgs.get(identity.org_id) if identity.org_id is not None else None
-    pool = rule.pool if rule is not None and rule.pool is not None else pool_for(sandbox_id, policy)
+    if rule is not None and rule.pool is not None:
+        pool = rule.pool
+    else:
+        # A generated ID's prefix is its first three characters; no need to re-validate it.
+        pool = policy.prefix_pools.get(sandbox_id[:3], policy.default_pool)
     return Placement(sandbox_id, pool, isolation)

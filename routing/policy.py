@@ -13,6 +13,7 @@ per-session (``ses-``) sandboxes and ``shared`` for everything else.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
@@ -47,8 +48,8 @@ def parse_duration(value: Any) -> float:
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
     else:
         raise ValueError("must be a duration such as 30s, 10m or 1h")
-    if seconds <= 0:
-        raise ValueError("must be positive")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError("must be a positive, finite duration")
     return seconds
 
 
@@ -159,6 +160,8 @@ class Policy:
     __slots__ = ("default_pool", "document", "orgs", "per_session_orgs", "pools", "prefix_pools", "source")
 
     def __init__(self, document: PolicyDocument, source: str, extra_per_session_orgs: Iterable[str] = ()) -> None:
+        if isinstance(extra_per_session_orgs, str):
+            raise TypeError("extra_per_session_orgs takes org IDs; split a raw list with parse_org_list()")
         self.document = document
         self.source = source
         self.pools: Mapping[str, PoolSpec] = document.pools
@@ -181,16 +184,28 @@ class Policy:
         return "\n".join(lines)
 
 
-def _cross_references(doc: PolicyDocument) -> list[str]:
+def _cross_references(raw: Mapping[str, Any]) -> list[str]:
+    """Pool references checked on the raw mapping, so they are reported even when
+    other fields fail validation (every error at once). Shapes the schema rejects
+    are skipped here: the schema errors already name them."""
+    pools = raw.get("pools")
+    if not isinstance(pools, dict):
+        return []
     errors = []
-    for prefix, pool in doc.routing.prefix_pools.items():
-        if pool not in doc.pools:
-            errors.append(f"routing.prefix_pools.{prefix}: pool {pool!r} is not defined under pools")
-    for org, rule in doc.orgs.items():
-        if rule.pool is not None and rule.pool not in doc.pools:
-            errors.append(f"orgs.{org}.pool: pool {rule.pool!r} is not defined under pools")
-    if WILDCARD in doc.orgs:
-        errors.append(f"orgs.{WILDCARD}: '*' is only meaningful in routing.per_session_orgs")
+    routing = raw.get("routing", {})
+    prefix_pools = routing.get("prefix_pools", RoutingRules().prefix_pools) if isinstance(routing, dict) else {}
+    if isinstance(prefix_pools, dict):
+        for prefix, pool in prefix_pools.items():
+            if isinstance(pool, str) and pool not in pools:
+                errors.append(f"routing.prefix_pools.{prefix}: pool {pool!r} is not defined under pools")
+    orgs = raw.get("orgs", {})
+    if isinstance(orgs, dict):
+        for org, rule in orgs.items():
+            pool = rule.get("pool") if isinstance(rule, dict) else None
+            if isinstance(pool, str) and pool not in pools:
+                errors.append(f"orgs.{org}.pool: pool {pool!r} is not defined under pools")
+        if WILDCARD in orgs:
+            errors.append(f"orgs.{WILDCARD}: '*' is only meaningful in routing.per_session_orgs")
     return errors
 
 
@@ -208,13 +223,16 @@ def parse_policy(text: str, source: str = "<policy>", extra_per_session_orgs: It
         raise PolicyError([f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
     if not isinstance(raw, dict):
         raise PolicyError([f"{source}: the policy must be a mapping with a 'pools' key"])
+    errors: list[str] = []
+    doc = None
     try:
         doc = PolicyDocument.model_validate(raw)
     except ValidationError as exc:
-        raise PolicyError([f"{source}: {_format_loc(e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()]) from None
-    errors = _cross_references(doc)
+        errors = [f"{_format_loc(e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()]
+    errors += _cross_references(raw)
     if errors:
         raise PolicyError([f"{source}: {e}" for e in errors])
+    assert doc is not None
     return Policy(doc, source, extra_per_session_orgs)
 
 

@@ -248,7 +248,9 @@ pools:
         ),
         pytest.param("pools:\n  small: {provider: docker}\n  shared: {}\n", ["pools.small.provider"], id="unknown provider"),
         pytest.param(
-            "pools:\n  small: {provider: static}\n  shared: {}\n", ["pools.small", "static", "upstreams"], id="static without upstreams"
+            "pools:\n  small: {provider: static}\n  shared: {}\n",
+            ["pools.small", "static", "upstreams"],
+            id="static without upstreams",
         ),
         pytest.param(
             "pools:\n  small: {provider: static, upstreams: []}\n  shared: {}\n",
@@ -284,6 +286,12 @@ pools:
             id="kubernetes mode claim without template",
         ),
         pytest.param(
+            "pools:\n  small: {provider: kubernetes, kubernetes: {mode: claim, api_version: v1beta1, template: t}}\n"
+            "  shared: {}\n",
+            ["pools.small.kubernetes", "warm_pool"],
+            id="kubernetes v1beta1 claim without warm_pool",
+        ),
+        pytest.param(
             "pools:\n  small: {provider: kubernetes, kubernetes: {mode: claim, template: t, api_version: v2}}\n  shared: {}\n",
             ["pools.small.kubernetes.api_version"],
             id="kubernetes unknown api_version",
@@ -304,7 +312,9 @@ pools:
             id="default naming a missing pool",
         ),
         pytest.param(
-            BASE + "orgs:\n  acme: {pool: nope}\n", ["orgs.acme.pool", "'nope'", "not defined"], id="org override naming a missing pool"
+            BASE + "orgs:\n  acme: {pool: nope}\n",
+            ["orgs.acme.pool", "'nope'", "not defined"],
+            id="org override naming a missing pool",
         ),
         pytest.param(BASE + "orgs:\n  acme: {isolation: solo}\n", ["orgs.acme.isolation"], id="org override bad isolation"),
         pytest.param(BASE + "orgs:\n  acme: {max_sandboxes: 0}\n", ["orgs.acme.max_sandboxes"], id="org override zero cap"),
@@ -318,7 +328,9 @@ pools:
         pytest.param(
             BASE + "routing:\n  prefix_pools: {ses: small}\n", ["routing", "prefix_pools", "'default'"], id="missing default"
         ),
-        pytest.param(BASE + "routing:\n  per_session_orgs: org-a\n", ["routing.per_session_orgs"], id="per_session_orgs not a list"),
+        pytest.param(
+            BASE + "routing:\n  per_session_orgs: org-a\n", ["routing.per_session_orgs"], id="per_session_orgs not a list"
+        ),
         pytest.param(BASE + "routing:\n  colour: 1\n", ["routing.colour", "Extra inputs"], id="unknown routing key"),
         pytest.param("routing: {}\n", ["pools", "required"], id="missing pools"),
         pytest.param("pools: [small, shared]\n", ["pools"], id="pools not a mapping"),
