@@ -21,6 +21,7 @@ from aiohttp import web
 from gateway.api import create_control_app
 from gateway.errors import GatewayError
 from gateway.metrics import Metrics, status_class
+from gateway.model import SandboxState
 from gateway.providers.base import PoolProviders, SandboxProvider
 from gateway.sessions import RouterTuning, SessionRouter
 from gateway.settings import Settings
@@ -119,6 +120,7 @@ class Gateway:
         self.control_address = control_sock.getsockname()[:2]
         self._every(self.settings.activity_flush_interval, self.router.flush_activity)
         self._every(self.settings.reap_interval, self._reap)
+        self._every(5.0, self._refresh_gauges)
         if self.settings.policy_file is not None:
             self._policy_mtime = self.settings.policy_file.stat().st_mtime
             self._every(2.0, self._reload_policy)
@@ -171,6 +173,22 @@ class Gateway:
         for sandbox_id in await self.router.reap_once():
             log.info("reaped idle sandbox %s", sandbox_id)
         await self.router.sweep_orphans(self.settings.orphan_grace)
+
+    async def _refresh_gauges(self) -> None:
+        """Store-wide session and sandbox counts (every replica reports the same; dashboards take max)."""
+        m = self.metrics
+        m.in_flight.set(self.data_plane.in_flight)
+        m.open_streams.set(self.data_plane.open_streams)
+        sandboxes: dict[tuple[str, str], int] = {}
+        sessions: dict[str, int] = {}
+        for record in await self.store.list_sandboxes():
+            key = (record.pool, record.state.value)
+            sandboxes[key] = sandboxes.get(key, 0) + 1
+            sessions[record.pool] = sessions.get(record.pool, 0) + record.sessions
+        for name in self.router.policy.pools:
+            m.sessions.labels(name).set(sessions.get(name, 0))
+            for state in SandboxState:
+                m.sandboxes.labels(name, state.value).set(sandboxes.get((name, state.value), 0))
 
     async def _reload_policy(self) -> None:
         """Hot reload: a changed file replaces the policy for new sessions; a bad one is refused."""

@@ -92,7 +92,10 @@ class Metrics:
         self.capacity_rejections.labels(scope).inc()
 
     def reaped(self, reason: str) -> None:
-        self.reaps.labels(reason).inc()
+        if reason == "orphan":
+            self.sweeps.labels("no_store_record").inc()
+        else:
+            self.reaps.labels(reason).inc()
 
     def denied(self, reason: str) -> None:
         self.security_denials.labels(reason).inc()

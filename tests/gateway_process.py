@@ -1,0 +1,54 @@
+"""Run ``sandbox-gateway serve`` as a real subprocess and learn its ports from its log."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+_SERVING = re.compile(r"serving \(worker \d+, pid \d+\): data plane (http://\S+), control API (http://\S+)")
+
+
+class GatewayProcess:
+    def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.args = ["serve", "--data-port", "0", "--control-port", "0", "--log-format", "text", *args]
+        self.env = {**os.environ, **(env or {})}
+        self.proc: asyncio.subprocess.Process | None = None
+        self.data_url = ""
+        self.control_url = ""
+        self.log: list[str] = []
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self, timeout: float = 30.0) -> GatewayProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", *self.args, cwd=self.workdir, env=self.env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        serving = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.create_task(self._read(serving))
+        self.data_url, self.control_url = await asyncio.wait_for(serving, timeout)
+        return self
+
+    async def _read(self, serving: asyncio.Future[tuple[str, str]]) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        while line := await self.proc.stderr.readline():
+            text = line.decode(errors="replace").rstrip()
+            self.log.append(text)
+            match = _SERVING.search(text)
+            if match and not serving.done():
+                serving.set_result((match.group(1), match.group(2)))
+        if not serving.done():
+            serving.set_exception(RuntimeError("gateway exited before serving:\n" + "\n".join(self.log[-30:])))
+
+    async def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+        code = await asyncio.wait_for(self.proc.wait(), timeout)
+        if self._reader is not None:
+            await self._reader
+        return code

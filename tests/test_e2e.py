@@ -1,0 +1,111 @@
+"""The README walkthrough and lifecycle against a real ``sandbox-gateway serve``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.gateway_process import GatewayProcess
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path):
+    process = await GatewayProcess(tmp_path / "gw", env={"PER_SESSION_SANDBOX_ORG_IDS": "iso-org"}).start()
+    yield process
+    await process.stop()
+
+
+def headers(org: str, user: str, session: str) -> dict[str, str]:
+    return {"X-Org-Id": org, "X-User-Id": user, "X-Session-Id": session}
+
+
+async def run(http: aiohttp.ClientSession, base: str, hdrs: dict[str, str], command: str) -> dict:
+    async with http.post(f"{base}/execute", headers=hdrs, data=json.dumps({"command": command})) as response:
+        assert response.status == 200, await response.text()
+        return await response.json(content_type=None)
+
+
+def readme_commands() -> list[tuple[dict[str, str], str, str | None]]:
+    """(headers, command, expected stdout) for every curl line of the README walkthrough."""
+    text = README.read_text()
+    sessions = {name: dict(re.findall(r"'(X-[\w-]+): ([^']+)'", body))
+                for name, body in re.findall(r"^(\w+)=\((.*)\)$", text, re.MULTILINE)}
+    steps = []
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        match = re.match(r'curl -s "\$\{(\w+)\[@\]\}" localhost:8080/execute -d \'(.*)\'$', line)
+        if match:
+            expected = None
+            following = lines[index + 1] if index + 1 < len(lines) else ""
+            if following.startswith("# {"):
+                expected = json.loads(following[2:])["stdout"]
+            steps.append((sessions[match.group(1)], json.loads(match.group(2))["command"], expected))
+    return steps
+
+
+async def test_readme_walkthrough_as_written(gateway):
+    steps = readme_commands()
+    assert len(steps) == 5, "the README walkthrough changed shape; update this test with it"
+    async with aiohttp.ClientSession() as http:
+        for hdrs, command, expected in steps:
+            result = await run(http, gateway.data_url, hdrs, command)
+            if expected is not None:
+                assert result["stdout"] == expected, (command, result)
+        listing = await (await http.get(f"{gateway.control_url}/v1/sandboxes")).json()
+    by_prefix = sorted(s["sandbox_id"][:3] for s in listing["sandboxes"])
+    assert by_prefix == ["org", "ses", "ses"]
+
+
+async def test_control_api_and_data_plane_agree(gateway):
+    async with aiohttp.ClientSession() as http:
+        bound = await (await http.post(f"{gateway.control_url}/v1/sessions",
+                                       json={"org_id": "iso-org", "user_id": "u", "session_id": "c1"})).json()
+        async with http.get(f"{gateway.data_url}/", headers=headers("iso-org", "u", "c1")) as response:
+            assert (await response.json())["sandbox_id"] == bound["sandbox_id"]
+        async with http.get(f"{gateway.data_url}/", headers=headers("iso-org", "mallory", "c1")) as response:
+            assert response.status == 404
+            assert (await response.json())["error"]["code"] == "not_found"
+        async with http.get(f"{gateway.data_url}/", headers={"X-Session-Id": "c1"}) as response:
+            assert response.status == 400 and "X-User-Id" in (await response.json())["error"]["message"]
+
+
+async def test_sigterm_drains_an_in_flight_request(tmp_path):
+    process = await GatewayProcess(tmp_path / "gw").start()
+    async with aiohttp.ClientSession() as http:
+        await run(http, process.data_url, headers("o", "u", "d1"), "true")  # sandbox exists
+        slow = asyncio.create_task(run(http, process.data_url, headers("o", "u", "d1"), "sleep 1; echo done"))
+        await asyncio.sleep(0.3)  # the slow request is in flight (no event exists for "sent")
+        stopping = asyncio.create_task(process.stop(signal.SIGTERM))
+        assert (await slow)["stdout"] == "done\n"
+        assert await stopping == 0
+    assert any("draining" in line for line in process.log)
+    sandboxes = tmp_path / "gw" / ".sandbox-gateway" / "sandboxes"
+    assert not sandboxes.exists() or not any(sandboxes.iterdir()), "a memory-store gateway stops its sandboxes"
+
+
+async def test_metrics_after_traffic(gateway):
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            await run(http, gateway.data_url, headers("iso-org", "u", "m1"), "true")
+        text = await (await http.get(f"{gateway.control_url}/metrics")).text()
+    assert 'sgw_requests_total{pool="small",protocol="http",status="2xx"} 3.0' in text
+    assert 'sgw_route_cache_total{result="hit"} 2.0' in text
+    assert 'sgw_provisions_total{outcome="ready",pool="small"} 1.0' in text
+
+
+def test_bad_settings_exit_2_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--data-port", "70000"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "data_port" in result.stderr
