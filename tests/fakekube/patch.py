@@ -135,11 +135,21 @@ def json_patch(target: Any, operations: Any) -> Any:
     return doc
 
 
-def apply_patch(current: dict[str, Any], raw: bytes, content_type: str) -> Any:
-    """`current` patched by the request body `raw` of media type `content_type`."""
+def check_patch_type(content_type: str) -> str:
+    """The patch media type, or ApiError 415 (strategic merge patch is never accepted for custom
+    resources; server-side apply is real but not implemented by this fake)."""
     media = content_type.split(";")[0].strip().lower()
+    if media == APPLY_PATCH:
+        raise ApiError(415, "server-side apply (application/apply-patch+yaml) is not implemented by the fake "
+                            "apiserver", "UnsupportedMediaType")
     if media not in (MERGE_PATCH, JSON_PATCH):
         raise ApiError.unsupported_media_type(media)
+    return media
+
+
+def apply_patch(current: dict[str, Any], raw: bytes, content_type: str) -> Any:
+    """`current` patched by the request body `raw` of media type `content_type`."""
+    media = check_patch_type(content_type)
     try:
         body = json.loads(raw or b"null")
     except ValueError as exc:

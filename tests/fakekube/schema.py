@@ -153,7 +153,8 @@ def _type_ok(schema: dict[str, Any], value: Any) -> bool:
     expected = schema.get("type")
     actual = _json_type(value)
     if value is None:
-        return bool(schema.get("nullable")) or (not expected and bool(schema.get("x-kubernetes-preserve-unknown-fields")))
+        preserved = not expected and bool(schema.get("x-kubernetes-preserve-unknown-fields"))
+        return bool(schema.get("nullable")) or preserved
     if not expected:
         return True
     if expected == "number":
@@ -232,6 +233,10 @@ def _validate_object(schema: dict[str, Any], value: dict[str, Any], path: str, o
     if "minProperties" in schema and len(value) < schema["minProperties"]:
         out.append(E.invalid(path, len(value), f"{path} in body should have at least "
                                                f"{schema['minProperties']} properties"))
+    if schema.get("x-kubernetes-embedded-resource"):
+        for key in ("apiVersion", "kind"):
+            if not value.get(key):
+                out.append(E.required(join(path, key), "must not be empty"))
     old_map = old if isinstance(old, dict) else {}
     for key, item in value.items():
         if root and key == "metadata":
@@ -281,8 +286,9 @@ def _validate_rules(schema: dict[str, Any], value: Any, path: str, old: Any, out
             continue
         if not check(value, old if old is not _MISSING else None):
             message = rule.get("message") or f"failed rule: {rule['rule']}"
-            out.append(E.FieldError(rule.get("reason", "FieldValueInvalid"), rule.get("fieldPath") and join(path, rule["fieldPath"].lstrip(".")) or path,
-                                    f"Invalid value: {E._show(value)}: {message}"))
+            field = join(path, rule["fieldPath"].lstrip(".")) if rule.get("fieldPath") else path
+            out.append(E.FieldError(rule.get("reason", "FieldValueInvalid"), field,
+                                    f"Invalid value: {E.show(value)}: {message}"))
 
 
 # --- ObjectMeta ---------------------------------------------------------------------------------
@@ -353,7 +359,8 @@ def validate_object_meta(meta: Any, path: str = "metadata", *, name_rule: str = 
                 out.append(E.required(join(ref_path, key)))
     controllers = [r for r in meta.get("ownerReferences") or () if isinstance(r, dict) and r.get("controller")]
     if len(controllers) > 1:
-        out.append(E.invalid(join(path, "ownerReferences"), "array", "Only one reference can have Controller set to true"))
+        out.append(E.invalid(join(path, "ownerReferences"), "array",
+                             "Only one reference can have Controller set to true"))
     for i, fin in enumerate(meta.get("finalizers") or ()):
         if not isinstance(fin, str) or ("/" not in fin and fin not in ("orphan", "foregroundDeletion")):
             out.append(E.invalid(f"{join(path, 'finalizers')}[{i}]", fin,

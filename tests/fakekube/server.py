@@ -12,7 +12,8 @@ Served paths (group/version/plural resolved against the chosen CRD set, served v
 
 Watches (`watch=true|1`) stream newline-delimited JSON events; a resourceVersion older than the
 history answers 200 with one ERROR event carrying a 410 Expired Status, as the apiserver does.
-Test hooks: `drop_watches()`, `compact()`, `create_count()`, `create_calls`, `add_namespace()`.
+Test hooks: `drop_watches()`, `compact()`, `send_bookmarks()`, `create_count()`, `create_calls`,
+`add_namespace()`, `get_object()`, `list_objects()`, `wait_for_object()`, `wait_for_watchers()`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .convert import from_storage
 from .crds import PODS, ResourceInfo, load_crd_set
 from .errors import ApiError
 from .selectors import Selector
-from .store import DROP, END, Store
+from .store import DROP, END, Bookmark, Event, Store
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _TRUE = ("true", "1")
@@ -84,6 +85,10 @@ class FakeKubeServer:
         sees a payload error), else end the stream cleanly like a server-side timeout."""
         return self.store.end_watches(abrupt)
 
+    def send_bookmarks(self) -> None:
+        """A BOOKMARK event (current resourceVersion) on every open watch that allowed bookmarks."""
+        self.store.bookmark_watches()
+
     def compact(self) -> None:
         """Forget the event history: a watch from any older resourceVersion now gets 410 Expired."""
         self.store.compact()
@@ -108,15 +113,56 @@ class FakeKubeServer:
         self.api.namespaces.add(namespace)
         self._namespace_created.setdefault(namespace, rfc3339(self.api.clock()))
 
-    def get(self, plural: str, namespace: str, name: str, version: str | None = None) -> dict[str, Any] | None:
-        """The object as served in `version` (default: storage version), bypassing HTTP."""
+    def get_object(self, plural: str, namespace: str, name: str, version: str | None = None) -> dict[str, Any] | None:
+        """The object as served in `version` (default: the storage version), bypassing HTTP; None if absent."""
         res = self.crds.by_plural(plural)
         stored = self.store.get(res.key, namespace, name)
         return None if stored is None else from_storage(res, stored, version or res.storage_version)
 
-    def objects(self, plural: str, namespace: str | None = None, version: str | None = None) -> list[dict[str, Any]]:
+    def list_objects(self, plural: str, namespace: str | None = None,
+                     version: str | None = None) -> list[dict[str, Any]]:
+        """All objects of `plural` (in `namespace`, or everywhere), bypassing HTTP."""
         res = self.crds.by_plural(plural)
         return [from_storage(res, o, version or res.storage_version) for o in self.store.items(res.key, namespace)]
+
+    async def wait_for_object(self, plural: str, namespace: str, name: str,
+                              predicate: Callable[[dict[str, Any]], bool] | None = None, *,
+                              version: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
+        """The object once it exists (and satisfies `predicate`), woken by store events, not polling."""
+        res = self.crds.by_plural(plural)
+
+        def matching() -> dict[str, Any] | None:
+            obj = self.get_object(plural, namespace, name, version)
+            return obj if obj is not None and (predicate is None or predicate(obj)) else None
+
+        found = matching()
+        if found is not None:
+            return found
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+        def on_event(event: Event) -> None:
+            if (event.resource, event.namespace, event.name) == (res.key, namespace, name) and not future.done():
+                obj = matching()
+                if obj is not None:
+                    future.set_result(obj)
+
+        unsubscribe = self.store.subscribe(on_event)
+        try:
+            async with asyncio.timeout(timeout):
+                return await future
+        finally:
+            unsubscribe()
+
+    async def wait_for_watchers(self, count: int, *, timeout: float = 5.0) -> None:
+        """Until at least `count` watch streams are open (woken on every watch open/close)."""
+        async with asyncio.timeout(timeout):
+            while self.store.open_watches < count:
+                changed = asyncio.Event()
+                unsubscribe = self.store.on_watchers_changed(changed.set)
+                try:
+                    await changed.wait()
+                finally:
+                    unsubscribe()
 
     # --- HTTP -------------------------------------------------------------------------------
 
@@ -138,12 +184,11 @@ class FakeKubeServer:
 
     def _add_routes(self) -> None:
         r = self.app.router
-        r.add_get("/version", self._version)
-        r.add_get("/api", self._core_versions)
-        r.add_get("/api/v1", self._core_resources)
-        r.add_get("/apis", self._groups)
-        r.add_get("/apis/{group}", self._group)
-        r.add_get("/apis/{group}/{version}", self._group_version)
+        for path, handler in (("/version", self._version), ("/api", self._core_versions),
+                              ("/api/v1", self._core_resources), ("/apis", self._groups),
+                              ("/apis/{group}", self._group), ("/apis/{group}/{version}", self._group_version)):
+            r.add_get(path, handler)
+            r.add_get(path + "/", handler)  # the generated clients ask for "/apis/", "/version/"
         r.add_get("/api/v1/namespaces", self._namespaces)
         r.add_get("/api/v1/namespaces/{ns}", self._namespace)
         r.add_get("/api/v1/pods", self._pods)
@@ -158,7 +203,9 @@ class FakeKubeServer:
     # discovery
 
     async def _version(self, request: web.Request) -> web.Response:
-        return _json({"major": "1", "minor": "33", "gitVersion": "v1.33.0-fakekube", "platform": "linux/amd64"})
+        return _json({"major": "1", "minor": "33", "gitVersion": "v1.33.0-fakekube", "gitCommit": "0" * 40,
+                      "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24.0",
+                      "compiler": "gc", "platform": "linux/amd64"})
 
     async def _core_versions(self, request: web.Request) -> web.Response:
         return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
@@ -186,7 +233,8 @@ class FakeKubeServer:
         resources = self.crds.groups().get(request.match_info["group"])
         if not resources:
             raise web.HTTPNotFound()
-        return _json({"kind": "APIGroup", "apiVersion": "v1", **self._group_doc(request.match_info["group"], resources)})
+        group = self._group_doc(request.match_info["group"], resources)
+        return _json({"kind": "APIGroup", "apiVersion": "v1", **group})
 
     async def _group_version(self, request: web.Request) -> web.Response:
         group, version = request.match_info["group"], request.match_info["version"]
@@ -317,6 +365,7 @@ class FakeKubeServer:
         bookmarks = q.get("allowWatchBookmarks", "").lower() in _TRUE
         resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
+        progress = self.store.resource_version  # every event up to here is sent once `initial` is
         try:
             watcher, initial = self.api.open_watch(res, ns, q.get("resourceVersion"))
         except ApiError as err:
@@ -336,6 +385,12 @@ class FakeKubeServer:
             if kind:
                 event = {"type": kind, "object": from_storage(res, obj, version)}
                 await resp.write(json.dumps(event).encode() + b"\n")
+
+        async def bookmark(rv: int) -> None:
+            if bookmarks:
+                meta = {"resourceVersion": str(rv)}
+                mark = {"kind": res.kind, "apiVersion": res.api_version(version), "metadata": meta}
+                await resp.write(json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n")
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if timeout is not None else None
@@ -357,11 +412,14 @@ class FakeKubeServer:
                     return resp
                 if item is END:
                     break
+                if isinstance(item, Bookmark):
+                    progress = max(progress, item.rv)
+                    await bookmark(progress)
+                    continue
                 await send(item.type, item.obj, item.prev)
-            if bookmarks:
-                mark = {"type": "BOOKMARK", "object": {"kind": res.kind, "apiVersion": res.api_version(version),
-                                                       "metadata": {"resourceVersion": str(self.store.resource_version)}}}
-                await resp.write(json.dumps(mark).encode() + b"\n")
+                progress = item.rv
+            # nothing queued = nothing pending for this watch: the current resourceVersion is safe
+            await bookmark(self.store.resource_version if watcher.queue.empty() else progress)
             await resp.write_eof()
         except ConnectionError:
             pass  # the client went away

@@ -41,6 +41,13 @@ DROP = object()  # queue sentinel: the stream is cut abruptly
 END = object()  # queue sentinel: the stream ends cleanly
 
 
+@dataclass(frozen=True)
+class Bookmark:
+    """Queue item: send a BOOKMARK; every event up to `rv` was queued before it."""
+
+    rv: int
+
+
 @dataclass(eq=False)
 class Watcher:
     resource: str
@@ -60,6 +67,7 @@ class Store:
         self._floor = 0  # every event with rv > _floor is in _history
         self._watchers: set[Watcher] = set()
         self._listeners: list[Callable[[Event], None]] = []
+        self._watch_listeners: list[Callable[[], None]] = []
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -139,10 +147,22 @@ class Store:
             backlog = [e for e in past if e.resource == resource and (namespace is None or e.namespace == namespace)]
         watcher = Watcher(resource, namespace)
         self._watchers.add(watcher)
+        self._watchers_changed()
         return watcher, backlog
 
     def unwatch(self, watcher: Watcher) -> None:
-        self._watchers.discard(watcher)
+        if watcher in self._watchers:
+            self._watchers.discard(watcher)
+            self._watchers_changed()
+
+    def on_watchers_changed(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback()` whenever a watch opens or closes; returns the unsubscriber."""
+        self._watch_listeners.append(callback)
+        return lambda: self._watch_listeners.remove(callback) if callback in self._watch_listeners else None
+
+    def _watchers_changed(self) -> None:
+        for callback in list(self._watch_listeners):
+            callback()
 
     @property
     def open_watches(self) -> int:
@@ -154,7 +174,13 @@ class Store:
         for watcher in watchers:
             watcher.queue.put_nowait(DROP if abrupt else END)
             self._watchers.discard(watcher)
+        if watchers:
+            self._watchers_changed()
         return len(watchers)
+
+    def bookmark_watches(self) -> None:
+        for watcher in self._watchers:
+            watcher.queue.put_nowait(Bookmark(self._rv))
 
     def compact(self) -> None:
         """Forget the whole history: the next watch from an older resourceVersion gets 410."""

@@ -1,0 +1,244 @@
+"""The Kubernetes provider against the fake kube-apiserver, via the real kubernetes_asyncio client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client
+
+from gateway.errors import Conflict, ProvisionFailed, ProvisionTimeout
+from gateway.model import Owner, SandboxRequest
+from gateway.providers.base import PoolProviders
+from gateway.providers.kubernetes import INSTALLATION, KubernetesProvider
+from gateway.runtime import create_app
+from gateway.sessions import SessionRouter
+from gateway.store.memory import MemoryStore
+from routing import Identity, Isolation, parse_policy
+from routing.policy import KubernetesPoolOptions
+from tests.fakekube.fixtures import FakeKube
+
+POD_TEMPLATE = {"spec": {"containers": [{"name": "runtime", "image": "sandbox-runtime:latest"}]}}
+TEMPLATE_BODY = {"podTemplate": POD_TEMPLATE}
+
+
+@pytest.fixture
+async def runtime_port(aiohttp_server, tmp_path: Path) -> int:
+    """A real reference runtime: the simulated pods' IP (127.0.0.1) and this port reach it."""
+    server = await aiohttp_server(create_app(tmp_path / "pod", "k8s-pod"))
+    return server.port
+
+
+def pool_options(mode: str, api_version: str, port: int, **extra) -> KubernetesPoolOptions:
+    if mode == "sandbox":
+        return KubernetesPoolOptions(namespace="default", api_version=api_version, mode="sandbox", port=port,
+                                     pod_template=POD_TEMPLATE, **extra)
+    if api_version == "v1beta1":
+        return KubernetesPoolOptions(namespace="default", api_version=api_version, mode="claim", port=port,
+                                     warm_pool="warm", **extra)
+    return KubernetesPoolOptions(namespace="default", api_version=api_version, mode="claim", port=port,
+                                 template="tmpl", **extra)
+
+
+async def seed_templates(kube: FakeKube, api_version: str, warm_replicas: int = 2) -> None:
+    api = client.CustomObjectsApi(await kube.api_client())
+    group = "extensions.agents.x-k8s.io"
+    await api.create_namespaced_custom_object(group, api_version, "default", "sandboxtemplates", {
+        "apiVersion": f"{group}/{api_version}", "kind": "SandboxTemplate",
+        "metadata": {"name": "tmpl"}, "spec": TEMPLATE_BODY})
+    if api_version == "v1beta1":
+        await api.create_namespaced_custom_object(group, api_version, "default", "sandboxwarmpools", {
+            "apiVersion": f"{group}/{api_version}", "kind": "SandboxWarmPool",
+            "metadata": {"name": "warm"}, "spec": {"replicas": warm_replicas, "sandboxTemplateRef": {"name": "tmpl"}}})
+
+
+def request(sandbox_id: str, pool: str = "k8s", timeout: float = 10.0) -> SandboxRequest:
+    return SandboxRequest(sandbox_id, pool, Isolation.PER_SESSION, Owner("acme", "alice", None), "sess-1", timeout)
+
+
+async def started(kube: FakeKube, options: KubernetesPoolOptions, installation: str = "test") -> KubernetesProvider:
+    # The same pool options under every pool name the tests' policies use.
+    pools = {"k8s": options, "small": options, "shared": options}
+    provider = KubernetesProvider(pools, installation, api_client=await kube.api_client())
+    lost: list[str] = []
+    provider.lost = lost  # type: ignore[attr-defined]  # test bookkeeping
+    await provider.start(lost.append)
+    return provider
+
+
+VERSIONS = [pytest.param("head", "v1beta1", id="head-v1beta1"), pytest.param("head", "v1alpha1", id="head-v1alpha1"),
+            pytest.param("v0.4.6", "v1alpha1", id="v0.4.6-v1alpha1")]
+
+
+@pytest.mark.parametrize(("crd_set", "api_version"), VERSIONS)
+@pytest.mark.parametrize("mode", ["sandbox", "claim"])
+async def test_session_end_to_end(make_fake_kube, runtime_port, crd_set, api_version, mode):
+    kube = await make_fake_kube(crd_set)
+    await seed_templates(kube, api_version)
+    provider = await started(kube, pool_options(mode, api_version, runtime_port))
+    policy = parse_policy("pools: {small: {}, shared: {}}\nrouting: {per_session_orgs: ['*']}", "t")
+    router = SessionRouter(MemoryStore(), PoolProviders({"small": provider, "shared": provider}), policy, replica_id="r")
+    try:
+        route = await router.resolve(Identity.parse(org_id="acme", user_id="alice", session_id="s1"))
+        assert route.endpoint.host == "127.0.0.1" and route.endpoint.port == runtime_port
+        async with aiohttp.ClientSession() as http, http.get(f"{route.endpoint.url()}/") as response:
+            assert (await response.json())["status"] == "ok"
+        managed = await provider.list_managed()
+        assert [m.sandbox_id for m in managed] == [route.sandbox_id]
+        kind = "sandboxclaims" if mode == "claim" else "sandboxes"
+        obj = kube.server.get_object(kind, "default", route.sandbox_id)
+        assert obj["metadata"]["labels"][INSTALLATION] == "test"
+        assert obj["metadata"]["annotations"]["sandbox-gateway.io/session-id"] == "s1"
+    finally:
+        await provider.close()
+
+
+@pytest.mark.parametrize("reason", ["PodFailed", "TemplateNotFound", "ReconcilerError"])
+async def test_terminal_failure_fails_fast_and_leaves_nothing(make_fake_kube, runtime_port, reason):
+    kube = await make_fake_kube("head", ready_delay=30)
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    try:
+        pending = asyncio.create_task(provider.ensure(request("ses-fail")))
+        await kube.server.wait_for_object("sandboxes", "default", "ses-fail")
+        kube.controller.fail("ses-fail", reason=reason, message="image pull backoff")
+        with pytest.raises(ProvisionFailed) as info:
+            await pending
+        assert reason in info.value.message and "image pull backoff" in info.value.message
+        assert await provider.list_managed() == []
+    finally:
+        await provider.close()
+
+
+async def test_provisioning_timeout_deletes_the_object(make_fake_kube, runtime_port):
+    kube = await make_fake_kube("head", ready_delay=60)
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    try:
+        with pytest.raises(ProvisionTimeout) as info:
+            await provider.ensure(request("ses-slow", timeout=0.3))
+        assert info.value.status == 504
+        assert await provider.list_managed() == []
+    finally:
+        await provider.close()
+
+
+async def test_dropped_watch_still_becomes_ready(make_fake_kube, runtime_port):
+    kube = await make_fake_kube("head")
+    kube.controller.pause()
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    try:
+        pending = asyncio.create_task(provider.ensure(request("ses-drop")))
+        await kube.server.wait_for_watchers(2)  # the managed watch and this object's watch
+        kube.server.drop_watches()
+        kube.controller.resume()
+        endpoint = await pending
+        assert endpoint.port == runtime_port
+    finally:
+        await provider.close()
+
+
+async def test_watch_410_recovers(make_fake_kube, runtime_port):
+    kube = await make_fake_kube("head")
+    kube.controller.pause()
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    try:
+        pending = asyncio.create_task(provider.ensure(request("ses-gone")))
+        await kube.server.wait_for_watchers(2)
+        kube.server.compact()
+        kube.server.drop_watches()  # the resumed watch asks for a compacted version: 410
+        kube.controller.resume()
+        assert (await pending).port == runtime_port
+    finally:
+        await provider.close()
+
+
+async def test_already_exists_adopts_ours_and_refuses_others(make_fake_kube, runtime_port):
+    kube = await make_fake_kube("head")
+    ours = await started(kube, pool_options("sandbox", "v1beta1", runtime_port), installation="test")
+    theirs = await started(kube, pool_options("sandbox", "v1beta1", runtime_port), installation="other")
+    try:
+        first = await ours.ensure(request("ses-dup"))
+        again = await ours.ensure(request("ses-dup"))
+        assert first == again
+        assert kube.server.create_count("sandboxes", "default", "ses-dup") == 1
+        with pytest.raises(Conflict) as info:
+            await theirs.ensure(request("ses-dup"))
+        assert info.value.status == 409 and "ses-dup" in info.value.message
+    finally:
+        await ours.close()
+        await theirs.close()
+
+
+async def test_deleted_behind_our_back_is_recreated(make_fake_kube, runtime_port):
+    kube = await make_fake_kube("head")
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    policy = parse_policy("pools: {small: {}, shared: {}}\nrouting: {per_session_orgs: ['*']}", "t")
+    store = MemoryStore()
+    router = SessionRouter(store, PoolProviders({"small": provider, "shared": provider}), policy, replica_id="r")
+    await provider.close()
+    await provider.start(router.sandbox_lost)
+    identity = Identity.parse(org_id="acme", user_id="alice", session_id="s1")
+    try:
+        route = await router.resolve(identity)
+        released = asyncio.Event()
+        store.subscribe(lambda key: released.set() if key == route.sandbox_id else None)
+        api = client.CustomObjectsApi(await kube.api_client())
+        await api.delete_namespaced_custom_object("agents.x-k8s.io", "v1beta1", "default", "sandboxes", route.sandbox_id)
+        await released.wait()
+        again = await router.resolve(identity)
+        assert again.sandbox_id == route.sandbox_id
+        assert kube.server.create_count("sandboxes", "default", route.sandbox_id) == 2
+    finally:
+        await provider.close()
+
+
+async def test_orphan_sweep_deletes_only_this_installations_unknown_objects(make_fake_kube, runtime_port):
+    kube = await make_fake_kube("head")
+    ours = await started(kube, pool_options("sandbox", "v1beta1", runtime_port), installation="test")
+    theirs = await started(kube, pool_options("sandbox", "v1beta1", runtime_port), installation="other")
+    policy = parse_policy("pools: {small: {}, shared: {}}\nrouting: {per_session_orgs: ['*']}", "t")
+    store = MemoryStore()
+    router = SessionRouter(store, PoolProviders({"small": ours, "shared": ours}), policy, replica_id="r")
+    try:
+        known = await router.resolve(Identity.parse(org_id="acme", user_id="alice", session_id="known"))
+        await ours.ensure(request("ses-orphan", pool="small"))
+        await theirs.ensure(request("ses-foreign", pool="small"))
+        swept = await router.sweep_orphans(grace=0.0)
+        assert swept == ["ses-orphan"]
+        names = {o["metadata"]["name"] for o in kube.server.list_objects("sandboxes", "default")}
+        assert names == {known.sandbox_id, "ses-foreign"}
+    finally:
+        await ours.close()
+        await theirs.close()
+
+
+async def test_grace_period_protects_young_orphans(make_fake_kube, runtime_port):
+    kube = await make_fake_kube("head")
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    router = SessionRouter(MemoryStore(), PoolProviders({"k8s": provider}),
+                           parse_policy("pools: {k8s: {}}\nrouting: {prefix_pools: {default: k8s}}", "t"), replica_id="r")
+    try:
+        await provider.ensure(request("ses-young"))
+        assert await router.sweep_orphans(grace=3600.0) == []
+    finally:
+        await provider.close()
+
+
+async def test_two_hundred_concurrent_sessions_no_duplicate_creates(make_fake_kube, runtime_port):
+    kube = await make_fake_kube("head", ready_delay=0.01)
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    policy = parse_policy("pools: {small: {}, shared: {}}\nrouting: {per_session_orgs: ['*']}", "t")
+    router = SessionRouter(MemoryStore(), PoolProviders({"small": provider, "shared": provider}), policy, replica_id="r")
+    identities = [Identity.parse(org_id="acme", user_id="u", session_id=f"s{i % 200}") for i in range(400)]
+    try:
+        started_at = time.perf_counter()
+        routes = await asyncio.gather(*(router.resolve(i) for i in identities))
+        elapsed = time.perf_counter() - started_at
+        ids = {r.sandbox_id for r in routes}
+        assert len(ids) == 200
+        assert all(kube.server.create_count("sandboxes", "default", sid) == 1 for sid in ids)
+        print(f"200 sandboxes provisioned concurrently in {elapsed:.2f}s")
+    finally:
+        await provider.close()
