@@ -242,3 +242,63 @@ async def test_two_hundred_concurrent_sessions_no_duplicate_creates(make_fake_ku
         print(f"200 sandboxes provisioned concurrently in {elapsed:.2f}s")
     finally:
         await provider.close()
+
+
+def k8s_policy(mode: str, api_version: str, port: int) -> str:
+    pool = {"provider": "kubernetes", "kubernetes": pool_options(mode, api_version, port).model_dump(exclude_none=True)}
+    import yaml
+
+    return yaml.safe_dump({"pools": {"small": pool, "shared": pool}, "routing": {"per_session_orgs": ["iso"]}})
+
+
+@pytest.mark.parametrize(("crd_set", "api_version", "mode"), [
+    pytest.param("head", "v1beta1", "claim", id="head-v1beta1-claim"),
+    pytest.param("v0.4.6", "v1alpha1", "sandbox", id="v0.4.6-v1alpha1-sandbox"),
+])
+async def test_through_a_real_gateway(make_fake_kube, runtime_port, tmp_path, crd_set, api_version, mode):
+    from tests.gateway_process import GatewayProcess
+
+    kube = await make_fake_kube(crd_set)
+    await seed_templates(kube, api_version)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(k8s_policy(mode, api_version, runtime_port))
+    gateway = await GatewayProcess(tmp_path / "gw", "--policy", str(policy), env={
+        "SANDBOX_GATEWAY_KUBECONFIG": str(kube.kubeconfig_path), "SANDBOX_GATEWAY_INSTALLATION": "e2e"}).start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            hdrs = {"X-Org-Id": "iso", "X-User-Id": "alice", "X-Session-Id": "k1"}
+            async with http.get(f"{gateway.data_url}/echo/x", headers=hdrs) as response:
+                assert response.status == 200, await response.text()
+                echoed = await response.json()
+            sandbox_id = echoed["headers"]["X-Sandbox-Id"]
+            assert sandbox_id.startswith("ses-")
+            plural = "sandboxclaims" if mode == "claim" else "sandboxes"
+            assert kube.server.create_count(plural, "default", sandbox_id) == 1
+            deleted = await http.delete(f"{gateway.control_url}/v1/sessions/k1")
+            assert deleted.status == 200
+        assert kube.server.get_object(plural, "default", sandbox_id) is None
+    finally:
+        await gateway.stop()
+
+
+async def test_lost_pod_is_reported_and_the_sandbox_comes_back(make_fake_kube, runtime_port):
+    kube = await make_fake_kube("head")
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    policy = parse_policy("pools: {small: {}, shared: {}}\nrouting: {per_session_orgs: ['*']}", "t")
+    store = MemoryStore()
+    router = SessionRouter(store, PoolProviders({"small": provider, "shared": provider}), policy, replica_id="r")
+    await provider.close()
+    await provider.start(router.sandbox_lost)
+    identity = Identity.parse(org_id="acme", user_id="alice", session_id="s1")
+    try:
+        route = await router.resolve(identity)
+        released = asyncio.Event()
+        store.subscribe(lambda key: released.set() if key == route.sandbox_id else None)
+        kube.controller.lose_pod(route.sandbox_id)
+        await released.wait()
+        kube.controller.recover(route.sandbox_id)
+        again = await router.resolve(identity)  # adopts the existing object and waits for Ready again
+        assert again.sandbox_id == route.sandbox_id
+        assert kube.server.create_count("sandboxes", "default", route.sandbox_id, actor="client") == 1
+    finally:
+        await provider.close()
