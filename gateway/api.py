@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.auth import AdminCheck, AllowAll
 from gateway.errors import BadRequest, GatewayError, error_body
 from gateway.metrics import Metrics
 from gateway.model import Binding, SandboxRecord
@@ -25,6 +26,8 @@ from routing import Identity, InvalidIdentity
 log = logging.getLogger(__name__)
 
 ROUTER = web.AppKey("router", SessionRouter)
+ADMIN = web.AppKey("admin", AdminCheck)
+_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 READINESS = web.AppKey("readiness", Callable[[], Awaitable[list[str]]])
 METRICS = web.AppKey("metrics", Metrics)
 
@@ -55,6 +58,14 @@ async def error_middleware(request: web.Request, handler: Callable[[web.Request]
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return json_error(GatewayError("internal error; the gateway logged the details"))
+
+
+@web.middleware
+async def admin_middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Every control call but health and metrics needs an admin token (when keys are configured)."""
+    if request.path not in _OPEN_PATHS:
+        request.app[ADMIN].check(request.headers.get("Authorization"))
+    return await handler(request)
 
 
 def _identity(raw: dict[str, Any]) -> Identity:
@@ -158,9 +169,11 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[list[str]]], metrics_: Metrics) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024)
+def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[list[str]]], metrics_: Metrics,
+                       admin: AdminCheck = AllowAll()) -> web.Application:
+    app = web.Application(middlewares=[error_middleware, admin_middleware], client_max_size=64 * 1024)
     app[ROUTER] = router
+    app[ADMIN] = admin
     app[READINESS] = readiness
     app[METRICS] = metrics_
     app.router.add_post("/v1/sessions", create_session)

@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.api import create_control_app
+from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySet, TokenAuth, TrustedHeaders
 from gateway.errors import GatewayError
 from gateway.metrics import Metrics, status_class
 from gateway.model import SandboxState
@@ -44,6 +45,16 @@ def load_policy(settings: Settings) -> Policy:
     except OSError as exc:
         raise PolicyError([f"{path}: cannot read the policy file: {exc.strerror}"]) from None
     return parse_policy(text, str(path), extra)
+
+
+def build_auth(settings: Settings) -> tuple[Authenticator, AdminCheck]:
+    """Data-plane authenticator and control-API admin check, from settings."""
+    keys = KeySet.load(settings.auth_keys_file) if settings.auth_keys_file is not None else None
+    admin: AdminCheck = AdminTokens(keys) if keys is not None else AllowAll()
+    if settings.effective_auth_mode == "token":
+        assert keys is not None  # Settings validation guarantees a key file in token mode
+        return TokenAuth(keys), admin
+    return TrustedHeaders(), admin
 
 
 def build_store(settings: Settings) -> SessionStore:
@@ -92,6 +103,7 @@ class Gateway:
                                 session_ttl=settings.session_ttl, activity_interval=settings.activity_flush_interval),
             events=metrics,
         )
+        self.authenticator, self.admin = build_auth(settings)
         self.data_plane: Any = None
         self._control_runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -112,7 +124,7 @@ class Gateway:
         await self.provider.start(self.router.sandbox_lost)
         self.data_plane = DataPlane(self.router, self.settings, on_request=self._on_request)
         await self.data_plane.start(data_sock)
-        control = create_control_app(self.router, self.readiness, self.metrics)
+        control = create_control_app(self.router, self.readiness, self.metrics, self.admin)
         self._control_runner = web.AppRunner(control, access_log=None, handle_signals=False)
         await self._control_runner.setup()
         await web.SockSite(self._control_runner, control_sock).start()
@@ -152,7 +164,9 @@ class Gateway:
     def describe(self) -> list[str]:
         policy = self.router.policy
         pools = ", ".join(f"{name} ({pool.provider})" for name, pool in policy.pools.items())
-        return [f"store: {self.settings.store_kind}", f"policy: {policy.source}", f"pools: {pools}",
+        return [f"auth: {self.settings.effective_auth_mode}"
+                f"{'' if isinstance(self.admin, AllowAll) else ' (control API needs an admin token)'}",
+                f"store: {self.settings.store_kind}", f"policy: {policy.source}", f"pools: {pools}",
                 f"per-session orgs: {', '.join(sorted(policy.per_session_orgs)) or '(none)'}"]
 
     # background work ------------------------------------------------------

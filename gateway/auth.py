@@ -177,6 +177,28 @@ class TokenAuth:
         return parse_headers(token_org, token_user, session, token_bot)
 
 
+class AdminCheck(Protocol):
+    def check(self, authorization: str | None) -> None:
+        """Raise ``Unauthorized`` unless the caller holds an admin token."""
+
+
+class AllowAll:
+    """The null object: no admin keys configured (embedded default on loopback)."""
+
+    def check(self, authorization: str | None) -> None:
+        return None
+
+
+class AdminTokens:
+    """Admin tokens are ordinary tokens with their own audience, so a data-plane token is never one."""
+
+    def __init__(self, keys: KeySet) -> None:
+        self._tokens = TokenAuth(keys, audience=ADMIN_AUDIENCE)
+
+    def check(self, authorization: str | None) -> None:
+        self._tokens.claims(authorization)
+
+
 def issue_token(key: Key, *, user: str, org: str | None = None, bot: str | None = None, ttl: float = 3600.0,
                 audience: str = DATA_AUDIENCE, now: float | None = None) -> str:
     """A signed token for ``sandbox-gateway token issue`` (and tests)."""

@@ -69,7 +69,7 @@ def _cmd_check_policy(args: argparse.Namespace) -> int:
 _SERVE_FLAGS: dict[str, str] = {
     "host": "host", "data_port": "data_port", "control_port": "control_port", "workers": "workers",
     "policy": "policy_file", "data_dir": "data_dir", "redis_url": "redis_url", "log_level": "log_level",
-    "log_format": "log_format", "access_log": "access_log",
+    "log_format": "log_format", "access_log": "access_log", "auth_mode": "auth_mode", "auth_keys": "auth_keys_file",
 }
 
 
@@ -95,6 +95,32 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         _fail(f"cannot listen: {exc.strerror or exc}")
 
 
+def _cmd_token_issue(args: argparse.Namespace) -> int:
+    from gateway.auth import ADMIN_AUDIENCE, DATA_AUDIENCE, KeySet, issue_token
+    from routing.policy import parse_duration
+
+    try:
+        keys = KeySet.load(Path(args.keys))
+        ttl = parse_duration(args.ttl)
+    except (OSError, ValueError) as exc:
+        _fail(str(exc))
+    key = keys.get(args.kid) if args.kid else keys.first()
+    if key is None:
+        _fail(f"--kid: no key {args.kid!r} in {args.keys}")
+    if not args.admin:
+        try:
+            Identity.parse(org_id=args.org, user_id=args.user, session_id="-", bot_id=args.bot)
+        except InvalidIdentity as exc:
+            _fail(f"--{exc.field.removesuffix('_id')}: {exc.reason}")
+    try:
+        token = issue_token(key, user=args.user, org=args.org, bot=args.bot, ttl=ttl,
+                            audience=ADMIN_AUDIENCE if args.admin else DATA_AUDIENCE)
+    except ValueError as exc:
+        _fail(str(exc))
+    print(token)
+    return 0
+
+
 def _cmd_runtime(args: argparse.Namespace) -> int:
     from gateway.runtime import run
 
@@ -118,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--redis-url", help="shared session store (default: in memory, one process)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["auto", "json", "text"])
+    serve.add_argument("--auth-mode", choices=["trusted-headers", "token"],
+                       help="identity from trusted X-* headers (private networks only) or signed bearer tokens; "
+                            "required unless listening on loopback")
+    serve.add_argument("--auth-keys", help="token key file (needed for --auth-mode token; also guards the control API)")
     serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
                        help="one log line per data-plane request (default on)")
     serve.set_defaults(func=_cmd_serve)
@@ -135,6 +165,20 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Validate a policy file: a summary and exit 0, or every error and exit 1.")
     check.add_argument("file", help="policy YAML file")
     check.set_defaults(func=_cmd_check_policy)
+
+    token = sub.add_parser("token", help="issue signed bearer tokens (auth mode 'token')",
+                           description="Operator tools for signed bearer tokens.")
+    token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    issue = token_sub.add_parser("issue", help="print a signed token for an identity",
+                                 description="Print a signed JWT for an org/user/bot (or an admin token).")
+    issue.add_argument("--keys", required=True, help="key file (see examples/auth-keys.yaml)")
+    issue.add_argument("--kid", help="key to sign with (default: the first key)")
+    issue.add_argument("--org", help="org ID (omit for a personal account)")
+    issue.add_argument("--user", required=True, help="user ID (the token's sub)")
+    issue.add_argument("--bot", help="bot ID (optional)")
+    issue.add_argument("--ttl", default="1h", help="lifetime, e.g. 15m, 1h (default 1h)")
+    issue.add_argument("--admin", action="store_true", help="an admin token for the control API")
+    issue.set_defaults(func=_cmd_token_issue)
 
     runtime = sub.add_parser("runtime", help="run the reference sandbox runtime (one sandbox)",
                              description="The reference sandbox runtime the local provider starts.")

@@ -7,13 +7,21 @@ already use) > defaults. Nothing else in the gateway reads the environment.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import uuid
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _default_replica_id() -> str:
@@ -42,6 +50,10 @@ class Settings(BaseSettings):
     kubeconfig: str | None = None
     orphan_grace: float = Field(default=600.0, gt=0)
 
+    # authentication (gateway/auth.py): None = trusted headers on loopback only
+    auth_mode: Literal["trusted-headers", "token"] | None = None
+    auth_keys_file: Path | None = None
+
     # logging
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "text"] = "auto"
@@ -67,6 +79,20 @@ class Settings(BaseSettings):
     stream_idle_timeout: float = Field(default=300.0, gt=0)
     trust_forwarded_for: bool = False
     max_header_bytes: int = Field(default=32_768, ge=1024)
+
+    @model_validator(mode="after")
+    def _auth_is_explicit_off_loopback(self) -> Settings:
+        if self.auth_mode is None and not _is_loopback(self.host):
+            raise ValueError(
+                f"listening on {self.host} needs an explicit auth_mode: 'token' (signed bearer tokens), or "
+                "'trusted-headers' only behind an agent backend on a private network")
+        if self.auth_mode == "token" and self.auth_keys_file is None:
+            raise ValueError("auth_mode 'token' needs auth_keys_file (see examples/auth-keys.yaml)")
+        return self
+
+    @property
+    def effective_auth_mode(self) -> str:
+        return self.auth_mode or "trusted-headers"
 
     @property
     def store_kind(self) -> str:
