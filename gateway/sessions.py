@@ -25,7 +25,7 @@ from typing import Protocol
 from gateway.errors import CapacityExceeded, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
 from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxRequest, SandboxState
 from gateway.providers.base import SandboxProvider
-from gateway.store.base import Caps, SessionStore
+from gateway.store.base import INVALIDATE_ALL, Caps, SessionStore
 from routing import Identity, Isolation, Placement, Policy, place
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,12 @@ class SessionRouter:
             log.exception("provider failed creating %s", record.sandbox_id)
             raise ProvisionFailed(f"creating sandbox {record.sandbox_id} failed", sandbox_id=record.sandbox_id) from exc
         self.events.provisioned(record.pool, time.perf_counter() - started, "ready")
-        return await self.store.mark_ready(record.sandbox_id, endpoint)
+        try:
+            return await self.store.mark_ready(record.sandbox_id, endpoint)
+        except KeyError:
+            # Destroyed (reaped, session deleted) while it was being created.
+            raise ProvisionFailed(f"sandbox {record.sandbox_id} was removed while it was being created; retry",
+                                  sandbox_id=record.sandbox_id) from None
 
     def _caps(self, binding: Binding) -> Caps:
         pool = self.policy.pools.get(binding.pool)
@@ -342,6 +347,10 @@ class SessionRouter:
 
     def invalidate(self, key: str) -> None:
         """Forget cached routes for a session ID or a sandbox ID (store pub/sub calls this)."""
+        if key == INVALIDATE_ALL:
+            self._cache.clear()
+            self._sessions_by_sandbox.clear()
+            return
         cached = self._cache.pop(key, None)
         if cached is not None:
             sessions = self._sessions_by_sandbox.get(cached.route.sandbox_id)

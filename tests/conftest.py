@@ -12,6 +12,7 @@ import pytest
 from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
 from gateway.providers.base import LostHandler
 from tests.fakekube.fixtures import fake_kube, make_fake_kube  # noqa: F401  (fixtures)
+from tests.redis_server import redis_process, redis_server, redis_server_factory  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -29,6 +30,7 @@ class CountingProvider:
         self.created: dict[str, int] = {}
         self.deleted: list[str] = []
         self.gate: asyncio.Event | None = None
+        self._started = asyncio.Condition()
         self.fail_with: Exception | None = None
         self.on_lost: LostHandler | None = None
 
@@ -37,11 +39,18 @@ class CountingProvider:
 
     async def ensure(self, request: SandboxRequest) -> Endpoint:
         self.created[request.sandbox_id] = self.created.get(request.sandbox_id, 0) + 1
+        async with self._started:
+            self._started.notify_all()
         if self.gate is not None:
             await self.gate.wait()
         if self.fail_with is not None:
             raise self.fail_with
         return self.endpoint
+
+    async def wait_started(self, count: int) -> None:
+        """Until ``count`` creations have started (e.g. are held at the gate)."""
+        async with self._started:
+            await self._started.wait_for(lambda: sum(self.created.values()) >= count)
 
     async def delete(self, sandbox_id: str, pool: str) -> None:
         self.deleted.append(sandbox_id)

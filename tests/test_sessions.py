@@ -55,7 +55,9 @@ def ident(session: str, org: str | None = "iso", user: str = "u1", bot: str | No
 async def test_hundred_concurrent_binds_of_one_session_create_one_sandbox(router, counting_provider):
     counting_provider.gate = asyncio.Event()
     tasks = [asyncio.create_task(router.resolve(ident("s1"))) for _ in range(100)]
-    await asyncio.sleep(0)  # let every task reach the gate; the gate is what orders them
+    await counting_provider.wait_started(1)  # the one creation is held at the gate ...
+    await asyncio.wait(tasks, timeout=0.05)  # ... while the other 99 pile up behind it (none may finish)
+    assert not any(t.done() for t in tasks)
     counting_provider.gate.set()
     routes = await asyncio.gather(*tasks)
     assert {r.sandbox_id for r in routes} == {routes[0].sandbox_id}
@@ -95,7 +97,7 @@ async def test_pool_cap_rejects_with_429_and_creates_nothing(router, counting_pr
 async def test_org_cap_counts_creating_sandboxes(router, counting_provider):
     counting_provider.gate = asyncio.Event()
     pending = [asyncio.create_task(router.resolve(ident(f"c{i}", org="capped"))) for i in range(2)]
-    await asyncio.sleep(0)
+    await counting_provider.wait_started(2)  # both held at the gate: still creating, not ready
     with pytest.raises(CapacityExceeded) as info:
         await router.resolve(ident("c2", org="capped"))
     assert info.value.scope == "org" and "capped" in info.value.message

@@ -1,4 +1,4 @@
-"""The Lua scripts of the Redis store, one module constant each.
+"""The Redis store's key layout (:class:`RedisKeys`) and its Lua scripts, one module constant each.
 
 Every script receives all the keys it touches through ``KEYS`` (so it is valid
 on Redis Cluster: every key of an installation carries the same ``{prefix}``
@@ -23,6 +23,46 @@ that changes a state keeps that true.
 """
 
 from __future__ import annotations
+
+
+class RedisKeys:
+    """Every key and channel name of one installation (the table is in ``gateway.store.redis``)."""
+
+    __slots__ = ("_base", "session_seen", "sandboxes", "count_pool", "count_org", "settled", "invalidate")
+
+    # Fixed parts of the variable keys; kept prefix-free (tests check it).
+    VARIABLE = ("binding:", "sandbox:", "sandbox-sessions:", "streams:", "replica:", "lease:")
+    FIXED = ("session-seen", "sandboxes", "count:pool", "count:org")
+
+    def __init__(self, prefix: str) -> None:
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise ValueError(f"redis key prefix {prefix!r} must be non-empty and contain no braces")
+        self._base = "{" + prefix + "}:"
+        self.session_seen = self._base + "session-seen"
+        self.sandboxes = self._base + "sandboxes"
+        self.count_pool = self._base + "count:pool"
+        self.count_org = self._base + "count:org"
+        self.settled = self._base + "settled"
+        self.invalidate = self._base + "invalidate"
+
+    def binding(self, session_id: str) -> str:
+        return self._base + "binding:" + session_id
+
+    def sandbox(self, sandbox_id: str) -> str:
+        return self._base + "sandbox:" + sandbox_id
+
+    def sandbox_sessions(self, sandbox_id: str) -> str:
+        return self._base + "sandbox-sessions:" + sandbox_id
+
+    def streams(self, sandbox_id: str) -> str:
+        return self._base + "streams:" + sandbox_id
+
+    def replica(self, replica_id: str) -> str:
+        return self._base + "replica:" + replica_id
+
+    def lease(self, name: str) -> str:
+        return self._base + "lease:" + name
+
 
 # Shared helpers, prepended to the scripts that need them.
 _HELPERS = """
@@ -176,11 +216,14 @@ return found
 """
 
 ACQUIRE_LEASE = """
--- KEYS[1] lease string
--- ARGV[1] holder  ARGV[2] ttl in milliseconds
--- returns 1 when ARGV[1] now holds the lease (taken or renewed), 0 when another holder has it
-local current = redis.call('GET', KEYS[1])
-if current and current ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+-- KEYS[1] lease hash {holder, until}
+-- ARGV[1] holder  ARGV[2] now (the store's clock)  ARGV[3] until = now + ttl  ARGV[4] ttl in milliseconds
+-- returns 1 when ARGV[1] now holds the lease (taken or renewed), 0 while another holder's lease runs.
+-- A lease ends when its deadline passes on the store's clock or when Redis expires the key, whichever
+-- is first: with the real clock they agree, and an injected clock drives expiry in tests.
+local current = redis.call('HMGET', KEYS[1], 'holder', 'until')
+if current[1] and current[1] ~= ARGV[1] and tonumber(current[2]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'until', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """

@@ -1,0 +1,272 @@
+"""The Redis session store: route lookups/s and Redis memory per session.
+
+    .venv/bin/python benchmarks/store_bench.py [--sessions 1000000] [--concurrency 1,16,64]
+                                               [--seconds 3] [--url redis://host:port/db]
+
+1. Route lookups (what a replica does on a route-cache miss: ``get_binding`` then
+   ``get_sandbox``) against Redis, side by side with the in-process memory store
+   as the baseline, at each concurrency (tasks sharing one store).
+2. Memory: ``INFO memory`` ``used_memory`` before and after loading ``--sessions``
+   bindings (realistic IDs: ``agent_<uuid>`` sessions, UUID orgs and users,
+   ``--sessions-per-sandbox`` sessions per shared sandbox), divided by the count.
+   Loading runs a bulk variant of the store's ``PUT_BINDING`` script (same writes,
+   many bindings per call) on JSON checked against ``RedisStore.binding_json``, so
+   the layout measured is exactly the one ``RedisStore.put_binding`` writes.
+3. :func:`gateway_benchmarks`: a hook for the route-cache hit/miss and
+   replica-throughput runs once the gateway's serve exists (returns no rows yet).
+
+A private ``redis-server`` (tests/redis_server.py) is started unless ``--url`` is
+given; on a shared server the memory delta includes everyone else's writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from redis.asyncio import Redis  # noqa: E402
+
+from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxState  # noqa: E402
+from gateway.store.base import Caps, SessionStore  # noqa: E402
+from gateway.store.memory import MemoryStore  # noqa: E402
+from gateway.store.redis import RedisStore  # noqa: E402
+from gateway.store.redis_scripts import RedisKeys  # noqa: E402
+from routing import Isolation, shared_sandbox_id  # noqa: E402
+
+LOOKUP_SESSIONS = 10_000
+BATCH = 500  # bindings per bulk-load script call
+
+BULK_PUT_BINDINGS = """
+-- PUT_BINDING (gateway/store/redis_scripts.py) for many bindings in one call, same writes.
+-- KEYS[1] session-seen zset, then per binding: KEYS[2i] binding string, KEYS[2i+1] sandbox-sessions set
+-- ARGV per binding: binding JSON, session id, created_at (3 each)
+-- returns the number of bindings stored (an existing binding wins and is skipped)
+local stored = 0
+for i = 1, #ARGV / 3 do
+  local key, sessions = KEYS[2 * i], KEYS[2 * i + 1]
+  local json, session_id, created_at = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  if redis.call('SET', key, json, 'NX') then
+    redis.call('ZADD', KEYS[1], created_at, session_id)
+    redis.call('SADD', sessions, session_id)
+    stored = stored + 1
+  end
+end
+return stored
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    name: str
+    value: str
+    baseline: str = ""
+    ratio: str = ""
+
+
+def make_binding(i: int, per_sandbox: int, now: float) -> Binding:
+    org = str(uuid.UUID(int=i // per_sandbox + 1))
+    user = str(uuid.UUID(int=(i // per_sandbox + 1) << 64))
+    return Binding(f"agent_{uuid.UUID(int=i)}", shared_sandbox_id(org, user, None), "shared", Isolation.SHARED,
+                   Owner(org, user, None), now)
+
+
+def fast_bindings(start: int, stop: int, per_sandbox: int, now: float) -> list[tuple[str, str, str]]:
+    """(session ID, sandbox ID, stored JSON) of ``make_binding(i)`` for i in [start, stop), quickly.
+
+    ``Binding.to_dict`` (dataclasses.asdict) dominates a million-binding load, so the
+    JSON is built by hand here and checked against ``RedisStore.binding_json``.
+    """
+    rows = []
+    group = None
+    for i in range(start, stop):
+        if group is None or i % per_sandbox == 0:
+            sample = make_binding(i, per_sandbox, now)
+            owner = sample.owner
+            group = (sample.sandbox_id, owner.org_id, owner.user_id)
+        sandbox_id, org, user = group
+        session_id = f"agent_{uuid.UUID(int=i)}"
+        data = json.dumps({"session_id": session_id, "sandbox_id": sandbox_id, "pool": "shared",
+                           "isolation": Isolation.SHARED.value,
+                           "owner": {"org_id": org, "user_id": user, "bot_id": None}, "created_at": now},
+                          separators=(",", ":"), ensure_ascii=False)
+        rows.append((session_id, sandbox_id, data))
+    expected = RedisStore.binding_json(make_binding(start, per_sandbox, now))
+    assert rows[0][2] == expected, f"the bench writes {rows[0][2]}, the store {expected}"
+    return rows
+
+
+async def seed(store: SessionStore, count: int, per_sandbox: int) -> list[str]:
+    now = time.time()
+    sessions = []
+    for start in range(0, count, 500):
+        bindings = [make_binding(i, per_sandbox, now) for i in range(start, min(count, start + 500))]
+        await asyncio.gather(*(store.put_binding(b) for b in bindings))
+        for b in bindings[::per_sandbox]:
+            record = SandboxRecord(b.sandbox_id, b.pool, b.owner.org_id, SandboxState.CREATING, created_at=now)
+            await store.reserve_sandbox(record, Caps(), 30)
+            await store.mark_ready(b.sandbox_id, Endpoint("10.0.0.1", 8080))
+        sessions += [b.session_id for b in bindings]
+    return sessions
+
+
+async def lookups_per_second(store: SessionStore, sessions: list[str], concurrency: int, seconds: float) -> float:
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker(offset: int) -> None:
+        nonlocal done
+        i = offset
+        while time.perf_counter() < deadline:
+            binding = await store.get_binding(sessions[i % len(sessions)])
+            assert binding is not None
+            assert await store.get_sandbox(binding.sandbox_id) is not None
+            done += 1
+            i += concurrency
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(n) for n in range(concurrency)))
+    return done / (time.perf_counter() - started)
+
+
+async def round_trips_per_second(url: str, concurrency: int, seconds: float) -> float:
+    """Plain redis-py GETs: the client's ceiling on this machine (a lookup is two round trips)."""
+    client = Redis.from_url(url, decode_responses=True)
+    try:
+        await client.set("bench:probe", "x")
+        done = 0
+        deadline = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                await client.get("bench:probe")
+                done += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done / (time.perf_counter() - started)
+    finally:
+        await client.delete("bench:probe")
+        await client.aclose()
+
+
+async def bench_lookups(url: str, concurrency: list[int], seconds: float, per_sandbox: int) -> list[Row]:
+    memory = MemoryStore()
+    redis_store = RedisStore(url, f"bench-{uuid.uuid4().hex[:8]}", "bench", max_connections=max(concurrency) + 2)
+    try:
+        sessions = await seed(memory, LOOKUP_SESSIONS, per_sandbox)
+        await seed(redis_store, LOOKUP_SESSIONS, per_sandbox)
+        rows = []
+        for tasks in concurrency:
+            base = await lookups_per_second(memory, sessions, tasks, seconds / 3)
+            ceiling = await round_trips_per_second(url, tasks, seconds / 3) / 2
+            value = await lookups_per_second(redis_store, sessions, tasks, seconds)
+            rows.append(Row(f"route lookups/s, {tasks} task(s)", f"{value:,.0f}", f"{base:,.0f} (memory store)",
+                            f"{value / base:.3f}"))
+            rows.append(Row("", "", f"{ceiling:,.0f} (redis-py GET/s / 2)", f"{value / ceiling:.2f}"))
+        return rows
+    finally:
+        await redis_store.close()
+        await memory.close()
+
+
+async def bench_memory(url: str, sessions: int, per_sandbox: int,
+                       used_memory: Callable[[], Awaitable[int]]) -> list[Row]:
+    keys = RedisKeys(f"mem-{uuid.uuid4().hex[:8]}")
+    client = Redis.from_url(url, decode_responses=True)
+    try:
+        bulk = client.register_script(BULK_PUT_BINDINGS)
+        before = await used_memory()
+        now = time.time()
+        created = repr(now)
+        started = time.perf_counter()
+        json_bytes = stored = 0
+        pending: list[Awaitable[int]] = []
+        for start in range(0, sessions, BATCH):
+            rows = fast_bindings(start, min(sessions, start + BATCH), per_sandbox, now)
+            batch_keys = [keys.session_seen]
+            args = []
+            for session_id, sandbox_id, data in rows:
+                json_bytes += len(data.encode())
+                batch_keys += [keys.binding(session_id), keys.sandbox_sessions(sandbox_id)]
+                args += [data, session_id, created]
+            pending.append(bulk(keys=batch_keys, args=args))
+            if len(pending) >= 8:  # a few calls in flight: the client encodes while redis runs
+                stored += sum(await asyncio.gather(*pending))
+                pending = []
+        stored += sum(await asyncio.gather(*pending))
+        assert stored == sessions, f"stored {stored} of {sessions}"
+        elapsed = time.perf_counter() - started
+        after = await used_memory()
+        per_session = (after - before) / sessions
+        return [
+            Row(f"redis memory per session ({sessions:,} bindings)", f"{per_session:,.0f} B",
+                f"{json_bytes / sessions:,.0f} B (binding JSON)", f"{per_session / (json_bytes / sessions):.2f}"),
+            Row("bulk load (Lua, PUT_BINDING's writes)", f"{sessions / elapsed:,.0f} bindings/s"),
+            Row("redis used_memory after load", f"{after / 2**20:,.1f} MiB"),
+        ]
+    finally:
+        await client.aclose()
+
+
+async def gateway_benchmarks(url: str, args: argparse.Namespace) -> list[Row]:
+    """Hook for the lead: route-cache hit vs miss and replica throughput through ``serve``."""
+    return []
+
+
+def print_table(rows: list[Row]) -> None:
+    header = Row("measure", "redis store", "baseline", "ratio")
+    widths = [max(len(getattr(r, f)) for r in [header, *rows]) for f in ("name", "value", "baseline", "ratio")]
+    for row in [header, *rows]:
+        cells = (row.name, row.value, row.baseline, row.ratio)
+        print("  ".join(c.ljust(w) if n == 0 else c.rjust(w) for n, (c, w) in enumerate(zip(cells, widths))))
+
+
+async def run(args: argparse.Namespace, url: str, used_memory: Callable[[], Awaitable[int]]) -> None:
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    rows = await bench_lookups(url, concurrency, args.seconds, args.sessions_per_sandbox)
+    rows += await bench_memory(url, args.sessions, args.sessions_per_sandbox, used_memory)
+    rows += await gateway_benchmarks(url, args)
+    print_table(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=1_000_000, help="bindings for the memory measurement")
+    parser.add_argument("--sessions-per-sandbox", type=int, default=10)
+    parser.add_argument("--concurrency", default="1,16,64", help="lookup tasks, comma-separated")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per redis lookup run")
+    parser.add_argument("--url", help="an existing redis (default: a private redis-server)")
+    args = parser.parse_args()
+
+    if args.url:
+        async def used_memory() -> int:
+            async with Redis.from_url(args.url) as client:
+                return int((await client.info("memory"))["used_memory"])
+
+        asyncio.run(run(args, args.url, used_memory))
+        return
+
+    from tests.redis_server import RedisServer
+
+    with RedisServer() as server:
+        async def private_used_memory() -> int:
+            return await asyncio.to_thread(server.info_memory)
+
+        print(f"redis-server {server.url} (private, no persistence)", flush=True)
+        asyncio.run(run(args, server.url, private_used_memory))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,619 @@
+"""The shared store: any number of gateway replicas, one session map, in Redis.
+
+Every method is one atomic step on the server (a Lua script from
+:mod:`gateway.store.redis_scripts`, a MULTI, or a single command), so a
+binding lands with its indexes or not at all, and two replicas reserving the
+same sandbox can never both create it.
+
+Keys (``P`` is the installation's prefix; the braces make it the Redis Cluster
+hash tag, so every key of one installation lives in one slot and every script
+is cluster-safe)::
+
+    key                             type    TTL            contents
+    {P}:binding:<session_id>        string  none           Binding JSON (Binding.to_dict)
+    {P}:session-seen                zset    none           session_id -> last seen (idle_sessions)
+    {P}:sandbox:<sandbox_id>        hash    none           the record: see redis_scripts (rec, state, endpoint,
+                                                           lease_until, gen, pool, org)
+    {P}:sandboxes                   zset    none           sandbox_id -> last_active, one entry per record
+    {P}:sandbox-sessions:<id>       set     none           session IDs bound to the sandbox
+    {P}:count:pool                  hash    none           pool -> live (creating + ready) records
+    {P}:count:org                   hash    none           org_id -> live (creating + ready) records
+    {P}:streams:<sandbox_id>        hash    none (deleted  replica_id -> streams open on that replica
+                                            on release)
+    {P}:replica:<replica_id>        string  heartbeat_ttl  heartbeat (refreshed every heartbeat_interval);
+                                                           while absent, that replica's streams don't count
+    {P}:lease:<name>                hash    lease ttl      holder, until (the clock's deadline; the lease ends
+                                                           at the deadline or the TTL, whichever comes first)
+    {P}:settled                     channel                {"id", "gen", "state": "ready"|"removed", "error"}
+    {P}:invalidate                  channel                [origin, "session"|"sandbox", id]
+
+IDs are used verbatim (Redis keys are binary-safe) and always as the *last*
+component of a key, and the fixed parts above are prefix-free (no fixed part is
+a prefix of another, no fixed key starts with a variable one's fixed part): so
+a session ID containing ``:`` (or anything else) can never name another key.
+Org IDs appear only as hash fields, never in key names.
+
+Times (``created_at``, ``lease_until``, ``last_active``, last seen, a named
+lease's deadline) come from the injected ``clock``; TTLs (heartbeats, and named
+leases as a backstop) are Redis's own.
+
+Background work, started lazily from a running loop (nothing connects at
+construction): one pub/sub listener per store (on the first ``subscribe`` or
+``wait_settled``), reconnecting by itself; one heartbeat task (on the first
+``add_streams``). ``close()`` stops both and closes the client.
+
+``wait_settled`` subscribes before it reads the record (no lost wake-ups), then
+waits for a ``settled`` message, waking also when the creator's lease expires:
+it then returns ``Settlement(<the stale creating record>)``, which tells the
+caller "nobody is creating this any more, reserve again" (``reserve_sandbox``
+then takes the record over). After a pub/sub reconnect, waiters re-read the
+record, since messages sent while disconnected are lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, ParamSpec, TypeVar
+
+from redis import exceptions as redis_errors
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+
+from gateway.errors import CapacityExceeded, StoreUnavailable
+from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
+from gateway.store import redis_scripts as lua
+from gateway.store.redis_scripts import RedisKeys
+from gateway.store.base import INVALIDATE_ALL, Caps, Invalidation, Reservation, Settlement
+
+__all__ = ["REMOVED", "RedisKeys", "RedisStore", "unavailable"]
+
+log = logging.getLogger(__name__)
+
+REMOVED = "the sandbox was removed"
+"""The error waiters get when a record disappears without a creator's error (same as the memory store)."""
+
+_CHANNELS = 2  # settled + invalidate: a subscription is complete when both are confirmed
+_LISTEN_POLL = 1.0  # the listener wakes this often to run redis-py's health check
+_MIN_BACKOFF, _MAX_BACKOFF = 0.05, 1.0
+_STATIC_FIELDS = ("sandbox_id", "pool", "org_id", "created_at", "meta")
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _translated(action: str) -> Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Awaitable[_T]]]:
+    """Turn every redis error raised by the wrapped call into ``StoreUnavailable``."""
+
+    def decorate(method: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
+        @functools.wraps(method)
+        async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+            try:
+                return await method(*args, **kwargs)
+            except redis_errors.RedisError as exc:
+                raise unavailable(action, exc) from exc
+
+        return wrapper
+
+    return decorate
+
+
+def unavailable(action: str, exc: redis_errors.RedisError) -> StoreUnavailable:
+    """The ``StoreUnavailable`` for a redis error, classified by type (never by message text)."""
+    if isinstance(exc, redis_errors.BusyLoadingError):
+        reason, retry_after = "it is loading its dataset", 2.0
+    elif isinstance(exc, redis_errors.ConnectionError):
+        reason, retry_after = "it cannot be reached", 5.0
+    elif isinstance(exc, redis_errors.TimeoutError):
+        reason, retry_after = "it did not answer in time", 2.0
+    elif isinstance(exc, redis_errors.ReadOnlyError):
+        reason, retry_after = "it is a read-only replica", 5.0
+    elif isinstance(exc, redis_errors.OutOfMemoryError):
+        reason, retry_after = "it is out of memory", 30.0
+    else:
+        reason, retry_after = f"it refused the command ({type(exc).__name__})", 5.0
+    return StoreUnavailable(f"the session store (redis) could not {action}: {reason}; retry shortly",
+                            retry_after=retry_after)
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _num(value: float) -> str:
+    return repr(float(value))
+
+
+def _record(view: list[Any]) -> tuple[SandboxRecord, str]:
+    """A record (and its reservation token) from a script's view (see redis_scripts)."""
+    rec, state, endpoint, lease_until, last_active, sessions, gen = view
+    data = json.loads(rec)
+    data.update(state=state, endpoint=json.loads(endpoint) if endpoint else None,
+                lease_until=float(lease_until), last_active=float(last_active), sessions=int(sessions))
+    return SandboxRecord.from_dict(data), gen
+
+
+class RedisStore:
+    """``SessionStore`` shared by every replica of one installation (``prefix``).
+
+    ``replica_id`` must be unique per process: it owns this process's stream
+    counts and heartbeat. Timeouts are small on purpose: a Redis that does not
+    answer becomes ``StoreUnavailable`` (503) within seconds, and the client
+    reconnects by itself when Redis is back.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        replica_id: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        heartbeat_interval: float = 5.0,
+        heartbeat_ttl: float = 15.0,
+        recheck_interval: float = 5.0,
+        socket_timeout: float = 2.0,
+        connect_timeout: float = 1.0,
+        retries: int = 3,
+        max_connections: int = 64,
+        health_check_interval: int = 15,
+    ) -> None:
+        self.keys = RedisKeys(prefix)
+        self.replica_id = replica_id
+        self._clock = clock
+        self._heartbeat_interval = heartbeat_interval
+        self._heartbeat_ms = max(1, math.ceil(heartbeat_ttl * 1000))
+        self._recheck_interval = recheck_interval
+        self._subscribe_timeout = connect_timeout + 2 * _MAX_BACKOFF  # the listener retries at least this often
+        # Retried: connection errors only (refused, reset, loading), with a short capped backoff.
+        # Timeouts are not retried: the command may have run, and a store call should fail fast.
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=socket_timeout,
+            decode_responses=True,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            health_check_interval=health_check_interval,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries,
+                        supported_errors=(redis_errors.ConnectionError,)),
+        )
+        self._redis: Redis = Redis.from_pool(pool)
+        self._get_sandbox = self._redis.register_script(lua.GET_SANDBOX)
+        self._put_binding = self._redis.register_script(lua.PUT_BINDING)
+        self._delete_binding = self._redis.register_script(lua.DELETE_BINDING)
+        self._reserve = self._redis.register_script(lua.RESERVE_SANDBOX)
+        self._mark_ready = self._redis.register_script(lua.MARK_READY)
+        self._release = self._redis.register_script(lua.RELEASE_SANDBOX)
+        self._acquire_lease = self._redis.register_script(lua.ACQUIRE_LEASE)
+        self._origin = uuid.uuid4().hex  # tells this instance's invalidations from other replicas'
+        self._callbacks: list[Invalidation] = []
+        self._waiters: dict[str, set[asyncio.Future[dict[str, Any] | None]]] = {}
+        self._streams: dict[str, int] = {}  # this replica's open streams per sandbox (absolute)
+        self._unsynced: set[str] = set()  # sandboxes whose stream count failed to reach redis
+        # A stream-count write in flight must not land after a release deleted the counts
+        # (it would resurrect them): this replica's syncs and releases take turns.
+        self._streams_lock = asyncio.Lock()
+        self._subscribed = asyncio.Event()
+        self._was_subscribed = False
+        self._stopping = asyncio.Event()
+        self._listener_error: Exception | None = None  # why the listener last failed to (re)subscribe
+        self._listener: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @staticmethod
+    def binding_json(binding: Binding) -> str:
+        """A binding as stored (public so that bulk loaders write exactly what ``put_binding`` does)."""
+        return _dumps(binding.to_dict())
+
+    # bindings ------------------------------------------------------------
+    @_translated("look up a session")
+    async def get_binding(self, session_id: str) -> Binding | None:
+        self._start_listener()
+        raw = await self._redis.get(self.keys.binding(session_id))
+        return None if raw is None else Binding.from_dict(json.loads(raw))
+
+    @_translated("bind a session")
+    async def put_binding(self, binding: Binding) -> Binding:
+        self._start_listener()
+        stored = await self._put_binding(
+            keys=[self.keys.binding(binding.session_id), self.keys.session_seen,
+                  self.keys.sandbox_sessions(binding.sandbox_id)],
+            args=[self.binding_json(binding), binding.session_id, _num(binding.created_at)],
+        )
+        return binding if stored is None else Binding.from_dict(json.loads(stored))
+
+    @_translated("delete a session")
+    async def delete_binding(self, session_id: str) -> Binding | None:
+        key = self.keys.binding(session_id)
+        message = self._invalidation("session", session_id)
+        for _attempt in range(5):
+            raw = await self._redis.get(key)
+            if raw is None:
+                return None
+            sandbox_id = json.loads(raw)["sandbox_id"]
+            deleted = await self._delete_binding(
+                keys=[key, self.keys.session_seen, self.keys.sandbox_sessions(sandbox_id)],
+                args=[session_id, raw, self.keys.invalidate, message],
+            )
+            if deleted is None:
+                return None
+            if deleted != 0:
+                self._notify(session_id)
+                return Binding.from_dict(json.loads(deleted))
+        raise StoreUnavailable(f"session {session_id!r} kept changing while being deleted; retry", retry_after=1.0)
+
+    @_translated("list a sandbox's sessions")
+    async def sessions_of(self, sandbox_id: str) -> list[str]:
+        return sorted(await self._redis.smembers(self.keys.sandbox_sessions(sandbox_id)))
+
+    # sandboxes -----------------------------------------------------------
+    @_translated("look up a sandbox")
+    async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        found = await self._read_sandbox(sandbox_id)
+        return None if found is None else found[0]
+
+    @_translated("list sandboxes")
+    async def list_sandboxes(self) -> list[SandboxRecord]:
+        return await self._read_many(await self._redis.zrange(self.keys.sandboxes, 0, -1))
+
+    @_translated("reserve a sandbox")
+    async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
+        self._start_listener()
+        now = self._clock()
+        sandbox_id = record.sandbox_id
+        static = {name: value for name, value in record.to_dict().items() if name in _STATIC_FIELDS}
+        result = await self._reserve(
+            keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
+                  self.keys.sandbox_sessions(sandbox_id)],
+            args=[_num(now), sandbox_id, record.pool, record.org_id or "", "0" if record.org_id is None else "1",
+                  "" if caps.pool_max is None else str(caps.pool_max),
+                  "" if caps.org_max is None else str(caps.org_max),
+                  _dumps(static), _num(now + lease_seconds), _num(max(record.last_active, record.created_at)),
+                  uuid.uuid4().hex, self.keys.invalidate, self._invalidation("sandbox", sandbox_id)],
+        )
+        outcome = result[0]
+        if outcome == "cap":
+            raise _capacity_error(record, caps, scope=result[1])
+        if outcome == "taken":
+            self._notify(sandbox_id)
+        return Reservation(_record(result[1:])[0], created=outcome != "existing")
+
+    @_translated("mark a sandbox ready")
+    async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
+        view = await self._mark_ready(
+            keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
+                  self.keys.sandbox_sessions(sandbox_id)],
+            args=[sandbox_id, _dumps({"host": endpoint.host, "port": endpoint.port, "scheme": endpoint.scheme}),
+                  self.keys.settled],
+        )
+        if view is None:
+            raise KeyError(sandbox_id)  # as the memory store: there is no reservation to complete
+        return _record(view)[0]
+
+    @_translated("release a sandbox")
+    async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
+        async with self._streams_lock:
+            view = await self._release(
+                keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
+                      self.keys.sandbox_sessions(sandbox_id), self.keys.streams(sandbox_id)],
+                args=[sandbox_id, error or REMOVED, self.keys.settled,
+                      self.keys.invalidate, self._invalidation("sandbox", sandbox_id)],
+            )
+            self._streams.pop(sandbox_id, None)
+            self._unsynced.discard(sandbox_id)
+        if view is None:
+            return None
+        self._notify(sandbox_id)
+        return _record(view)[0]
+
+    @_translated("wait for a sandbox")
+    async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if not self._subscribed.is_set():
+            await self._read_sandbox(sandbox_id)  # while redis is down, fail now and with the cause
+            await self.subscribed(self._subscribe_timeout)
+        while True:
+            # Registered and subscribed before the read: a settlement after the read wakes us.
+            waiter: asyncio.Future[dict[str, Any] | None] = loop.create_future()
+            self._waiters.setdefault(sandbox_id, set()).add(waiter)
+            try:
+                found = await self._read_sandbox(sandbox_id)
+                if found is None:
+                    return Settlement(None, REMOVED)
+                record, gen = found
+                if record.state is not SandboxState.CREATING:
+                    return Settlement(record)
+                lease_left = record.lease_until - self._clock()
+                if lease_left <= 0:
+                    return Settlement(record)  # the creator is gone: the caller reserves again and takes over
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError(f"sandbox {sandbox_id} was still being created after {timeout:g}s")
+                await asyncio.wait((waiter,), timeout=min(left, lease_left, self._recheck_interval))
+                if not waiter.done():
+                    continue  # a deadline, a lease expiry or a periodic re-check: read again
+                message = waiter.result()  # raises StoreUnavailable if the store was closed
+                if message is not None and message.get("gen") == gen and message.get("state") == "removed":
+                    return Settlement(None, message.get("error") or REMOVED)
+                # "ready", another incarnation's message, or a pub/sub reconnect: read again
+            finally:
+                waiters = self._waiters.get(sandbox_id)
+                if waiters is not None:
+                    waiters.discard(waiter)
+                    if not waiters:
+                        del self._waiters[sandbox_id]
+
+    # activity and streams -----------------------------------------------
+    @_translated("record activity")
+    async def touch(self, sandboxes: Mapping[str, float], sessions: Mapping[str, float]) -> None:
+        if not sandboxes and not sessions:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            if sandboxes:
+                pipe.zadd(self.keys.sandboxes, dict(sandboxes), xx=True, gt=True)
+            if sessions:
+                pipe.zadd(self.keys.session_seen, dict(sessions), xx=True, gt=True)
+            await pipe.execute()
+
+    @_translated("list idle sandboxes")
+    async def idle_sandboxes(self, pool: str, before: float) -> list[SandboxRecord]:
+        ids = await self._redis.zrangebyscore(self.keys.sandboxes, "-inf", f"({_num(before)}")
+        return [r for r in await self._read_many(ids)
+                if r.pool == pool and r.state is SandboxState.READY and r.last_active < before]
+
+    @_translated("list idle sessions")
+    async def idle_sessions(self, before: float) -> list[str]:
+        return await self._redis.zrangebyscore(self.keys.session_seen, "-inf", f"({_num(before)}")
+
+    @_translated("count open streams")
+    async def add_streams(self, deltas: Mapping[str, int]) -> None:
+        # Each replica owns one field per sandbox and writes its absolute count: a retried
+        # write cannot double-count, and a write that failed is repeated by the next one.
+        for sandbox_id, delta in deltas.items():
+            total = self._streams.get(sandbox_id, 0) + delta
+            if total > 0:
+                self._streams[sandbox_id] = total
+            else:
+                self._streams.pop(sandbox_id, None)
+            self._unsynced.add(sandbox_id)
+        self._start_heartbeat()
+        await self._sync_streams()
+
+    @_translated("count open streams")
+    async def open_streams(self, sandbox_id: str) -> int:
+        counts: dict[str, str] = await self._redis.hgetall(self.keys.streams(sandbox_id))
+        if not counts:
+            return 0
+        replicas = list(counts)
+        alive = await self._redis.mget([self.keys.replica(r) for r in replicas])
+        return sum(int(counts[r]) for r, beat in zip(replicas, alive, strict=True) if beat is not None)
+
+    # coordination -------------------------------------------------------
+    @_translated("take a lease")
+    async def acquire_lease(self, name: str, holder: str, ttl: float) -> bool:
+        now = self._clock()
+        held = await self._acquire_lease(keys=[self.keys.lease(name)],
+                                         args=[holder, _num(now), _num(now + ttl), max(1, math.ceil(ttl * 1000))])
+        return held == 1
+
+    def subscribe(self, callback: Invalidation) -> None:
+        """Call ``callback`` with every session or sandbox ID invalidated on any replica.
+
+        Invalidations made by this instance are delivered synchronously (before the
+        call that made them returns); other replicas' arrive through pub/sub.
+        """
+        self._callbacks.append(callback)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop yet: the listener starts on the first call made from one
+        self._start_listener()
+
+    async def subscribed(self, timeout: float = 5.0) -> None:
+        """Wait until the pub/sub listener is subscribed (starting it if needed).
+
+        Raises ``StoreUnavailable`` when it cannot subscribe within ``timeout``.
+        ``wait_settled`` calls this itself; tests and readiness checks may too.
+        """
+        if self._closed:
+            raise StoreUnavailable("the session store was closed")
+        self._start_listener(force=True)
+        if self._subscribed.is_set():
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._subscribed.wait()
+        except TimeoutError:
+            raise StoreUnavailable("the session store (redis) could not subscribe to its channels; retry shortly",
+                                   retry_after=2.0) from self._listener_error
+
+    @_translated("answer a ping")
+    async def ping(self) -> None:
+        self._start_listener()
+        await self._redis.ping()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        # Cancelled until they are done: on Python 3.11, asyncio.wait_for (inside redis-py) can
+        # swallow a cancellation that races with a reply; the loops also stop on ``_closed``.
+        pending = {t for t in (self._listener, self._heartbeat) if t is not None}
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.1)
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(StoreUnavailable("the session store was closed"))
+        self._waiters.clear()
+        if self._heartbeat is not None:
+            # This replica serves no stream any more: stop counting its streams now.
+            try:
+                async with asyncio.timeout(1.0):
+                    await self._redis.delete(self.keys.replica(self.replica_id))
+            except (redis_errors.RedisError, TimeoutError):
+                pass
+        await self._redis.aclose()
+
+    # internals ----------------------------------------------------------
+    async def _read_sandbox(self, sandbox_id: str) -> tuple[SandboxRecord, str] | None:
+        view = await self._get_sandbox(
+            keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.sandbox_sessions(sandbox_id)],
+            args=[sandbox_id],
+        )
+        return None if view is None else _record(view)
+
+    async def _read_many(self, sandbox_ids: Iterable[str]) -> list[SandboxRecord]:
+        ids = list(sandbox_ids)
+        if not ids:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for sandbox_id in ids:
+                await self._get_sandbox(
+                    keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes,
+                          self.keys.sandbox_sessions(sandbox_id)],
+                    args=[sandbox_id], client=pipe,
+                )
+            views = await pipe.execute()
+        return [_record(view)[0] for view in views if view is not None]
+
+    async def _sync_streams(self) -> None:
+        """Write the heartbeat and every unsynced stream count, in one MULTI."""
+        async with self._streams_lock:
+            await self._sync_streams_locked()
+
+    async def _sync_streams_locked(self) -> None:
+        pending = list(self._unsynced)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.replica(self.replica_id), self._origin, px=self._heartbeat_ms)
+            for sandbox_id in pending:
+                total = self._streams.get(sandbox_id, 0)
+                if total > 0:
+                    pipe.hset(self.keys.streams(sandbox_id), self.replica_id, total)
+                else:
+                    pipe.hdel(self.keys.streams(sandbox_id), self.replica_id)
+            await pipe.execute()
+        self._unsynced.difference_update(pending)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but return at once when the store closes."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
+        except TimeoutError:
+            pass
+
+    def _invalidation(self, kind: str, key: str) -> str:
+        return _dumps([self._origin, kind, key])
+
+    def _notify(self, key: str) -> None:
+        for callback in self._callbacks:
+            try:
+                callback(key)
+            except Exception:
+                log.exception("invalidation callback failed for %r", key)
+
+    def _start_listener(self, *, force: bool = False) -> None:
+        if self._listener is None and not self._closed and (force or self._callbacks):
+            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="redis-store-listener")
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None and not self._closed:
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(), name="redis-store-heartbeat")
+
+    async def _listen(self) -> None:
+        """Deliver pub/sub messages for as long as the store is open, resubscribing after failures."""
+        delay, failing = _MIN_BACKOFF, False
+        while not self._closed:
+            pubsub = self._redis.pubsub()
+            try:
+                await pubsub.subscribe(self.keys.settled, self.keys.invalidate)
+                while not self._closed:
+                    message = await pubsub.get_message(timeout=_LISTEN_POLL)
+                    if message is not None:
+                        self._on_message(message)
+                    if failing and self._subscribed.is_set():
+                        log.info("redis pub/sub listener resubscribed")
+                        delay, failing, self._listener_error = _MIN_BACKOFF, False, None
+            except redis_errors.RedisError as exc:
+                if not failing:
+                    log.warning("redis pub/sub listener lost its connection (%s); reconnecting", type(exc).__name__)
+                failing, self._listener_error = True, exc
+            except Exception as exc:  # a bug must not silence invalidations for the life of the process
+                log.exception("redis pub/sub listener failed; restarting it")
+                failing, self._listener_error = True, exc
+            finally:
+                self._subscribed.clear()
+                await pubsub.aclose()
+            await self._pause(delay)
+            delay = min(delay * 2, _MAX_BACKOFF)
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        kind, channel, data = message["type"], message["channel"], message["data"]
+        if kind == "subscribe":
+            if data == _CHANNELS:  # (re)subscribed to both: wake every waiter to re-read its record
+                if self._was_subscribed:
+                    # Invalidations published while we were away are lost: drop every cached route.
+                    for callback in list(self._callbacks):
+                        callback(INVALIDATE_ALL)
+                self._was_subscribed = True
+                self._subscribed.set()
+                for waiters in self._waiters.values():
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_result(None)
+            return
+        if kind != "message":
+            return
+        try:
+            payload = json.loads(data)
+            if channel == self.keys.settled:
+                for waiter in self._waiters.get(payload["id"], ()):
+                    if not waiter.done():
+                        waiter.set_result(payload)
+            elif channel == self.keys.invalidate:
+                origin, what, key = payload
+                if origin == self._origin:
+                    return  # delivered synchronously when this instance made it
+                if what == "sandbox":
+                    # Released elsewhere: its stream counts went with it (as in the memory store).
+                    self._streams.pop(key, None)
+                    self._unsynced.discard(key)
+                self._notify(key)
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring a malformed message on %s", channel)
+
+    async def _beat(self) -> None:
+        """Keep this replica's heartbeat alive (and retry stream counts that failed to land)."""
+        while not self._closed:
+            try:
+                await self._sync_streams()
+            except redis_errors.RedisError as exc:
+                log.warning("redis heartbeat failed (%s)", type(exc).__name__)
+            await self._pause(self._heartbeat_interval)
+
+
+def _capacity_error(record: SandboxRecord, caps: Caps, *, scope: str) -> CapacityExceeded:
+    if scope == "pool":
+        return CapacityExceeded(
+            f"pool {record.pool!r} is at its cap of {caps.pool_max} sandboxes (max_sandboxes); retry later",
+            scope="pool",
+        )
+    return CapacityExceeded(
+        f"org {record.org_id!r} is at its cap of {caps.org_max} sandboxes "
+        f"(orgs.{record.org_id}.max_sandboxes); retry later",
+        scope="org",
+    )

@@ -1,0 +1,162 @@
+"""A real ``redis-server`` for tests and benchmarks: free port, temp dir, optional persistence.
+
+Fixtures (import them into ``conftest.py``)::
+
+    redis_process          session-scoped: one server for the whole run
+    redis_server           function-scoped: that server, flushed before the test
+    redis_server_factory   function-scoped: ``factory(appendonly=True)`` starts a private
+                           server (for tests that stop or restart it), stopped after the test
+
+All of them skip the test when ``redis-server`` is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+
+import pytest
+import redis
+
+REDIS_SERVER = os.environ.get("REDIS_SERVER", "redis-server")
+
+
+def redis_server_path() -> str | None:
+    return shutil.which(REDIS_SERVER) or (REDIS_SERVER if os.path.isfile(REDIS_SERVER) else None)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """One ``redis-server`` process; keeps its port and data directory across restarts."""
+
+    def __init__(self, *, appendonly: bool = False) -> None:
+        executable = redis_server_path()
+        if executable is None:
+            raise FileNotFoundError(f"{REDIS_SERVER} is not installed")
+        self.executable = executable
+        self.appendonly = appendonly
+        self.port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="redis-test-"))
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the server and wait until it answers PING (and has loaded its data)."""
+        if self.running:
+            return
+        args = [
+            self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
+            "--daemonize", "no", "--save", "", "--logfile", str(self.directory / "redis.log"),
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "always",  # a test that kills the server must still find what it wrote
+        ]
+        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._process.poll() is not None:
+                self._process = None
+                log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"redis-server exited during start on port {self.port}:\n{log}")
+            try:
+                with redis.Redis(port=self.port, socket_timeout=1.0) as client:
+                    client.ping()  # raises BusyLoadingError while the AOF is being loaded
+                    return
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    self.stop(kill=True)
+                    raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout}s") from None
+                time.sleep(0.01)
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server: SIGTERM (flushes the AOF), or SIGKILL with ``kill=True`` (a crash)."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if kill:
+            process.kill()
+        else:
+            process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def restart(self, *, kill: bool = False) -> None:
+        self.stop(kill=kill)
+        self.start()
+
+    def flush(self) -> None:
+        with redis.Redis(port=self.port, socket_timeout=2.0) as client:
+            client.flushall()
+
+    def info_memory(self) -> int:
+        with redis.Redis(port=self.port, socket_timeout=5.0) as client:
+            return int(client.info("memory")["used_memory"])
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _require_redis() -> None:
+    if redis_server_path() is None:
+        pytest.skip(f"{REDIS_SERVER} is not installed")
+
+
+@pytest.fixture(scope="session")
+def redis_process() -> Iterator[RedisServer]:
+    _require_redis()
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_server(redis_process: RedisServer) -> RedisServer:
+    if not redis_process.running:  # a test stopped it: bring it back for the next one
+        redis_process.start()
+    redis_process.flush()
+    return redis_process
+
+
+@pytest.fixture
+def redis_server_factory() -> Iterator[Callable[..., RedisServer]]:
+    _require_redis()
+    servers: list[RedisServer] = []
+
+    def factory(*, appendonly: bool = False) -> RedisServer:
+        server = RedisServer(appendonly=appendonly)
+        servers.append(server)
+        server.start()
+        return server
+
+    yield factory
+    for server in servers:
+        server.close()

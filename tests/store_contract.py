@@ -1,0 +1,322 @@
+"""The ``SessionStore`` contract: one set of tests every store implementation passes.
+
+Use it by subclassing :class:`StoreContract` in a test module that provides two
+fixtures: ``store`` (a fresh, empty store built with ``clock=clock``) and
+``clock`` (a :class:`FakeClock`). ``tests/test_store.py`` runs it against the
+memory store and the Redis store.
+
+Every time (record times, creation leases, named-lease deadlines) comes from
+the injected clock, so no contract test waits for real time to pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import pytest
+
+from gateway.errors import CapacityExceeded
+from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxState
+from gateway.store.base import Caps, SessionStore, Settlement
+from routing import Isolation
+
+T0 = 1_700_000_000.0
+SETTLE = 0.1  # how long a waiter is watched to check that it does *not* return early
+
+
+class FakeClock:
+    """A clock the test moves by hand (injected as ``clock=``; nothing is monkeypatched)."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def binding(session_id: str, sandbox_id: str = "org-1", *, pool: str = "shared", org_id: str | None = "acme",
+            user_id: str = "alice", created_at: float = T0) -> Binding:
+    isolation = Isolation.PER_SESSION if sandbox_id.startswith("ses-") else Isolation.SHARED
+    return Binding(session_id, sandbox_id, pool, isolation, Owner(org_id, user_id, None), created_at)
+
+
+def record(sandbox_id: str, *, pool: str = "shared", org_id: str | None = "acme", created_at: float = T0,
+           meta: Mapping[str, str] | None = None) -> SandboxRecord:
+    return SandboxRecord(sandbox_id, pool, org_id, SandboxState.CREATING, created_at=created_at, meta=dict(meta or {}))
+
+
+ENDPOINT = Endpoint("10.0.0.7", 8080)
+
+
+async def still_waiting(*tasks: asyncio.Task[Settlement]) -> bool:
+    """True when none of ``tasks`` returns within ``SETTLE`` (they are blocked waiting)."""
+    done, _ = await asyncio.wait(tasks, timeout=SETTLE)
+    return not done
+
+
+class StoreContract:
+    # bindings -------------------------------------------------------------
+    async def test_put_binding_stores_it(self, store: SessionStore) -> None:
+        stored = await store.put_binding(binding("s1"))
+        assert stored == binding("s1")
+        assert await store.get_binding("s1") == binding("s1")
+        assert await store.get_binding("unknown") is None
+
+    async def test_put_binding_is_idempotent(self, store: SessionStore) -> None:
+        assert await store.put_binding(binding("s1")) == binding("s1")
+        assert await store.put_binding(binding("s1")) == binding("s1")
+        assert await store.sessions_of("org-1") == ["s1"]
+
+    async def test_existing_binding_wins(self, store: SessionStore) -> None:
+        first = binding("s1", "org-1")
+        await store.put_binding(first)
+        stored = await store.put_binding(binding("s1", "org-2", pool="small", created_at=T0 + 5))
+        assert stored == first
+        assert await store.get_binding("s1") == first
+        assert await store.sessions_of("org-2") == []
+
+    @pytest.mark.parametrize("session_id", [
+        pytest.param("agent_session-1", id="plain"),
+        pytest.param("a:b:c", id="colons"),
+        pytest.param("binding:s1", id="looks like a key"),
+        pytest.param("{hashtag}:x", id="braces"),
+        pytest.param("ünïcødé 会话 🚀", id="unicode"),
+        pytest.param("x" * 256, id="256 chars"),
+    ])
+    async def test_session_ids_are_opaque(self, store: SessionStore, session_id: str) -> None:
+        ours, neighbour = binding(session_id, "org-1"), binding(session_id + ":1", "org-2")
+        await store.put_binding(ours)
+        await store.put_binding(neighbour)
+        assert await store.get_binding(session_id) == ours
+        assert await store.sessions_of("org-1") == [session_id]
+        assert await store.delete_binding(session_id) == ours
+        assert await store.get_binding(session_id + ":1") == neighbour
+        assert await store.idle_sessions(T0 + 1) == [session_id + ":1"]
+
+    async def test_delete_binding_returns_it_and_unbinds(self, store: SessionStore) -> None:
+        await store.put_binding(binding("s1"))
+        await store.put_binding(binding("s2"))
+        assert await store.delete_binding("s1") == binding("s1")
+        assert await store.get_binding("s1") is None
+        assert await store.sessions_of("org-1") == ["s2"]
+        assert await store.idle_sessions(T0 + 1) == ["s2"]
+        assert await store.delete_binding("s1") is None
+
+    async def test_delete_binding_invalidates_the_session(self, store: SessionStore) -> None:
+        seen: list[str] = []
+        event = asyncio.Event()
+
+        def callback(key: str) -> None:
+            seen.append(key)
+            event.set()
+
+        store.subscribe(callback)
+        await store.put_binding(binding("s1"))
+        await store.delete_binding("s1")
+        await asyncio.wait_for(event.wait(), 5)
+        assert seen == ["s1"]
+
+    async def test_sessions_of_lists_sorted_sessions(self, store: SessionStore) -> None:
+        for session_id in ("s3", "s1", "s2"):
+            await store.put_binding(binding(session_id))
+        await store.put_binding(binding("other", "org-2"))
+        assert await store.sessions_of("org-1") == ["s1", "s2", "s3"]
+        assert await store.sessions_of("org-unknown") == []
+
+    # reserve and create once ----------------------------------------------
+    async def test_reserve_creates_once(self, store: SessionStore, clock: FakeClock) -> None:
+        first = await store.reserve_sandbox(record("org-1", meta={"k": "v"}), Caps(), lease_seconds=30)
+        assert first.created
+        assert first.record.state is SandboxState.CREATING
+        assert first.record.lease_until == clock() + 30
+        assert first.record.meta == {"k": "v"}
+        second = await store.reserve_sandbox(record("org-1"), Caps(), lease_seconds=30)
+        assert not second.created
+        assert second.record.state is SandboxState.CREATING
+        assert await store.get_sandbox("org-1") == second.record
+
+    async def test_concurrent_reserves_create_exactly_once(self, store: SessionStore) -> None:
+        results = await asyncio.gather(*(store.reserve_sandbox(record("org-1"), Caps(pool_max=1), 30)
+                                         for _ in range(100)))
+        assert sum(r.created for r in results) == 1
+        assert {r.record.sandbox_id for r in results} == {"org-1"}
+
+    @pytest.mark.parametrize(("caps", "scope", "same_scope", "other_scope"), [
+        pytest.param(Caps(pool_max=2), "pool", record("x", pool="shared", org_id="other-org"),
+                     record("x", pool="small"), id="pool cap counts the pool, not the org"),
+        pytest.param(Caps(org_max=2), "org", record("x", pool="small", org_id="acme"),
+                     record("x", pool="shared", org_id="other-org"), id="org cap counts the org, not the pool"),
+    ])
+    async def test_caps_count_creating_and_ready(self, store: SessionStore, caps: Caps, scope: str,
+                                                 same_scope: SandboxRecord, other_scope: SandboxRecord) -> None:
+        assert (await store.reserve_sandbox(record("org-1"), caps, 30)).created
+        await store.mark_ready("org-1", ENDPOINT)  # ready counts
+        assert (await store.reserve_sandbox(record("org-2"), caps, 30)).created  # creating counts
+        with pytest.raises(CapacityExceeded) as raised:
+            await store.reserve_sandbox(same_scope.with_(sandbox_id="org-3"), caps, 30)
+        assert raised.value.scope == scope
+        assert raised.value.status == 429 and raised.value.retry_after
+        assert (await store.reserve_sandbox(other_scope.with_(sandbox_id="org-4"), caps, 30)).created
+        assert not (await store.reserve_sandbox(record("org-1"), caps, 30)).created  # existing: no cap check
+        await store.release_sandbox("org-1")
+        assert (await store.reserve_sandbox(same_scope.with_(sandbox_id="org-3"), caps, 30)).created
+
+    async def test_org_cap_ignores_records_without_an_org(self, store: SessionStore) -> None:
+        caps = Caps(org_max=1)
+        assert (await store.reserve_sandbox(record("usr-1", org_id=None), caps, 30)).created
+        assert (await store.reserve_sandbox(record("usr-2", org_id=None), caps, 30)).created
+        assert (await store.reserve_sandbox(record("org-1", org_id=""), caps, 30)).created  # "" is an org
+        with pytest.raises(CapacityExceeded):
+            await store.reserve_sandbox(record("org-2", org_id=""), caps, 30)
+
+    async def test_expired_lease_is_taken_over(self, store: SessionStore, clock: FakeClock) -> None:
+        caps = Caps(pool_max=1, org_max=1)
+        assert (await store.reserve_sandbox(record("org-1"), caps, lease_seconds=10)).created
+        clock.advance(5)
+        assert not (await store.reserve_sandbox(record("org-1"), caps, lease_seconds=10)).created
+        clock.advance(6)  # the creator's lease has expired: it died
+        taken = await store.reserve_sandbox(record("org-1"), caps, lease_seconds=10)
+        assert taken.created  # and the stale record did not count against its own takeover
+        assert taken.record.lease_until == clock() + 10
+        with pytest.raises(CapacityExceeded):  # it is still counted once
+            await store.reserve_sandbox(record("org-2"), caps, 10)
+
+    async def test_mark_ready_wakes_every_waiter(self, store: SessionStore) -> None:
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        waiters = [asyncio.create_task(store.wait_settled("org-1", timeout=5)) for _ in range(3)]
+        assert await still_waiting(*waiters)
+        ready = await store.mark_ready("org-1", ENDPOINT)
+        assert ready.state is SandboxState.READY and ready.endpoint == ENDPOINT
+        for settlement in await asyncio.gather(*waiters):
+            assert settlement.error is None
+            assert settlement.record is not None and settlement.record.endpoint == ENDPOINT
+            assert settlement.record.state is SandboxState.READY
+        assert (await store.get_sandbox("org-1")) == ready
+
+    async def test_release_with_error_wakes_every_waiter_with_it(self, store: SessionStore) -> None:
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        waiters = [asyncio.create_task(store.wait_settled("org-1", timeout=5)) for _ in range(3)]
+        assert await still_waiting(*waiters)
+        released = await store.release_sandbox("org-1", error="image pull failed")
+        assert released is not None and released.sandbox_id == "org-1"
+        assert await asyncio.gather(*waiters) == [Settlement(None, "image pull failed")] * 3
+        assert await store.get_sandbox("org-1") is None
+
+    async def test_wait_settled_times_out(self, store: SessionStore) -> None:
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        with pytest.raises(TimeoutError):
+            await store.wait_settled("org-1", timeout=0.05)
+
+    @pytest.mark.parametrize("ready", [pytest.param(True, id="ready"), pytest.param(False, id="missing")])
+    async def test_wait_settled_returns_at_once_when_not_creating(self, store: SessionStore, ready: bool) -> None:
+        if ready:
+            await store.reserve_sandbox(record("org-1"), Caps(), 30)
+            await store.mark_ready("org-1", ENDPOINT)
+        settlement = await asyncio.wait_for(store.wait_settled("org-1", timeout=30), 5)
+        if ready:
+            assert settlement.record is not None and settlement.record.state is SandboxState.READY
+        else:
+            assert settlement == Settlement(None, "the sandbox was removed")
+
+    async def test_mark_ready_without_reservation_raises(self, store: SessionStore) -> None:
+        with pytest.raises(KeyError):
+            await store.mark_ready("org-1", ENDPOINT)
+
+    async def test_release_removes_and_invalidates(self, store: SessionStore) -> None:
+        invalidated: list[str] = []
+        store.subscribe(invalidated.append)
+        assert await store.release_sandbox("org-1") is None  # nothing to release: no invalidation
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        await store.mark_ready("org-1", ENDPOINT)
+        await store.put_binding(binding("s1", "org-1"))
+        released = await store.release_sandbox("org-1", error="idle")
+        assert released is not None and released.endpoint == ENDPOINT
+        assert await store.get_sandbox("org-1") is None
+        assert await store.list_sandboxes() == []
+        assert invalidated == ["org-1"]
+        assert await store.get_binding("s1") == binding("s1", "org-1")  # bindings outlive a released sandbox
+
+    # activity and streams -------------------------------------------------
+    async def test_touch_moves_activity_forward_only(self, store: SessionStore) -> None:
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        await store.put_binding(binding("s1"))
+        await store.touch({"org-1": T0 + 50, "unknown": T0 + 50}, {"s1": T0 + 40, "ghost": T0 + 40})
+        await store.touch({"org-1": T0 + 10}, {"s1": T0 + 10})  # older: ignored
+        sandbox = await store.get_sandbox("org-1")
+        assert sandbox is not None and sandbox.last_active == T0 + 50
+        assert await store.get_sandbox("unknown") is None
+        assert await store.idle_sessions(T0 + 40) == []
+        assert await store.idle_sessions(T0 + 41) == ["s1"]  # "ghost" was never bound
+        await store.touch({}, {})
+
+    async def test_idle_sandboxes_are_ready_in_the_pool_and_idle_before(self, store: SessionStore) -> None:
+        for sandbox_id, pool in (("org-1", "shared"), ("org-2", "shared"), ("ses-1", "small"), ("org-3", "shared")):
+            await store.reserve_sandbox(record(sandbox_id, pool=pool), Caps(), 30)
+        for sandbox_id in ("org-1", "org-2", "ses-1"):  # org-3 stays creating: never idle
+            await store.mark_ready(sandbox_id, ENDPOINT)
+        await store.touch({"org-2": T0 + 100}, {})
+        idle = await store.idle_sandboxes("shared", before=T0 + 50)
+        assert [r.sandbox_id for r in idle] == ["org-1"]
+        assert {r.sandbox_id for r in await store.idle_sandboxes("shared", before=T0 + 101)} == {"org-1", "org-2"}
+        assert [r.sandbox_id for r in await store.idle_sandboxes("small", before=T0 + 1)] == ["ses-1"]
+        assert await store.idle_sandboxes("shared", before=T0) == []  # strictly before
+
+    async def test_idle_sessions(self, store: SessionStore) -> None:
+        await store.put_binding(binding("old", created_at=T0))
+        await store.put_binding(binding("new", created_at=T0 + 100))
+        assert await store.idle_sessions(T0 + 50) == ["old"]
+        assert sorted(await store.idle_sessions(T0 + 101)) == ["new", "old"]
+        assert await store.idle_sessions(T0) == []
+
+    @pytest.mark.parametrize(("batches", "expected"), [
+        pytest.param([{"a": 2, "b": 1}], {"a": 2, "b": 1, "c": 0}, id="counts per sandbox"),
+        pytest.param([{"a": 2}, {"a": -1}], {"a": 1}, id="deltas add up"),
+        pytest.param([{"a": 1}, {"a": -1}], {"a": 0}, id="back to zero"),
+        pytest.param([{"a": -3}, {"a": 1}], {"a": 1}, id="never below zero"),
+    ])
+    async def test_streams(self, store: SessionStore, batches: list[dict[str, int]], expected: dict[str, int]) -> None:
+        for deltas in batches:
+            await store.add_streams(deltas)
+        assert {sandbox_id: await store.open_streams(sandbox_id) for sandbox_id in expected} == expected
+
+    async def test_release_forgets_streams(self, store: SessionStore) -> None:
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        await store.add_streams({"org-1": 2})
+        await store.release_sandbox("org-1")
+        assert await store.open_streams("org-1") == 0
+
+    # coordination and listing ---------------------------------------------
+    async def test_lease_is_exclusive_renewable_and_expires(self, store: SessionStore, clock: FakeClock) -> None:
+        assert await store.acquire_lease("reaper", "replica-a", ttl=60)
+        assert not await store.acquire_lease("reaper", "replica-b", ttl=60)
+        clock.advance(59.7)
+        assert await store.acquire_lease("reaper", "replica-a", ttl=0.3)  # renewal: 0.3 s from now
+        assert await store.acquire_lease("other", "replica-b", ttl=60)  # leases are independent
+        assert not await store.acquire_lease("reaper", "replica-b", ttl=60)
+        clock.advance(0.3)
+        assert not await store.acquire_lease("reaper", "replica-b", ttl=30)  # the deadline itself still holds
+        clock.advance(0.01)
+        assert await store.acquire_lease("reaper", "replica-b", ttl=30)  # replica-a stopped renewing
+        assert not await store.acquire_lease("reaper", "replica-a", ttl=30)
+
+    async def test_list_sandboxes_with_session_counts(self, store: SessionStore) -> None:
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        await store.mark_ready("org-1", ENDPOINT)
+        await store.reserve_sandbox(record("ses-1", pool="small", org_id=None), Caps(), 30)
+        for session_id in ("s1", "s2"):
+            await store.put_binding(binding(session_id, "org-1"))
+        await store.put_binding(binding("s3", "ses-1"))
+        listed = {r.sandbox_id: r for r in await store.list_sandboxes()}
+        assert {k: (r.pool, r.org_id, r.state, r.sessions) for k, r in listed.items()} == {
+            "org-1": ("shared", "acme", SandboxState.READY, 2),
+            "ses-1": ("small", None, SandboxState.CREATING, 1),
+        }
+        fetched = await store.get_sandbox("org-1")
+        assert fetched is not None and fetched.sessions == 2 and fetched == listed["org-1"]
+
+    async def test_ping(self, store: SessionStore) -> None:
+        await store.ping()

@@ -1,0 +1,336 @@
+"""Both stores against the one contract, then what only the Redis store promises.
+
+The Redis tests run a real ``redis-server`` (``tests/redis_server.py``): two
+``RedisStore`` instances on one server are two gateway replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+from redis import exceptions as redis_errors
+
+from gateway.errors import CapacityExceeded, StoreUnavailable
+from gateway.model import SandboxState
+from gateway.store.base import Caps, SessionStore, Settlement
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisKeys, RedisStore, unavailable
+from tests.redis_server import RedisServer, free_port, redis_process, redis_server, redis_server_factory  # noqa: F401
+from tests.store_contract import ENDPOINT, FakeClock, StoreContract, binding, record, still_waiting
+
+ServerFactory = Callable[..., RedisServer]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def replicas(redis_server: RedisServer, prefix: str) -> AsyncIterator[Callable[..., RedisStore]]:
+    """Build RedisStores ("replicas") of one installation; all closed after the test."""
+    made: list[RedisStore] = []
+
+    def make(replica_id: str = "replica-a", **options: object) -> RedisStore:
+        store = RedisStore(redis_server.url, prefix, replica_id, **options)  # type: ignore[arg-type]
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        await store.close()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest, clock: FakeClock, prefix: str) -> AsyncIterator[SessionStore]:
+    if request.param == "memory":
+        made: SessionStore = MemoryStore(clock=clock)
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        made = RedisStore(server.url, prefix, "replica-a", clock=clock)
+    yield made
+    await made.close()
+
+
+class TestStoreContract(StoreContract):
+    pass
+
+
+# keys -----------------------------------------------------------------------
+def test_key_kinds_are_prefix_free() -> None:
+    parts = RedisKeys.VARIABLE + RedisKeys.FIXED
+    for a in parts:
+        for b in parts:
+            if a != b:
+                assert not b.startswith(a), f"{a!r} is a prefix of {b!r}: keys could collide"
+
+
+_KINDS = ("binding", "sandbox", "sandbox_sessions", "streams", "replica", "lease")
+
+
+@given(st.sampled_from(_KINDS), st.text(max_size=40), st.sampled_from(_KINDS), st.text(max_size=40))
+def test_keys_never_collide(kind_a: str, id_a: str, kind_b: str, id_b: str) -> None:
+    keys = RedisKeys("gw")
+    fixed = {keys.session_seen, keys.sandboxes, keys.count_pool, keys.count_org}
+    key_a, key_b = getattr(keys, kind_a)(id_a), getattr(keys, kind_b)(id_b)
+    assert (key_a == key_b) == ((kind_a, id_a) == (kind_b, id_b))
+    assert key_a not in fixed
+    assert key_a.startswith("{gw}:")  # one cluster hash tag per installation
+
+
+@pytest.mark.parametrize("bad", [pytest.param("", id="empty"), pytest.param("a{b", id="brace")])
+def test_prefix_must_be_a_clean_hash_tag(bad: str) -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        RedisKeys(bad)
+
+
+@pytest.mark.parametrize(("error", "reason", "retry_after"), [
+    pytest.param(redis_errors.BusyLoadingError(), "loading its dataset", 2.0, id="loading"),
+    pytest.param(redis_errors.ConnectionError(), "cannot be reached", 5.0, id="connection"),
+    pytest.param(redis_errors.TimeoutError(), "did not answer in time", 2.0, id="timeout"),
+    pytest.param(redis_errors.ReadOnlyError(), "read-only replica", 5.0, id="read-only"),
+    pytest.param(redis_errors.OutOfMemoryError(), "out of memory", 30.0, id="oom"),
+    pytest.param(redis_errors.ResponseError(), "refused the command", 5.0, id="other"),
+])
+def test_redis_errors_become_store_unavailable(error: redis_errors.RedisError, reason: str,
+                                               retry_after: float) -> None:
+    mapped = unavailable("bind a session", error)
+    assert isinstance(mapped, StoreUnavailable) and mapped.status == 503
+    assert "could not bind a session" in mapped.message and reason in mapped.message
+    assert mapped.retry_after == retry_after
+
+
+# replicas -------------------------------------------------------------------
+async def test_create_once_across_replicas(replicas: Callable[..., RedisStore]) -> None:
+    # B never re-reads on a timer here: only the pub/sub message can wake it.
+    a, b = replicas("replica-a"), replicas("replica-b", recheck_interval=60)
+    assert (await a.reserve_sandbox(record("org-1"), Caps(), 30)).created
+    assert not (await b.reserve_sandbox(record("org-1"), Caps(), 30)).created
+    waiter = asyncio.create_task(b.wait_settled("org-1", timeout=10))
+    assert await still_waiting(waiter)
+    await a.mark_ready("org-1", ENDPOINT)
+    settlement = await asyncio.wait_for(waiter, 5)
+    assert settlement.record is not None and settlement.record.endpoint == ENDPOINT
+
+
+async def test_concurrent_reserves_on_two_replicas_create_once(replicas: Callable[..., RedisStore]) -> None:
+    a, b = replicas("replica-a"), replicas("replica-b")
+    results = await asyncio.gather(*(store.reserve_sandbox(record("org-1"), Caps(pool_max=1), 30)
+                                     for _ in range(50) for store in (a, b)))
+    assert sum(r.created for r in results) == 1
+
+
+async def test_creator_error_reaches_the_other_replica(replicas: Callable[..., RedisStore]) -> None:
+    a, b = replicas("replica-a"), replicas("replica-b", recheck_interval=60)
+    await a.reserve_sandbox(record("org-1"), Caps(), 30)
+    waiter = asyncio.create_task(b.wait_settled("org-1", timeout=10))
+    assert await still_waiting(waiter)
+    await a.release_sandbox("org-1", error="quota exceeded at the provider")
+    assert await asyncio.wait_for(waiter, 5) == Settlement(None, "quota exceeded at the provider")
+
+
+async def test_dead_creator_is_taken_over(replicas: Callable[..., RedisStore]) -> None:
+    a, b = replicas("replica-a"), replicas("replica-b", recheck_interval=60)
+    invalidated = asyncio.Event()
+    a.subscribe(lambda key: invalidated.set() if key == "org-1" else None)
+    await a.subscribed()
+    assert (await a.reserve_sandbox(record("org-1"), Caps(pool_max=1), lease_seconds=0.3)).created
+    # a "dies" here: it never marks the sandbox ready nor releases it
+    started = time.monotonic()
+    settlement = await asyncio.wait_for(b.wait_settled("org-1", timeout=10), 5)
+    assert 0.2 < time.monotonic() - started < 3  # woken by the lease expiry, not the timeout
+    assert settlement.record is not None and settlement.record.state is SandboxState.CREATING
+    assert settlement.error is None  # SessionRouter reads this as "reserve again"
+    taken = await b.reserve_sandbox(record("org-1"), Caps(pool_max=1), lease_seconds=30)
+    assert taken.created  # the stale reservation did not count against the cap
+    await asyncio.wait_for(invalidated.wait(), 5)  # the takeover reached the other replica
+
+
+async def test_invalidations_reach_other_replicas(replicas: Callable[..., RedisStore]) -> None:
+    a, b = replicas("replica-a"), replicas("replica-b")
+    seen: list[str] = []
+    two = asyncio.Event()
+
+    def callback(key: str) -> None:
+        seen.append(key)
+        if len(seen) == 2:
+            two.set()
+
+    b.subscribe(callback)
+    await b.subscribed()
+    await a.put_binding(binding("s1"))
+    await a.reserve_sandbox(record("org-1"), Caps(), 30)
+    await a.delete_binding("s1")
+    await a.release_sandbox("org-1")
+    await asyncio.wait_for(two.wait(), 5)
+    assert seen == ["s1", "org-1"]
+
+
+def test_subscribe_before_any_loop_runs(redis_server: RedisServer, prefix: str) -> None:
+    # As when the composition root builds the SessionRouter before the server's loop starts.
+    store, other = RedisStore(redis_server.url, prefix, "replica-a"), RedisStore(redis_server.url, prefix, "replica-b")
+    seen: list[str] = []
+    arrived: list[asyncio.Event] = []  # the event needs the loop, which does not exist yet
+
+    def callback(key: str) -> None:
+        seen.append(key)
+        arrived[0].set()
+
+    store.subscribe(callback)
+
+    async def scenario() -> None:
+        arrived.append(asyncio.Event())
+        try:
+            assert await store.get_binding("s1") is None  # the first call from a loop starts the listener
+            await store.subscribed()
+            await other.put_binding(binding("s1"))
+            await other.delete_binding("s1")
+            await asyncio.wait_for(arrived[0].wait(), 5)
+        finally:
+            await store.close()
+            await other.close()
+
+    asyncio.run(scenario())
+    assert seen == ["s1"]
+
+
+async def test_streams_of_a_silent_replica_stop_counting(replicas: Callable[..., RedisStore]) -> None:
+    # a's heartbeat lives 0.3 s and is never refreshed: a behaves like a crashed replica
+    a = replicas("replica-a", heartbeat_ttl=0.3, heartbeat_interval=60)
+    b = replicas("replica-b")
+    await a.add_streams({"org-1": 2})
+    await b.add_streams({"org-1": 1})
+    assert await b.open_streams("org-1") == 3
+    for _ in range(100):
+        if await b.open_streams("org-1") == 1:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail("the silent replica's streams kept counting")
+    await a.add_streams({"org-1": 0})  # a is back: its heartbeat, and so its streams, count again
+    assert await b.open_streams("org-1") == 3
+
+
+async def test_a_closed_replica_stops_counting_at_once(replicas: Callable[..., RedisStore]) -> None:
+    a, b = replicas("replica-a"), replicas("replica-b")
+    await a.add_streams({"org-1": 2})
+    await b.add_streams({"org-1": 1})
+    await a.close()
+    assert await b.open_streams("org-1") == 1
+
+
+async def test_redis_expires_a_lease_even_if_the_clock_stands_still(replicas: Callable[..., RedisStore]) -> None:
+    still = FakeClock()
+    a, b = replicas("replica-a", clock=still), replicas("replica-b", clock=still)
+    assert await a.acquire_lease("reaper", "replica-a", ttl=0.2)
+    assert not await b.acquire_lease("reaper", "replica-b", ttl=0.2)
+    for _ in range(100):  # the key's own TTL (Redis time) is the backstop
+        if await b.acquire_lease("reaper", "replica-b", ttl=30):
+            break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail("the lease never expired")
+
+
+async def test_installations_do_not_see_each_other(redis_server: RedisServer) -> None:
+    one = RedisStore(redis_server.url, "one", "replica-a")
+    two = RedisStore(redis_server.url, "two", "replica-a")
+    try:
+        await one.put_binding(binding("s1"))
+        await one.reserve_sandbox(record("org-1"), Caps(pool_max=1), 30)
+        assert await two.get_binding("s1") is None
+        assert (await two.reserve_sandbox(record("org-1"), Caps(pool_max=1), 30)).created
+    finally:
+        await one.close()
+        await two.close()
+
+
+# Redis trouble ----------------------------------------------------------------
+@pytest.mark.parametrize("kill", [pytest.param(False, id="sigterm"), pytest.param(True, id="sigkill")])
+async def test_state_survives_a_restart_with_appendonly(redis_server_factory: ServerFactory, prefix: str,
+                                                        kill: bool) -> None:
+    server = redis_server_factory(appendonly=True)
+    store = RedisStore(server.url, prefix, "replica-a")
+    try:
+        await store.put_binding(binding("s1"))
+        await store.reserve_sandbox(record("org-1"), Caps(pool_max=1), 30)
+        await store.mark_ready("org-1", ENDPOINT)
+        server.restart(kill=kill)
+        assert await store.get_binding("s1") == binding("s1")
+        sandbox = await store.get_sandbox("org-1")
+        assert sandbox is not None and sandbox.endpoint == ENDPOINT and sandbox.sessions == 1
+        with pytest.raises(CapacityExceeded):  # the capacity counters survived too
+            await store.reserve_sandbox(record("org-2"), Caps(pool_max=1), 30)
+    finally:
+        await store.close()
+
+
+async def test_outage_is_store_unavailable_and_the_store_recovers(redis_server_factory: ServerFactory,
+                                                                  prefix: str) -> None:
+    server = redis_server_factory(appendonly=True)
+    store = RedisStore(server.url, prefix, "replica-a")
+    other = RedisStore(server.url, prefix, "replica-b")
+    invalidated = asyncio.Event()
+    store.subscribe(lambda key: invalidated.set())
+    try:
+        await store.put_binding(binding("s1"))
+        await store.subscribed()
+        server.stop()
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: store.get_binding("s1"), lambda: store.put_binding(binding("s2")), store.ping,
+            lambda: store.reserve_sandbox(record("org-1"), Caps(), 30), lambda: store.open_streams("org-1"),
+            lambda: store.wait_settled("org-1", timeout=5),
+        ]
+        for call in calls:
+            with pytest.raises(StoreUnavailable) as raised:
+                await call()
+            assert isinstance(raised.value.__cause__, redis_errors.RedisError)
+            assert raised.value.retry_after
+        server.start()
+        await store.ping()  # the same instance reconnects by itself
+        assert await store.get_binding("s1") == binding("s1")
+        await store.subscribed(timeout=5)  # and so does its pub/sub listener
+        await other.delete_binding("s1")
+        await asyncio.wait_for(invalidated.wait(), 5)
+    finally:
+        await store.close()
+        await other.close()
+
+
+async def test_nothing_is_half_written_when_redis_refuses(redis_server_factory: ServerFactory,
+                                                          prefix: str) -> None:
+    server = redis_server_factory()
+    store = RedisStore(server.url, prefix, "replica-a")
+    try:
+        with redis.Redis(port=server.port) as raw:  # over maxmemory (noeviction): every write is refused
+            raw.config_set("maxmemory", max(1, int(raw.info("memory")["used_memory"]) // 2))
+        with pytest.raises(StoreUnavailable, match="out of memory"):
+            await store.put_binding(binding("s1"))
+        assert await store.get_binding("s1") is None
+        assert await store.sessions_of("org-1") == []
+        assert await store.idle_sessions(float("inf")) == []
+    finally:
+        await store.close()
+
+
+async def test_unreachable_redis_fails_fast(prefix: str) -> None:
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", prefix, "replica-a")  # nobody listens there
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="cannot be reached"):
+            await store.ping()
+        assert time.monotonic() - started < 3
+    finally:
+        await store.close()
