@@ -100,7 +100,8 @@ class Gateway:
         self.router = SessionRouter(
             store, provider, policy, replica_id=settings.replica_id,
             tuning=RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
-                                session_ttl=settings.session_ttl, activity_interval=settings.activity_flush_interval),
+                                session_ttl=settings.session_ttl, activity_interval=settings.activity_flush_interval,
+                                lease_seconds=settings.creation_lease),
             events=metrics,
         )
         self.authenticator, self.admin = build_auth(settings)

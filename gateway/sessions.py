@@ -76,7 +76,7 @@ class RouterTuning:
     route_ttl: float = 30.0          # how long a cached route is trusted without the store
     route_stale_ttl: float = 300.0   # how long a cached route may serve while the store is down
     route_cache_size: int = 100_000
-    lease_seconds: float = 30.0      # creation lease; renewed by nothing, so > provisioning time
+    lease_seconds: float = 180.0     # creation lease; renewed by nothing, so > any provisioning timeout
     session_ttl: float = 86_400.0    # a binding idle this long is forgotten
     activity_interval: float = 1.0   # how often activity and stream counts are flushed
     reaper_lease_ttl: float = 60.0   # must exceed the reap interval so the holder keeps it
@@ -120,6 +120,7 @@ class SessionRouter:
         self._cache: dict[str, _Cached] = {}
         self._sessions_by_sandbox: dict[str, set[str]] = {}
         self._inflight: dict[str, asyncio.Task[SandboxRecord]] = {}
+        self._resolving: dict[tuple[str, str | None, str, str | None], asyncio.Future[Route]] = {}
         self.activity = ActivityLog()
         store.subscribe(self.invalidate)
 
@@ -142,6 +143,26 @@ class SessionRouter:
         return route
 
     async def _resolve_uncached(self, identity: Identity, cached: _Cached | None, now: float) -> Route:
+        """One store conversation per session and owner at a time: concurrent misses share it."""
+        key = (identity.session_id, identity.org_id, identity.user_id, identity.bot_id)
+        pending = self._resolving.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Route] = asyncio.get_running_loop().create_future()
+        self._resolving[key] = future
+        try:
+            route = await self._resolve_from_store(identity, cached, now)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a miss nobody else shared must not warn
+            raise
+        else:
+            future.set_result(route)
+            return route
+        finally:
+            del self._resolving[key]
+
+    async def _resolve_from_store(self, identity: Identity, cached: _Cached | None, now: float) -> Route:
         try:
             binding, record = await self.bind(identity)
         except StoreUnavailable:

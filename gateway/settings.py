@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     route_cache_ttl: float = Field(default=30.0, gt=0)
     route_stale_ttl: float = Field(default=300.0, gt=0)
     session_ttl: float = Field(default=86_400.0, gt=0)
+    # How long a replica may take to create a sandbox before another replica takes the creation over.
+    creation_lease: float = Field(default=180.0, gt=0)
     reap_interval: float = Field(default=15.0, gt=0)
     activity_flush_interval: float = Field(default=1.0, gt=0)
     drain_timeout: float = Field(default=20.0, ge=0)

@@ -163,6 +163,7 @@ class RedisStore:
         connect_timeout: float = 1.0,
         retries: int = 3,
         max_connections: int = 64,
+        pool_timeout: float = 10.0,
         health_check_interval: int = 15,
     ) -> None:
         self.keys = RedisKeys(prefix)
@@ -177,7 +178,9 @@ class RedisStore:
         pool = BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections,
-            timeout=socket_timeout,
+            # Waiting for a free connection is queueing, not a dead server: it gets its own,
+            # longer bound than a socket read, so a burst is served late rather than refused.
+            timeout=pool_timeout,
             decode_responses=True,
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
