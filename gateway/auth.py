@@ -71,7 +71,7 @@ class Key:
 
 
 class KeySet:
-    """Signing keys by ``kid``; loaded from a YAML/JSON file (see ``examples/auth-keys.yaml``)."""
+    """Signing keys by ``kid``; loaded from a YAML/JSON file (see ``examples/auth/keys.yaml``)."""
 
     def __init__(self, keys: Iterable[Key]) -> None:
         self._keys = {key.kid: key for key in keys}

@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     issue = token_sub.add_parser("issue", help="print a signed token for an identity",
                                  description="Print a signed JWT for an org/user/bot (or an admin token).")
-    issue.add_argument("--keys", required=True, help="key file (see examples/auth-keys.yaml)")
+    issue.add_argument("--keys", required=True, help="key file (see examples/auth/keys.yaml)")
     issue.add_argument("--kid", help="key to sign with (default: the first key)")
     issue.add_argument("--org", help="org ID (omit for a personal account)")
     issue.add_argument("--user", required=True, help="user ID (the token's sub)")

@@ -89,7 +89,7 @@ class Settings(BaseSettings):
                 f"listening on {self.host} needs an explicit auth_mode: 'token' (signed bearer tokens), or "
                 "'trusted-headers' only behind an agent backend on a private network")
         if self.auth_mode == "token" and self.auth_keys_file is None:
-            raise ValueError("auth_mode 'token' needs auth_keys_file (see examples/auth-keys.yaml)")
+            raise ValueError("auth_mode 'token' needs auth_keys_file (see examples/auth/keys.yaml)")
         return self
 
     @property

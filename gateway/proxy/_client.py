@@ -1,0 +1,613 @@
+"""The client side: one protocol per downstream connection, parsing requests with httptools.
+
+Per request: headers are classified one by one as the parser reports them
+(identity headers taken out, hop-by-hop headers dropped), the route comes from
+the resolver's cache without a task when it offers ``cached_route``, an idle
+pooled upstream connection is attached, and the rebuilt head leaves in one
+write together with any body bytes that came in the same read. Body bytes are
+then written through as they arrive; reading from the client pauses while the
+upstream's write buffer is full. Pipelined requests wait, in order, behind the
+one in flight.
+
+This module is the hot path: the common case is written out inline rather than
+spread over small helpers, because every Python call shows in the throughput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
+
+from gateway.errors import BadRequest, GatewayError, UpstreamConnectError, UpstreamTimeout
+from gateway.proxy import _wire as w
+from gateway.proxy._exchange import CHUNKED, DONE, LENGTH, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
+
+if TYPE_CHECKING:
+    from gateway.proxy._plane import DataPlane
+    from gateway.proxy._upstream import UpstreamConnection
+    from gateway.sessions import Route
+    from routing import Identity
+
+log = logging.getLogger("gateway.proxy")
+
+# Why reading from the client is paused (ClientConnection.rpause bits).
+PAUSE_UPSTREAM = 1   # the upstream's write buffer is full
+PAUSE_WAIT = 2       # no upstream attached yet (resolving, connecting, upgrading)
+PAUSE_PIPELINE = 4   # a pipelined request waits behind the current one
+
+# ClientConnection.mode bits: anything set sends data_received down the slow path.
+M_TUNNEL = 1         # spliced to an upstream (WebSocket)
+M_CLOSING = 2        # closing: ignore further bytes
+M_UPGRADED = 4       # after an upgrade request the bytes are not HTTP any more
+M_IN_HEAD = 8        # a request head is being parsed (its size is counted across reads)
+
+_REJECT_TOO_LARGE = "the request head exceeds {} bytes"
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class ClientConnection(asyncio.Protocol):
+    __slots__ = (
+        "plane", "transport", "parser", "parsing", "last", "current", "queue", "mode", "rpause", "wpaused",
+        "big", "head_seen", "up_out", "up_conn", "ident_key", "ident", "peer", "conn_line", "route_key",
+        "route_line", "idle_since",
+    )
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
+        self.parser = HttpRequestParser(self)
+        self.parsing: Exchange | None = None   # the request being parsed
+        self.last: Exchange | None = None      # the most recent request parsed
+        self.current: Exchange | None = None   # the request being served
+        self.queue: deque[Exchange] | None = None
+        self.mode = 0
+        self.rpause = 0
+        self.wpaused = False
+        self.big = False                       # this read is larger than a head may be: count head bytes
+        self.head_seen = 0
+        self.up_out: list[bytes] = []          # bytes for up_conn, written once the current read is parsed
+        self.up_conn: UpstreamConnection | None = None
+        self.ident_key: tuple[bytes | None, ...] | None = None
+        self.ident: Identity | None = None
+        self.peer = b""
+        self.conn_line = w.XFP_HTTP            # X-Forwarded-For + X-Forwarded-Proto for this client
+        self.route_key: Route | None = None
+        self.route_line = b""                  # Host + X-Sandbox-Id for route_key
+        self.idle_since = 0.0
+
+    # -- asyncio.Protocol ---------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=self.plane.write_high)  # type: ignore[attr-defined]
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.peer = str(peer[0]).encode()
+            self.conn_line = b"X-Forwarded-For: " + self.peer + w.CRLF + w.XFP_HTTP
+        self.idle_since = self.plane.now
+        self.plane.clients.add(self)
+
+    def pause_writing(self) -> None:
+        self.wpaused = True
+        ex = self.current
+        if ex is not None and ex.upstream is not None:
+            ex.upstream.pause_for_client()
+
+    def resume_writing(self) -> None:
+        self.wpaused = False
+        ex = self.current
+        if ex is not None and ex.upstream is not None:
+            ex.upstream.resume_for_client()
+
+    def data_received(self, data: bytes) -> None:
+        if self.mode and not self._special(data):
+            return
+        self.big = len(data) > self.plane.max_head
+        try:
+            self.parser.feed_data(data)
+        except HttpParserUpgrade as exc:
+            self._flush_up()
+            self._upgrade_requested(data[exc.args[0]:])
+            return
+        except HttpParserCallbackError as exc:
+            self.up_out.clear()
+            if isinstance(exc.__context__, _HeadTooLarge):
+                self._malformed(BadRequest(_REJECT_TOO_LARGE.format(self.plane.max_head), code="header_too_large"))
+            else:
+                log.error("proxy callback failed", exc_info=exc.__context__ or exc)
+                self._malformed(GatewayError("internal error while reading the request"))
+            return
+        except HttpParserError as exc:
+            self.up_out.clear()
+            self._malformed(BadRequest(f"malformed HTTP request: {exc}", code="bad_request"))
+            return
+        out = self.up_out
+        if out:
+            conn = self.up_conn
+            if conn is not None and not conn.closed:
+                conn.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
+
+    def _special(self, data: bytes) -> bool:
+        """The slow path of data_received; True when ``data`` should still be parsed."""
+        mode = self.mode
+        if mode & M_TUNNEL:
+            ex = self.current
+            up = self.up_conn
+            if ex is not None and up is not None:
+                ex.bytes_in += len(data)
+                ex.active_at = self.plane.now
+                up.transport.write(data)
+            return False
+        if mode & M_CLOSING:
+            return False
+        if mode & M_UPGRADED:
+            ex = self.last
+            if ex is not None and ex.state != DONE:
+                if ex.early is None:
+                    ex.early = [data]
+                else:
+                    ex.early.append(data)
+            self.pause(PAUSE_WAIT)
+            return False
+        # M_IN_HEAD: a head spread over several reads; bound its size.
+        self.head_seen += len(data)
+        if self.head_seen > self.plane.max_head:
+            self._malformed(BadRequest(_REJECT_TOO_LARGE.format(self.plane.max_head), code="header_too_large"))
+            return False
+        return True
+
+    def eof_received(self) -> bool | None:
+        # A client that half-closes after sending its request still gets the response.
+        ex = self.current
+        if ex is not None and ex.state != DONE and ex.req_done and not self.mode & M_TUNNEL:
+            return True
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.mode |= M_CLOSING
+        plane = self.plane
+        plane.clients.discard(self)
+        pending = [self.current] if self.current is not None else []
+        if self.queue:
+            pending += self.queue
+            self.queue.clear()
+        self.current = None
+        for ex in pending:
+            if ex.state == DONE:
+                continue
+            if ex.task is not None:
+                ex.task.cancel()
+                ex.task = None
+            up = ex.upstream
+            if up is not None:
+                up.abort()
+            if ex.state == PARSED:
+                ex.state = DONE  # never begun: nothing to report
+                continue
+            if not ex.started:
+                ex.status = 499
+            if ex.error is None:
+                ex.error = "client_closed"
+            plane.finished(ex)
+
+    # -- httptools callbacks ------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.parsing = self.last = Exchange(self)
+        self.mode |= M_IN_HEAD
+        self.head_seen = 0
+
+    def on_url(self, url: bytes) -> None:
+        ex = self.parsing
+        ex.url += url  # type: ignore[union-attr]
+        if self.big:
+            self._count(len(url))
+
+    def _count(self, size: int) -> None:
+        ex = self.parsing
+        ex.hsize += size  # type: ignore[union-attr]
+        if ex.hsize > self.plane.max_head:  # type: ignore[union-attr]
+            raise _HeadTooLarge
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        ex = self.parsing
+        assert ex is not None
+        if self.big:
+            self._count(len(name) + len(value) + 4)
+        code = w.REQUEST_HEADERS_EXACT.get(name)
+        if code is None:
+            code = w.REQUEST_HEADERS.get(name.lower(), 0)
+        if not code:
+            ex.headers += (name, w.COLON, value, w.CRLF)
+        elif code <= w.R_BOT:
+            if code == w.R_USER:
+                previous, ex.user = ex.user, value
+            elif code == w.R_SESSION:
+                previous, ex.session = ex.session, value
+            elif code == w.R_ORG:
+                previous, ex.org = ex.org, value
+            elif code == w.R_BOT:
+                previous, ex.bot = ex.bot, value
+            else:
+                return  # R_DROP
+            if previous is not None:
+                ex.reject = BadRequest(f"{w.IDENTITY_HEADER_NAMES[code]}: must be given once", code="invalid_identity")
+        elif code == w.R_HOST:
+            ex.host = value
+        elif code == w.R_CL:
+            if value != b"0":
+                ex.body = LENGTH
+            ex.headers += (name, w.COLON, value, w.CRLF)
+        elif code == w.R_CONNECTION:
+            value = value.lower()
+            if b"keep-alive" in value:
+                ex.conn_ka = True
+            tokens = w.connection_tokens(value)
+            if tokens:
+                ex.tokens = tokens if ex.tokens is None else ex.tokens | tokens
+        elif code == w.R_TE:
+            if b"chunked" in value.lower():
+                ex.body = CHUNKED
+        elif code == w.R_UPGRADE:
+            ex.upgrade = value
+        elif code == w.R_XFF:
+            ex.xff = value if ex.xff is None else ex.xff + b", " + value
+        elif code == w.R_REQUEST_ID:
+            if w.sane_request_id(value):
+                ex.request_id = value
+        elif code == w.R_EXPECT:
+            if value.lower() == b"100-continue":
+                ex.expect = True
+            else:
+                ex.headers += (name, w.COLON, value, w.CRLF)
+
+    def on_headers_complete(self) -> None:
+        ex = self.parsing
+        assert ex is not None
+        parser = self.parser
+        self.mode &= ~M_IN_HEAD
+        ex.method = parser.get_method()
+        if not parser.should_keep_alive():
+            ex.keep_alive = False
+            ex.version10 = parser.get_http_version() == "1.0"
+        elif ex.conn_ka:
+            # Keep-alive and a "Connection: keep-alive": could be HTTP/1.0, which cannot take chunks.
+            ex.version10 = parser.get_http_version() == "1.0"
+        if parser.should_upgrade():
+            ex.keep_alive = False  # the parser is done with this connection either way
+            if ex.method == b"CONNECT":
+                ex.reject = BadRequest("CONNECT is not supported by the data plane", code="method_not_supported")
+            elif ex.upgrade is not None and ex.upgrade.strip().lower() == b"websocket":
+                ex.websocket = True
+        if ex.tokens:
+            ex.headers = w.without_headers(ex.headers, ex.tokens)
+        if self.current is None and not self.mode & M_CLOSING:
+            self.current = ex
+            self.begin(ex, True)
+        else:
+            if self.queue is None:
+                self.queue = deque()
+            self.queue.append(ex)
+            self.pause(PAUSE_PIPELINE)
+
+    def on_body(self, chunk: bytes) -> None:
+        ex = self.parsing
+        assert ex is not None
+        ex.bytes_in += len(chunk)
+        if ex.upstream is not None:
+            ex.active_at = self.plane.now
+            if ex.body == CHUNKED:
+                self.up_out += (b"%x\r\n" % len(chunk), chunk, w.CRLF)
+            else:
+                self.up_out.append(chunk)
+        elif ex.state != DONE:
+            if ex.pending is None:
+                ex.pending = [chunk]
+            else:
+                ex.pending.append(chunk)
+
+    def on_message_complete(self) -> None:
+        ex = self.parsing
+        assert ex is not None
+        self.parsing = None
+        ex.req_done = True
+        if ex.upstream is not None and ex.body == CHUNKED:
+            self.up_out.append(w.CHUNK_END)
+
+    # -- flow control -------------------------------------------------------
+    def pause(self, bit: int) -> None:
+        if not self.rpause and not self.mode & M_CLOSING:
+            self.transport.pause_reading()
+        self.rpause |= bit
+
+    def resume(self, bit: int) -> None:
+        if self.rpause & bit:
+            self.rpause &= ~bit
+            if not self.rpause and not self.mode & M_CLOSING:
+                self.transport.resume_reading()
+
+    def _flush_up(self) -> None:
+        out = self.up_out
+        if out:
+            conn = self.up_conn
+            if conn is not None and not conn.closed:
+                conn.transport.writelines(out)
+            out.clear()
+
+    # -- serving a request --------------------------------------------------
+    def begin(self, ex: Exchange, batch: bool = False) -> None:
+        """Serve ``ex`` (the current request): synchronously when the route is cached and a
+        pooled connection is idle, else in a task. ``batch``: called while parsing a read."""
+        plane = self.plane
+        if ex.state != PARSED or self.mode & M_CLOSING:
+            return
+        ex.state = RESOLVING
+        ex.t0 = plane.loop.time()
+        ex.active_at = plane.now
+        plane.inflight += 1
+        if ex.request_id is None:
+            ids = plane.ids
+            ex.request_id = b"%s%x" % (ids.prefix, next(ids.counter))
+        if ex.reject is not None:
+            self.fail(ex, ex.reject)  # type: ignore[arg-type]
+            return
+        key = (ex.org, ex.user, ex.session, ex.bot)
+        if key == self.ident_key:
+            identity = self.ident
+        else:
+            try:
+                identity = w.parse_identity(*key)
+            except GatewayError as exc:
+                self.fail(ex, exc)
+                return
+            self.ident_key = key
+            self.ident = identity
+        ex.identity = identity
+        route = None
+        cached = plane.cached_route
+        if cached is not None:
+            try:
+                route = cached(identity)
+            except GatewayError as exc:
+                self.fail(ex, exc)
+                return
+            except Exception:
+                log.exception("route cache lookup failed")
+                route = None
+            if route is not None:
+                endpoint = route.endpoint
+                pool = plane.pools.get((endpoint.host, endpoint.port))
+                if pool is not None:
+                    idle = pool.idle
+                    while idle:
+                        conn = idle.pop()
+                        if not conn.closed:
+                            conn.reused = True
+                            self.attach(ex, route, conn, batch)
+                            return
+        self.pause(PAUSE_WAIT)
+        ex.task = plane.loop.create_task(self._begin_slow(ex, identity, route, False))  # type: ignore[arg-type]
+
+    async def _begin_slow(self, ex: Exchange, identity: Identity, route: Route | None, fresh: bool) -> None:
+        plane = self.plane
+        resolver = plane.resolver
+        try:
+            if route is None:
+                route = await resolver.resolve(identity)
+            ex.route = route
+            try:
+                conn = await plane.connect(route, fresh)
+            except UpstreamConnectError:
+                # Perhaps the sandbox moved (re-created elsewhere): look once more.
+                resolver.invalidate(identity.session_id)
+                again = await resolver.resolve(identity)
+                if again.endpoint == route.endpoint:
+                    raise
+                route = ex.route = again
+                conn = await plane.connect(route, fresh)
+        except GatewayError as exc:
+            ex.task = None
+            self.fail(ex, exc)
+            return
+        except Exception:
+            ex.task = None
+            log.exception("routing request %s failed", (ex.request_id or b"").decode())
+            self.fail(ex, GatewayError("internal error while routing the request"))
+            return
+        ex.task = None
+        if ex.state == DONE or self.mode & M_CLOSING:
+            if not conn.closed:
+                conn.pool.release(conn)
+            return
+        self.attach(ex, route, conn, False)
+
+    def attach(self, ex: Exchange, route: Route, conn: UpstreamConnection, batch: bool) -> None:
+        """Give ``ex`` the upstream connection ``conn`` and send the request head (and any body read so far)."""
+        ex.route = route
+        ex.upstream = conn
+        ex.state = WAITING
+        conn.ex = ex
+        conn.client_tr = self.transport
+        conn.raw = None
+        if self.wpaused or conn.wpaused:
+            conn.sync_pauses(self)
+        if route is not self.route_key:
+            self.route_key = route
+            self.route_line = conn.pool.host_line + b"X-Sandbox-Id: " + route.sandbox_id.encode() + w.CRLF
+        if ex.xff is not None and self.plane.trust_xff:
+            forwarded = b"X-Forwarded-For: " + ex.xff + b", " + self.peer + w.CRLF + w.XFP_HTTP
+        else:
+            forwarded = self.conn_line
+        parts = [ex.method, w.SP, ex.url, w.HTTP11_CRLF, *ex.headers, self.route_line, forwarded]
+        if ex.host is not None:
+            parts += (b"X-Forwarded-Host: ", ex.host, w.CRLF)
+        parts += (b"X-Request-Id: ", ex.request_id, w.CRLF)  # type: ignore[arg-type]
+        if ex.websocket:
+            parts.append(w.WS_UPGRADE)
+        elif ex.body == CHUNKED:
+            parts.append(w.TE_CHUNKED)
+        parts.append(w.CRLF)
+        head = b"".join(parts)  # type: ignore[arg-type]
+        if conn.reused and ex.body == NO_BODY and ex.method in w.IDEMPOTENT_METHODS:
+            ex.head = head  # kept for one retry should this pooled connection turn out stale
+        out = [head]
+        pending = ex.pending
+        if pending is not None:
+            ex.pending = None
+            if ex.body == CHUNKED:
+                for chunk in pending:
+                    out += (b"%x\r\n" % len(chunk), chunk, w.CRLF)
+            else:
+                out += pending
+        if ex.req_done and ex.body == CHUNKED:
+            out.append(w.CHUNK_END)
+        if not ex.req_done and ex.expect and ex.body != NO_BODY and not ex.bytes_in:
+            self.transport.write(w.CONTINUE_100)
+        if batch:
+            if self.up_conn is not conn:
+                self._flush_up()
+                self.up_conn = conn
+            self.up_out += out
+        else:
+            self._flush_up()
+            self.up_conn = conn
+            conn.transport.writelines(out)  # type: ignore[union-attr]
+        if self.rpause & PAUSE_WAIT:
+            self.resume(PAUSE_WAIT)
+
+    def retry(self, ex: Exchange) -> None:
+        """The pooled connection was stale: send the (body-less, idempotent) request again, fresh."""
+        ex.retried = True
+        ex.state = RESOLVING
+        ex.task = self.plane.loop.create_task(self._begin_slow(ex, ex.identity, ex.route, True))  # type: ignore[arg-type]
+
+    def fail(self, ex: Exchange, exc: GatewayError) -> None:
+        """Answer ``ex`` with an error page, or cut the connection if the response already started."""
+        if ex.state == DONE:
+            return
+        ex.error = exc.code
+        up = ex.upstream
+        if up is not None:
+            up.abort()
+        if ex.started:
+            self.abort(ex, exc.code, exc.message)
+            return
+        ex.status = exc.status
+        close = not ex.req_done or not ex.keep_alive or self.plane.draining or bool(self.mode & M_UPGRADED)
+        if not self.mode & M_CLOSING:
+            self.transport.write(w.error_response(exc, ex.request_id or b"-", close=close,
+                                                  keep_alive_10=ex.version10))
+        self.finish(ex, close)
+
+    def abort(self, ex: Exchange, reason: str, detail: str) -> None:
+        """A failure after the response started: no error page (the head is gone), just close."""
+        if ex.state == DONE:
+            return
+        if ex.error is None:
+            ex.error = reason
+        up = ex.upstream
+        if up is not None:
+            up.abort()
+        sandbox_id = ex.route.sandbox_id if ex.route else None
+        log.warning("request %s to sandbox %s cut short: %s", (ex.request_id or b"").decode(), sandbox_id, detail)
+        self.finish(ex, True)
+
+    def start_tunnel(self, ex: Exchange, up: UpstreamConnection) -> None:
+        self.mode |= M_TUNNEL
+        self.up_conn = up
+        early = ex.early
+        if early:
+            ex.early = None
+            for data in early:
+                ex.bytes_in += len(data)
+            up.transport.writelines(early)  # type: ignore[union-attr]
+        self.resume(PAUSE_WAIT)
+        self.resume(PAUSE_PIPELINE)
+
+    def timed_out(self, ex: Exchange) -> None:
+        sandbox_id = ex.route.sandbox_id if ex.route else None
+        self.fail(ex, UpstreamTimeout(
+            f"sandbox {sandbox_id} did not answer within {self.plane.settings.upstream_read_timeout:g}s",
+            sandbox_id=sandbox_id))
+
+    def idled_out(self, ex: Exchange) -> None:
+        self.abort(ex, "idle_timeout", f"no bytes for {self.plane.settings.stream_idle_timeout:g}s")
+
+    def _upgrade_requested(self, rest: bytes) -> None:
+        """The parser stopped after an upgrade request; what follows is not HTTP any more."""
+        self.mode |= M_UPGRADED
+        ex = self.last
+        if ex is None or ex.state == DONE or not ex.websocket:
+            if self.current is None:
+                self.close()
+            return
+        if rest:
+            ex.early = [rest]
+        if ex.state != TUNNEL:
+            self.pause(PAUSE_WAIT)
+
+    def _malformed(self, exc: GatewayError) -> None:
+        """Bytes that are not HTTP: answer 400 if nothing is in flight, then close."""
+        self.parsing = None
+        ex = self.current
+        if ex is not None and ex.state != DONE:
+            ex.req_done = False
+            if ex.started or ex.upstream is not None:
+                self.abort(ex, exc.code, exc.message)
+            else:
+                self.fail(ex, exc)
+            return
+        bad = Exchange(self)
+        bad.t0 = self.plane.loop.time()
+        bad.request_id = self.plane.ids.next()
+        bad.status = exc.status
+        bad.error = exc.code
+        bad.state = RESOLVING
+        self.plane.inflight += 1
+        if not self.mode & M_CLOSING:
+            self.transport.write(w.error_response(exc, bad.request_id, close=True))
+        self.close()
+        self.plane.finished(bad)
+
+    def finish(self, ex: Exchange, close: bool) -> None:
+        """``ex`` is over (its response complete, failed or cut): report it, then close or serve the next."""
+        if ex.state == DONE:
+            return
+        plane = self.plane
+        plane.finished(ex)
+        if ex is not self.current:
+            return
+        self.current = None
+        if close or self.mode & (M_CLOSING | M_TUNNEL | M_UPGRADED) or plane.draining:
+            self.close()
+            return
+        self.idle_since = plane.now
+        if self.rpause & PAUSE_WAIT:
+            self.resume(PAUSE_WAIT)  # failed before an upstream was attached
+        queue = self.queue
+        if queue:
+            nxt = self.current = queue.popleft()
+            if not queue:
+                self.resume(PAUSE_PIPELINE)
+            plane.loop.call_soon(self.begin, nxt)
+
+    def close(self) -> None:
+        self.mode |= M_CLOSING
+        self.transport.close()
+
+    def abort_connection(self) -> None:
+        self.mode |= M_CLOSING
+        self.transport.abort()
+
+    def close_if_idle(self) -> None:
+        if self.current is None and not self.queue:
+            self.close()
+
+
+__all__ = ["ClientConnection"]

@@ -1,0 +1,120 @@
+"""One request/response exchange, and the record reported when it ends."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from gateway.proxy._client import ClientConnection
+    from gateway.proxy._upstream import UpstreamConnection
+    from gateway.sessions import Route
+    from routing import Identity
+
+# Exchange.state
+PARSED = 0       # head parsed, waiting behind a pipelined request
+RESOLVING = 1    # resolving the route / getting an upstream connection
+WAITING = 2      # request sent (or being sent), waiting for the response head
+BODY = 3         # response head sent to the client, body streaming
+TUNNEL = 4       # WebSocket: raw bytes both ways
+DONE = 5
+
+# Request body framing (Exchange.body)
+NO_BODY = 0
+LENGTH = 1
+CHUNKED = 2
+
+# How response body bytes go to the client (UpstreamConnection.framing)
+F_NONE = 0       # no body (HEAD, 1xx, 204, 304)
+F_PASS = 1       # as received: Content-Length or chunked framing kept, bytes written through untouched
+F_RECHUNK = 2    # the upstream delimits by closing; the client gets chunks
+F_RAW = 3        # the upstream delimits by closing; so does the client (HTTP/1.0)
+F_DECHUNK = 4    # the upstream sends chunks; the client (HTTP/1.0) cannot take them: decoded, then closed
+
+
+class Exchange:
+    """Mutable per-request state shared by the client side and the upstream side."""
+
+    __slots__ = (
+        "client", "url", "method", "headers", "hsize", "org", "user", "session", "bot", "host", "xff",
+        "request_id", "tokens", "body", "expect", "upgrade", "websocket", "version10", "keep_alive",
+        "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
+        "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
+        "protocol", "error", "retried", "head", "conn_ka",
+    )
+
+    def __init__(self, client: ClientConnection) -> None:
+        self.client = client
+        self.url = b""
+        self.method = b""
+        self.headers: list[bytes] = []        # groups of (name, b": ", value, CRLF)
+        self.hsize = 0
+        self.org: bytes | None = None
+        self.user: bytes | None = None
+        self.session: bytes | None = None
+        self.bot: bytes | None = None
+        self.host: bytes | None = None
+        self.xff: bytes | None = None
+        self.request_id: bytes | None = None
+        self.tokens: set[bytes] | None = None  # header names listed in Connection
+        self.body = NO_BODY
+        self.expect = False
+        self.upgrade: bytes | None = None
+        self.websocket = False
+        self.version10 = False
+        self.keep_alive = True
+        self.req_done = False
+        self.pending: list[bytes] | None = None  # body bytes read before an upstream was attached
+        self.early: list[bytes] | None = None    # bytes sent after an upgrade request, before the 101
+        self.reject: Exception | None = None     # a problem found while parsing, reported at begin
+        self.identity: Identity | None = None
+        self.route: Route | None = None
+        self.upstream: UpstreamConnection | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.state = PARSED
+        self.status = 0
+        self.started = False        # response bytes were committed to the client
+        self.close_after = False
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.t0 = 0.0
+        self.active_at = 0.0
+        self.stream = False
+        self.protocol = "http"
+        self.error: str | None = None
+        self.retried = False
+        self.head: bytes | None = None  # kept while a stale-connection retry is possible
+        self.conn_ka = False            # the request said "Connection: keep-alive"
+
+
+class RequestLog:
+    """What ``on_request`` receives for every finished request.
+
+    ``bytes_in`` counts request body bytes, ``bytes_out`` response body bytes as
+    forwarded (a chunked body with its chunk framing; raw bytes both ways for a
+    WebSocket); ``error`` is None, or why the exchange failed (an error code
+    such as ``upstream_unreachable``, or ``client_closed``, ``upstream_closed``,
+    ``idle_timeout``...). ``status`` is 499 when the client left before any
+    response byte was sent.
+    """
+
+    __slots__ = ("method", "pool", "sandbox_id", "status", "duration", "bytes_in", "bytes_out", "protocol",
+                 "request_id", "error")
+
+    def __init__(self, method: str, pool: str | None, sandbox_id: str | None, status: int, duration: float,
+                 bytes_in: int, bytes_out: int, protocol: str, request_id: str, error: str | None) -> None:
+        self.method = method
+        self.pool = pool
+        self.sandbox_id = sandbox_id
+        self.status = status
+        self.duration = duration
+        self.bytes_in = bytes_in
+        self.bytes_out = bytes_out
+        self.protocol = protocol
+        self.request_id = request_id
+        self.error = error
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"RequestLog({fields})"

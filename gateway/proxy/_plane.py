@@ -1,0 +1,222 @@
+"""DataPlane: serves the proxy on a listening socket, owns the upstream pools and the clock."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import socket
+from collections.abc import Callable
+from typing import Protocol
+
+from gateway.errors import UpstreamConnectError
+from gateway.proxy._client import ClientConnection
+from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
+from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
+from gateway.proxy._wire import RequestIds
+from gateway.sessions import Route
+from gateway.settings import Settings
+from routing import Identity
+
+log = logging.getLogger("gateway.proxy")
+
+CLIENT_KEEPALIVE_TIMEOUT = 75.0   # an idle client connection is closed after this long (nginx's default)
+LONG_REQUEST_AFTER = 10.0         # an exchange open this long counts as a stream for the reaper
+WRITE_BUFFER_HIGH = 256 * 1024    # per transport; reading from the other side pauses above this
+
+
+class RouteResolver(Protocol):
+    """What the data plane needs from the session layer (``SessionRouter`` satisfies it).
+
+    A resolver may also offer ``cached_route(identity) -> Route | None``: a
+    synchronous answer from its cache (None on a miss; it may raise a
+    GatewayError just like ``resolve``). The data plane then serves cached
+    routes without creating a task per request.
+    """
+
+    async def resolve(self, identity: Identity) -> Route: ...
+
+    def invalidate(self, key: str) -> None: ...
+
+    def stream_opened(self, sandbox_id: str) -> None: ...
+
+    def stream_closed(self, sandbox_id: str) -> None: ...
+
+
+class DataPlane:
+    """The HTTP/1.1, SSE and WebSocket reverse proxy in front of the sandboxes."""
+
+    def __init__(self, resolver: RouteResolver, settings: Settings, *,
+                 on_request: Callable[[RequestLog], None] | None = None,
+                 client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
+                 long_request_after: float = LONG_REQUEST_AFTER) -> None:
+        self.resolver = resolver
+        self.settings = settings
+        self.on_request = on_request
+        self.cached_route: Callable[[Identity], Route | None] | None = getattr(resolver, "cached_route", None)
+        self.client_keepalive_timeout = client_keepalive_timeout
+        self.long_request_after = long_request_after
+        self.max_head = settings.max_header_bytes
+        self.trust_xff = settings.trust_forwarded_for
+        self.write_high = WRITE_BUFFER_HIGH
+        self.ids = RequestIds()
+        self.clients: set[ClientConnection] = set()
+        self.inflight = 0
+        self.pools: dict[tuple[str, int], UpstreamPool] = {}
+        self.streams = 0
+        self.draining = False
+        self.closed = False
+        self.now = 0.0
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
+        self._server: asyncio.Server | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self._ticks = 0
+        self._tick_interval = max(0.01, min(0.5, settings.upstream_read_timeout / 4, settings.stream_idle_timeout / 4))
+
+    # -- lifecycle ------------------------------------------------------------
+    async def start(self, sock: socket.socket) -> None:
+        """Serve on an already-bound socket (the caller chooses SO_REUSEPORT, address, backlog)."""
+        self.loop = asyncio.get_running_loop()
+        self.ids = RequestIds()  # the prefix carries this process's ID
+        self.now = self.loop.time()
+        self._server = await self.loop.create_server(
+            functools.partial(ClientConnection, self), sock=sock, backlog=2048)
+        self._timer = self.loop.call_later(self._tick_interval, self._tick)
+
+    async def stop(self, drain_timeout: float) -> None:
+        """Stop accepting, let in-flight requests finish (up to ``drain_timeout``), close everything."""
+        if self._server is None:
+            return
+        self.draining = True
+        self._server.close()
+        for client in list(self.clients):
+            client.close_if_idle()
+        if self.inflight:
+            self._drained = self.loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._drained), drain_timeout)
+        self.closed = True
+        for client in list(self.clients):
+            client.abort_connection()
+        for pool in self.pools.values():
+            pool.close_all()
+        if self._timer is not None:
+            self._timer.cancel()
+        await self._server.wait_closed()
+        self._server = None
+        await asyncio.sleep(0)  # let the transports' connection_lost callbacks run
+
+    @property
+    def in_flight(self) -> int:
+        return self.inflight
+
+    @property
+    def open_streams(self) -> int:
+        return self.streams
+
+    # -- upstream connections -------------------------------------------------
+    def _pool(self, route: Route) -> UpstreamPool:
+        endpoint = route.endpoint
+        key = (endpoint.host, endpoint.port)
+        pool = self.pools.get(key)
+        if pool is None:
+            pool = self.pools[key] = UpstreamPool(self, endpoint.host, endpoint.port, self.settings.upstream_pool_size)
+        return pool
+
+    async def connect(self, route: Route, fresh: bool) -> UpstreamConnection:
+        """A pooled connection, or a new one (retrying refused connects with exponential backoff)."""
+        pool = self._pool(route)
+        if not fresh:
+            conn = pool.take()
+            if conn is not None:
+                return conn
+        settings = self.settings
+        endpoint = route.endpoint
+        factory = functools.partial(UpstreamConnection, self, pool)
+        ssl = True if endpoint.scheme == "https" else None
+        delay = settings.upstream_connect_backoff
+        attempts = settings.upstream_connect_retries + 1
+        reason = ""
+        for attempt in range(attempts):
+            try:
+                async with asyncio.timeout(settings.upstream_connect_timeout):
+                    _, conn = await self.loop.create_connection(factory, endpoint.host, endpoint.port, ssl=ssl)
+                return conn
+            except TimeoutError:
+                reason = f"connect timed out after {settings.upstream_connect_timeout:g}s"
+            except OSError as exc:
+                reason = exc.strerror or type(exc).__name__
+            if attempt + 1 < attempts:
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise UpstreamConnectError(
+            f"sandbox {route.sandbox_id} is unreachable at {endpoint.host}:{endpoint.port}: {reason}",
+            sandbox_id=route.sandbox_id)
+
+    # -- exchange bookkeeping -------------------------------------------------
+    def stream_began(self, ex: Exchange) -> None:
+        if ex.stream or ex.route is None:
+            return
+        ex.stream = True
+        self.streams += 1
+        self.resolver.stream_opened(ex.route.sandbox_id)
+
+    def finished(self, ex: Exchange) -> None:
+        """Bookkeeping for an exchange that is over: counters, streams, the on_request record."""
+        ex.state = DONE
+        self.inflight -= 1
+        if ex.stream:
+            ex.stream = False
+            self.streams -= 1
+            self.resolver.stream_closed(ex.route.sandbox_id)  # type: ignore[union-attr]
+        on_request = self.on_request
+        if on_request is not None:
+            route = ex.route
+            record = RequestLog(
+                ex.method.decode("latin-1"), route.pool if route else None, route.sandbox_id if route else None,
+                ex.status, self.loop.time() - ex.t0, ex.bytes_in, ex.bytes_out, ex.protocol,
+                (ex.request_id or b"").decode("latin-1"), ex.error)
+            try:
+                on_request(record)
+            except Exception:
+                log.exception("on_request hook failed")
+        if self._drained is not None and not self.inflight and not self._drained.done():
+            self._drained.set_result(None)
+
+    # -- the clock ------------------------------------------------------------
+    def _tick(self) -> None:
+        """Timeouts, long-request promotion, idle pools and idle clients, a few times a second."""
+        now = self.now = self.loop.time()
+        settings = self.settings
+        read_timeout = settings.upstream_read_timeout
+        idle_timeout = settings.stream_idle_timeout
+        long_after = self.long_request_after
+        check_idle_clients = self._ticks % 8 == 0
+        idle_before = now - self.client_keepalive_timeout
+        for client in list(self.clients):
+            ex = client.current
+            if ex is None:
+                if check_idle_clients and client.idle_since < idle_before:
+                    client.close_if_idle()
+                continue
+            state = ex.state
+            if state == WAITING:
+                up = ex.upstream
+                if up is not None and not up.rpaused and now - ex.active_at > read_timeout:
+                    client.timed_out(ex)
+                    continue
+            elif state == BODY or state == TUNNEL:
+                if now - ex.active_at > idle_timeout:
+                    client.idled_out(ex)
+                    continue
+            if not ex.stream and state != DONE and now - ex.t0 > long_after:
+                self.stream_began(ex)
+        keepalive = settings.upstream_keepalive_timeout
+        for pool in self.pools.values():
+            if pool.idle:
+                pool.expire(now - keepalive)
+        self._ticks += 1
+        if not self.closed:
+            self._timer = self.loop.call_later(self._tick_interval, self._tick)

@@ -1,0 +1,422 @@
+"""The upstream side: one protocol per connection to a sandbox, and a keep-alive pool per endpoint.
+
+An :class:`UpstreamConnection` parses responses with httptools and writes the
+bytes through to the client as they arrive: the head is rewritten once from
+its raw bytes (hop-by-hop headers stripped, framing chosen; no Python call per
+header), body chunks are passed on (re-chunked when the upstream gave no
+length), and everything one read produced leaves in one write. A 101 turns the
+connection into half of a raw byte splice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
+
+from gateway.errors import UpstreamError
+from gateway.proxy import _wire as w
+from gateway.proxy._exchange import BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
+
+if TYPE_CHECKING:
+    from gateway.proxy._client import ClientConnection
+    from gateway.proxy._plane import DataPlane
+
+log = logging.getLogger("gateway.proxy")
+
+MAX_RESPONSE_HEAD = 256 * 1024
+
+
+class UpstreamPool:
+    """Idle keep-alive connections to one endpoint, most recently used last."""
+
+    __slots__ = ("plane", "host", "port", "host_line", "idle", "size")
+
+    def __init__(self, plane: DataPlane, host: str, port: int, size: int) -> None:
+        self.plane = plane
+        self.host = host
+        self.port = port
+        self.host_line = w.host_line(host, port)
+        self.idle: list[UpstreamConnection] = []
+        self.size = size
+
+    def take(self) -> UpstreamConnection | None:
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                conn.reused = True
+                return conn
+        return None
+
+    def release(self, conn: UpstreamConnection) -> None:
+        if len(self.idle) >= self.size or self.plane.closed:
+            conn.close()
+            return
+        conn.idle_since = self.plane.now
+        self.idle.append(conn)
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        try:
+            self.idle.remove(conn)
+        except ValueError:
+            pass
+
+    def expire(self, before: float) -> None:
+        idle = self.idle
+        while idle and idle[0].idle_since < before:
+            idle.pop(0).close()
+
+    def close_all(self) -> None:
+        while self.idle:
+            self.idle.pop().close()
+
+
+class _Dechunker:
+    """Decodes a chunked body for an HTTP/1.0 client: a parser primed with a synthetic head."""
+
+    __slots__ = ("parser", "out")
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.parser = HttpResponseParser(self)
+        self.parser.feed_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+    def on_body(self, chunk: bytes) -> None:
+        self.out.append(chunk)
+
+    def decode(self, data: bytes) -> bytes:
+        self.parser.feed_data(data)
+        decoded = b"".join(self.out)
+        self.out.clear()
+        return decoded
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One connection to a sandbox; ``ex`` is the exchange it serves, None while pooled."""
+
+    __slots__ = (
+        "plane", "pool", "transport", "parser", "ex", "client_tr", "reused", "closed", "broken",
+        "idle_since", "rpaused", "wpaused", "done", "keep", "interim", "extra", "tunneled", "raw",
+        "raw_pos", "head_out", "framing", "dechunker",
+    )
+
+    def __init__(self, plane: DataPlane, pool: UpstreamPool) -> None:
+        self.plane = plane
+        self.pool = pool
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
+        self.parser = HttpResponseParser(self)
+        self.ex: Exchange | None = None
+        self.client_tr: asyncio.Transport | None = None
+        self.reused = False
+        self.closed = False
+        self.broken = False
+        self.idle_since = 0.0
+        self.rpaused = False     # reading paused because the client is slow
+        self.wpaused = False     # our write buffer is full: the client's reading is paused
+        self.done = False        # the current response is complete
+        self.keep = False        # ... and the upstream allows reusing the connection
+        self.interim = False     # a 1xx response is being parsed
+        self.extra = False       # bytes after the end of the response: the upstream is confused
+        self.tunneled = False
+        self.raw: bytes | None = None   # response bytes until the final head is complete
+        self.raw_pos = 0                # where the next head starts in raw; then where the body starts
+        self.head_out = b""             # the rewritten head, sent with the first body bytes
+        self.framing = F_NONE
+        self.dechunker: _Dechunker | None = None
+
+    # -- pausing ------------------------------------------------------------
+    def sync_pauses(self, client: ClientConnection) -> None:
+        """On attach: a slow client pauses our reading; our full buffer pauses the client's."""
+        if client.wpaused:
+            self.pause_for_client()
+        if self.wpaused:
+            client.pause(1)
+
+    def pause_for_client(self) -> None:
+        if not self.rpaused and not self.closed:
+            self.rpaused = True
+            self.transport.pause_reading()
+
+    def resume_for_client(self) -> None:
+        if self.rpaused:
+            self.rpaused = False
+            if not self.closed:
+                self.transport.resume_reading()
+
+    def _detach(self, ex: Exchange) -> None:
+        self.ex = None
+        self.client_tr = None
+        ex.upstream = None
+        if self.wpaused:
+            ex.client.resume(1)
+        if self.rpaused:
+            self.resume_for_client()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection now: it saw an error or an unfinished exchange."""
+        self.closed = self.broken = True
+        ex = self.ex
+        if ex is not None:
+            self._detach(ex)
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- asyncio.Protocol ---------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=self.plane.write_high)  # type: ignore[attr-defined]
+
+    def pause_writing(self) -> None:
+        self.wpaused = True
+        if self.ex is not None:
+            self.ex.client.pause(1)
+
+    def resume_writing(self) -> None:
+        self.wpaused = False
+        if self.ex is not None:
+            self.ex.client.resume(1)
+
+    def data_received(self, data: bytes) -> None:
+        ex = self.ex
+        if ex is None or self.tunneled:
+            self._data_special(data)
+            return
+        ex.active_at = self.plane.now
+        if ex.started:
+            # Body bytes: llhttp checks the framing and finds the end; the bytes go on as they came.
+            try:
+                self.parser.feed_data(data)
+            except HttpParserError as exc:
+                self._protocol_error(ex, str(exc))
+                return
+            self._body(ex, data, b"")
+            return
+        raw = self.raw
+        if raw is None:
+            raw = self.raw = data
+        else:
+            raw = self.raw = raw + data
+            if len(raw) > MAX_RESPONSE_HEAD:
+                self._protocol_error(ex, f"response head larger than {MAX_RESPONSE_HEAD} bytes")
+                return
+        try:
+            self.parser.feed_data(data)
+        except HttpParserUpgrade as exc:
+            self._upgraded(ex, data[exc.args[0]:])
+            return
+        except HttpParserError as exc:
+            self._protocol_error(ex, str(exc))
+            return
+        if ex.state == BODY:  # the head is complete; what follows it is body
+            self.raw = None
+            body_at = self.raw_pos
+            self._body(ex, raw[body_at:] if body_at < len(raw) else b"", self.head_out)
+
+    def _body(self, ex: Exchange, data: bytes, head: bytes) -> None:
+        """Send ``head`` (if any) and the body bytes ``data`` the way the client takes them."""
+        if self.extra:
+            self._protocol_error(ex, "bytes after the end of the response")
+            return
+        framing = self.framing
+        if data:
+            ex.bytes_out += len(data)
+            if framing == F_RECHUNK:
+                data = b"%x\r\n%s\r\n" % (len(data), data)
+            elif framing == F_DECHUNK:
+                data = self.dechunker.decode(data)  # type: ignore[union-attr]
+            elif framing == F_NONE:
+                self.broken = True  # a body where none may be: never reuse this connection
+                data = b""
+        if head:
+            ex.started = True
+            self.client_tr.write(head + data if data else head)  # type: ignore[union-attr]
+        elif data:
+            self.client_tr.write(data)  # type: ignore[union-attr]
+        if self.done:
+            self._complete(ex)
+
+    def _data_special(self, data: bytes) -> None:
+        ex = self.ex
+        if ex is not None:  # tunneled
+            ex.bytes_out += len(data)
+            ex.active_at = self.plane.now
+            self.client_tr.write(data)  # type: ignore[union-attr]
+            return
+        # Bytes on an idle connection: the upstream is confused; never reuse it.
+        self.broken = True
+        self.pool.forget(self)
+        self.close()
+
+    def eof_received(self) -> bool | None:
+        self.closed = True  # never handed out again; connection_lost settles the exchange
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        ex = self.ex
+        if ex is None:
+            self.pool.forget(self)
+            return
+        self._detach(ex)
+        self.wpaused = False
+        client = ex.client
+        if self.tunneled:
+            client.finish(ex, True)
+        elif ex.state == BODY:
+            if not self.done and (self.framing == F_RECHUNK or self.framing == F_RAW):
+                # The body was delimited by the upstream closing: that is its end.
+                if self.framing == F_RECHUNK and not client.mode & 2:  # M_CLOSING
+                    client.transport.write(w.CHUNK_END)
+                client.finish(ex, ex.close_after or not ex.req_done)
+            else:
+                client.abort(ex, "upstream_closed", "the sandbox closed the connection mid-response")
+        elif ex.state == WAITING:
+            if self.raw is None and self.reused and not ex.retried and ex.head is not None:
+                client.retry(ex)  # a stale keep-alive connection; the request is safe to repeat
+            else:
+                sandbox_id = ex.route.sandbox_id if ex.route else None
+                client.fail(ex, UpstreamError(f"sandbox {sandbox_id} closed the connection before responding",
+                                              sandbox_id=sandbox_id))
+
+    # -- httptools callbacks ------------------------------------------------
+    # No on_header and no on_body: the head is rewritten from the raw bytes in one
+    # go, and body bytes are forwarded as they came, so llhttp works in C alone.
+    def on_message_begin(self) -> None:
+        if self.done:
+            self.extra = self.broken = True
+
+    def on_headers_complete(self) -> None:
+        ex = self.ex
+        assert ex is not None
+        raw = self.raw
+        assert raw is not None
+        pos = self.raw_pos
+        while raw.startswith(b"\r\n", pos):
+            pos += 2
+        end = raw.find(b"\r\n\r\n", pos)
+        self.raw_pos = end + 4
+        status = self.parser.get_status_code()
+        if status < 200:
+            if status != 101:
+                self.interim = True  # 100/102/103: the client gets only the final response
+                return
+            if not ex.websocket:
+                self.broken = True  # answered by the upgrade handling with a 502
+                return
+        head, flags = w.clean_response_head(raw[pos:end])
+        ex.status = status
+        close = not ex.keep_alive or not ex.req_done or self.plane.draining
+        extra = b""
+        if status == 101:
+            framing = F_NONE
+            extra = w.WS_UPGRADE
+        elif status == 204 or status == 304 or ex.method == b"HEAD":
+            framing = F_NONE
+            if ex.method == b"HEAD":
+                # httptools cannot be told the request was HEAD: the message ends here, and
+                # the next one starts on a fresh parser.
+                self.done = True
+                self.keep = self.parser.should_keep_alive()
+        elif flags & (w.HAS_LENGTH | w.HAS_TE):
+            framing = F_PASS
+            if ex.version10 and not flags & w.HAS_LENGTH:
+                framing = F_DECHUNK
+                head = w.without_transfer_encoding(head)
+                self.dechunker = _Dechunker()
+                close = True
+        elif not ex.version10:
+            framing = F_RECHUNK
+            extra = w.TE_CHUNKED
+        else:
+            framing = F_RAW
+            close = True
+        self.framing = framing
+        ex.close_after = close
+        if close:
+            if status != 101:
+                extra += w.CONN_CLOSE
+        elif ex.version10:
+            extra += w.CONN_KEEP_ALIVE
+        if not head.startswith(b"HTTP/1.1 "):
+            head = b"HTTP/1.1" + head[8:]
+        self.head_out = b"".join((head, w.CRLF, extra, w.CRLF))
+        ex.state = BODY
+        if flags & w.IS_SSE:
+            ex.protocol = "sse"
+            self.plane.stream_began(ex)
+
+    def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
+        ex = self.ex
+        if ex is None or self.done or ex.status == 101:
+            return
+        self.done = True
+        self.keep = self.parser.should_keep_alive()
+
+    # -- outcomes ------------------------------------------------------------
+    def _complete(self, ex: Exchange) -> None:
+        """The response is complete: pool or close this connection, then let the client go on."""
+        self.done = False
+        if ex.method == b"HEAD":
+            self.parser = HttpResponseParser(self)
+        if self.dechunker is not None:
+            self.dechunker = None
+            self.broken = True
+        self.ex = None
+        self.client_tr = None
+        ex.upstream = None
+        if self.wpaused or self.rpaused:
+            if self.wpaused:
+                ex.client.resume(1)
+            self.resume_for_client()
+        if self.keep and ex.req_done and not self.broken and not self.closed:
+            pool = self.pool
+            if len(pool.idle) < pool.size and not self.plane.closed:
+                self.idle_since = self.plane.now
+                pool.idle.append(self)
+            else:
+                self.close()
+        elif ex.req_done:
+            self.close()
+        else:
+            self.abort()  # the request body is still coming: this connection is unusable
+        ex.client.finish(ex, ex.close_after or self.plane.draining)
+
+    def _upgraded(self, ex: Exchange, rest: bytes) -> None:
+        if ex.status != 101 or not ex.websocket:
+            self._protocol_error(ex, "unexpected protocol upgrade")
+            return
+        self.raw = None
+        if rest:
+            ex.bytes_out += len(rest)
+        ex.started = True
+        self.client_tr.write(self.head_out + rest)  # type: ignore[union-attr]
+        self.tunneled = True
+        self.broken = True  # never pooled again
+        ex.state = TUNNEL
+        ex.protocol = "websocket"
+        self.plane.stream_began(ex)
+        ex.client.start_tunnel(ex, self)
+
+    def _protocol_error(self, ex: Exchange, detail: str) -> None:
+        sandbox_id = ex.route.sandbox_id if ex.route else None
+        log.warning("malformed response from sandbox %s: %s", sandbox_id, detail)
+        client = ex.client
+        self.abort()
+        if ex.started:
+            client.abort(ex, "upstream_protocol_error", detail)
+        else:
+            client.fail(ex, UpstreamError(f"sandbox {sandbox_id} sent a malformed response", sandbox_id=sandbox_id))
+
+
+__all__ = ["UpstreamConnection", "UpstreamPool"]

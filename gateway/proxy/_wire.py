@@ -1,0 +1,251 @@
+"""Bytes on the wire: header tables, response heads, error pages, request IDs.
+
+Everything here is a pure function or a constant, so the protocol classes in
+``_client`` and ``_upstream`` only move bytes and never format text on the hot
+path beyond one ``join`` per message head.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import secrets
+from http import HTTPStatus
+
+from gateway.errors import BadRequest, GatewayError, error_body
+from routing import Identity, InvalidIdentity
+
+# -- request headers ----------------------------------------------------------
+# Lower-cased names with a meaning to the proxy; every other header passes through.
+R_DROP = 1          # never forwarded
+R_ORG = 2
+R_USER = 3
+R_SESSION = 4
+R_BOT = 5
+R_HOST = 6          # becomes X-Forwarded-Host; the upstream gets its own Host
+R_CONNECTION = 7    # hop-by-hop, and names more hop-by-hop headers
+R_TE = 8            # Transfer-Encoding: the body is re-framed
+R_UPGRADE = 9       # kept for a WebSocket upgrade only
+R_XFF = 10          # dropped, or appended to when settings.trust_forwarded_for
+R_REQUEST_ID = 11   # taken when it is a sane token
+R_EXPECT = 12       # 100-continue is answered by the gateway itself
+R_CL = 13           # Content-Length: forwarded, and tells us a body follows
+
+REQUEST_HEADERS: dict[bytes, int] = {
+    b"x-org-id": R_ORG,
+    b"x-user-id": R_USER,
+    b"x-session-id": R_SESSION,
+    b"x-bot-id": R_BOT,
+    b"host": R_HOST,
+    b"connection": R_CONNECTION,
+    b"transfer-encoding": R_TE,
+    b"upgrade": R_UPGRADE,
+    b"x-forwarded-for": R_XFF,
+    b"x-request-id": R_REQUEST_ID,
+    b"expect": R_EXPECT,
+    b"content-length": R_CL,
+    b"authorization": R_DROP,
+    b"proxy-authorization": R_DROP,
+    b"keep-alive": R_DROP,
+    b"te": R_DROP,
+    b"trailer": R_DROP,
+    b"proxy-connection": R_DROP,
+    # Set by the gateway; a caller must not be able to forge them.
+    b"x-forwarded-proto": R_DROP,
+    b"x-forwarded-host": R_DROP,
+    b"forwarded": R_DROP,
+    b"x-sandbox-id": R_DROP,
+}
+
+R_PASS = 0          # forwarded as is
+
+# The same table keyed by the spellings clients actually send, so the common case
+# costs one dict lookup and no lower(); anything else falls back to REQUEST_HEADERS.
+REQUEST_HEADERS_EXACT: dict[bytes, int] = {name: code for name, code in REQUEST_HEADERS.items()}
+REQUEST_HEADERS_EXACT.update({b"-".join(part.capitalize() for part in name.split(b"-")): code
+                              for name, code in REQUEST_HEADERS.items()})
+REQUEST_HEADERS_EXACT.update({
+    b"X-Org-Id": R_ORG, b"X-User-Id": R_USER, b"X-Session-Id": R_SESSION, b"X-Bot-Id": R_BOT,
+    b"X-Org-ID": R_ORG, b"X-User-ID": R_USER, b"X-Session-ID": R_SESSION, b"X-Bot-ID": R_BOT,
+    b"X-Request-ID": R_REQUEST_ID, b"TE": R_DROP, b"WWW-Authenticate": R_PASS,
+})
+for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", b"Content-Type", b"Cookie",
+              b"Cache-Control", b"Pragma", b"Origin", b"Referer", b"If-None-Match", b"If-Modified-Since", b"Range",
+              b"Sec-WebSocket-Key", b"Sec-WebSocket-Version", b"Sec-WebSocket-Extensions",
+              b"Sec-WebSocket-Protocol", b"Accept-Charset", b"Last-Event-ID", b"Traceparent"):
+    REQUEST_HEADERS_EXACT[_name] = R_PASS
+    REQUEST_HEADERS_EXACT[_name.lower()] = R_PASS
+
+IDENTITY_HEADER_NAMES = {R_ORG: "X-Org-Id", R_USER: "X-User-Id", R_SESSION: "X-Session-Id", R_BOT: "X-Bot-Id"}
+_FIELD_HEADERS = {"org_id": "X-Org-Id", "user_id": "X-User-Id", "session_id": "X-Session-Id", "bot_id": "X-Bot-Id"}
+
+# -- response headers ---------------------------------------------------------
+# Response heads are rewritten as a whole (llhttp has validated them: CRLF line
+# ends, no obs-fold, no space before the colon), so these work on the raw head,
+# which starts with the status line and ends before its final CRLF CRLF.
+_HOP_BY_HOP = re.compile(  # on the lower-cased head
+    rb"\r\n(connection|keep-alive|proxy-connection|te|trailer|transfer-encoding|upgrade):([^\r]*)")
+_SSE_CONTENT_TYPE = re.compile(rb"\r\ncontent-type:[ \t]*text/event-stream")  # on the lower-cased head
+_TRANSFER_ENCODING = re.compile(rb"\r\ntransfer-encoding:[^\r]*", re.I)
+
+HAS_LENGTH = 1     # Content-Length present
+HAS_TE = 2         # Transfer-Encoding present (its line is kept: the body may pass through chunked)
+IS_SSE = 4         # Content-Type: text/event-stream
+
+
+def clean_response_head(head: bytes) -> tuple[bytes, int]:
+    """The head without hop-by-hop lines (but Transfer-Encoding) and headers named in Connection; HAS_*/IS_SSE."""
+    low = head.lower()
+    flags = HAS_LENGTH if low.find(b"\r\ncontent-length:") >= 0 else 0
+    if low.find(b"event-stream") >= 0 and _SSE_CONTENT_TYPE.search(low):
+        flags |= IS_SSE
+    match = _HOP_BY_HOP.search(low)
+    if match is None:
+        return head, flags
+    name = match.group(1)
+    if name == b"connection" and match.group(2).strip() in CONNECTION_OPTIONS:
+        # The usual case: one "Connection: keep-alive" line.
+        start, end = match.span()
+        if _HOP_BY_HOP.search(low, end) is None:
+            return head[:start] + head[end:], flags
+    parts = []
+    start = 0
+    tokens: set[bytes] | None = None
+    while match is not None:
+        name = match.group(1)
+        if name == b"transfer-encoding":
+            flags |= HAS_TE
+        else:
+            if name == b"connection":
+                value = match.group(2).strip()
+                if value not in CONNECTION_OPTIONS:
+                    named = connection_tokens(value) - FRAMING_HEADERS
+                    if named:
+                        tokens = named if tokens is None else tokens | named
+            parts.append(head[start:match.start()])
+            start = match.end()
+        match = _HOP_BY_HOP.search(low, match.end())
+    parts.append(head[start:])
+    head = b"".join(parts)
+    if tokens:
+        head = re.sub(rb"\r\n(?:" + b"|".join(re.escape(name) for name in tokens) + rb"):[^\r]*", b"", head,
+                      flags=re.I)
+    return head, flags
+
+
+def without_transfer_encoding(head: bytes) -> bytes:
+    return _TRANSFER_ENCODING.sub(b"", head)
+
+
+# Connection tokens that are options, not header names.
+CONNECTION_OPTIONS = frozenset((b"close", b"keep-alive", b"upgrade"))
+# Never removed because a Connection header named them: they frame the message.
+FRAMING_HEADERS = frozenset((b"content-length", b"transfer-encoding"))
+
+IDEMPOTENT_METHODS = frozenset((b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"))
+
+# -- fixed byte strings -------------------------------------------------------
+CRLF = b"\r\n"
+SP = b" "
+HTTP11_CRLF = b" HTTP/1.1\r\n"
+COLON = b": "
+CHUNK_END = b"0\r\n\r\n"
+CONTINUE_100 = b"HTTP/1.1 100 Continue\r\n\r\n"
+XFP_HTTP = b"X-Forwarded-Proto: http\r\n"
+TE_CHUNKED = b"Transfer-Encoding: chunked\r\n"
+WS_UPGRADE = b"Connection: Upgrade\r\nUpgrade: websocket\r\n"
+CONN_CLOSE = b"Connection: close\r\n"
+CONN_KEEP_ALIVE = b"Connection: keep-alive\r\n"
+
+_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+
+
+def connection_tokens(value: bytes) -> set[bytes]:
+    """Header names listed in a Connection header (its options removed)."""
+    tokens = {token.strip().lower() for token in value.split(b",")}
+    return {token for token in tokens if token and token not in CONNECTION_OPTIONS}
+
+
+def without_headers(parts: list[bytes], names: set[bytes]) -> list[bytes]:
+    """``parts`` holds groups of (name, ": ", value, CRLF); drop groups whose name is in ``names``."""
+    names = names - FRAMING_HEADERS
+    if not names:
+        return parts
+    kept: list[bytes] = []
+    for i in range(0, len(parts), 4):
+        if parts[i].lower() not in names:
+            kept += parts[i:i + 4]
+    return kept
+
+
+def host_line(host: str, port: int) -> bytes:
+    try:
+        name = host.encode("ascii")
+    except UnicodeEncodeError:
+        name = host.encode("idna")
+    if b":" in name:
+        name = b"[" + name + b"]"
+    return b"Host: %s:%d\r\n" % (name, port)
+
+
+def status_line(status: int, reason: bytes) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (status, reason or _REASONS.get(status, b"Unknown"))
+
+
+def error_response(exc: GatewayError, request_id: bytes, *, close: bool, keep_alive_10: bool = False) -> bytes:
+    """A complete JSON error response (head and body) for a request the proxy answers itself."""
+    body = error_body(exc)
+    parts = [
+        b"HTTP/1.1 %d %s\r\n" % (exc.status, _REASONS.get(exc.status, b"Error")),
+        b"Content-Type: application/json\r\nContent-Length: %d\r\nX-Request-Id: " % len(body),
+        request_id,
+        CRLF,
+    ]
+    for name, value in exc.headers().items():
+        parts.append(f"{name}: {value}\r\n".encode("latin-1"))
+    parts.append(CONN_CLOSE if close else CONN_KEEP_ALIVE if keep_alive_10 else b"")
+    parts.append(CRLF)
+    parts.append(body)
+    return b"".join(parts)
+
+
+def parse_identity(org: bytes | None, user: bytes | None, session: bytes | None, bot: bytes | None) -> Identity:
+    """Identity from the raw header values; every error names the header to fix."""
+    try:
+        return Identity.parse(
+            user_id=_decode("user_id", user),
+            session_id=_decode("session_id", session),
+            org_id=_decode("org_id", org),
+            bot_id=_decode("bot_id", bot),
+        )
+    except InvalidIdentity as exc:
+        raise BadRequest(f"{_FIELD_HEADERS[exc.field]}: {exc.reason}", code="invalid_identity") from None
+
+
+def _decode(field: str, value: bytes | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidIdentity(field, "must be valid UTF-8") from None
+
+
+sane_request_id = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}").fullmatch
+
+
+class RequestIds:
+    """Unique request IDs without a syscall per request: a random per-process prefix and a counter.
+
+    The data plane inlines ``next`` on its hot path as ``b"%s%x" % (ids.prefix, next(ids.counter))``.
+    """
+
+    __slots__ = ("prefix", "counter")
+
+    def __init__(self) -> None:
+        self.prefix = b"%s%x-" % (secrets.token_hex(4).encode(), os.getpid())
+        self.counter = itertools.count(1)
+
+    def next(self) -> bytes:
+        return b"%s%x" % (self.prefix, next(self.counter))
