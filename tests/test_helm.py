@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ except Exception as exc:
     print(reason)
     pytest.skip(reason, allow_module_level=True)
 
+from gateway.auth import ADMIN_AUDIENCE, KeySet, TokenAuth, issue_token
 from gateway.settings import Settings
 from routing import parse_policy
 from routing.policy import KubernetesPoolOptions, OrgRule, PolicyDocument, PoolSpec, RoutingRules
@@ -54,9 +56,23 @@ EXPECTED_RBAC_RULES: frozenset[tuple[str, frozenset[str], frozenset[str]]] = fro
     for rule in RBAC_RULES for group in rule["apiGroups"]
 )
 
-# Settings the chart sets itself (flags, ports, mounts, Secret, downward API), so `config`
-# must not offer them.
-CHART_MANAGED_SETTINGS = {"host", "data_port", "control_port", "policy_file", "data_dir", "redis_url", "replica_id"}
+# Settings the chart sets itself (flags, ports, mounts, Secret, downward API, `auth:`), so
+# `config` must not offer them.
+CHART_MANAGED_SETTINGS = {"host", "data_port", "control_port", "policy_file", "data_dir", "redis_url", "replica_id",
+                          "auth_mode", "auth_keys_file"}
+
+# Where the chart mounts the keys Secret, and the key file the gateway is pointed at.
+AUTH_KEYS_DIR = "/etc/sandbox-gateway/auth"
+AUTH_KEYS_FILE = f"{AUTH_KEYS_DIR}/keys.yaml"
+SECRET_AUTH = "sandbox-gateway/templates/secret-auth.yaml"
+GENERATED_KEYS = "sandbox-gateway/generated-keys"
+
+# Inline keys as auth.keys takes them: an HS256 secret and an EdDSA public key (no private key).
+INLINE_KEYS: list[dict[str, str]] = [
+    {"kid": "try-hs", "alg": "HS256", "secret": "0123456789abcdef0123456789abcdef-inline"},
+    {"kid": "try-ed", "alg": "EdDSA", "public_key": "-----BEGIN PUBLIC KEY-----\n"
+     "MCowBQYDK2VwAyEA3RNJXrPaXFK5EzGvFW2fZBiMx2edXX0LoiLsZak6PT8=\n-----END PUBLIC KEY-----\n"},
+]
 
 # A single replica may use local pools; mixes every provider and a kubernetes pool
 # without a namespace (the chart places it in the release namespace).
@@ -138,6 +154,27 @@ class Rendered:
     def policy_text(self) -> str:
         return self.one("ConfigMap", suffixed(self.fullname, "policy"))["data"]["policy.yaml"]
 
+    @property
+    def env(self) -> dict[str, Any]:
+        return {e["name"]: e.get("value", e.get("valueFrom")) for e in self.container["env"]}
+
+    @property
+    def auth_secret_name(self) -> str:
+        """The Secret mounted as the key directory."""
+        volumes = {v["name"]: v for v in self.pod["spec"]["volumes"]}
+        return volumes["auth-keys"]["secret"]["secretName"]
+
+    @property
+    def chart_auth_secret(self) -> dict[str, Any] | None:
+        """The chart's own keys Secret (auth.keys or generated), if rendered."""
+        found = [o for o in self.of_kind("Secret") if o["metadata"]["name"] == suffixed(self.fullname, "auth")]
+        return found[0] if found else None
+
+    def key_file(self) -> str:
+        secret = self.chart_auth_secret
+        assert secret is not None, "no chart-managed keys Secret"
+        return base64.b64decode(secret["data"]["keys.yaml"]).decode()
+
 
 def suffixed(fullname: str, suffix: str) -> str:
     """The chart's name for a suffixed object: stays a 63-character DNS label."""
@@ -169,7 +206,9 @@ KITCHEN_SINK: dict[str, Any] = {
     "envFrom": [{"configMapRef": {"name": "more"}}],
     "extraVolumes": [{"name": "kube", "secret": {"secretName": "kubeconfig"}}],
     "extraVolumeMounts": [{"name": "kube", "mountPath": "/etc/kube", "readOnly": True}],
-    "config": {"kubeconfig": "/etc/kube/config", "per_session_org_ids": "org-a,org-b", "route_cache_ttl": 2.5},
+    "config": {"kubeconfig": "/etc/kube/config", "per_session_org_ids": "org-a,org-b", "route_cache_ttl": 2.5,
+               "creation_lease": 240},
+    "auth": {"mode": "token", "keys": copy.deepcopy(INLINE_KEYS)},
     "nodeSelector": {"kubernetes.io/os": "linux"},
     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gateway", "effect": "NoSchedule"}],
     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -185,7 +224,8 @@ SCENARIOS = {
     "kitchen-sink": lambda: copy.deepcopy(KITCHEN_SINK),
     "production": production_values,
     "mixed-single-replica": lambda: {"replicaCount": 1, "redis": {"embedded": {"enabled": False}},
-                                     "policy": MIXED_POLICY, "networkPolicy": {"enabled": True}},
+                                     "policy": MIXED_POLICY, "networkPolicy": {"enabled": True},
+                                     "auth": {"mode": "trusted-headers"}},
 }
 
 
@@ -303,7 +343,12 @@ def test_rendered_env_is_accepted_by_the_gateway_settings(scenario: Rendered, mo
     for var in env:
         if "value" in var:
             monkeypatch.setenv(var["name"], var["value"])
-    settings = Settings()
+    # With the host the chart passes as a flag: Settings refuses 0.0.0.0 without an explicit auth mode.
+    args = scenario.container["args"]
+    settings = Settings(host=args[args.index("--host") + 1])
+    assert settings.host == "0.0.0.0"
+    assert settings.auth_mode in ("token", "trusted-headers")
+    assert str(settings.auth_keys_file) == AUTH_KEYS_FILE
     assert settings.data_port == 8080 and settings.control_port == 8081
     assert str(settings.data_dir) == "/var/lib/sandbox-gateway"
     replica = next(v for v in env if v["name"] == "SANDBOX_GATEWAY_REPLICA_ID")
@@ -322,6 +367,12 @@ def test_production_settings_and_redis_secret(chart: helm_python.Chart, monkeypa
     assert "checksum/redis-url" in r.pod["metadata"]["annotations"]
     assert r.pod["metadata"]["labels"]["app"] == "sandbox-router"
     assert not r.of_kind("Deployment")[1:], "no embedded Redis in production"
+    # Production keys come from a Secret managed outside the chart: nothing generated or inline.
+    assert values["auth"] == {"mode": "token", "keysSecret": "sandbox-gateway-auth-keys"}
+    assert env["SANDBOX_GATEWAY_AUTH_MODE"]["value"] == "token"
+    assert r.auth_secret_name == "sandbox-gateway-auth-keys"
+    assert r.chart_auth_secret is None and [s["metadata"]["name"] for s in r.of_kind("Secret")] == [ref["name"]]
+    assert "checksum/auth-keys" not in r.pod["metadata"]["annotations"]
 
 
 def test_kitchen_sink_names_and_knobs(chart: helm_python.Chart, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -337,7 +388,105 @@ def test_kitchen_sink_names_and_knobs(chart: helm_python.Chart, monkeypatch: pyt
     assert env["PER_SESSION_SANDBOX_ORG_IDS"] == "org-a,org-b"
     assert env["SANDBOX_GATEWAY_KUBECONFIG"] == "/etc/kube/config"
     assert env["SANDBOX_GATEWAY_ROUTE_CACHE_TTL"] == "2.5"
+    assert env["SANDBOX_GATEWAY_CREATION_LEASE"] == "240"
     assert env["EXTRA"] == "1"
+
+
+# --------------------------------------------------------------------------------------
+# Authentication: always an explicit mode, always a key file
+# --------------------------------------------------------------------------------------
+
+
+def test_every_render_sets_an_auth_mode_and_mounts_the_key_file(scenario: Rendered) -> None:
+    env = scenario.env
+    assert env["SANDBOX_GATEWAY_AUTH_MODE"] in ("token", "trusted-headers")
+    assert env["SANDBOX_GATEWAY_AUTH_KEYS_FILE"] == AUTH_KEYS_FILE
+    mount = next(m for m in scenario.container["volumeMounts"] if m["name"] == "auth-keys")
+    assert mount == {"name": "auth-keys", "mountPath": AUTH_KEYS_DIR, "readOnly": True}, "whole Secret, no subPath"
+    secret = scenario.chart_auth_secret
+    if secret is not None:
+        assert scenario.auth_secret_name == secret["metadata"]["name"]
+        # The gateway reads keys at startup, so the pods roll when the chart's keys change.
+        checksum = scenario.pod["metadata"]["annotations"]["checksum/auth-keys"]
+        assert checksum == hashlib.sha256(scenario.files[SECRET_AUTH].encode()).hexdigest()
+
+
+def test_default_install_is_token_mode_with_a_generated_kept_key(chart: helm_python.Chart, tmp_path: Path) -> None:
+    """No keys given: token mode still renders, with a random HS256 key the gateway accepts."""
+    r = render(chart)
+    assert r.env["SANDBOX_GATEWAY_AUTH_MODE"] == "token"
+    secret = r.chart_auth_secret
+    assert secret is not None and r.auth_secret_name == f"{RELEASE}-sandbox-gateway-auth"
+    assert secret["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep", GENERATED_KEYS: "true"}
+    document = yaml.safe_load(r.key_file())
+    [key] = document["keys"]
+    assert key["kid"] == "generated-1" and key["alg"] == "HS256"
+    assert len(key["secret"]) == 64 and key["secret"].isalnum()
+    # Loaded by the gateway's own key loader; tokens issued with it (as NOTES shows) verify.
+    (tmp_path / "keys.yaml").write_text(r.key_file(), encoding="utf-8")
+    keys = KeySet.load(tmp_path / "keys.yaml")
+    token = issue_token(keys.first(), user="u", org="o")
+    assert TokenAuth(keys).identify(None, None, "s", None, f"Bearer {token}").org_id == "o"
+    # Without a cluster the lookup finds nothing: each offline render makes a new key.
+    assert render(chart).key_file() != r.key_file()
+    notes = r.notes
+    assert "generated a random HS256 key" in notes and "auth.keysSecret" in notes
+    assert "token issue --keys /etc/sandbox-gateway/auth/keys.yaml --admin" in notes
+    assert "trusted-headers" not in notes
+
+
+def test_inline_keys_render_into_the_chart_secret(chart: helm_python.Chart, tmp_path: Path) -> None:
+    def rendered(keys: list[dict[str, str]]) -> Rendered:
+        return render(chart, {"auth": {"mode": "token", "keys": keys}})
+
+    r = rendered(INLINE_KEYS)
+    secret = r.chart_auth_secret
+    assert secret is not None and "annotations" not in secret["metadata"], "inline keys are not kept on uninstall"
+    assert yaml.safe_load(r.key_file()) == {"keys": INLINE_KEYS}
+    (tmp_path / "keys.yaml").write_text(r.key_file(), encoding="utf-8")
+    keys = KeySet.load(tmp_path / "keys.yaml")
+    assert keys.get("try-hs") is not None and keys.get("try-ed") is not None
+    assert "auth.keys" in r.notes and "auth.keysSecret" in r.notes
+    # Deterministic, and a key change rolls the pods.
+    checksum = r.pod["metadata"]["annotations"]["checksum/auth-keys"]
+    assert rendered(INLINE_KEYS).pod["metadata"]["annotations"]["checksum/auth-keys"] == checksum
+    rotated = [dict(INLINE_KEYS[0], secret="another-secret-of-at-least-32-characters")]
+    assert rendered(rotated).pod["metadata"]["annotations"]["checksum/auth-keys"] != checksum
+
+
+@pytest.mark.parametrize("mode", ["token", "trusted-headers"])
+def test_keys_secret_is_mounted_and_nothing_is_generated(chart: helm_python.Chart, mode: str) -> None:
+    r = render(chart, {"auth": {"mode": mode, "keysSecret": "gateway-keys"}})
+    assert r.env["SANDBOX_GATEWAY_AUTH_MODE"] == mode
+    assert r.env["SANDBOX_GATEWAY_AUTH_KEYS_FILE"] == AUTH_KEYS_FILE
+    assert r.auth_secret_name == "gateway-keys"
+    assert not r.of_kind("Secret") and SECRET_AUTH not in {k for k, v in r.files.items() if v.strip()}
+    assert "checksum/auth-keys" not in r.pod["metadata"]["annotations"]
+    assert f"rollout restart deployment/{r.fullname}" in r.notes
+
+
+def test_trusted_headers_is_explicit_and_warned(chart: helm_python.Chart) -> None:
+    warning = "ANYONE WHO CAN REACH PORT 8080 CAN CLAIM ANY IDENTITY"
+    # Still given a key file: the control API needs admin tokens in this mode too.
+    r = render(chart, {"auth": {"mode": "trusted-headers"}})
+    assert r.env["SANDBOX_GATEWAY_AUTH_MODE"] == "trusted-headers"
+    assert r.env["SANDBOX_GATEWAY_AUTH_KEYS_FILE"] == AUTH_KEYS_FILE and r.chart_auth_secret is not None
+    assert "WARNING: auth.mode is trusted-headers" in r.notes and warning in r.notes
+    assert "networkPolicy.enabled is false" in r.notes
+    # A NetworkPolicy admitting only the agent backend silences the NetworkPolicy hints, not the warning.
+    fenced = render(chart, {"auth": {"mode": "trusted-headers"},
+                            "networkPolicy": {"enabled": True, "dataNamespaces": ["agents"]}})
+    assert warning in fenced.notes
+    assert "networkPolicy.enabled is false" not in fenced.notes and "admits any source" not in fenced.notes
+    open_policy = render(chart, {"auth": {"mode": "trusted-headers"}, "networkPolicy": {"enabled": True}})
+    assert "the data plane admits any source" in open_policy.notes
+    assert "trusted-headers" not in render(chart, {"auth": {"mode": "token", "keys": INLINE_KEYS}}).notes
+
+
+def test_creation_lease_is_a_config_setting(chart: helm_python.Chart) -> None:
+    assert "SANDBOX_GATEWAY_CREATION_LEASE" not in render(chart).env, "null: the gateway default applies"
+    assert render(chart, {"config": {"creation_lease": 300}}).env["SANDBOX_GATEWAY_CREATION_LEASE"] == "300"
+    assert render(chart, {"config": {"creation_lease": 90.5}}).env["SANDBOX_GATEWAY_CREATION_LEASE"] == "90.5"
 
 
 def test_installation_defaults_to_the_release_name(chart: helm_python.Chart) -> None:
@@ -349,16 +498,20 @@ def test_installation_defaults_to_the_release_name(chart: helm_python.Chart) -> 
     assert installation({"config": {"installation": "blue"}}) == "blue"
 
 
-@pytest.mark.parametrize("values", ["defaults", "production"])
+@pytest.mark.parametrize("values", ["default", "production", "kitchen-sink"])
 def test_values_schema_is_draft7_and_accepts_the_shipped_values(chart: helm_python.Chart, values: str) -> None:
     """A second JSON Schema engine (Helm 3 and Helm 4 use different ones): the schema is valid
     draft-07 and the shipped values, coalesced by Helm, satisfy it."""
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
     jsonschema.Draft7Validator.check_schema(schema)
-    data = chart.merge_values(production_values() if values == "production" else None)
+    data = chart.merge_values(SCENARIOS[values]())
     jsonschema.Draft7Validator(schema).validate(data)
     assert not jsonschema.Draft7Validator(schema).is_valid(with_values(data, replicaCount="two"))
+    # The key rules hold in this engine too: HS256 takes a secret only, the others a public key only.
+    hs, ed = INLINE_KEYS
+    for bad in ([dict(hs, public_key="PEM")], [dict(ed, secret="s" * 32)], [{"kid": "k", "alg": "HS256"}]):
+        assert not jsonschema.Draft7Validator(schema).is_valid(with_values(data, auth={"mode": "token", "keys": bad}))
 
 
 def test_config_keys_are_exactly_the_gateway_settings() -> None:
@@ -499,7 +652,8 @@ def test_defaults_render_only_the_basic_objects(chart: helm_python.Chart) -> Non
     r = render(chart)
     kinds = sorted(o["kind"] for o in r.objects)
     assert kinds == sorted(["ConfigMap", "ConfigMap", "Deployment", "Deployment", "PodDisruptionBudget",
-                            "Role", "RoleBinding", "Service", "Service", "Service", "ServiceAccount"])
+                            "Role", "RoleBinding", "Secret", "Service", "Service", "Service", "ServiceAccount"])
+    assert r.one("Secret")["metadata"]["name"] == f"{RELEASE}-sandbox-gateway-auth", "the generated token key"
     assert r.deployment["spec"]["replicas"] == 2
     assert r.one("PodDisruptionBudget")["spec"]["minAvailable"] == 1
     env = {e["name"]: e.get("value") for e in r.container["env"]}
@@ -546,8 +700,10 @@ def test_an_external_redis_replaces_the_embedded_one(chart: helm_python.Chart) -
 
 def test_optional_objects_are_off_by_default(chart: helm_python.Chart) -> None:
     r = render(chart)
-    for kind in ("HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy", "Secret"):
+    for kind in ("HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy"):
         assert not r.of_kind(kind), kind
+    # The only Secret is the generated token key (no redis-url Secret with the embedded Redis).
+    assert [s["metadata"]["name"] for s in r.of_kind("Secret")] == [f"{RELEASE}-sandbox-gateway-auth"]
 
 
 def test_dashboard_configmap_carries_the_sidecar_label(chart: helm_python.Chart) -> None:
@@ -581,6 +737,22 @@ def test_dashboard_configmap_carries_the_sidecar_label(chart: helm_python.Chart)
     pytest.param({"redis": {"url": "http://redis:6379"}}, "url", id="redis url scheme"),
     pytest.param({"service": {"type": "ExternalName", "ports": {"http": 8080, "grpc": 50051}}}, "type", id="service type"),
     pytest.param({"rbac": {"create": True, "extraNamespaces": ["Not_A_Namespace"]}}, "extraNamespaces", id="bad namespace"),
+    pytest.param({"config": {"creation_lease": 0}}, "creation_lease", id="creation lease not positive"),
+    pytest.param({"config": {"auth_mode": "token"}}, "auth_mode", id="auth_mode belongs under auth"),
+    pytest.param({"config": {"auth_keys_file": "/k.yaml"}}, "auth_keys_file", id="auth_keys_file belongs under auth"),
+    pytest.param({"auth": {"mode": "none"}}, "mode", id="unknown auth mode"),
+    pytest.param({"auth": {"mode": None}}, "mode", id="auth mode unset"),
+    pytest.param({"auth": {"mode": "token", "keys": [{"kid": "k", "alg": "HS256", "secret": "short"}]}}, "secret",
+                 id="HS256 secret under 32 characters"),
+    pytest.param({"auth": {"mode": "token", "keys": [{"kid": "k", "alg": "RS256"}]}}, "public_key",
+                 id="RS256 without a public key"),
+    pytest.param({"auth": {"mode": "token", "keys": [{"kid": "k", "alg": "none", "secret": "x" * 40}]}}, "alg",
+                 id="alg none"),
+    pytest.param({"auth": {"mode": "token", "keys": [dict(INLINE_KEYS[1], private_key="PEM")]}}, "private_key",
+                 id="private key handed to the gateway"),
+    pytest.param({"auth": {"mode": "token", "keys": [dict(INLINE_KEYS[0], public_key="PEM")]}}, "/auth/keys/0",
+                 id="HS256 key with a public key"),
+    pytest.param({"auth": {"mode": "token", "keysSecret": "Bad_Name"}}, "keysSecret", id="bad Secret name"),
 ])
 def test_schema_rejects_bad_values(chart: helm_python.Chart, values: dict[str, Any], needle: str) -> None:
     with pytest.raises(helm_python.HelmError) as excinfo:
@@ -601,6 +773,10 @@ def test_schema_rejects_bad_values(chart: helm_python.Chart, values: dict[str, A
     pytest.param({"terminationGracePeriodSeconds": 20}, "terminationGracePeriodSeconds", id="grace shorter than drain"),
     pytest.param({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}}, "maxReplicas",
                  id="hpa max below min"),
+    pytest.param({"auth": {"mode": "token", "keysSecret": "keys", "keys": INLINE_KEYS}},
+                 "set only one of auth.keysSecret", id="two key sources"),
+    pytest.param({"auth": {"mode": "token", "keys": [INLINE_KEYS[0], dict(INLINE_KEYS[1], kid="try-hs")]}},
+                 'kid "try-hs" appears more than once', id="duplicate kid"),
 ])
 def test_chart_refuses_broken_deployments(chart: helm_python.Chart, values: dict[str, Any], needle: str) -> None:
     with pytest.raises(helm_python.HelmRenderError) as excinfo:
