@@ -82,6 +82,14 @@ class Settings(BaseSettings):
     trust_forwarded_for: bool = False
     max_header_bytes: int = Field(default=32_768, ge=1024)
 
+    # tenant limits (gateway/limits.py; None = unlimited), per replica
+    org_rate_limit: float | None = Field(default=None, gt=0)       # requests/s per org (or personal user)
+    org_rate_burst: int | None = Field(default=None, ge=1)         # default: ceil(org_rate_limit)
+    max_streams_per_org: int | None = Field(default=None, ge=1)    # open WebSocket/SSE streams per org
+    max_body_bytes: int | None = Field(default=None, ge=0)         # request body cap (413 beyond it)
+    header_read_timeout: float = Field(default=10.0, gt=0)         # a request head must arrive within this (slowloris)
+    ws_max_message_bytes: int | None = Field(default=None, ge=125) # WebSocket frame payload cap (1009 close beyond)
+
     @model_validator(mode="after")
     def _auth_is_explicit_off_loopback(self) -> Settings:
         if self.auth_mode is None and not _is_loopback(self.host):
