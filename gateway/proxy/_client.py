@@ -28,7 +28,7 @@ from gateway.proxy._exchange import CHUNKED, DONE, LENGTH, NO_BODY, PARSED, RESO
 
 if TYPE_CHECKING:
     from gateway.proxy._plane import DataPlane
-    from gateway.proxy._upstream import UpstreamConnection
+    from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
     from gateway.sessions import Route
     from routing import Identity
 
@@ -56,7 +56,7 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "plane", "transport", "parser", "parsing", "last", "current", "queue", "mode", "rpause", "wpaused",
         "big", "head_seen", "up_out", "up_conn", "ident_key", "ident", "peer", "conn_line", "route_key",
-        "route_line", "idle_since",
+        "route_pool", "route_line", "idle_since",
     )
 
     def __init__(self, plane: DataPlane) -> None:
@@ -78,7 +78,8 @@ class ClientConnection(asyncio.Protocol):
         self.ident: Identity | None = None
         self.peer = b""
         self.conn_line = w.XFP_HTTP            # X-Forwarded-For + X-Forwarded-Proto for this client
-        self.route_key: Route | None = None
+        self.route_key: Route | None = None   # the last route served, and what it costs to look up
+        self.route_pool: UpstreamPool | None = None
         self.route_line = b""                  # Host + X-Sandbox-Id for route_key
         self.idle_since = 0.0
 
@@ -381,8 +382,11 @@ class ClientConnection(asyncio.Protocol):
                 log.exception("route cache lookup failed")
                 route = None
             if route is not None:
-                endpoint = route.endpoint
-                pool = plane.pools.get((endpoint.host, endpoint.port))
+                if route is self.route_key:
+                    pool = self.route_pool
+                else:
+                    endpoint = route.endpoint
+                    pool = plane.pools.get((endpoint.host, endpoint.port))
                 if pool is not None:
                     idle = pool.idle
                     while idle:
@@ -435,10 +439,12 @@ class ClientConnection(asyncio.Protocol):
         conn.ex = ex
         conn.client_tr = self.transport
         conn.raw = None
+        conn.raw_pos = 0
         if self.wpaused or conn.wpaused:
             conn.sync_pauses(self)
         if route is not self.route_key:
             self.route_key = route
+            self.route_pool = conn.pool
             self.route_line = conn.pool.host_line + b"X-Sandbox-Id: " + route.sandbox_id.encode() + w.CRLF
         if ex.xff is not None and self.plane.trust_xff:
             forwarded = b"X-Forwarded-For: " + ex.xff + b", " + self.peer + w.CRLF + w.XFP_HTTP
@@ -453,10 +459,7 @@ class ClientConnection(asyncio.Protocol):
         elif ex.body == CHUNKED:
             parts.append(w.TE_CHUNKED)
         parts.append(w.CRLF)
-        head = b"".join(parts)  # type: ignore[arg-type]
-        if conn.reused and ex.body == NO_BODY and ex.method in w.IDEMPOTENT_METHODS:
-            ex.head = head  # kept for one retry should this pooled connection turn out stale
-        out = [head]
+        out = [b"".join(parts)]  # type: ignore[arg-type]
         pending = ex.pending
         if pending is not None:
             ex.pending = None

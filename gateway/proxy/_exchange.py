@@ -39,9 +39,9 @@ class Exchange:
     __slots__ = (
         "client", "url", "method", "headers", "hsize", "org", "user", "session", "bot", "host", "xff",
         "request_id", "tokens", "body", "expect", "upgrade", "websocket", "version10", "keep_alive",
-        "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
+        "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
-        "protocol", "error", "retried", "head", "conn_ka",
+        "protocol", "error", "retried",
     )
 
     def __init__(self, client: ClientConnection) -> None:
@@ -49,21 +49,22 @@ class Exchange:
         self.url = b""
         self.method = b""
         self.headers: list[bytes] = []        # groups of (name, b": ", value, CRLF)
-        self.hsize = 0
-        self.org: bytes | None = None
+        self.hsize = 0                        # head bytes counted (only for reads larger than a head may be)
+        self.org: bytes | None = None         # the identity headers, raw
         self.user: bytes | None = None
         self.session: bytes | None = None
         self.bot: bytes | None = None
-        self.host: bytes | None = None
-        self.xff: bytes | None = None
+        self.host: bytes | None = None        # the inbound Host, forwarded as X-Forwarded-Host
+        self.xff: bytes | None = None         # inbound X-Forwarded-For (used when trusted)
         self.request_id: bytes | None = None
         self.tokens: set[bytes] | None = None  # header names listed in Connection
         self.body = NO_BODY
-        self.expect = False
-        self.upgrade: bytes | None = None
+        self.expect = False                   # Expect: 100-continue
+        self.upgrade: bytes | None = None     # the Upgrade header
         self.websocket = False
         self.version10 = False
         self.keep_alive = True
+        self.conn_ka = False                  # the request said "Connection: keep-alive"
         self.req_done = False
         self.pending: list[bytes] | None = None  # body bytes read before an upstream was attached
         self.early: list[bytes] | None = None    # bytes sent after an upgrade request, before the 101
@@ -74,7 +75,7 @@ class Exchange:
         self.task: asyncio.Task[Any] | None = None
         self.state = PARSED
         self.status = 0
-        self.started = False        # response bytes were committed to the client
+        self.started = False                  # response bytes were committed to the client
         self.close_after = False
         self.bytes_in = 0
         self.bytes_out = 0
@@ -84,8 +85,6 @@ class Exchange:
         self.protocol = "http"
         self.error: str | None = None
         self.retried = False
-        self.head: bytes | None = None  # kept while a stale-connection retry is possible
-        self.conn_ka = False            # the request said "Connection: keep-alive"
 
 
 class RequestLog:

@@ -18,7 +18,7 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from gateway.errors import UpstreamError
 from gateway.proxy import _wire as w
-from gateway.proxy._exchange import BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
+from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
 
 if TYPE_CHECKING:
     from gateway.proxy._client import ClientConnection
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.proxy")
 
 MAX_RESPONSE_HEAD = 256 * 1024
+_find_hop_by_hop = w.HOP_BY_HOP.search
 
 
 class UpstreamPool:
@@ -218,7 +219,18 @@ class UpstreamConnection(asyncio.Protocol):
         if ex.state == BODY:  # the head is complete; what follows it is body
             self.raw = None
             body_at = self.raw_pos
-            self._body(ex, raw[body_at:] if body_at < len(raw) else b"", self.head_out)
+            if self.framing != F_PASS or self.extra:
+                self._body(ex, raw[body_at:] if body_at < len(raw) else b"", self.head_out)
+                return
+            ex.started = True
+            if body_at < len(raw):
+                body = raw[body_at:]
+                ex.bytes_out += len(body)
+                self.client_tr.write(self.head_out + body)  # type: ignore[union-attr]
+            else:
+                self.client_tr.write(self.head_out)  # type: ignore[union-attr]
+            if self.done:
+                self._complete(ex)
 
     def _body(self, ex: Exchange, data: bytes, head: bytes) -> None:
         """Send ``head`` (if any) and the body bytes ``data`` the way the client takes them."""
@@ -279,7 +291,8 @@ class UpstreamConnection(asyncio.Protocol):
             else:
                 client.abort(ex, "upstream_closed", "the sandbox closed the connection mid-response")
         elif ex.state == WAITING:
-            if self.raw is None and self.reused and not ex.retried and ex.head is not None:
+            if (self.raw is None and self.reused and not ex.retried and ex.body == NO_BODY
+                    and ex.method in w.IDEMPOTENT_METHODS):
                 client.retry(ex)  # a stale keep-alive connection; the request is safe to repeat
             else:
                 sandbox_id = ex.route.sandbox_id if ex.route else None
@@ -295,15 +308,15 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         ex = self.ex
-        assert ex is not None
         raw = self.raw
-        assert raw is not None
+        assert ex is not None and raw is not None
         pos = self.raw_pos
         while raw.startswith(b"\r\n", pos):
             pos += 2
         end = raw.find(b"\r\n\r\n", pos)
         self.raw_pos = end + 4
-        status = self.parser.get_status_code()
+        parser = self.parser
+        status = parser.get_status_code()
         if status < 200:
             if status != 101:
                 self.interim = True  # 100/102/103: the client gets only the final response
@@ -311,9 +324,32 @@ class UpstreamConnection(asyncio.Protocol):
             if not ex.websocket:
                 self.broken = True  # answered by the upgrade handling with a 502
                 return
-        head, flags = w.clean_response_head(raw[pos:end])
         ex.status = status
+        head = raw[pos:end]
+        low = head.lower()
+        match = _find_hop_by_hop(low)
+        chunked = False
+        if match is not None:
+            head, chunked = w.strip_hop_by_hop(head, low, match)
+        if not head.startswith(b"HTTP/1.1 "):
+            head = b"HTTP/1.1" + head[8:]
+        if (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10
+                and parser.should_keep_alive() and ex.method != b"HEAD" and not self.plane.draining):
+            # The common case: a keep-alive response with its own framing (Content-Length or
+            # chunked; llhttp would not call it keep-alive otherwise), passed through as it is.
+            self.framing = F_PASS
+            self.head_out = head + b"\r\n\r\n"
+            if low.find(b"event-stream") >= 0 and w.is_event_stream(low):
+                ex.protocol = "sse"
+                self.plane.stream_began(ex)
+        else:
+            self._frame(ex, status, head, low, chunked)
+        ex.state = BODY
+
+    def _frame(self, ex: Exchange, status: int, head: bytes, low: bytes, chunked: bool) -> None:
+        """Choose how the body reaches the client, and the head's Connection line, in general."""
         close = not ex.keep_alive or not ex.req_done or self.plane.draining
+        has_length = low.find(b"\r\ncontent-length:") >= 0
         extra = b""
         if status == 101:
             framing = F_NONE
@@ -325,9 +361,9 @@ class UpstreamConnection(asyncio.Protocol):
                 # the next one starts on a fresh parser.
                 self.done = True
                 self.keep = self.parser.should_keep_alive()
-        elif flags & (w.HAS_LENGTH | w.HAS_TE):
+        elif has_length or chunked:
             framing = F_PASS
-            if ex.version10 and not flags & w.HAS_LENGTH:
+            if ex.version10 and not has_length:
                 framing = F_DECHUNK
                 head = w.without_transfer_encoding(head)
                 self.dechunker = _Dechunker()
@@ -345,11 +381,8 @@ class UpstreamConnection(asyncio.Protocol):
                 extra += w.CONN_CLOSE
         elif ex.version10:
             extra += w.CONN_KEEP_ALIVE
-        if not head.startswith(b"HTTP/1.1 "):
-            head = b"HTTP/1.1" + head[8:]
         self.head_out = b"".join((head, w.CRLF, extra, w.CRLF))
-        ex.state = BODY
-        if flags & w.IS_SSE:
+        if framing != F_NONE and w.is_event_stream(low):
             ex.protocol = "sse"
             self.plane.stream_began(ex)
 

@@ -84,38 +84,28 @@ _FIELD_HEADERS = {"org_id": "X-Org-Id", "user_id": "X-User-Id", "session_id": "X
 # Response heads are rewritten as a whole (llhttp has validated them: CRLF line
 # ends, no obs-fold, no space before the colon), so these work on the raw head,
 # which starts with the status line and ends before its final CRLF CRLF.
-_HOP_BY_HOP = re.compile(  # on the lower-cased head
+HOP_BY_HOP = re.compile(  # on the lower-cased head
     rb"\r\n(connection|keep-alive|proxy-connection|te|trailer|transfer-encoding|upgrade):([^\r]*)")
 _SSE_CONTENT_TYPE = re.compile(rb"\r\ncontent-type:[ \t]*text/event-stream")  # on the lower-cased head
 _TRANSFER_ENCODING = re.compile(rb"\r\ntransfer-encoding:[^\r]*", re.I)
 
-HAS_LENGTH = 1     # Content-Length present
-HAS_TE = 2         # Transfer-Encoding present (its line is kept: the body may pass through chunked)
-IS_SSE = 4         # Content-Type: text/event-stream
-
-
-def clean_response_head(head: bytes) -> tuple[bytes, int]:
-    """The head without hop-by-hop lines (but Transfer-Encoding) and headers named in Connection; HAS_*/IS_SSE."""
-    low = head.lower()
-    flags = HAS_LENGTH if low.find(b"\r\ncontent-length:") >= 0 else 0
-    if low.find(b"event-stream") >= 0 and _SSE_CONTENT_TYPE.search(low):
-        flags |= IS_SSE
-    match = _HOP_BY_HOP.search(low)
-    if match is None:
-        return head, flags
+def strip_hop_by_hop(head: bytes, low: bytes, match: re.Match[bytes]) -> tuple[bytes, bool]:
+    """``head`` without its hop-by-hop lines (``match`` is the first) except Transfer-Encoding, and
+    headers named in Connection; and whether a Transfer-Encoding line is there."""
     name = match.group(1)
     if name == b"connection" and match.group(2).strip() in CONNECTION_OPTIONS:
         # The usual case: one "Connection: keep-alive" line.
         start, end = match.span()
-        if _HOP_BY_HOP.search(low, end) is None:
-            return head[:start] + head[end:], flags
+        if HOP_BY_HOP.search(low, end) is None:
+            return head[:start] + head[end:], False
     parts = []
     start = 0
+    chunked = False
     tokens: set[bytes] | None = None
     while match is not None:
         name = match.group(1)
         if name == b"transfer-encoding":
-            flags |= HAS_TE
+            chunked = True
         else:
             if name == b"connection":
                 value = match.group(2).strip()
@@ -125,13 +115,18 @@ def clean_response_head(head: bytes) -> tuple[bytes, int]:
                         tokens = named if tokens is None else tokens | named
             parts.append(head[start:match.start()])
             start = match.end()
-        match = _HOP_BY_HOP.search(low, match.end())
+        match = HOP_BY_HOP.search(low, match.end())
     parts.append(head[start:])
     head = b"".join(parts)
     if tokens:
         head = re.sub(rb"\r\n(?:" + b"|".join(re.escape(name) for name in tokens) + rb"):[^\r]*", b"", head,
                       flags=re.I)
-    return head, flags
+    return head, chunked
+
+
+def is_event_stream(low: bytes) -> bool:
+    """Content-Type: text/event-stream, in a lower-cased head."""
+    return low.find(b"event-stream") >= 0 and _SSE_CONTENT_TYPE.search(low) is not None
 
 
 def without_transfer_encoding(head: bytes) -> bytes:

@@ -1,0 +1,470 @@
+"""Data-plane throughput: direct vs nginx (reverse proxy) vs the gateway, on the same cores.
+
+    .venv/bin/python benchmarks/proxy_bench.py [--quick] [--concurrency 10,50,200] [--workers 1,2]
+
+A fixed backend (nginx serving a small static file when nginx is installed, else
+a fast asyncio server) is loaded directly, through nginx as a reverse proxy
+(keep-alive upstream) and through the gateway (DataPlane with a fixed resolver,
+1 or 2 worker processes on one SO_REUSEPORT port), all with the same client (wrk
+when installed, else an aiohttp load generator). Then streaming: SSE events/s
+and a 100 MB upload, direct vs gateway. Load generator, backend and proxies share
+the machine's cores: read the ratios, not the absolute numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+WRK = shutil.which("wrk")
+IDENTITY = {"X-User-Id": "bench-user", "X-Session-Id": "bench-session"}
+BODY = b"hello, world\n"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+# -- the gateway --------------------------------------------------------------
+def launch_gateway(backend_port: int, workers: int, *, fast_path: bool = True) -> tuple[list[subprocess.Popen[bytes]], int]:
+    """Start the gateway in front of ``backend_port``: ``workers`` processes on one SO_REUSEPORT port.
+
+    The one place that knows how the gateway is started (swap in ``sandbox-gateway serve`` here).
+    """
+    port = free_port()
+    args = [sys.executable, __file__, "_gateway", str(port), str(backend_port), "1" if fast_path else "0"]
+    procs = [subprocess.Popen(args, cwd=ROOT) for _ in range(workers)]
+    wait_port(port)
+    time.sleep(0.2 * workers)  # every worker bound and serving
+    return procs, port
+
+
+def _gateway_worker(port: int, backend_port: int, fast_path: bool) -> None:
+    import uvloop
+
+    from gateway.model import Endpoint, Owner
+    from gateway.proxy import DataPlane
+    from gateway.sessions import Route
+    from gateway.settings import Settings
+    from routing import Identity
+
+    endpoint = Endpoint("127.0.0.1", backend_port)
+
+    class FixedResolver:
+        """Every session goes to the one backend (what SessionRouter's cache hit returns)."""
+
+        def __init__(self) -> None:
+            self.routes: dict[str, Route] = {}
+
+        def cached_route(self, identity: Identity) -> Route | None:
+            route = self.routes.get(identity.session_id)
+            if route is None:
+                route = self.routes[identity.session_id] = Route(
+                    identity.session_id, "ses-bench", "small", endpoint, Owner.of(identity))
+            return route
+
+        async def resolve(self, identity: Identity) -> Route:
+            return self.cached_route(identity)  # type: ignore[return-value]
+
+        def invalidate(self, key: str) -> None:
+            self.routes.pop(key, None)
+
+        def stream_opened(self, sandbox_id: str) -> None:
+            pass
+
+        def stream_closed(self, sandbox_id: str) -> None:
+            pass
+
+    class SlowPathResolver(FixedResolver):
+        cached_route = None  # type: ignore[assignment]
+
+        async def resolve(self, identity: Identity) -> Route:
+            return FixedResolver.cached_route(self, identity)  # type: ignore[return-value]
+
+    async def main() -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(4096)
+        sock.setblocking(False)
+        resolver = FixedResolver() if fast_path else SlowPathResolver()
+        plane = DataPlane(resolver, Settings(upstream_pool_size=512))
+        await plane.start(sock)
+        if os.environ.get("GW_FREEZE"):
+            import gc
+            gc.freeze()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        await stop.wait()
+        await plane.stop(1.0)
+
+    uvloop.run(main())
+
+
+def stop_procs(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- nginx ----------------------------------------------------------------------
+NGINX_COMMON = """
+pid {dir}/{name}.pid;
+error_log {dir}/{name}-error.log warn;
+{user}
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/tmp-{name}-body;
+    proxy_temp_path {dir}/tmp-{name}-proxy;
+    fastcgi_temp_path {dir}/tmp-{name}-fcgi;
+    uwsgi_temp_path {dir}/tmp-{name}-uwsgi;
+    scgi_temp_path {dir}/tmp-{name}-scgi;
+    keepalive_requests 10000000;
+    {http}
+}}
+"""
+
+NGINX_BACKEND = """
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        root {dir}/www;
+        location / {{ }}
+    }}
+"""
+
+NGINX_PROXY = """
+    upstream backend {{ server 127.0.0.1:{backend}; keepalive 256; keepalive_requests 10000000; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+"""
+
+
+def start_nginx(tmp: Path, name: str, workers: int, http: str) -> subprocess.Popen[bytes]:
+    conf = tmp / f"{name}.conf"
+    user = "user root;" if os.geteuid() == 0 else ""
+    conf.write_text(f"worker_processes {workers};\ndaemon off;\n"
+                    + NGINX_COMMON.format(dir=tmp, name=name, user=user, http=http))
+    return subprocess.Popen([NGINX, "-p", str(tmp), "-c", str(conf)], stderr=subprocess.DEVNULL)  # type: ignore[list-item]
+
+
+@dataclass
+class Backend:
+    port: int
+    procs: list[subprocess.Popen[bytes]]
+
+
+def start_backend(tmp: Path) -> Backend:
+    port = free_port()
+    if NGINX:
+        (tmp / "www").mkdir(exist_ok=True)
+        (tmp / "www" / "index.html").write_bytes(BODY)
+        proc = start_nginx(tmp, "backend", 1, NGINX_BACKEND.format(port=port, dir=tmp))
+    else:
+        proc = subprocess.Popen([sys.executable, __file__, "_backend", str(port)])
+    wait_port(port)
+    return Backend(port, [proc])
+
+
+# -- streaming backend (SSE and uploads) ----------------------------------------
+def _stream_backend(port: int) -> None:
+    import uvloop
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()
+                return
+            line = head.split(b"\r\n", 1)[0]
+            if line.startswith(b"GET /sse"):
+                count = int(line.split(b"n=")[1].split()[0])
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+                event = b"data: %s\n\n" % (b"x" * 48)
+                chunk = b"%x\r\n%s\r\n" % (len(event), event)
+                for i in range(count):
+                    writer.write(chunk)
+                    if i % 64 == 0:
+                        await writer.drain()
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+            else:  # POST /upload with Content-Length: read and discard
+                length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))  # type: ignore[union-attr]
+                left = length
+                while left:
+                    data = await reader.read(min(left, 1 << 20))
+                    if not data:
+                        return
+                    left -= len(data)
+                body = b"%d" % length
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port, limit=1 << 20)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.run(main())
+
+
+def _plain_backend(port: int) -> None:
+    """Fallback backend without nginx: a minimal keep-alive HTTP server on uvloop."""
+    import uvloop
+
+    response = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nContent-Type: text/html\r\n\r\n%s" % (len(BODY), BODY)
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.transport.write(response * data.count(b"\r\n\r\n"))  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Server, "127.0.0.1", port, backlog=4096)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.run(main())
+
+
+# -- load -------------------------------------------------------------------------
+@dataclass
+class Result:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+
+
+def _ms(text: str) -> float:
+    value, unit = re.match(r"([\d.]+)(\w+)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+
+
+def load(port: int, concurrency: int, duration: float, headers: dict[str, str]) -> Result:
+    url = f"http://127.0.0.1:{port}/index.html"
+    if WRK:
+        threads = min(2, concurrency)
+        cmd = [WRK, f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "--latency"]
+        for name, value in headers.items():
+            cmd += ["-H", f"{name}: {value}"]
+        out = subprocess.run(cmd + [url], capture_output=True, text=True, check=True).stdout
+        rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+        p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+        p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+        if "Non-2xx" in out or "Socket errors" in out:
+            print(f"  warning: errors during load on port {port}:\n{out}", file=sys.stderr)
+        return Result(rps, p50, p99)
+    return asyncio.run(_aiohttp_load(url, concurrency, duration, headers))
+
+
+async def _aiohttp_load(url: str, concurrency: int, duration: float, headers: dict[str, str]) -> Result:
+    import aiohttp
+
+    latencies: list[float] = []
+    deadline = time.perf_counter() + duration
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            async with session.get(url, headers=headers) as response:
+                await response.read()
+            latencies.append(time.perf_counter() - start)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+    return Result(len(latencies) / elapsed, latencies[len(latencies) // 2] * 1000,
+                  latencies[int(len(latencies) * 0.99)] * 1000)
+
+
+async def _sse_rate(port: int, events: int, headers: dict[str, str]) -> float:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    writer.write(f"GET /sse?n={events} HTTP/1.1\r\nHost: bench\r\n{extra}\r\n".encode())
+    start = time.perf_counter()
+    seen = 0
+    while seen < events:
+        data = await reader.read(1 << 16)
+        if not data:
+            break
+        seen += data.count(b"\n\n")
+    elapsed = time.perf_counter() - start
+    writer.close()
+    await writer.wait_closed()
+    return seen / elapsed
+
+
+async def _upload_rate(port: int, size: int, headers: dict[str, str]) -> float:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    writer.write(f"POST /upload HTTP/1.1\r\nHost: bench\r\nContent-Length: {size}\r\n{extra}\r\n".encode())
+    chunk = os.urandom(1 << 18)
+    start = time.perf_counter()
+    left = size
+    while left:
+        piece = chunk[:left]
+        writer.write(piece)
+        left -= len(piece)
+        await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    elapsed = time.perf_counter() - start
+    writer.close()
+    await writer.wait_closed()
+    return size / elapsed / 1e6
+
+
+# -- the run ------------------------------------------------------------------------
+def _row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(cell.rjust(width) for cell, width in zip(cells, widths))
+
+
+@contextlib.contextmanager
+def running(procs: list[subprocess.Popen[bytes]]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        stop_procs(procs)
+
+
+def median_result(results: list[Result]) -> Result:
+    """The run with the median throughput (its latencies belong to that run)."""
+    return sorted(results, key=lambda r: r.rps)[len(results) // 2]
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
+        role, *rest = sys.argv[1:]
+        if role == "_gateway":
+            _gateway_worker(int(rest[0]), int(rest[1]), rest[2] == "1")
+        elif role == "_backend":
+            _plain_backend(int(rest[0]))
+        elif role == "_stream":
+            _stream_backend(int(rest[0]))
+        return
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short runs (about a minute in all)")
+    parser.add_argument("--concurrency", default="10,50,200")
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per load run")
+    parser.add_argument("--repeat", type=int, default=None, help="rounds per cell; the median is shown")
+    parser.add_argument("--no-fast-path", action="store_true",
+                        help="resolver without cached_route: one task per request")
+    args = parser.parse_args()
+    duration = args.duration or (2.0 if args.quick else 5.0)
+    repeat = args.repeat or (1 if args.quick else 3)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    worker_counts = [int(n) for n in args.workers.split(",")]
+
+    print(f"client: {'wrk' if WRK else 'aiohttp'}; backend: {'nginx static file' if NGINX else 'asyncio'}; "
+          f"cores: {os.cpu_count()}; {duration:g}s per run, median of {repeat} interleaved rounds")
+    header = ["workers", "conc", "direct r/s", "nginx r/s", "gateway r/s", "gw/nginx", "gw/direct",
+              "direct p50/p99 ms", "nginx p50/p99 ms", "gateway p50/p99 ms"]
+    widths = [7, 4, 10, 9, 11, 8, 9, 17, 16, 18]
+    print(_row(header, widths), flush=True)
+    with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        backend = start_backend(tmp)
+        with running(backend.procs):
+            for workers in worker_counts:
+                procs: list[subprocess.Popen[bytes]] = []
+                nport = None
+                if NGINX:
+                    nport = free_port()
+                    procs.append(start_nginx(tmp, f"proxy{workers}", workers,
+                                             NGINX_PROXY.format(port=nport, backend=backend.port)))
+                    wait_port(nport)
+                gateway_procs, gport = launch_gateway(backend.port, workers, fast_path=not args.no_fast_path)
+                procs += gateway_procs
+                with running(procs):
+                    load(backend.port, 10, 1, {})  # warm up all three
+                    if nport:
+                        load(nport, 10, 1, {})
+                    load(gport, 10, 1, IDENTITY)
+                    for c in levels:
+                        # Interleaved rounds: drift in what else the machine does hits all three alike.
+                        runs: dict[str, list[Result]] = {"direct": [], "nginx": [], "gateway": []}
+                        for _ in range(repeat):
+                            runs["direct"].append(load(backend.port, c, duration, {}))
+                            if nport:
+                                runs["nginx"].append(load(nport, c, duration, {}))
+                            runs["gateway"].append(load(gport, c, duration, IDENTITY))
+                        d, g = median_result(runs["direct"]), median_result(runs["gateway"])
+                        n = median_result(runs["nginx"]) if runs["nginx"] else None
+                        print(_row([
+                            str(workers), str(c), f"{d.rps:,.0f}", f"{n.rps:,.0f}" if n else "-", f"{g.rps:,.0f}",
+                            f"{g.rps / n.rps:.2f}" if n else "-", f"{g.rps / d.rps:.2f}",
+                            f"{d.p50_ms:.2f}/{d.p99_ms:.2f}", f"{n.p50_ms:.2f}/{n.p99_ms:.2f}" if n else "-",
+                            f"{g.p50_ms:.2f}/{g.p99_ms:.2f}"], widths), flush=True)
+
+        # streaming
+        sport = free_port()
+        stream = subprocess.Popen([sys.executable, __file__, "_stream", str(sport)])
+        wait_port(sport)
+        with running([stream]):
+            procs, gport = launch_gateway(sport, 1, fast_path=not args.no_fast_path)
+            with running(procs):
+                events = 50_000 if args.quick else 200_000
+                size = 100 * 1024 * 1024
+                sse_direct = asyncio.run(_sse_rate(sport, events, {}))
+                sse_gateway = asyncio.run(_sse_rate(gport, events, IDENTITY))
+                up_direct = asyncio.run(_upload_rate(sport, size, {}))
+                up_gateway = asyncio.run(_upload_rate(gport, size, IDENTITY))
+    print()
+    print(f"SSE events/s ({events:,} events of 56 B): direct {sse_direct:,.0f}, gateway {sse_gateway:,.0f} "
+          f"(ratio {sse_gateway / sse_direct:.2f})")
+    print(f"100 MB upload: direct {up_direct:,.0f} MB/s, gateway {up_gateway:,.0f} MB/s "
+          f"(ratio {up_gateway / up_direct:.2f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,673 @@
+"""The data plane's HTTP/1.1 wire contract, over real loopback sockets.
+
+Fake sandboxes are aiohttp servers with one inline handler per test (or raw
+asyncio servers where the test needs byte control); the resolver is a
+hand-written fake. Every test runs the gateway with both resolver flavours
+where the difference matters (with and without the synchronous cache path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import os
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+from yarl import URL
+
+from gateway.errors import CapacityExceeded, NotFound
+from gateway.model import Endpoint
+from tests.proxy_helpers import (
+    CachingFakeResolver,
+    FakeResolver,
+    StartGateway,
+    dead_port,
+    eventually,
+    gateways,
+    identity_headers,
+    raw_backend,
+    raw_client,
+    read_head,
+    read_response,
+    request_bytes,
+)
+
+
+@pytest.fixture
+async def start_gateway() -> AsyncIterator[StartGateway]:
+    async with gateways() as start:
+        yield start
+
+
+@pytest.fixture(params=[FakeResolver, CachingFakeResolver], ids=["task-path", "cached-path"])
+def resolver_class(request: pytest.FixtureRequest) -> type[FakeResolver]:
+    return request.param
+
+
+async def backend(aiohttp_server, handler, path: str = "/{tail:.*}") -> Endpoint:  # type: ignore[no-untyped-def]
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_route("*", path, handler)
+    server = await aiohttp_server(app)
+    return Endpoint("127.0.0.1", server.port)
+
+
+async def echo_headers(request: web.Request) -> web.Response:
+    return web.json_response({"headers": dict(request.headers), "raw_path": request.raw_path,
+                              "method": request.method})
+
+
+# -- bodies ---------------------------------------------------------------------------
+async def _echo(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    if request.query.get("chunked"):
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for i in range(0, len(body), 100_000):
+            await response.write(body[i:i + 100_000])
+        await response.write_eof()
+        return response
+    return web.Response(body=body, headers={"X-Body-Sha": hashlib.sha256(body).hexdigest()})
+
+
+@pytest.mark.parametrize("size", [0, 1, 65_537, 8 * 1024 * 1024])
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+async def test_bodies_round_trip_byte_exact(aiohttp_server, start_gateway, resolver_class, size, framing) -> None:
+    gw = await start_gateway(resolver_class(await backend(aiohttp_server, _echo)))
+    body = os.urandom(size)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(body), 300_001):
+            yield body[i:i + 300_001]
+
+    data = chunks() if framing == "chunked" else io.BytesIO(body)
+    params = {"chunked": "1"} if framing == "chunked" else {}
+    async with aiohttp.ClientSession() as client, \
+            client.post(f"{gw.url}/echo", data=data, params=params, headers=identity_headers()) as response:
+        assert response.status == 200
+        if framing == "chunked":
+            assert response.headers.get("Transfer-Encoding") == "chunked" or size == 0
+        got = await response.read()
+    assert hashlib.sha256(got).hexdigest() == hashlib.sha256(body).hexdigest()
+    record = gw.records[-1]
+    assert record.bytes_in == size
+    # Response bytes are counted as forwarded: a chunked body with its chunk framing.
+    assert record.bytes_out == size if framing == "length" else record.bytes_out >= size
+
+
+async def test_path_and_query_forwarded_byte_for_byte(aiohttp_server, start_gateway) -> None:
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)))
+    async with aiohttp.ClientSession() as client, \
+            client.get(URL(f"{gw.url}/a%2Fb?x=%20", encoded=True), headers=identity_headers()) as response:
+        assert (await response.json())["raw_path"] == "/a%2Fb?x=%20"
+
+
+async def test_any_method_is_forwarded(aiohttp_server, start_gateway) -> None:
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)))
+    async with aiohttp.ClientSession() as client:
+        for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "PROPFIND"):
+            async with client.request(method, f"{gw.url}/x", headers=identity_headers()) as response:
+                assert (await response.json())["method"] == method
+
+
+# -- headers ----------------------------------------------------------------------------
+async def test_request_headers_rewritten(aiohttp_server, start_gateway) -> None:
+    endpoint = await backend(aiohttp_server, echo_headers)
+    gw = await start_gateway(FakeResolver(endpoint, sandbox_id="ses-abc"))
+    headers = identity_headers(**{"X-Org-Id": "org-1", "X-Bot-Id": "bot-1", "Authorization": "Bearer secret",
+                                  "Proxy-Authorization": "Basic x", "X-Forwarded-For": "6.6.6.6",
+                                  "X-Sandbox-Id": "ses-forged", "X-Custom": "kept", "X-Request-Id": "req-42"})
+    async with aiohttp.ClientSession() as client, \
+            client.get(f"{gw.url}/h", headers=headers) as response:
+        seen = {k.lower(): v for k, v in (await response.json())["headers"].items()}
+    for absent in ("x-org-id", "x-user-id", "x-session-id", "x-bot-id", "authorization", "proxy-authorization"):
+        assert absent not in seen
+    assert seen["x-sandbox-id"] == "ses-abc"
+    assert seen["x-forwarded-for"] == "127.0.0.1"  # the inbound one is dropped by default
+    assert seen["x-forwarded-proto"] == "http"
+    assert seen["x-forwarded-host"] == f"127.0.0.1:{gw.port}"
+    assert seen["host"] == f"127.0.0.1:{endpoint.port}"
+    assert seen["x-custom"] == "kept"
+    assert seen["x-request-id"] == "req-42"
+    assert gw.records[-1].request_id == "req-42"
+
+
+async def test_trusted_forwarded_for_is_appended_to(aiohttp_server, start_gateway) -> None:
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)), trust_forwarded_for=True)
+    async with aiohttp.ClientSession() as client, \
+            client.get(f"{gw.url}/h", headers=identity_headers(**{"X-Forwarded-For": "10.0.0.9"})) as response:
+        assert (await response.json())["headers"]["X-Forwarded-For"] == "10.0.0.9, 127.0.0.1"
+
+
+async def test_hop_by_hop_and_connection_named_headers_dropped(start_gateway) -> None:
+    seen: dict[bytes, bytes] = {}
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _, headers = await read_head(reader)
+        seen.update(headers)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive, X-Hop-Resp\r\n"
+                     b"Keep-Alive: timeout=5\r\nX-Hop-Resp: secret\r\nProxy-Connection: x\r\nX-End: 1\r\n\r\nok")
+        await writer.drain()
+        await reader.read()
+
+    async with raw_backend(handler) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint))
+        async with raw_client(gw.port) as (reader, writer):
+            writer.write(request_bytes("GET", "/", {**identity_headers(), "Connection": "keep-alive, X-Secret",
+                                                    "X-Secret": "1", "Keep-Alive": "300", "TE": "trailers",
+                                                    "Trailer": "X-T", "Upgrade": "h2c", "X-Kept": "yes"}))
+            status, headers, body = await read_response(reader)
+    assert status == 200 and body == b"ok"
+    for name in (b"x-secret", b"keep-alive", b"te", b"trailer", b"upgrade", b"x-user-id", b"x-session-id"):
+        assert name not in seen, name
+    assert seen[b"x-kept"] == b"yes"
+    assert seen.get(b"connection") is None
+    for name in (b"x-hop-resp", b"keep-alive", b"proxy-connection", b"connection"):
+        assert name not in headers, name
+    assert headers[b"x-end"] == b"1"
+
+
+async def test_request_id_generated_when_absent_or_insane(aiohttp_server, start_gateway) -> None:
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)))
+    ids = []
+    async with aiohttp.ClientSession() as client:
+        for extra in ({}, {"X-Request-Id": "bad id with spaces"}, {"X-Request-Id": "x" * 129}):
+            async with client.get(f"{gw.url}/", headers=identity_headers(**extra)) as response:
+                seen = {k.lower(): v for k, v in (await response.json())["headers"].items()}
+                ids.append(seen["x-request-id"])
+    assert len(set(ids)) == 3
+    assert all(" " not in i and len(i) <= 128 for i in ids)
+    assert [r.request_id for r in gw.records] == ids
+
+
+# -- identity and resolver errors -----------------------------------------------------------
+@pytest.mark.parametrize(("headers", "names"), [
+    pytest.param({"X-Session-Id": "s"}, "X-User-Id: is required", id="missing user"),
+    pytest.param({"X-User-Id": "u"}, "X-Session-Id: is required", id="missing session"),
+    pytest.param({"X-User-Id": "", "X-Session-Id": "s"}, "X-User-Id: must not be empty", id="empty user"),
+    pytest.param({"X-User-Id": "u", "X-Session-Id": "s" * 300}, "X-Session-Id: must be at most", id="long session"),
+])
+async def test_invalid_identity_is_400_naming_the_header(start_gateway, resolver_class, headers, names) -> None:
+    gw = await start_gateway(resolver_class(Endpoint("127.0.0.1", dead_port())))
+    async with aiohttp.ClientSession() as client, client.get(f"{gw.url}/", headers=headers) as response:
+        assert response.status == 400
+        body = await response.json()
+    assert body["error"]["code"] == "invalid_identity"
+    assert body["error"]["message"].startswith(names)
+    assert gw.records[-1].status == 400 and gw.records[-1].error == "invalid_identity"
+
+
+async def test_duplicate_identity_header_is_400(start_gateway) -> None:
+    gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())))
+    async with raw_client(gw.port) as (reader, writer):
+        writer.write(b"GET / HTTP/1.1\r\nX-User-Id: a\r\nX-User-Id: b\r\nX-Session-Id: s\r\n\r\n")
+        status, _, body = await read_response(reader)
+    assert status == 400
+    assert json.loads(body)["error"]["message"] == "X-User-Id: must be given once"
+
+
+async def test_empty_bot_id_is_absent(aiohttp_server, start_gateway) -> None:
+    resolver = CachingFakeResolver(await backend(aiohttp_server, echo_headers))
+    seen = []
+    original = resolver._route
+
+    def spy(identity):  # type: ignore[no-untyped-def]
+        seen.append(identity)
+        return original(identity)
+
+    resolver._route = spy  # type: ignore[method-assign]
+    gw = await start_gateway(resolver)
+    async with aiohttp.ClientSession() as client, \
+            client.get(f"{gw.url}/", headers=identity_headers(**{"X-Bot-Id": ""})) as response:
+        assert response.status == 200
+    assert seen[0].bot_id is None
+
+
+async def test_capacity_exceeded_is_429_with_retry_after(start_gateway, resolver_class) -> None:
+    resolver = resolver_class(Endpoint("127.0.0.1", dead_port()))
+    resolver.error = CapacityExceeded("pool small is full (400 sandboxes)", scope="pool", retry_after=7)
+    gw = await start_gateway(resolver)
+    async with aiohttp.ClientSession() as client, client.get(f"{gw.url}/", headers=identity_headers()) as response:
+        assert response.status == 429
+        assert response.headers["Retry-After"] == "7"
+        body = await response.json()
+    assert body == {"error": {"code": "capacity_exceeded", "message": "pool small is full (400 sandboxes)"}}
+
+
+async def test_not_found_from_resolver_keeps_connection(start_gateway) -> None:
+    resolver = FakeResolver(Endpoint("127.0.0.1", dead_port()))
+    resolver.error = NotFound("no such session for this identity")
+    gw = await start_gateway(resolver)
+    async with raw_client(gw.port) as (reader, writer):
+        for _ in range(2):
+            writer.write(request_bytes(headers=identity_headers()))
+            status, headers, body = await read_response(reader)
+            assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+            assert b"x-request-id" in headers
+
+
+async def test_first_request_waits_for_sandbox_creation(aiohttp_server, start_gateway, resolver_class) -> None:
+    resolver = resolver_class(await backend(aiohttp_server, echo_headers))
+    resolver.gate = asyncio.Event()
+    gw = await start_gateway(resolver)
+    async with aiohttp.ClientSession() as client:
+        pending = asyncio.ensure_future(client.get(f"{gw.url}/", headers=identity_headers()))
+        await asyncio.sleep(0.05)
+        assert not pending.done() and gw.plane.in_flight == 1
+        resolver.gate.set()
+        async with await pending as response:
+            assert response.status == 200
+
+
+# -- upstream failures ---------------------------------------------------------------------
+async def test_unreachable_sandbox_is_502_with_sandbox_id(start_gateway, resolver_class) -> None:
+    gw = await start_gateway(resolver_class(Endpoint("127.0.0.1", dead_port()), sandbox_id="ses-gone"))
+    async with aiohttp.ClientSession() as client, client.get(f"{gw.url}/", headers=identity_headers()) as response:
+        assert response.status == 502
+        body = await response.json()
+    assert body["error"]["code"] == "upstream_unreachable"
+    assert body["error"]["sandbox_id"] == "ses-gone"
+    assert gw.records[-1].error == "upstream_unreachable"
+
+
+async def test_slow_sandbox_is_504(aiohttp_server, start_gateway) -> None:
+    never = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        await never.wait()
+        return web.Response()
+
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, slow), sandbox_id="ses-slow"),
+                             upstream_read_timeout=0.3)
+    async with aiohttp.ClientSession() as client, client.get(f"{gw.url}/", headers=identity_headers()) as response:
+        assert response.status == 504
+        body = await response.json()
+    assert body["error"]["code"] == "upstream_timeout" and body["error"]["sandbox_id"] == "ses-slow"
+
+
+async def test_vanished_sandbox_is_re_resolved_once(aiohttp_server, start_gateway) -> None:
+    live = await backend(aiohttp_server, echo_headers)
+    resolver = FakeResolver(Endpoint("127.0.0.1", dead_port()))
+    resolver.moves["s1"] = live
+    gw = await start_gateway(resolver)
+    async with aiohttp.ClientSession() as client, client.get(f"{gw.url}/", headers=identity_headers()) as response:
+        assert response.status == 200
+    assert resolver.invalidated == ["s1"]
+
+
+async def test_vanished_sandbox_at_the_same_endpoint_is_502(start_gateway) -> None:
+    resolver = CachingFakeResolver(Endpoint("127.0.0.1", dead_port()))
+    gw = await start_gateway(resolver)
+    async with aiohttp.ClientSession() as client, client.get(f"{gw.url}/", headers=identity_headers()) as response:
+        assert response.status == 502
+    assert resolver.invalidated == ["s1"]
+
+
+async def test_connect_is_retried_until_the_server_binds(start_gateway) -> None:
+    port = dead_port()
+    resolver = FakeResolver(Endpoint("127.0.0.1", port))
+    gw = await start_gateway(resolver, upstream_connect_retries=8, upstream_connect_backoff=0.02)
+
+    async def ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nup")
+        await writer.drain()
+        writer.close()
+
+    async def bind_late() -> asyncio.Server:
+        await asyncio.sleep(0.1)
+        return await asyncio.start_server(ok, "127.0.0.1", port)
+
+    binding = asyncio.ensure_future(bind_late())
+    async with aiohttp.ClientSession() as client, client.get(f"{gw.url}/", headers=identity_headers()) as response:
+        assert response.status == 200 and await response.read() == b"up"
+    server = await binding
+    server.close()
+    await server.wait_closed()
+
+
+async def test_stale_pooled_connection_is_retried_for_idempotent_requests(start_gateway) -> None:
+    async def one_per_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await read_head(reader)  # the next request on this connection: hang up without answering
+
+    async with raw_backend(one_per_connection) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint))
+        async with aiohttp.ClientSession() as client:
+            for _ in range(3):
+                async with client.get(f"{gw.url}/", headers=identity_headers()) as response:
+                    assert response.status == 200
+            async with client.post(f"{gw.url}/", data=b"body", headers=identity_headers()) as response:
+                assert response.status == 502  # a request with a body is never sent twice
+                assert (await response.json())["error"]["code"] == "upstream_error"
+
+
+async def test_backend_killed_mid_stream_ends_the_client_stream(aiohttp_server, start_gateway) -> None:
+    async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 1000)
+        await writer.drain()
+        writer.transport.abort()
+
+    async with raw_backend(dies) as be:
+        resolver = FakeResolver(be.endpoint)
+        resolver.route_to("healthy", await backend(aiohttp_server, echo_headers))
+        gw = await start_gateway(resolver)
+        async with raw_client(gw.port) as (reader, writer):
+            writer.write(request_bytes(headers=identity_headers()))
+            _, headers = await read_head(reader)
+            assert headers[b"content-length"] == b"1000000"
+            rest = await reader.read()  # the stream ends: EOF, short of the promised length
+            assert len(rest) < 1_000_000
+        async with aiohttp.ClientSession() as client, \
+                client.get(f"{gw.url}/", headers=identity_headers("healthy")) as response:
+            assert response.status == 200
+    failed = [r for r in gw.records if r.error]
+    assert failed and failed[0].status == 200 and failed[0].error == "upstream_closed"
+
+
+# -- connection management ----------------------------------------------------------------------
+async def test_upstream_keep_alive_reuses_connections(start_gateway, resolver_class) -> None:
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_head(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async with raw_backend(keep_alive) as be:
+        gw = await start_gateway(resolver_class(be.endpoint))
+        async with aiohttp.ClientSession() as client:
+            for _ in range(20):
+                async with client.get(f"{gw.url}/", headers=identity_headers()) as response:
+                    assert await response.read() == b"ok"
+        assert be.connections == 1
+
+
+async def test_non_keep_alive_upstream_response_is_not_reused(start_gateway) -> None:
+    async def closes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+
+    async with raw_backend(closes) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint))
+        async with raw_client(gw.port) as (reader, writer):
+            for _ in range(3):
+                writer.write(request_bytes(headers=identity_headers()))
+                status, headers, body = await read_response(reader)
+                assert (status, body) == (200, b"ok") and b"connection" not in headers  # client stays keep-alive
+        assert be.connections == 3
+
+
+async def test_pipelined_requests_answered_in_order(aiohttp_server, start_gateway, resolver_class) -> None:
+    async def path(request: web.Request) -> web.Response:
+        if request.path == "/slow":
+            await asyncio.sleep(0.05)
+        return web.Response(text=request.path + ":" + (await request.text()))
+
+    gw = await start_gateway(resolver_class(await backend(aiohttp_server, path)))
+    async with raw_client(gw.port) as (reader, writer):
+        writer.write(request_bytes("GET", "/slow", identity_headers())
+                     + request_bytes("POST", "/post", identity_headers(), body=b"data")
+                     + request_bytes("GET", "/third", identity_headers()))
+        bodies = [(await read_response(reader))[2] for _ in range(3)]
+    assert bodies == [b"/slow:", b"/post:data", b"/third:"]
+
+
+async def test_expect_100_continue(aiohttp_server, start_gateway) -> None:
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(body=await request.read())
+
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo)))
+    async with raw_client(gw.port) as (reader, writer):
+        writer.write(b"PUT /f HTTP/1.1\r\nHost: g\r\nX-User-Id: u\r\nX-Session-Id: s\r\nContent-Length: 5\r\n"
+                     b"Expect: 100-continue\r\n\r\n")
+        line, _ = await read_head(reader)
+        assert line == b"HTTP/1.1 100 Continue"
+        writer.write(b"hello")
+        status, _, body = await read_response(reader)
+    assert (status, body) == (200, b"hello")
+
+
+@pytest.mark.parametrize(("method", "status"), [("HEAD", 200), ("GET", 204), ("GET", 304)])
+async def test_head_204_304_have_no_body(aiohttp_server, start_gateway, method, status) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        if status == 200:
+            return web.Response(body=b"a body that must not be sent for HEAD")
+        return web.Response(status=status)
+
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, handler)))
+    async with raw_client(gw.port) as (reader, writer):
+        for _ in range(2):  # the same client and upstream connections stay usable
+            writer.write(request_bytes(method, "/", identity_headers()))
+            got, headers, body = await read_response(reader, head_request=method == "HEAD")
+            assert got == status and body == b""
+            if method == "HEAD":
+                assert headers[b"content-length"] == b"37"
+        writer.write(request_bytes("GET", "/after", identity_headers()))
+        got, _, _ = await read_response(reader)
+        assert got == status
+        writer.write_eof()
+        assert await reader.read() == b""  # nothing stray was sent
+
+
+async def test_http10_client_gets_close_delimited_body(start_gateway) -> None:
+    async def chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with raw_backend(chunked) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint))
+        async with raw_client(gw.port) as (reader, writer):
+            writer.write(request_bytes(headers=identity_headers(), version="1.0"))
+            data = await reader.read()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" not in head.lower()
+    assert body == b"hello world"
+
+
+async def test_upstream_close_delimited_body_is_rechunked(start_gateway) -> None:
+    async def until_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
+
+    async with raw_backend(until_close) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint))
+        async with raw_client(gw.port) as (reader, writer):
+            for _ in range(2):
+                writer.write(request_bytes(headers=identity_headers()))
+                status, headers, body = await read_response(reader)
+                assert (status, body) == (200, b"all of it")
+                assert headers[b"transfer-encoding"] == b"chunked"
+
+
+@pytest.mark.parametrize("garbage", [
+    pytest.param(b"NOT HTTP AT ALL\r\n\r\n", id="request line"),
+    pytest.param(b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", id="header"),
+    pytest.param(b"GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", id="smuggling"),
+])
+async def test_malformed_request_is_400_and_closed(start_gateway, garbage) -> None:
+    gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())))
+    async with raw_client(gw.port) as (reader, writer):
+        writer.write(garbage)
+        data = await reader.read()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert json.loads(body)["error"]["code"] == "bad_request"
+    assert b"Traceback" not in data
+
+
+async def test_oversized_head_is_400(start_gateway) -> None:
+    gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())), max_header_bytes=2048)
+    async with raw_client(gw.port) as (reader, writer):
+        writer.write(request_bytes(headers={**identity_headers(), "X-Big": "y" * 5000}))
+        data = await reader.read()
+    assert data.startswith(b"HTTP/1.1 400 ") and b"header_too_large" in data
+
+
+async def test_sessions_never_cross(aiohttp_server, start_gateway, resolver_class) -> None:
+    def answer(name: str):  # type: ignore[no-untyped-def]
+        async def handler(request: web.Request) -> web.Response:
+            await asyncio.sleep(0)
+            return web.Response(text=name)
+        return handler
+
+    resolver = resolver_class()
+    for name in ("a", "b"):
+        resolver.route_to(name, await backend(aiohttp_server, answer(name)), sandbox_id=f"ses-{name}")
+    gw = await start_gateway(resolver)
+
+    async def hammer(client: aiohttp.ClientSession, session: str) -> None:
+        for _ in range(50):
+            async with client.get(f"{gw.url}/", headers=identity_headers(session)) as response:
+                assert await response.text() == session
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=20)) as client:
+        await asyncio.gather(*(hammer(client, session) for session in ["a", "b"] * 10))
+    assert {(r.sandbox_id, r.status) for r in gw.records} == {("ses-a", 200), ("ses-b", 200)}
+
+
+async def test_request_log_record(aiohttp_server, start_gateway) -> None:
+    gw = await start_gateway(CachingFakeResolver(await backend(aiohttp_server, _echo), sandbox_id="ses-r", pool="p"))
+    async with aiohttp.ClientSession() as client, \
+            client.put(f"{gw.url}/x", data=b"12345", headers=identity_headers()) as response:
+        await response.read()
+    record = gw.records[-1]
+    assert (record.method, record.pool, record.sandbox_id, record.status, record.protocol, record.error) == \
+        ("PUT", "p", "ses-r", 200, "http", None)
+    assert (record.bytes_in, record.bytes_out) == (5, 5)
+    assert 0 < record.duration < 5
+    assert gw.plane.in_flight == 0
+
+
+async def test_stop_drains_in_flight_requests(aiohttp_server, start_gateway) -> None:
+    release = asyncio.Event()
+    arrived = asyncio.Event()
+
+    async def waits(request: web.Request) -> web.Response:
+        arrived.set()
+        await release.wait()
+        return web.Response(text="finished")
+
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, waits)))
+    async with aiohttp.ClientSession() as client:
+        pending = asyncio.ensure_future(client.get(f"{gw.url}/", headers=identity_headers()))
+        await arrived.wait()
+        stopping = asyncio.ensure_future(gw.plane.stop(5))
+        await asyncio.sleep(0.05)
+        assert not stopping.done() and gw.plane.in_flight == 1
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await client.get(f"{gw.url}/", headers=identity_headers(), raise_for_status=False)
+        release.set()
+        async with await pending as response:
+            assert await response.text() == "finished"
+        await stopping
+    assert gw.plane.in_flight == 0
+
+
+# -- bodies and early answers ------------------------------------------------------------------
+async def test_body_read_while_resolving_is_forwarded_in_order(aiohttp_server, start_gateway) -> None:
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(body=await request.read())
+
+    resolver = FakeResolver(await backend(aiohttp_server, echo))
+    resolver.gate = asyncio.Event()  # the sandbox is still being created while the body arrives
+    gw = await start_gateway(resolver)
+    async with raw_client(gw.port) as (reader, writer):
+        writer.write(b"POST / HTTP/1.1\r\nX-User-Id: u\r\nX-Session-Id: s\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"5\r\nhello\r\n")
+        await eventually(lambda: resolver.resolves == 1)
+        writer.write(b"6\r\n world\r\n0\r\n\r\n")
+        resolver.gate.set()
+        status, _, body = await read_response(reader)
+    assert (status, body) == (200, b"hello world")
+
+
+async def test_early_response_before_the_body_ends_closes_the_client(start_gateway) -> None:
+    async def rejects(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\n\r\ntoo long")
+        await writer.drain()
+        await reader.read()
+
+    async with raw_backend(rejects) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint))
+        async with raw_client(gw.port) as (reader, writer):
+            writer.write(request_bytes("POST", "/", {**identity_headers(), "Content-Length": "1000000"}) + b"x" * 1000)
+            status, headers, body = await read_response(reader)
+            assert (status, body) == (413, b"too long")
+            assert headers[b"connection"] == b"close"
+            assert await reader.read() == b""
+    assert gw.records[-1].status == 413
+
+
+async def test_client_leaving_mid_request_is_recorded_and_frees_the_upstream(start_gateway) -> None:
+    closed = asyncio.Event()
+
+    async def waits(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        await reader.read()  # until the gateway drops the connection
+        closed.set()
+
+    async with raw_backend(waits) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint))
+        async with raw_client(gw.port) as (reader, writer):
+            writer.write(request_bytes("POST", "/", {**identity_headers(), "Content-Length": "100"}) + b"partial")
+            await eventually(lambda: be.connections == 1)
+        await asyncio.wait_for(closed.wait(), 5)
+    await eventually(lambda: gw.plane.in_flight == 0)
+    assert (gw.records[-1].status, gw.records[-1].error) == (499, "client_closed")
+
+
+async def test_http10_keep_alive_client(aiohttp_server, start_gateway) -> None:
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, ok)))
+    async with raw_client(gw.port) as (reader, writer):
+        for _ in range(2):
+            writer.write(request_bytes(headers={**identity_headers(), "Connection": "keep-alive"}, version="1.0"))
+            status, headers, body = await read_response(reader)
+            assert (status, body, headers[b"connection"]) == (200, b"ok", b"keep-alive")
+
+
+async def test_interim_responses_are_not_forwarded(start_gateway) -> None:
+    async def early_hints(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n")
+        await writer.drain()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nbody")
+        await writer.drain()
+        await reader.read()
+
+    async with raw_backend(early_hints) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint))
+        async with raw_client(gw.port) as (reader, writer):
+            writer.write(request_bytes(headers=identity_headers()))
+            status, _, body = await read_response(reader)
+    assert (status, body) == (200, b"body")
+
+
+async def test_malformed_upstream_response_is_502(start_gateway) -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok")
+        await writer.drain()
+        await reader.read()
+
+    async with raw_backend(garbage) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint, sandbox_id="ses-bad"))
+        async with aiohttp.ClientSession() as client, \
+                client.get(f"{gw.url}/", headers=identity_headers()) as response:
+            assert response.status == 502
+            assert (await response.json())["error"] == {
+                "code": "upstream_error", "message": "sandbox ses-bad sent a malformed response", "sandbox_id": "ses-bad"}
