@@ -125,19 +125,35 @@ class SessionRouter:
         store.subscribe(self.invalidate)
 
     # hot path ---------------------------------------------------------------
+    def cached_route(self, identity: Identity) -> Route | None:
+        """The route from this process's cache, synchronously, or None on a miss.
+
+        The data plane calls this first so that a request for a known session
+        costs no task and no store round trip. The owner check applies here too.
+        """
+        cached = self._cache.get(identity.session_id)
+        if cached is None:
+            return None
+        now = self._clock()
+        if now >= cached.fresh_until:
+            return None
+        route = cached.route
+        if not route.owner.matches(identity):
+            self.events.denied("owner_mismatch")
+            raise _unknown_session()
+        self.events.route_cache(True)
+        self.activity.sandboxes[route.sandbox_id] = now
+        self.activity.sessions[route.session_id] = now
+        return route
+
     async def resolve(self, identity: Identity) -> Route:
         """The route for a request; creates the session's sandbox on first use."""
-        cached = self._cache.get(identity.session_id)
+        route = self.cached_route(identity)
+        if route is not None:
+            return route
+        self.events.route_cache(False)
         now = self._clock()
-        if cached is not None and now < cached.fresh_until:
-            self.events.route_cache(True)
-            route = cached.route
-            if not route.owner.matches(identity):
-                self.events.denied("owner_mismatch")
-                raise _unknown_session()
-        else:
-            self.events.route_cache(False)
-            route = await self._resolve_uncached(identity, cached, now)
+        route = await self._resolve_uncached(identity, self._cache.get(identity.session_id), now)
         self.activity.sandboxes[route.sandbox_id] = now
         self.activity.sessions[route.session_id] = now
         return route
