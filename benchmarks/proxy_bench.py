@@ -6,9 +6,14 @@ A fixed backend (nginx serving a small static file when nginx is installed, else
 a fast asyncio server) is loaded directly, through nginx as a reverse proxy
 (keep-alive upstream) and through the gateway (DataPlane with a fixed resolver,
 1 or 2 worker processes on one SO_REUSEPORT port), all with the same client (wrk
-when installed, else an aiohttp load generator). Then streaming: SSE events/s
-and a 100 MB upload, direct vs gateway. Load generator, backend and proxies share
-the machine's cores: read the ratios, not the absolute numbers.
+when installed, else an aiohttp load generator). The three targets run back to
+back for each concurrency level, and each cell is the median of ``--repeat``
+such rounds, so drift in whatever else the machine does hits all three alike.
+Then streaming: SSE events/s and a 100 MB upload, direct vs gateway.
+
+Load generator, backend and proxies share the machine's cores: read the ratios,
+not the absolute numbers. ``--no-fast-path`` gives the resolver no
+``cached_route``, which costs the gateway one task per request.
 """
 
 from __future__ import annotations
@@ -120,9 +125,6 @@ def _gateway_worker(port: int, backend_port: int, fast_path: bool) -> None:
         resolver = FixedResolver() if fast_path else SlowPathResolver()
         plane = DataPlane(resolver, Settings(upstream_pool_size=512))
         await plane.start(sock)
-        if os.environ.get("GW_FREEZE"):
-            import gc
-            gc.freeze()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -385,8 +385,10 @@ class SessionRouter:
     def invalidate(self, key: str) -> None:
         """Forget cached routes for a session ID or a sandbox ID (store pub/sub calls this)."""
         if key == INVALIDATE_ALL:
-            self._cache.clear()
-            self._sessions_by_sandbox.clear()
+            # Invalidations may have been missed: re-read every route from the store on next use,
+            # but keep them for stale-if-error in case the store goes away again.
+            for cached in self._cache.values():
+                cached.fresh_until = 0.0
             return
         cached = self._cache.pop(key, None)
         if cached is not None:

@@ -12,6 +12,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+from aiohttp import web
+
 from gateway.errors import GatewayError
 from gateway.model import Endpoint, Owner
 from gateway.proxy import DataPlane, RequestLog
@@ -105,6 +108,25 @@ class Gateway:
 StartGateway = Callable[..., Awaitable[Gateway]]
 
 
+@pytest.fixture(params=[FakeResolver, CachingFakeResolver], ids=["task-path", "cached-path"])
+def resolver_class(request: pytest.FixtureRequest) -> type[FakeResolver]:
+    """Both ways the data plane reaches a route: a task per request, or the resolver's sync cache."""
+    return request.param  # type: ignore[no-any-return]
+
+
+async def backend(aiohttp_server, handler, path: str = "/{tail:.*}") -> Endpoint:  # type: ignore[no-untyped-def]
+    """A fake sandbox: an aiohttp test server with one handler."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_route("*", path, handler)
+    server = await aiohttp_server(app)
+    return Endpoint("127.0.0.1", server.port)
+
+
+async def echo_headers(request: web.Request) -> web.Response:
+    return web.json_response({"headers": dict(request.headers), "raw_path": request.raw_path,
+                              "method": request.method})
+
+
 def listening_socket(port: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -117,8 +139,6 @@ def listening_socket(port: int = 0) -> socket.socket:
 @contextlib.asynccontextmanager
 async def aiohttp_backend(handler: Callable[..., Awaitable[object]]) -> AsyncIterator[Endpoint]:
     """An aiohttp fake sandbox on any event loop (the aiohttp_server fixture is tied to pytest's loop)."""
-    from aiohttp import web
-
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", handler)
     runner = web.AppRunner(app)

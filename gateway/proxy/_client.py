@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 
-from gateway.errors import BadRequest, GatewayError, UpstreamConnectError, UpstreamTimeout
+from gateway.errors import BadRequest, GatewayError, UpstreamError, UpstreamTimeout
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, LENGTH, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
 
@@ -44,6 +44,7 @@ M_TUNNEL = 1         # spliced to an upstream (WebSocket)
 M_CLOSING = 2        # closing: ignore further bytes
 M_UPGRADED = 4       # after an upgrade request the bytes are not HTTP any more
 M_IN_HEAD = 8        # a request head is being parsed (its size is counted across reads)
+M_EOF = 16           # the client half-closed: answer the request in flight, then close
 
 _REJECT_TOO_LARGE = "the request head exceeds {} bytes"
 
@@ -56,7 +57,7 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "plane", "transport", "parser", "parsing", "last", "current", "queue", "mode", "rpause", "wpaused",
         "big", "head_seen", "up_out", "up_conn", "ident_key", "ident", "peer", "conn_line", "route_key",
-        "route_pool", "route_line", "idle_since",
+        "route_pool", "route_line", "idle_since", "head_key", "head_at",
     )
 
     def __init__(self, plane: DataPlane) -> None:
@@ -82,6 +83,8 @@ class ClientConnection(asyncio.Protocol):
         self.route_pool: UpstreamPool | None = None
         self.route_line = b""                  # Host + X-Sandbox-Id for route_key
         self.idle_since = 0.0
+        self.head_key: object = None           # the head the tick is timing (header_read_timeout)
+        self.head_at = 0.0
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -132,7 +135,10 @@ class ClientConnection(asyncio.Protocol):
         if out:
             conn = self.up_conn
             if conn is not None and not conn.closed:
-                conn.transport.write(out[0] if len(out) == 1 else b"".join(out))
+                try:
+                    conn.transport.write(out[0] if len(out) == 1 else b"".join(out))
+                except RuntimeError:  # uvloop: the upstream's transport closed; its connection_lost settles it
+                    pass
             out.clear()
 
     def _special(self, data: bytes) -> bool:
@@ -141,10 +147,13 @@ class ClientConnection(asyncio.Protocol):
         if mode & M_TUNNEL:
             ex = self.current
             up = self.up_conn
-            if ex is not None and up is not None:
+            if ex is not None and up is not None and not up.closed:
                 ex.bytes_in += len(data)
                 ex.active_at = self.plane.now
-                up.transport.write(data)
+                try:
+                    up.transport.write(data)
+                except RuntimeError:  # uvloop: the upstream's transport closed; its connection_lost settles it
+                    pass
             return False
         if mode & M_CLOSING:
             return False
@@ -168,6 +177,7 @@ class ClientConnection(asyncio.Protocol):
         # A client that half-closes after sending its request still gets the response.
         ex = self.current
         if ex is not None and ex.state != DONE and ex.req_done and not self.mode & M_TUNNEL:
+            self.mode |= M_EOF
             return True
         return None
 
@@ -193,9 +203,7 @@ class ClientConnection(asyncio.Protocol):
                 ex.state = DONE  # never begun: nothing to report
                 continue
             if not ex.started:
-                ex.status = 499
-            if ex.error is None:
-                ex.error = "client_closed"
+                ex.status = 499  # nginx's "client closed request"
             plane.finished(ex)
 
     # -- httptools callbacks ------------------------------------------------
@@ -338,7 +346,10 @@ class ClientConnection(asyncio.Protocol):
         if out:
             conn = self.up_conn
             if conn is not None and not conn.closed:
-                conn.transport.writelines(out)
+                try:
+                    conn.transport.writelines(out)
+                except RuntimeError:  # uvloop: the upstream's transport closed; its connection_lost settles it
+                    pass
             out.clear()
 
     # -- serving a request --------------------------------------------------
@@ -399,22 +410,8 @@ class ClientConnection(asyncio.Protocol):
         ex.task = plane.loop.create_task(self._begin_slow(ex, identity, route, False))  # type: ignore[arg-type]
 
     async def _begin_slow(self, ex: Exchange, identity: Identity, route: Route | None, fresh: bool) -> None:
-        plane = self.plane
-        resolver = plane.resolver
         try:
-            if route is None:
-                route = await resolver.resolve(identity)
-            ex.route = route
-            try:
-                conn = await plane.connect(route, fresh)
-            except UpstreamConnectError:
-                # Perhaps the sandbox moved (re-created elsewhere): look once more.
-                resolver.invalidate(identity.session_id)
-                again = await resolver.resolve(identity)
-                if again.endpoint == route.endpoint:
-                    raise
-                route = ex.route = again
-                conn = await plane.connect(route, fresh)
+            conn = await self.plane.open_route(ex, identity, route, fresh)
         except GatewayError as exc:
             ex.task = None
             self.fail(ex, exc)
@@ -429,7 +426,7 @@ class ClientConnection(asyncio.Protocol):
             if not conn.closed:
                 conn.pool.release(conn)
             return
-        self.attach(ex, route, conn, False)
+        self.attach(ex, ex.route, conn, False)  # type: ignore[arg-type]
 
     def attach(self, ex: Exchange, route: Route, conn: UpstreamConnection, batch: bool) -> None:
         """Give ``ex`` the upstream connection ``conn`` and send the request head (and any body read so far)."""
@@ -471,7 +468,7 @@ class ClientConnection(asyncio.Protocol):
         if ex.req_done and ex.body == CHUNKED:
             out.append(w.CHUNK_END)
         if not ex.req_done and ex.expect and ex.body != NO_BODY and not ex.bytes_in:
-            self.transport.write(w.CONTINUE_100)
+            self._send(w.CONTINUE_100)
         if batch:
             if self.up_conn is not conn:
                 self._flush_up()
@@ -480,7 +477,10 @@ class ClientConnection(asyncio.Protocol):
         else:
             self._flush_up()
             self.up_conn = conn
-            conn.transport.writelines(out)  # type: ignore[union-attr]
+            try:
+                conn.transport.writelines(out)
+            except RuntimeError:  # uvloop: the upstream's transport closed; its connection_lost settles it
+                pass
         if self.rpause & PAUSE_WAIT:
             self.resume(PAUSE_WAIT)
 
@@ -494,22 +494,30 @@ class ClientConnection(asyncio.Protocol):
         """Answer ``ex`` with an error page, or cut the connection if the response already started."""
         if ex.state == DONE:
             return
-        ex.error = exc.code
+        if isinstance(exc, UpstreamError):
+            ex.error = exc.code
         up = ex.upstream
         if up is not None:
             up.abort()
         if ex.started:
-            self.abort(ex, exc.code, exc.message)
+            self.abort(ex, ex.error, exc.message)
             return
         ex.status = exc.status
         close = not ex.req_done or not ex.keep_alive or self.plane.draining or bool(self.mode & M_UPGRADED)
-        if not self.mode & M_CLOSING:
-            self.transport.write(w.error_response(exc, ex.request_id or b"-", close=close,
-                                                  keep_alive_10=ex.version10))
+        self._send(w.error_response(exc, ex.request_id or b"-", close=close, keep_alive_10=ex.version10))
         self.finish(ex, close)
 
-    def abort(self, ex: Exchange, reason: str, detail: str) -> None:
-        """A failure after the response started: no error page (the head is gone), just close."""
+    def _send(self, data: bytes) -> None:
+        """A response the gateway writes itself (error pages, 100 Continue)."""
+        if not self.mode & M_CLOSING and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def abort(self, ex: Exchange, reason: str | None, detail: str) -> None:
+        """A failure after the response started: no error page (the head is gone), just close.
+
+        ``reason`` is the upstream error reason for the record, or None when the
+        upstream is not at fault.
+        """
         if ex.state == DONE:
             return
         if ex.error is None:
@@ -540,7 +548,7 @@ class ClientConnection(asyncio.Protocol):
             sandbox_id=sandbox_id))
 
     def idled_out(self, ex: Exchange) -> None:
-        self.abort(ex, "idle_timeout", f"no bytes for {self.plane.settings.stream_idle_timeout:g}s")
+        self.abort(ex, None, f"no bytes either way for {self.plane.settings.stream_idle_timeout:g}s")
 
     def _upgrade_requested(self, rest: bytes) -> None:
         """The parser stopped after an upgrade request; what follows is not HTTP any more."""
@@ -562,7 +570,7 @@ class ClientConnection(asyncio.Protocol):
         if ex is not None and ex.state != DONE:
             ex.req_done = False
             if ex.started or ex.upstream is not None:
-                self.abort(ex, exc.code, exc.message)
+                self.abort(ex, None, exc.message)
             else:
                 self.fail(ex, exc)
             return
@@ -570,11 +578,9 @@ class ClientConnection(asyncio.Protocol):
         bad.t0 = self.plane.loop.time()
         bad.request_id = self.plane.ids.next()
         bad.status = exc.status
-        bad.error = exc.code
         bad.state = RESOLVING
         self.plane.inflight += 1
-        if not self.mode & M_CLOSING:
-            self.transport.write(w.error_response(exc, bad.request_id, close=True))
+        self._send(w.error_response(exc, bad.request_id, close=True))
         self.close()
         self.plane.finished(bad)
 
@@ -587,7 +593,7 @@ class ClientConnection(asyncio.Protocol):
         if ex is not self.current:
             return
         self.current = None
-        if close or self.mode & (M_CLOSING | M_TUNNEL | M_UPGRADED) or plane.draining:
+        if close or self.mode & (M_CLOSING | M_TUNNEL | M_UPGRADED | M_EOF) or plane.draining:
             self.close()
             return
         self.idle_since = plane.now
@@ -603,6 +609,16 @@ class ClientConnection(asyncio.Protocol):
     def close(self) -> None:
         self.mode |= M_CLOSING
         self.transport.close()
+
+    def check_head_deadline(self, now: float, timeout: float) -> None:
+        """Called by the tick while a request head is awaited: close a connection that dawdles (slowloris)."""
+        key = self.parsing if self.parsing is not None else self
+        if self.head_key is not key:
+            self.head_key = key
+            self.head_at = self.idle_since if key is self else now
+        if now - self.head_at > timeout and not self.mode & M_CLOSING:
+            log.info("closing a client connection: no complete request head within %gs", timeout)
+            self.close()
 
     def abort_connection(self) -> None:
         self.mode |= M_CLOSING

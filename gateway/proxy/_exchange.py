@@ -92,10 +92,12 @@ class RequestLog:
 
     ``bytes_in`` counts request body bytes, ``bytes_out`` response body bytes as
     forwarded (a chunked body with its chunk framing; raw bytes both ways for a
-    WebSocket); ``error`` is None, or why the exchange failed (an error code
-    such as ``upstream_unreachable``, or ``client_closed``, ``upstream_closed``,
-    ``idle_timeout``...). ``status`` is 499 when the client left before any
-    response byte was sent.
+    WebSocket). ``status`` is what the client got (101 for a WebSocket; 499 when
+    it left before any response byte). ``error`` is None, or why the sandbox
+    side failed: an UpstreamError code (``upstream_unreachable``,
+    ``upstream_timeout``, ``upstream_error``), or ``upstream_closed`` /
+    ``upstream_protocol_error`` after the response had started. Problems on the
+    client's side show in ``status`` only.
     """
 
     __slots__ = ("method", "pool", "sandbox_id", "status", "duration", "bytes_in", "bytes_out", "protocol",

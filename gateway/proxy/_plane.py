@@ -73,7 +73,8 @@ class DataPlane:
         self._timer: asyncio.TimerHandle | None = None
         self._drained: asyncio.Future[None] | None = None
         self._ticks = 0
-        self._tick_interval = max(0.01, min(0.5, settings.upstream_read_timeout / 4, settings.stream_idle_timeout / 4))
+        self._tick_interval = max(0.01, min(0.5, settings.upstream_read_timeout / 4, settings.stream_idle_timeout / 4,
+                                            settings.header_read_timeout / 4))
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self, sock: socket.socket) -> None:
@@ -106,7 +107,8 @@ class DataPlane:
             self._timer.cancel()
         await self._server.wait_closed()
         self._server = None
-        await asyncio.sleep(0)  # let the transports' connection_lost callbacks run
+        for _ in range(3):  # let the transports' connection_lost callbacks (and those they cause) run
+            await asyncio.sleep(0)
 
     @property
     def in_flight(self) -> int:
@@ -124,6 +126,24 @@ class DataPlane:
         if pool is None:
             pool = self.pools[key] = UpstreamPool(self, endpoint.host, endpoint.port, self.settings.upstream_pool_size)
         return pool
+
+    async def open_route(self, ex: Exchange, identity: Identity, route: Route | None, fresh: bool
+                         ) -> UpstreamConnection:
+        """Resolve (unless ``route`` is known) and connect; a sandbox that vanished (refused after the
+        connect retries) is re-resolved once, and tried again if it moved. Sets ``ex.route``."""
+        resolver = self.resolver
+        if route is None:
+            route = await resolver.resolve(identity)
+        ex.route = route
+        try:
+            return await self.connect(route, fresh)
+        except UpstreamConnectError:
+            resolver.invalidate(identity.session_id)
+            again = await resolver.resolve(identity)
+            if again.endpoint == route.endpoint:
+                raise
+            ex.route = again
+            return await self.connect(again, fresh)
 
     async def connect(self, route: Route, fresh: bool) -> UpstreamConnection:
         """A pooled connection, or a new one (retrying refused connects with exponential backoff)."""
@@ -187,18 +207,32 @@ class DataPlane:
 
     # -- the clock ------------------------------------------------------------
     def _tick(self) -> None:
-        """Timeouts, long-request promotion, idle pools and idle clients, a few times a second."""
-        now = self.now = self.loop.time()
+        self.now = self.loop.time()
+        try:
+            self._check_deadlines(self.now)
+        except Exception:
+            log.exception("data plane housekeeping failed")
+        finally:
+            self._ticks += 1
+            if not self.closed:
+                self._timer = self.loop.call_later(self._tick_interval, self._tick)
+
+    def _check_deadlines(self, now: float) -> None:
+        """Timeouts (request heads, upstream answers, idle streams), long-request promotion, idle pools
+        and idle clients; a few times a second."""
         settings = self.settings
         read_timeout = settings.upstream_read_timeout
         idle_timeout = settings.stream_idle_timeout
         long_after = self.long_request_after
+        header_timeout = settings.header_read_timeout
         check_idle_clients = self._ticks % 8 == 0
         idle_before = now - self.client_keepalive_timeout
         for client in list(self.clients):
             ex = client.current
             if ex is None:
-                if check_idle_clients and client.idle_since < idle_before:
+                if client.parsing is not None or client.last is None:
+                    client.check_head_deadline(now, header_timeout)  # a head on its way (or not yet begun)
+                elif check_idle_clients and client.idle_since < idle_before:
                     client.close_if_idle()
                 continue
             state = ex.state
@@ -217,6 +251,3 @@ class DataPlane:
         for pool in self.pools.values():
             if pool.idle:
                 pool.expire(now - keepalive)
-        self._ticks += 1
-        if not self.closed:
-            self._timer = self.loop.call_later(self._tick_interval, self._tick)

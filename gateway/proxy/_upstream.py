@@ -1,11 +1,14 @@
 """The upstream side: one protocol per connection to a sandbox, and a keep-alive pool per endpoint.
 
-An :class:`UpstreamConnection` parses responses with httptools and writes the
-bytes through to the client as they arrive: the head is rewritten once from
-its raw bytes (hop-by-hop headers stripped, framing chosen; no Python call per
-header), body chunks are passed on (re-chunked when the upstream gave no
-length), and everything one read produced leaves in one write. A 101 turns the
-connection into half of a raw byte splice.
+An :class:`UpstreamConnection` lets httptools (llhttp) validate each response
+and find where it ends, while the bytes go to the client as they arrive: the
+head is rewritten once from its raw bytes (hop-by-hop headers stripped; no
+Python call per header), and body bytes are written through untouched with the
+upstream's own framing (Content-Length or chunked), so llhttp needs no Python
+callback for them. Only unusual framings are re-framed: a body delimited by the
+upstream closing is re-chunked (or the client's connection closed too), a
+chunked body for an HTTP/1.0 client is decoded. What one read produced leaves in
+one write. A 101 turns the connection into half of a raw byte splice.
 """
 
 from __future__ import annotations
@@ -223,12 +226,16 @@ class UpstreamConnection(asyncio.Protocol):
                 self._body(ex, raw[body_at:] if body_at < len(raw) else b"", self.head_out)
                 return
             ex.started = True
-            if body_at < len(raw):
-                body = raw[body_at:]
-                ex.bytes_out += len(body)
-                self.client_tr.write(self.head_out + body)  # type: ignore[union-attr]
-            else:
-                self.client_tr.write(self.head_out)  # type: ignore[union-attr]
+            try:
+                if body_at < len(raw):
+                    body = raw[body_at:]
+                    ex.bytes_out += len(body)
+                    self.client_tr.write(self.head_out + body)  # type: ignore[union-attr]
+                else:
+                    self.client_tr.write(self.head_out)  # type: ignore[union-attr]
+            except RuntimeError:  # uvloop: the client's transport closed under us
+                self.abort()
+                return
             if self.done:
                 self._complete(ex)
 
@@ -247,11 +254,15 @@ class UpstreamConnection(asyncio.Protocol):
             elif framing == F_NONE:
                 self.broken = True  # a body where none may be: never reuse this connection
                 data = b""
-        if head:
-            ex.started = True
-            self.client_tr.write(head + data if data else head)  # type: ignore[union-attr]
-        elif data:
-            self.client_tr.write(data)  # type: ignore[union-attr]
+        try:
+            if head:
+                ex.started = True
+                self.client_tr.write(head + data if data else head)  # type: ignore[union-attr]
+            elif data:
+                self.client_tr.write(data)  # type: ignore[union-attr]
+        except RuntimeError:  # uvloop: the client's transport closed under us
+            self.abort()
+            return
         if self.done:
             self._complete(ex)
 
@@ -260,7 +271,10 @@ class UpstreamConnection(asyncio.Protocol):
         if ex is not None:  # tunneled
             ex.bytes_out += len(data)
             ex.active_at = self.plane.now
-            self.client_tr.write(data)  # type: ignore[union-attr]
+            try:
+                self.client_tr.write(data)  # type: ignore[union-attr]
+            except RuntimeError:  # uvloop: the client's transport closed under us
+                self.abort()
             return
         # Bytes on an idle connection: the upstream is confused; never reuse it.
         self.broken = True
@@ -285,7 +299,7 @@ class UpstreamConnection(asyncio.Protocol):
         elif ex.state == BODY:
             if not self.done and (self.framing == F_RECHUNK or self.framing == F_RAW):
                 # The body was delimited by the upstream closing: that is its end.
-                if self.framing == F_RECHUNK and not client.mode & 2:  # M_CLOSING
+                if self.framing == F_RECHUNK and not client.transport.is_closing():
                     client.transport.write(w.CHUNK_END)
                 client.finish(ex, ex.close_after or not ex.req_done)
             else:
@@ -328,9 +342,9 @@ class UpstreamConnection(asyncio.Protocol):
         head = raw[pos:end]
         low = head.lower()
         match = _find_hop_by_hop(low)
-        chunked = False
+        coding = w.TE_NONE
         if match is not None:
-            head, chunked = w.strip_hop_by_hop(head, low, match)
+            head, coding = w.strip_hop_by_hop(head, low, match)
         if not head.startswith(b"HTTP/1.1 "):
             head = b"HTTP/1.1" + head[8:]
         if (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10
@@ -343,10 +357,10 @@ class UpstreamConnection(asyncio.Protocol):
                 ex.protocol = "sse"
                 self.plane.stream_began(ex)
         else:
-            self._frame(ex, status, head, low, chunked)
+            self._frame(ex, status, head, low, coding)
         ex.state = BODY
 
-    def _frame(self, ex: Exchange, status: int, head: bytes, low: bytes, chunked: bool) -> None:
+    def _frame(self, ex: Exchange, status: int, head: bytes, low: bytes, coding: int) -> None:
         """Choose how the body reaches the client, and the head's Connection line, in general."""
         close = not ex.keep_alive or not ex.req_done or self.plane.draining
         has_length = low.find(b"\r\ncontent-length:") >= 0
@@ -361,13 +375,16 @@ class UpstreamConnection(asyncio.Protocol):
                 # the next one starts on a fresh parser.
                 self.done = True
                 self.keep = self.parser.should_keep_alive()
-        elif has_length or chunked:
+        elif coding == w.TE_CHUNKED or (has_length and coding == w.TE_NONE):
             framing = F_PASS
-            if ex.version10 and not has_length:
+            if ex.version10 and coding == w.TE_CHUNKED:
                 framing = F_DECHUNK
                 head = w.without_transfer_encoding(head)
                 self.dechunker = _Dechunker()
                 close = True
+        elif coding == w.TE_OTHER:
+            framing = F_RAW  # e.g. "Transfer-Encoding: gzip": as it came, delimited by closing
+            close = True
         elif not ex.version10:
             framing = F_RECHUNK
             extra = w.TE_CHUNKED
@@ -433,7 +450,11 @@ class UpstreamConnection(asyncio.Protocol):
         if rest:
             ex.bytes_out += len(rest)
         ex.started = True
-        self.client_tr.write(self.head_out + rest)  # type: ignore[union-attr]
+        try:
+            self.client_tr.write(self.head_out + rest)  # type: ignore[union-attr]
+        except RuntimeError:  # uvloop: the client's transport closed under us
+            self.abort()
+            return
         self.tunneled = True
         self.broken = True  # never pooled again
         ex.state = TUNNEL

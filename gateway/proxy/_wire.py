@@ -89,23 +89,28 @@ HOP_BY_HOP = re.compile(  # on the lower-cased head
 _SSE_CONTENT_TYPE = re.compile(rb"\r\ncontent-type:[ \t]*text/event-stream")  # on the lower-cased head
 _TRANSFER_ENCODING = re.compile(rb"\r\ntransfer-encoding:[^\r]*", re.I)
 
-def strip_hop_by_hop(head: bytes, low: bytes, match: re.Match[bytes]) -> tuple[bytes, bool]:
+TE_NONE = 0       # no Transfer-Encoding
+TE_CHUNKED = 1    # chunked last: the body can pass through as it is
+TE_OTHER = 2      # some other coding last: the body ends when the connection does
+
+
+def strip_hop_by_hop(head: bytes, low: bytes, match: re.Match[bytes]) -> tuple[bytes, int]:
     """``head`` without its hop-by-hop lines (``match`` is the first) except Transfer-Encoding, and
-    headers named in Connection; and whether a Transfer-Encoding line is there."""
+    headers named in Connection; and what the Transfer-Encoding says (TE_*)."""
     name = match.group(1)
     if name == b"connection" and match.group(2).strip() in CONNECTION_OPTIONS:
         # The usual case: one "Connection: keep-alive" line.
         start, end = match.span()
         if HOP_BY_HOP.search(low, end) is None:
-            return head[:start] + head[end:], False
+            return head[:start] + head[end:], TE_NONE
     parts = []
     start = 0
-    chunked = False
+    coding = TE_NONE
     tokens: set[bytes] | None = None
     while match is not None:
         name = match.group(1)
         if name == b"transfer-encoding":
-            chunked = True
+            coding = TE_CHUNKED if match.group(2).rsplit(b",", 1)[-1].strip() == b"chunked" else TE_OTHER
         else:
             if name == b"connection":
                 value = match.group(2).strip()
@@ -121,7 +126,7 @@ def strip_hop_by_hop(head: bytes, low: bytes, match: re.Match[bytes]) -> tuple[b
     if tokens:
         head = re.sub(rb"\r\n(?:" + b"|".join(re.escape(name) for name in tokens) + rb"):[^\r]*", b"", head,
                       flags=re.I)
-    return head, chunked
+    return head, coding
 
 
 def is_event_stream(low: bytes) -> bool:
