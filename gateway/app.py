@@ -123,7 +123,8 @@ class Gateway:
         from gateway.proxy import DataPlane
 
         await self.provider.start(self.router.sandbox_lost)
-        self.data_plane = DataPlane(self.router, self.settings, on_request=self._on_request)
+        self.data_plane = DataPlane(self.router, self.settings, on_request=self._on_request,
+                                    authenticator=self.authenticator)
         await self.data_plane.start(data_sock)
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin)
         self._control_runner = web.AppRunner(control, access_log=None, handle_signals=False)

@@ -42,6 +42,10 @@ _CACHE_LIMIT = 10_000
 
 
 class Authenticator(Protocol):
+    # True when the identity depends only on the header bytes (so a connection may reuse it);
+    # False for tokens, which expire.
+    memoizable: bool
+
     def identify(self, org: str | None, user: str | None, session: str | None, bot: str | None,
                  authorization: str | None) -> Identity:
         """The caller's identity; ``BadRequest`` names a bad header, ``Unauthorized`` a bad token."""
@@ -56,6 +60,8 @@ def parse_headers(org: str | None, user: str | None, session: str | None, bot: s
 
 class TrustedHeaders:
     """Believes the identity headers: for a private network behind an agent backend."""
+
+    memoizable = True
 
     def identify(self, org: str | None, user: str | None, session: str | None, bot: str | None,
                  authorization: str | None) -> Identity:
@@ -119,6 +125,8 @@ def _load_key(base: Path, entry: Any, index: int) -> Key:
 
 class TokenAuth:
     """Verifies bearer JWTs; claims win over headers, the session comes from ``X-Session-Id``."""
+
+    memoizable = False  # a token expires: every request is checked (against the verified-token cache)
 
     def __init__(self, keys: KeySet, *, audience: str = DATA_AUDIENCE, clock: Callable[[], float] = time.time,
                  leeway: float = 5.0) -> None:

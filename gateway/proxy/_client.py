@@ -247,6 +247,8 @@ class ClientConnection(asyncio.Protocol):
                 return  # R_DROP
             if previous is not None:
                 ex.reject = BadRequest(f"{w.IDENTITY_HEADER_NAMES[code]}: must be given once", code="invalid_identity")
+        elif code == w.R_AUTH:
+            ex.auth = value  # read by the authenticator, never forwarded
         elif code == w.R_HOST:
             ex.host = value
         elif code == w.R_CL:
@@ -369,12 +371,12 @@ class ClientConnection(asyncio.Protocol):
         if ex.reject is not None:
             self.fail(ex, ex.reject)  # type: ignore[arg-type]
             return
-        key = (ex.org, ex.user, ex.session, ex.bot)
-        if key == self.ident_key:
+        key = (ex.org, ex.user, ex.session, ex.bot, ex.auth)
+        if key == self.ident_key and plane.authenticator.memoizable:
             identity = self.ident
         else:
             try:
-                identity = w.parse_identity(*key)
+                identity = w.identify(plane.authenticator, *key)
             except GatewayError as exc:
                 self.fail(ex, exc)
                 return

@@ -37,7 +37,7 @@ class Exchange:
     """Mutable per-request state shared by the client side and the upstream side."""
 
     __slots__ = (
-        "client", "url", "method", "headers", "hsize", "org", "user", "session", "bot", "host", "xff",
+        "client", "url", "method", "headers", "hsize", "org", "user", "session", "bot", "auth", "host", "xff",
         "request_id", "tokens", "body", "expect", "upgrade", "websocket", "version10", "keep_alive",
         "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
@@ -54,6 +54,7 @@ class Exchange:
         self.user: bytes | None = None
         self.session: bytes | None = None
         self.bot: bytes | None = None
+        self.auth: bytes | None = None        # Authorization, for the authenticator only
         self.host: bytes | None = None        # the inbound Host, forwarded as X-Forwarded-Host
         self.xff: bytes | None = None         # inbound X-Forwarded-For (used when trusted)
         self.request_id: bytes | None = None

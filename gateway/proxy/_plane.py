@@ -10,6 +10,7 @@ import socket
 from collections.abc import Callable
 from typing import Protocol
 
+from gateway.auth import Authenticator, TrustedHeaders
 from gateway.errors import UpstreamConnectError
 from gateway.proxy._client import ClientConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
@@ -49,9 +50,11 @@ class DataPlane:
 
     def __init__(self, resolver: RouteResolver, settings: Settings, *,
                  on_request: Callable[[RequestLog], None] | None = None,
+                 authenticator: Authenticator = TrustedHeaders(),
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
                  long_request_after: float = LONG_REQUEST_AFTER) -> None:
         self.resolver = resolver
+        self.authenticator = authenticator
         self.settings = settings
         self.on_request = on_request
         self.cached_route: Callable[[Identity], Route | None] | None = getattr(resolver, "cached_route", None)

@@ -14,7 +14,8 @@ import secrets
 from http import HTTPStatus
 
 from gateway.errors import BadRequest, GatewayError, error_body
-from routing import Identity, InvalidIdentity
+from gateway.auth import Authenticator
+from routing import Identity
 
 # -- request headers ----------------------------------------------------------
 # Lower-cased names with a meaning to the proxy; every other header passes through.
@@ -31,6 +32,7 @@ R_XFF = 10          # dropped, or appended to when settings.trust_forwarded_for
 R_REQUEST_ID = 11   # taken when it is a sane token
 R_EXPECT = 12       # 100-continue is answered by the gateway itself
 R_CL = 13           # Content-Length: forwarded, and tells us a body follows
+R_AUTH = 14         # Authorization: read by the authenticator, never forwarded
 
 REQUEST_HEADERS: dict[bytes, int] = {
     b"x-org-id": R_ORG,
@@ -45,7 +47,7 @@ REQUEST_HEADERS: dict[bytes, int] = {
     b"x-request-id": R_REQUEST_ID,
     b"expect": R_EXPECT,
     b"content-length": R_CL,
-    b"authorization": R_DROP,
+    b"authorization": R_AUTH,
     b"proxy-authorization": R_DROP,
     b"keep-alive": R_DROP,
     b"te": R_DROP,
@@ -78,7 +80,6 @@ for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", 
     REQUEST_HEADERS_EXACT[_name.lower()] = R_PASS
 
 IDENTITY_HEADER_NAMES = {R_ORG: "X-Org-Id", R_USER: "X-User-Id", R_SESSION: "X-Session-Id", R_BOT: "X-Bot-Id"}
-_FIELD_HEADERS = {"org_id": "X-Org-Id", "user_id": "X-User-Id", "session_id": "X-Session-Id", "bot_id": "X-Bot-Id"}
 
 # -- response headers ---------------------------------------------------------
 # Response heads are rewritten as a whole (llhttp has validated them: CRLF line
@@ -210,26 +211,24 @@ def error_response(exc: GatewayError, request_id: bytes, *, close: bool, keep_al
     return b"".join(parts)
 
 
-def parse_identity(org: bytes | None, user: bytes | None, session: bytes | None, bot: bytes | None) -> Identity:
-    """Identity from the raw header values; every error names the header to fix."""
-    try:
-        return Identity.parse(
-            user_id=_decode("user_id", user),
-            session_id=_decode("session_id", session),
-            org_id=_decode("org_id", org),
-            bot_id=_decode("bot_id", bot),
-        )
-    except InvalidIdentity as exc:
-        raise BadRequest(f"{_FIELD_HEADERS[exc.field]}: {exc.reason}", code="invalid_identity") from None
+def identify(authenticator: Authenticator, org: bytes | None, user: bytes | None, session: bytes | None,
+             bot: bytes | None, authorization: bytes | None) -> Identity:
+    """Identity from the raw header values through the configured authenticator.
+
+    Every error names the header to fix (``BadRequest``) or the token problem (``Unauthorized``).
+    """
+    return authenticator.identify(_decode(b"X-Org-Id", org), _decode(b"X-User-Id", user),
+                                  _decode(b"X-Session-Id", session), _decode(b"X-Bot-Id", bot),
+                                  _decode(b"Authorization", authorization))
 
 
-def _decode(field: str, value: bytes | None) -> str | None:
+def _decode(header: bytes, value: bytes | None) -> str | None:
     if value is None:
         return None
     try:
         return value.decode("utf-8")
     except UnicodeDecodeError:
-        raise InvalidIdentity(field, "must be valid UTF-8") from None
+        raise BadRequest(f"{header.decode()}: must be valid UTF-8", code="invalid_identity") from None
 
 
 sane_request_id = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}").fullmatch
