@@ -15,7 +15,6 @@ from tests.fakekube.fixtures import fake_kube, make_fake_kube  # noqa: F401  (fi
 from tests.redis_server import redis_process, redis_server, redis_server_factory  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
 
 
 class CountingProvider:

@@ -1,7 +1,7 @@
 """The resources the fake apiserver serves, loaded from the vendored agent-sandbox CRD YAMLs.
 
-`load_crd_set("head")` reads /work/shared/crds/head (v1beta1 storage, v1alpha1 served);
-`load_crd_set("v0.4.6")` reads /work/shared/crds/v0.4.6 (v1alpha1 only). The folder can be
+`load_crd_set("head")` reads tests/fakekube/crds/head (v1beta1 storage, v1alpha1 served);
+`load_crd_set("v0.4.6")` reads tests/fakekube/crds/v0.4.6 (v1alpha1 only). The folder can be
 overridden with the FAKEKUBE_CRD_DIR environment variable (read at call time, never at import).
 A built-in, schemaless core/v1 `pods` resource is added so simulated pods can be listed.
 """
@@ -18,7 +18,8 @@ import yaml
 
 CRD_SETS = ("head", "v0.4.6")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 30x faster on the 8000-line CRDs
-_DEFAULT_CRD_ROOT = Path(__file__).resolve().parents[3] / "shared" / "crds"
+# Vendored, unmodified copies of the upstream CRDs (see crds/README.md), so a fresh clone tests offline.
+_DEFAULT_CRD_ROOT = Path(__file__).resolve().parent / "crds"
 
 
 def crd_root() -> Path:
