@@ -69,6 +69,19 @@ async def started(kube: FakeKube, options: KubernetesPoolOptions, installation: 
     return provider
 
 
+PER_SESSION = parse_policy("pools: {small: {}, shared: {}}\nrouting: {per_session_orgs: ['*']}", "t")
+
+
+async def routed(kube: FakeKube, options: KubernetesPoolOptions) -> tuple[KubernetesProvider, SessionRouter]:
+    """A provider whose lost sandboxes are reported to a router on a memory store."""
+    provider = KubernetesProvider({"k8s": options, "small": options, "shared": options}, "test",
+                                  api_client=await kube.api_client())
+    router = SessionRouter(MemoryStore(), PoolProviders({"small": provider, "shared": provider}), PER_SESSION,
+                           replica_id="r")
+    await provider.start(router.sandbox_lost)
+    return provider, router
+
+
 VERSIONS = [pytest.param("head", "v1beta1", id="head-v1beta1"), pytest.param("head", "v1alpha1", id="head-v1alpha1"),
             pytest.param("v0.4.6", "v1alpha1", id="v0.4.6-v1alpha1")]
 
@@ -78,9 +91,7 @@ VERSIONS = [pytest.param("head", "v1beta1", id="head-v1beta1"), pytest.param("he
 async def test_session_end_to_end(make_fake_kube, runtime_port, crd_set, api_version, mode):
     kube = await make_fake_kube(crd_set)
     await seed_templates(kube, api_version)
-    provider = await started(kube, pool_options(mode, api_version, runtime_port))
-    policy = parse_policy("pools: {small: {}, shared: {}}\nrouting: {per_session_orgs: ['*']}", "t")
-    router = SessionRouter(MemoryStore(), PoolProviders({"small": provider, "shared": provider}), policy, replica_id="r")
+    provider, router = await routed(kube, pool_options(mode, api_version, runtime_port))
     try:
         route = await router.resolve(Identity.parse(org_id="acme", user_id="alice", session_id="s1"))
         assert route.endpoint.host == "127.0.0.1" and route.endpoint.port == runtime_port
@@ -173,12 +184,8 @@ async def test_already_exists_adopts_ours_and_refuses_others(make_fake_kube, run
 
 async def test_deleted_behind_our_back_is_recreated(make_fake_kube, runtime_port):
     kube = await make_fake_kube("head")
-    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
-    policy = parse_policy("pools: {small: {}, shared: {}}\nrouting: {per_session_orgs: ['*']}", "t")
-    store = MemoryStore()
-    router = SessionRouter(store, PoolProviders({"small": provider, "shared": provider}), policy, replica_id="r")
-    await provider.close()
-    await provider.start(router.sandbox_lost)
+    provider, router = await routed(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    store = router.store
     identity = Identity.parse(org_id="acme", user_id="alice", session_id="s1")
     try:
         route = await router.resolve(identity)
@@ -198,9 +205,7 @@ async def test_orphan_sweep_deletes_only_this_installations_unknown_objects(make
     kube = await make_fake_kube("head")
     ours = await started(kube, pool_options("sandbox", "v1beta1", runtime_port), installation="test")
     theirs = await started(kube, pool_options("sandbox", "v1beta1", runtime_port), installation="other")
-    policy = parse_policy("pools: {small: {}, shared: {}}\nrouting: {per_session_orgs: ['*']}", "t")
-    store = MemoryStore()
-    router = SessionRouter(store, PoolProviders({"small": ours, "shared": ours}), policy, replica_id="r")
+    router = SessionRouter(MemoryStore(), PoolProviders({"small": ours, "shared": ours}), PER_SESSION, replica_id="r")
     try:
         known = await router.resolve(Identity.parse(org_id="acme", user_id="alice", session_id="known"))
         await ours.ensure(request("ses-orphan", pool="small"))
@@ -228,9 +233,7 @@ async def test_grace_period_protects_young_orphans(make_fake_kube, runtime_port)
 
 async def test_two_hundred_concurrent_sessions_no_duplicate_creates(make_fake_kube, runtime_port):
     kube = await make_fake_kube("head", ready_delay=0.01)
-    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
-    policy = parse_policy("pools: {small: {}, shared: {}}\nrouting: {per_session_orgs: ['*']}", "t")
-    router = SessionRouter(MemoryStore(), PoolProviders({"small": provider, "shared": provider}), policy, replica_id="r")
+    provider, router = await routed(kube, pool_options("sandbox", "v1beta1", runtime_port))
     identities = [Identity.parse(org_id="acme", user_id="u", session_id=f"s{i % 200}") for i in range(400)]
     try:
         started_at = time.perf_counter()
@@ -283,12 +286,8 @@ async def test_through_a_real_gateway(make_fake_kube, runtime_port, tmp_path, cr
 
 async def test_lost_pod_is_reported_and_the_sandbox_comes_back(make_fake_kube, runtime_port):
     kube = await make_fake_kube("head")
-    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
-    policy = parse_policy("pools: {small: {}, shared: {}}\nrouting: {per_session_orgs: ['*']}", "t")
-    store = MemoryStore()
-    router = SessionRouter(store, PoolProviders({"small": provider, "shared": provider}), policy, replica_id="r")
-    await provider.close()
-    await provider.start(router.sandbox_lost)
+    provider, router = await routed(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    store = router.store
     identity = Identity.parse(org_id="acme", user_id="alice", session_id="s1")
     try:
         route = await router.resolve(identity)
