@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
 import sys
 import time
 import uuid
@@ -221,8 +222,74 @@ async def bench_memory(url: str, sessions: int, per_sandbox: int,
 
 
 async def gateway_benchmarks(url: str, args: argparse.Namespace) -> list[Row]:
-    """Hook for the lead: route-cache hit vs miss and replica throughput through ``serve``."""
-    return []
+    """Route resolution with the per-process cache (hit) vs through Redis (miss), then
+    ``sandbox-gateway serve --workers N`` (N processes on one Redis, the replicas of one
+    host) proxying to a fixed backend, for N = 1, 2, 3."""
+    return [*await _cache_hit_vs_miss(url, args.seconds), *await asyncio.to_thread(_replica_throughput, url, args)]
+
+
+async def _cache_hit_vs_miss(url: str, seconds: float) -> list[Row]:
+    from gateway.providers.base import PoolProviders
+    from gateway.providers.static import StaticProvider
+    from gateway.sessions import RouterTuning, SessionRouter
+    from routing import Identity, parse_policy
+
+    policy = parse_policy("pools: {small: {provider: static, upstreams: ['http://127.0.0.1:9']}, "
+                          "shared: {provider: static, upstreams: ['http://127.0.0.1:9']}}", "bench")
+    static = StaticProvider({"small": ["http://127.0.0.1:9"], "shared": ["http://127.0.0.1:9"]})
+    rates = {}
+    for label, ttl in (("hit", 3600.0), ("miss", 1e-9)):
+        store = RedisStore(url, f"bench-{uuid.uuid4().hex[:6]}", "bench")
+        router = SessionRouter(store, PoolProviders({"small": static, "shared": static}), policy,
+                               replica_id="bench", tuning=RouterTuning(route_ttl=ttl))
+        identities = [Identity.parse(org_id="o", user_id="u", session_id=f"s{i}") for i in range(100)]
+        for identity in identities:
+            await router.resolve(identity)
+        done, deadline = 0, time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            for identity in identities:
+                await router.resolve(identity)
+            done += len(identities)
+        rates[label] = done / seconds
+        await store.close()
+    return [Row("route resolution, cache hit (per process)", f"{rates['hit']:,.0f}/s", "", ""),
+            Row("route resolution, cache miss (redis)", f"{rates['miss']:,.0f}/s", "", ""),
+            Row("  hit / miss", "", "", f"{rates['hit'] / rates['miss']:.0f}x")]
+
+
+def _replica_throughput(url: str, args: argparse.Namespace) -> list[Row]:
+    import tempfile
+
+    from benchmarks.proxy_bench import free_port, load, start_backend, stop_procs, wait_port
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = start_backend(Path(tmp))
+        policy = Path(tmp) / "policy.yaml"
+        upstream = f"http://127.0.0.1:{backend.port}"
+        policy.write_text(f"pools: {{small: {{provider: static, upstreams: ['{upstream}']}}, "
+                          f"shared: {{provider: static, upstreams: ['{upstream}']}}}}\n")
+        try:
+            base = None
+            for workers in (1, 2, 3):
+                port = free_port()
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "gateway.cli", "serve", "--workers", str(workers), "--redis-url", url,
+                     "--policy", str(policy), "--data-port", str(port), "--control-port", "0", "--no-access-log",
+                     "--log-level", "warning"], cwd=tmp)
+                try:
+                    wait_port(port)
+                    headers = {"X-Org-Id": "bench", "X-User-Id": "u", "X-Session-Id": "replicas"}
+                    load(port, 10, 1.0, headers)  # bind the session and warm every worker's cache
+                    result = load(port, 50, args.seconds, headers)
+                finally:
+                    stop_procs([proc])
+                base = base or result.rps
+                rows.append(Row(f"serve --workers {workers} on one redis, c=50", f"{result.rps:,.0f} req/s",
+                                f"p50 {result.p50_ms:.2f} ms", f"{result.rps / base:.2f}"))
+        finally:
+            stop_procs(backend.procs)
+    return rows
 
 
 def print_table(rows: list[Row]) -> None:

@@ -133,6 +133,9 @@ class KubernetesProvider:
         self._api_client = api_client
         self._owns_client = api_client is None
         self._tasks: list[asyncio.Task[None]] = []
+        # Names the managed watch has seen routable. Only that watch's own (ordered) stream
+        # writes it: ensure() must not, or the watch's older, not-yet-ready events for the same
+        # object (it may lag the per-object watch) would read as a sandbox that was lost.
         self._routable: set[str] = set()
 
     @classmethod
@@ -181,7 +184,6 @@ class KubernetesProvider:
         except ProvisionFailed:
             await self.delete(request.sandbox_id, request.pool)
             raise
-        self._routable.add(request.sandbox_id)
         return self._endpoint(pool, obj)
 
     async def _create_or_adopt(self, pool: KubernetesPoolOptions, kind: _Kind,
@@ -320,6 +322,8 @@ class KubernetesProvider:
                     listing = await self._api.list_namespaced_custom_object(
                         kind.group, kind.version, namespace, kind.plural, label_selector=self._selector())
                     version = listing["metadata"].get("resourceVersion")
+                    self._routable.update(item["metadata"]["name"] for item in listing.get("items", ())
+                                          if routable(item))
                 async for event in _events(self._api, kind, namespace, label_selector=self._selector(),
                                            resource_version=version, timeout_seconds=300):
                     obj = event["object"]
