@@ -231,6 +231,8 @@ class Gateway:
         m.request_duration.labels(pool, entry.protocol).observe(entry.duration)
         if entry.error:
             m.upstream_errors.labels(entry.error).inc()
+        if m.per_org:
+            m.org_requests.labels(m.org_label(entry.org_id), status_class(entry.status)).inc()
         if self.settings.access_log:
             access_log.info("%s %s", entry.method, entry.status, extra={"fields": {
                 "request_id": entry.request_id, "pool": entry.pool, "sandbox_id": entry.sandbox_id,

@@ -91,14 +91,29 @@ async def test_sigterm_drains_an_in_flight_request(tmp_path):
     assert not sandboxes.exists() or not any(sandboxes.iterdir()), "a memory-store gateway stops its sandboxes"
 
 
-async def test_metrics_after_traffic(gateway):
-    async with aiohttp.ClientSession() as http:
-        for _ in range(3):
-            await run(http, gateway.data_url, headers("iso-org", "u", "m1"), "true")
-        text = await (await http.get(f"{gateway.control_url}/metrics")).text()
+async def test_metrics_after_traffic_cover_the_dashboard(tmp_path):
+    """Scrape a live gateway after traffic: the counters moved, and every metric the dashboard
+    queries is exported (histograms and counters by their base name)."""
+    process = await GatewayProcess(tmp_path / "gw", env={"PER_SESSION_SANDBOX_ORG_IDS": "iso-org",
+                                                         "SANDBOX_GATEWAY_PER_ORG_METRICS": "true"}).start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(3):
+                await run(http, process.data_url, headers("iso-org", "u", "m1"), "true")
+            text = await (await http.get(f"{process.control_url}/metrics")).text()
+    finally:
+        await process.stop()
     assert 'sgw_requests_total{pool="small",protocol="http",status="2xx"} 3.0' in text
     assert 'sgw_route_cache_total{result="hit"} 2.0' in text
     assert 'sgw_provisions_total{outcome="ready",pool="small"} 1.0' in text
+    assert 'sgw_org_requests_total{org="iso-org",status="2xx"} 3.0' in text
+    dashboard = (README.parent / "helm" / "sandbox-gateway" / "dashboards" / "sandbox-gateway.json").read_text()
+    used = set(re.findall(r"sgw_[a-z_]+", dashboard))
+    exported = set(re.findall(r"^# TYPE (sgw_[a-z_]+) ", text, re.MULTILINE))
+    base = {re.sub(r"_(bucket|sum|count|total)$", "", name) for name in used}
+    missing = {name for name in base if name not in exported and f"{name}_total" not in exported
+               and name.removesuffix("_total") not in exported}
+    assert not missing, f"the dashboard queries metrics the gateway does not export: {sorted(missing)}"
 
 
 def test_bad_settings_exit_2_with_one_line(tmp_path):

@@ -102,10 +102,11 @@ class RequestLog:
     """
 
     __slots__ = ("method", "pool", "sandbox_id", "status", "duration", "bytes_in", "bytes_out", "protocol",
-                 "request_id", "error")
+                 "request_id", "error", "org_id")
 
     def __init__(self, method: str, pool: str | None, sandbox_id: str | None, status: int, duration: float,
-                 bytes_in: int, bytes_out: int, protocol: str, request_id: str, error: str | None) -> None:
+                 bytes_in: int, bytes_out: int, protocol: str, request_id: str, error: str | None,
+                 org_id: str | None = None) -> None:
         self.method = method
         self.pool = pool
         self.sandbox_id = sandbox_id
@@ -116,6 +117,7 @@ class RequestLog:
         self.protocol = protocol
         self.request_id = request_id
         self.error = error
+        self.org_id = org_id  # for per-org metrics (when enabled); None for personal accounts
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)

@@ -200,7 +200,8 @@ class DataPlane:
             record = RequestLog(
                 ex.method.decode("latin-1"), route.pool if route else None, route.sandbox_id if route else None,
                 ex.status, self.loop.time() - ex.t0, ex.bytes_in, ex.bytes_out, ex.protocol,
-                (ex.request_id or b"").decode("latin-1"), ex.error)
+                (ex.request_id or b"").decode("latin-1"), ex.error,
+                ex.identity.org_id if ex.identity is not None else None)
             try:
                 on_request(record)
             except Exception:
