@@ -109,6 +109,7 @@ class Gateway:
         self._control_runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._policy_mtime: float | None = None
+        self._request_series: dict[tuple[str | None, str, int], tuple[Any, Any]] = {}
         self.data_address: tuple[str, int] | None = None
         self.control_address: tuple[str, int] | None = None
 
@@ -226,9 +227,15 @@ class Gateway:
 
     def _on_request(self, entry: Any) -> None:
         m = self.metrics
-        pool = entry.pool or "none"
-        m.requests.labels(pool, entry.protocol, status_class(entry.status)).inc()
-        m.request_duration.labels(pool, entry.protocol).observe(entry.duration)
+        key = (entry.pool, entry.protocol, entry.status)
+        children = self._request_series.get(key)
+        if children is None:  # resolving label children costs more than the increments themselves
+            pool = entry.pool or "none"
+            children = (m.requests.labels(pool, entry.protocol, status_class(entry.status)),
+                        m.request_duration.labels(pool, entry.protocol))
+            self._request_series[key] = children
+        children[0].inc()
+        children[1].observe(entry.duration)
         if entry.error:
             m.upstream_errors.labels(entry.error).inc()
         if m.per_org:
