@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON="${PYTHON:-python3}"
-extra="${1:-}"
+extra="${SETUP_EXTRA:-}"  # not $1: a sourced script sees its caller's arguments
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv with $("$PYTHON" --version)" >&2
     "$PYTHON" -m venv .venv
