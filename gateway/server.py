@@ -60,8 +60,9 @@ async def _serve_one(settings: Settings, data_port: int, control_port: int, work
     log.info("serving (worker %d, pid %d): data plane http://%s:%d, control API http://%s:%d",
              worker, os.getpid(), dh, dp, ch, cp)
     await stop.wait()
-    log.info("draining (worker %d): up to %gs for in-flight requests; sandboxes stay up",
-             worker, settings.drain_timeout)
+    fate = ("sandboxes stay up for the other replicas" if settings.redis_url
+            else "local sandboxes stop with this memory-store gateway")
+    log.info("draining (worker %d): up to %gs for in-flight requests; %s", worker, settings.drain_timeout, fate)
     await gateway.stop()
     log.info("stopped (worker %d)", worker)
 
