@@ -8,6 +8,7 @@
     ├── Forbidden                     403 forbidden
     ├── NotFound                      404 not_found
     ├── Conflict                      409 conflict
+    ├── PayloadTooLarge               413 payload_too_large
     ├── CapacityExceeded              429 capacity_exceeded (+ Retry-After)
     ├── StoreUnavailable              503 store_unavailable (+ Retry-After)
     ├── ProvisionFailed               503 provision_failed
@@ -71,6 +72,11 @@ class NotFound(GatewayError):
 class Conflict(GatewayError):
     status = 409
     code = "conflict"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    code = "payload_too_large"
 
 
 class CapacityExceeded(GatewayError):

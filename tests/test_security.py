@@ -136,3 +136,28 @@ def test_hundred_thousand_random_pairs_including_near_misses():
             second = Identity.parse(org_id=None if rng.random() < 0.3 else pick(), user_id=pick() or "u",
                                     session_id=pick() or "s", bot_id=None if rng.random() < 0.6 else pick())
         assert_shared_only_by_policy(first, second, ("*",) if i % 3 == 0 else ("org-a",))
+
+
+async def test_org_rate_limit_and_body_cap_on_a_real_serve(tmp_path):
+    process = await GatewayProcess(tmp_path / "gw", env={"SANDBOX_GATEWAY_ORG_RATE_LIMIT": "0.5",
+                                                         "SANDBOX_GATEWAY_ORG_RATE_BURST": "2",
+                                                         "SANDBOX_GATEWAY_MAX_BODY_BYTES": "1000"}).start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            hdrs = {"X-Org-Id": "busy", "X-User-Id": "u", "X-Session-Id": "r1"}
+            statuses = []
+            for _ in range(3):
+                async with http.get(f"{process.data_url}/", headers=hdrs) as response:
+                    statuses.append(response.status)
+                    if response.status == 429:
+                        assert response.headers["Retry-After"]
+                        assert (await response.json())["error"]["code"] == "capacity_exceeded"
+            assert statuses == [200, 200, 429]  # burst of 2, then limited
+            other = {"X-Org-Id": "calm", "X-User-Id": "u", "X-Session-Id": "r2"}
+            async with http.post(f"{process.data_url}/echo/x", headers=other, data=b"x" * 1001) as response:
+                assert response.status == 413
+                assert (await response.json())["error"]["code"] == "payload_too_large"
+            listing = await (await http.get(f"{process.control_url}/v1/sandboxes")).json()
+            assert [s["sessions"] for s in listing["sandboxes"]] == [1]  # the 413 created nothing
+    finally:
+        await process.stop()

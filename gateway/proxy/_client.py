@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 
-from gateway.errors import BadRequest, GatewayError, UpstreamError, UpstreamTimeout
+from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
+from gateway.limits import limit_key
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, LENGTH, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
 
@@ -254,6 +255,9 @@ class ClientConnection(asyncio.Protocol):
         elif code == w.R_CL:
             if value != b"0":
                 ex.body = LENGTH
+                limit = self.plane.max_body
+                if limit is not None and value.isdigit() and int(value) > limit:
+                    ex.reject = PayloadTooLarge(f"the request body ({int(value)} bytes) exceeds max_body_bytes ({limit})")
             ex.headers += (name, w.COLON, value, w.CRLF)
         elif code == w.R_CONNECTION:
             value = value.lower()
@@ -383,6 +387,12 @@ class ClientConnection(asyncio.Protocol):
             self.ident_key = key
             self.ident = identity
         ex.identity = identity
+        if plane.limits.active:
+            try:
+                plane.limits.admit(limit_key(identity))
+            except GatewayError as exc:
+                self.fail(ex, exc)
+                return
         route = None
         cached = plane.cached_route
         if cached is not None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gateway.auth import Authenticator, TrustedHeaders
+from gateway.limits import OrgLimits
 from gateway.errors import UpstreamConnectError
 from gateway.proxy._client import ClientConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
@@ -51,10 +52,13 @@ class DataPlane:
     def __init__(self, resolver: RouteResolver, settings: Settings, *,
                  on_request: Callable[[RequestLog], None] | None = None,
                  authenticator: Authenticator = TrustedHeaders(),
+                 limits: OrgLimits = OrgLimits(),
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
                  long_request_after: float = LONG_REQUEST_AFTER) -> None:
         self.resolver = resolver
         self.authenticator = authenticator
+        self.limits = limits
+        self.max_body = settings.max_body_bytes
         self.settings = settings
         self.on_request = on_request
         self.cached_route: Callable[[Identity], Route | None] | None = getattr(resolver, "cached_route", None)
