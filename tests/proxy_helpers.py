@@ -108,6 +108,13 @@ class Gateway:
 StartGateway = Callable[..., Awaitable[Gateway]]
 
 
+@pytest.fixture
+async def start_gateway() -> AsyncIterator[StartGateway]:
+    """Start data planes in front of test resolvers; all stopped at teardown."""
+    async with gateways() as start:
+        yield start
+
+
 @pytest.fixture(params=[FakeResolver, CachingFakeResolver], ids=["task-path", "cached-path"])
 def resolver_class(request: pytest.FixtureRequest) -> type[FakeResolver]:
     """Both ways the data plane reaches a route: a task per request, or the resolver's sync cache."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -20,12 +19,10 @@ from gateway.model import Endpoint
 from tests.proxy_helpers import (
     CachingFakeResolver,
     FakeResolver,
-    StartGateway,
     backend,
     dead_port,
     echo_headers,
     eventually,
-    gateways,
     identity_headers,
     raw_backend,
     raw_client,
@@ -33,15 +30,12 @@ from tests.proxy_helpers import (
     read_response,
     request_bytes,
     resolver_class,
+    start_gateway,
 )
 
-__all__ = ["resolver_class"]  # a fixture
+__all__ = ["resolver_class", "start_gateway"]  # fixtures
 
 
-@pytest.fixture
-async def start_gateway() -> AsyncIterator[StartGateway]:
-    async with gateways() as start:
-        yield start
 
 
 # -- identity and resolver errors -----------------------------------------------------------

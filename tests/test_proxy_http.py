@@ -22,11 +22,9 @@ from yarl import URL
 from tests.proxy_helpers import (
     CachingFakeResolver,
     FakeResolver,
-    StartGateway,
     backend,
     echo_headers,
     eventually,
-    gateways,
     identity_headers,
     raw_backend,
     raw_client,
@@ -34,15 +32,12 @@ from tests.proxy_helpers import (
     read_response,
     request_bytes,
     resolver_class,
+    start_gateway,
 )
 
-__all__ = ["resolver_class"]  # a fixture
+__all__ = ["resolver_class", "start_gateway"]  # fixtures
 
 
-@pytest.fixture
-async def start_gateway() -> AsyncIterator[StartGateway]:
-    async with gateways() as start:
-        yield start
 
 
 # -- bodies ---------------------------------------------------------------------------

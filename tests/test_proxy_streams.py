@@ -16,25 +16,22 @@ from gateway.model import Endpoint
 from tests.proxy_helpers import (
     CachingFakeResolver,
     FakeResolver,
-    StartGateway,
     eventually,
     gateway_process,
-    gateways,
     identity_headers,
     raw_backend,
     raw_client,
     read_head,
     request_bytes,
     rss_kib,
+    start_gateway,
 )
+
+__all__ = ["start_gateway"]  # a fixture
 
 MIB = 1024 * 1024
 
 
-@pytest.fixture
-async def start_gateway() -> AsyncIterator[StartGateway]:
-    async with gateways() as start:
-        yield start
 
 
 async def backend(aiohttp_server, handler) -> Endpoint:  # type: ignore[no-untyped-def]
