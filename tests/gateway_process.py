@@ -44,11 +44,17 @@ class GatewayProcess:
         if not serving.done():
             serving.set_exception(RuntimeError("gateway exited before serving:\n" + "\n".join(self.log[-30:])))
 
-    async def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+    async def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         assert self.proc is not None
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
-        code = await asyncio.wait_for(self.proc.wait(), timeout)
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            tail = "\n".join(self.log[-20:])
+            self.proc.kill()
+            await self.proc.wait()
+            raise AssertionError(f"the gateway did not exit within {timeout:g}s of signal {sig}; its log ends:\n{tail}") from None
         if self._reader is not None:
             await self._reader
         return code

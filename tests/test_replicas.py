@@ -39,7 +39,8 @@ def kill_sandboxes(root: Path) -> None:
 
 async def start_replicas(root: Path, url: str, count: int, *args: str,
                          env: dict[str, str] | None = None) -> list[GatewayProcess]:
-    env = {"PER_SESSION_SANDBOX_ORG_IDS": "iso", "SANDBOX_GATEWAY_ROUTE_CACHE_TTL": "2", **(env or {})}
+    env = {"PER_SESSION_SANDBOX_ORG_IDS": "iso", "SANDBOX_GATEWAY_ROUTE_CACHE_TTL": "2",
+           "SANDBOX_GATEWAY_DRAIN_TIMEOUT": "5", **(env or {})}
     replicas = [GatewayProcess(root / f"gw{i}", "--redis-url", url, "--data-dir", str(root / f"gw{i}" / "data"),
                                *args, env={**env, "SANDBOX_GATEWAY_REPLICA_ID": f"replica-{i}"})
                 for i in range(count)]
