@@ -25,7 +25,7 @@ from typing import Protocol
 from gateway.errors import CapacityExceeded, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
 from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxRequest, SandboxState
 from gateway.providers.base import SandboxProvider
-from gateway.store.base import INVALIDATE_ALL, Caps, SessionStore
+from gateway.store.base import INVALIDATE_ALL, REMOVED, Caps, SessionStore
 from routing import Identity, Isolation, Placement, Policy, place
 
 log = logging.getLogger(__name__)
@@ -276,7 +276,7 @@ class SessionRouter:
                                        sandbox_id=binding.sandbox_id) from None
             if settlement.record is not None and settlement.record.state is SandboxState.READY:
                 return settlement.record
-            if settlement.error is not None and settlement.error != "the sandbox was removed":
+            if settlement.error is not None and settlement.error != REMOVED:
                 raise ProvisionFailed(settlement.error, sandbox_id=binding.sandbox_id)
         raise ProvisionFailed(f"sandbox {binding.sandbox_id} kept disappearing while being created; retry",
                               sandbox_id=binding.sandbox_id)

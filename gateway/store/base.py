@@ -28,6 +28,9 @@ from gateway.model import Binding, Endpoint, SandboxRecord
 Invalidation = Callable[[str], None]
 """Called with a session ID or sandbox ID whose cached route is no longer valid."""
 
+REMOVED = "the sandbox was removed"
+"""A settlement's error when the record went away without a creation error: retry, don't fail."""
+
 INVALIDATE_ALL = "*"
 """Passed to an ``Invalidation`` when invalidations may have been missed (a pub/sub reconnect)."""
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from gateway.errors import CapacityExceeded
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
-from gateway.store.base import Caps, Invalidation, Reservation, Settlement
+from gateway.store.base import REMOVED, Caps, Invalidation, Reservation, Settlement
 
 _LIVE = (SandboxState.CREATING, SandboxState.READY)
 
@@ -90,7 +90,7 @@ class MemoryStore:
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         record = self._sandboxes.pop(sandbox_id, None)
         self._streams.pop(sandbox_id, None)
-        self._settle(sandbox_id, Settlement(None, error or "the sandbox was removed"))
+        self._settle(sandbox_id, Settlement(None, error or REMOVED))
         if record is not None:
             self._publish(sandbox_id)
         return record
@@ -98,7 +98,7 @@ class MemoryStore:
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
         record = self._sandboxes.get(sandbox_id)
         if record is None:
-            return Settlement(None, "the sandbox was removed")
+            return Settlement(None, REMOVED)
         if record.state is not SandboxState.CREATING:
             return Settlement(self._with_sessions(record))
         future: asyncio.Future[Settlement] = asyncio.get_running_loop().create_future()

@@ -71,13 +71,12 @@ from gateway.errors import CapacityExceeded, StoreUnavailable
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store import redis_scripts as lua
 from gateway.store.redis_scripts import RedisKeys
-from gateway.store.base import INVALIDATE_ALL, Caps, Invalidation, Reservation, Settlement
+from gateway.store.base import INVALIDATE_ALL, REMOVED, Caps, Invalidation, Reservation, Settlement
 
-__all__ = ["REMOVED", "RedisKeys", "RedisStore", "unavailable"]
+__all__ = ["RedisKeys", "RedisStore", "unavailable"]
 
 log = logging.getLogger(__name__)
 
-REMOVED = "the sandbox was removed"
 """The error waiters get when a record disappears without a creator's error (same as the memory store)."""
 
 _CHANNELS = 2  # settled + invalidate: a subscription is complete when both are confirmed
