@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.auth import AdminCheck, AllowAll
+from gateway.auth import AdminCheck, AllowAll, parse_headers
 from gateway.errors import BadRequest, GatewayError, error_body
 from gateway.metrics import Metrics
 from gateway.model import Binding, SandboxRecord
@@ -32,7 +32,6 @@ READINESS = web.AppKey("readiness", Callable[[], Awaitable[list[str]]])
 METRICS = web.AppKey("metrics", Metrics)
 
 _IDENTITY_FIELDS = ("org_id", "user_id", "session_id", "bot_id")
-_HEADER_OF = {"org_id": "X-Org-Id", "user_id": "X-User-Id", "session_id": "X-Session-Id", "bot_id": "X-Bot-Id"}
 
 
 def json_error(exc: GatewayError) -> web.Response:
@@ -77,11 +76,10 @@ def _identity(raw: dict[str, Any]) -> Identity:
 
 def _caller(request: web.Request, session_id: str) -> Identity | None:
     """An identity from X-* headers, when the caller sent one: then the owner check applies."""
-    if "X-User-Id" not in request.headers:
+    headers = request.headers
+    if "X-User-Id" not in headers:
         return None
-    raw = {field: request.headers.get(header) for field, header in _HEADER_OF.items()}
-    raw["session_id"] = session_id
-    return _identity(raw)
+    return parse_headers(headers.get("X-Org-Id"), headers.get("X-User-Id"), session_id, headers.get("X-Bot-Id"))
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:

@@ -101,8 +101,7 @@ class Gateway:
         self.router = SessionRouter(
             store, provider, policy, replica_id=settings.replica_id,
             tuning=RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
-                                session_ttl=settings.session_ttl, activity_interval=settings.activity_flush_interval,
-                                lease_seconds=settings.creation_lease),
+                                session_ttl=settings.session_ttl, lease_seconds=settings.creation_lease),
             events=metrics,
         )
         self.authenticator, self.admin = build_auth(settings)
@@ -170,10 +169,11 @@ class Gateway:
     def describe(self) -> list[str]:
         policy = self.router.policy
         pools = ", ".join(f"{name} ({pool.provider})" for name, pool in policy.pools.items())
+        providers = [f"provider: {line}" for line in self.provider.describe()]
         return [f"auth: {self.settings.effective_auth_mode}"
                 f"{'' if isinstance(self.admin, AllowAll) else ' (control API needs an admin token)'}",
                 f"store: {self.settings.store_kind}", f"policy: {policy.source}", f"pools: {pools}",
-                f"per-session orgs: {', '.join(sorted(policy.per_session_orgs)) or '(none)'}"]
+                f"per-session orgs: {', '.join(sorted(policy.per_session_orgs)) or '(none)'}", *providers]
 
     # background work ------------------------------------------------------
     def _every(self, interval: float, job: Callable[[], Awaitable[Any]]) -> None:

@@ -78,7 +78,6 @@ class RouterTuning:
     route_cache_size: int = 100_000
     lease_seconds: float = 180.0     # creation lease; renewed by nothing, so > any provisioning timeout
     session_ttl: float = 86_400.0    # a binding idle this long is forgotten
-    activity_interval: float = 1.0   # how often activity and stream counts are flushed
     reaper_lease_ttl: float = 60.0   # must exceed the reap interval so the holder keeps it
 
 

@@ -60,6 +60,9 @@ class CountingProvider:
     async def close(self) -> None:
         return None
 
+    def describe(self) -> str:
+        return "counting fake"
+
 
 @pytest.fixture
 def counting_provider() -> CountingProvider:

@@ -27,6 +27,8 @@ class SandboxProvider(Protocol):
     async def list_managed(self) -> list[ManagedSandbox]: ...
     async def close(self) -> None:
         """Release clients; sandboxes stay alive (shutdown drains, it does not destroy)."""
+    def describe(self) -> str:
+        """Where this provider's sandboxes live, for the startup log."""
 
 
 class PoolProviders:
@@ -62,3 +64,7 @@ class PoolProviders:
     async def close(self) -> None:
         for provider in self._distinct:
             await provider.close()
+
+    def describe(self) -> list[str]:
+        """One line per provider for the startup log (each provider says where its sandboxes live)."""
+        return [provider.describe() for provider in self._distinct]
