@@ -21,7 +21,6 @@ from aiohttp import web
 from gateway.api import create_control_app
 from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySet, TokenAuth, TrustedHeaders
 from gateway.errors import GatewayError
-from gateway.limits import OrgLimits
 from gateway.metrics import Metrics, status_class
 from gateway.model import SandboxState
 from gateway.providers.base import PoolProviders, SandboxProvider
@@ -124,10 +123,8 @@ class Gateway:
         from gateway.proxy import DataPlane
 
         await self.provider.start(self.router.sandbox_lost)
-        limits = OrgLimits(rate=self.settings.org_rate_limit, burst=self.settings.org_rate_burst,
-                           max_streams=self.settings.max_streams_per_org)
         self.data_plane = DataPlane(self.router, self.settings, on_request=self._on_request,
-                                    authenticator=self.authenticator, limits=limits)
+                                    authenticator=self.authenticator)  # its OrgLimits come from the settings
         await self.data_plane.start(data_sock)
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin)
         self._control_runner = web.AppRunner(control, access_log=None, handle_signals=False)

@@ -7,6 +7,13 @@ replica needs, with no store round trip on the hot path. Personal accounts
 
 Over a limit the caller gets 429 with ``Retry-After`` (when a token will be
 available again), and nothing is forwarded or created.
+
+Streams are admitted where a 429 is still possible: a request that declares
+itself a stream (a WebSocket upgrade, or ``Accept: text/event-stream`` as every
+EventSource sends) takes a slot before it is forwarded, or gets 429. A response
+that turns out to be a stream without having said so (an undeclared SSE body, a
+request still open after ``LONG_REQUEST_AFTER``) cannot be refused any more: it
+takes a slot regardless (``force``), so it counts against the org's next streams.
 """
 
 from __future__ import annotations
@@ -14,9 +21,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gateway.errors import CapacityExceeded
 from routing import Identity
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 _MAX_TRACKED = 100_000  # buckets kept; the least recently refilled go first
 
@@ -37,9 +48,21 @@ class OrgLimits:
         self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, updated)
         self._streams: dict[str, int] = {}
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OrgLimits:
+        return cls(rate=settings.org_rate_limit, burst=settings.org_rate_burst,
+                   max_streams=settings.max_streams_per_org)
+
     @property
     def active(self) -> bool:
         return self._rate is not None or self._max_streams is not None
+
+    @property
+    def caps_streams(self) -> bool:
+        return self._max_streams is not None
+
+    def open_streams(self, key: str) -> int:
+        return self._streams.get(key, 0)
 
     def admit(self, key: str) -> None:
         """Take one request token for ``key`` or raise ``CapacityExceeded``."""
@@ -57,10 +80,10 @@ class OrgLimits:
             self._buckets.pop(next(iter(self._buckets)))
         self._buckets[key] = (tokens - 1.0, now)  # re-inserted last: dict order is recency
 
-    def open_stream(self, key: str) -> None:
-        """Count a new stream for ``key`` or raise ``CapacityExceeded`` at the cap."""
+    def open_stream(self, key: str, *, force: bool = False) -> None:
+        """Count a new stream for ``key`` or raise ``CapacityExceeded`` at the cap (``force``: count it anyway)."""
         count = self._streams.get(key, 0)
-        if self._max_streams is not None and count >= self._max_streams:
+        if self._max_streams is not None and count >= self._max_streams and not force:
             raise CapacityExceeded(
                 f"{key!r} already has {count} open streams (max_streams_per_org {self._max_streams}); close one first",
                 scope="org_streams", retry_after=5.0)

@@ -85,10 +85,10 @@ class Settings(BaseSettings):
     # tenant limits (gateway/limits.py; None = unlimited), per replica
     org_rate_limit: float | None = Field(default=None, gt=0)       # requests/s per org (or personal user)
     org_rate_burst: int | None = Field(default=None, ge=1)         # default: ceil(org_rate_limit)
-    max_streams_per_org: int | None = Field(default=None, ge=1)    # open WebSocket/SSE streams per org
+    max_streams_per_org: int | None = Field(default=None, ge=1)    # open WebSocket/SSE streams per org (429 beyond)
     max_body_bytes: int | None = Field(default=None, ge=0)         # request body cap (413 beyond it)
     header_read_timeout: float = Field(default=10.0, gt=0)         # a request head must arrive within this (slowloris)
-    ws_max_message_bytes: int | None = Field(default=None, ge=125) # WebSocket frame payload cap (1009 close beyond)
+    ws_max_message_bytes: int | None = Field(default=None, ge=125) # WebSocket message cap, client to sandbox (close 1009)
 
     @model_validator(mode="after")
     def _auth_is_explicit_off_loopback(self) -> Settings:

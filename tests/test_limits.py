@@ -52,3 +52,16 @@ def test_stream_cap_counts_open_streams():
 def test_personal_accounts_are_limited_per_user():
     assert limit_key(Identity.parse(user_id="u1", session_id="s")) == "user:u1"
     assert limit_key(Identity.parse(org_id="o", user_id="u1", session_id="s")) == "o"
+
+
+def test_forced_streams_count_past_the_cap():
+    """A stream found out too late for a 429 still takes a slot, so the org's next stream is refused."""
+    limits = OrgLimits(max_streams=1)
+    limits.open_stream("acme")
+    limits.open_stream("acme", force=True)
+    assert limits.open_streams("acme") == 2
+    limits.close_stream("acme")
+    with pytest.raises(CapacityExceeded):
+        limits.open_stream("acme")
+    limits.close_stream("acme")
+    assert limits.open_streams("acme") == 0

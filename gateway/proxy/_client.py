@@ -39,6 +39,7 @@ log = logging.getLogger("gateway.proxy")
 PAUSE_UPSTREAM = 1   # the upstream's write buffer is full
 PAUSE_WAIT = 2       # no upstream attached yet (resolving, connecting, upgrading)
 PAUSE_PIPELINE = 4   # a pipelined request waits behind the current one
+PAUSE_DISCARD = 8    # M_DISCARD: never resumed
 
 # ClientConnection.mode bits: anything set sends data_received down the slow path.
 M_TUNNEL = 1         # spliced to an upstream (WebSocket)
@@ -46,6 +47,9 @@ M_CLOSING = 2        # closing: ignore further bytes
 M_UPGRADED = 4       # after an upgrade request the bytes are not HTTP any more
 M_IN_HEAD = 8        # a request head is being parsed (its size is counted across reads)
 M_EOF = 16           # the client half-closed: answer the request in flight, then close
+M_DISCARD = 32       # a request was refused mid-body: no more bytes are read or parsed
+
+LINGER_TIME = 2.0    # how long a refused upload is read and dropped before the connection closes
 
 _REJECT_TOO_LARGE = "the request head exceeds {} bytes"
 
@@ -54,11 +58,15 @@ class _HeadTooLarge(Exception):
     pass
 
 
+class _BodyTooLarge(Exception):
+    pass
+
+
 class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "plane", "transport", "parser", "parsing", "last", "current", "queue", "mode", "rpause", "wpaused",
         "big", "head_seen", "up_out", "up_conn", "ident_key", "ident", "peer", "conn_line", "route_key",
-        "route_pool", "route_line", "idle_since", "head_key", "head_at",
+        "route_pool", "route_line", "idle_since", "head_key", "head_at", "linger_until",
     )
 
     def __init__(self, plane: DataPlane) -> None:
@@ -86,6 +94,7 @@ class ClientConnection(asyncio.Protocol):
         self.idle_since = 0.0
         self.head_key: object = None           # the head the tick is timing (header_read_timeout)
         self.head_at = 0.0
+        self.linger_until = 0.0                # set by linger(): the tick closes the connection then
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -124,6 +133,8 @@ class ClientConnection(asyncio.Protocol):
             self.up_out.clear()
             if isinstance(exc.__context__, _HeadTooLarge):
                 self._malformed(BadRequest(_REJECT_TOO_LARGE.format(self.plane.max_head), code="header_too_large"))
+            elif isinstance(exc.__context__, _BodyTooLarge):
+                self._body_too_large()
             else:
                 log.error("proxy callback failed", exc_info=exc.__context__ or exc)
                 self._malformed(GatewayError("internal error while reading the request"))
@@ -156,7 +167,7 @@ class ClientConnection(asyncio.Protocol):
                 except RuntimeError:  # uvloop: the upstream's transport closed; its connection_lost settles it
                     pass
             return False
-        if mode & M_CLOSING:
+        if mode & (M_CLOSING | M_DISCARD):
             return False
         if mode & M_UPGRADED:
             ex = self.last
@@ -175,9 +186,13 @@ class ClientConnection(asyncio.Protocol):
         return True
 
     def eof_received(self) -> bool | None:
-        # A client that half-closes after sending its request still gets the response.
+        # A client that half-closes after sending its request still gets the response, unless
+        # it is an event stream: a client closing one has gone (a half-close looks the same),
+        # and the stream must not stay open until the sandbox next writes. A lingering close
+        # ends here too (returning None closes the transport).
         ex = self.current
-        if ex is not None and ex.state != DONE and ex.req_done and not self.mode & M_TUNNEL:
+        if (ex is not None and ex.state != DONE and ex.req_done and not self.mode & M_TUNNEL
+                and ex.protocol != "sse"):
             self.mode |= M_EOF
             return True
         return None
@@ -315,6 +330,8 @@ class ClientConnection(asyncio.Protocol):
         ex = self.parsing
         assert ex is not None
         ex.bytes_in += len(chunk)
+        if ex.bytes_in > self.plane.body_cap:  # only a chunked body gets here: a declared length was checked
+            raise _BodyTooLarge
         if ex.upstream is not None:
             ex.active_at = self.plane.now
             if ex.body == CHUNKED:
@@ -387,9 +404,14 @@ class ClientConnection(asyncio.Protocol):
             self.ident_key = key
             self.ident = identity
         ex.identity = identity
-        if plane.limits.active:
+        limits = plane.limits
+        if limits.active:
+            key = limit_key(identity)
             try:
-                plane.limits.admit(limit_key(identity))
+                limits.admit(key)
+                if limits.caps_streams and (ex.websocket or w.declares_stream(ex.headers)):
+                    limits.open_stream(key)
+                    ex.stream_key = key  # released by DataPlane.finished
             except GatewayError as exc:
                 self.fail(ex, exc)
                 return
@@ -575,6 +597,20 @@ class ClientConnection(asyncio.Protocol):
         if ex.state != TUNNEL:
             self.pause(PAUSE_WAIT)
 
+    def _body_too_large(self) -> None:
+        """A chunked request body passed max_body_bytes: 413 if the response has not started (the
+        sandbox's connection is dropped mid-body either way); nothing more is read."""
+        ex = self.parsing
+        assert ex is not None
+        self.parsing = None
+        self.mode |= M_DISCARD
+        exc = PayloadTooLarge(f"the request body exceeds max_body_bytes ({self.plane.max_body})")
+        if ex is self.current:
+            self.fail(ex, exc)
+        else:
+            ex.reject = exc  # pipelined behind the current request: answered in turn, then closed
+            self.pause(PAUSE_DISCARD)
+
     def _malformed(self, exc: GatewayError) -> None:
         """Bytes that are not HTTP: answer 400 if nothing is in flight, then close."""
         self.parsing = None
@@ -606,7 +642,10 @@ class ClientConnection(asyncio.Protocol):
             return
         self.current = None
         if close or self.mode & (M_CLOSING | M_TUNNEL | M_UPGRADED | M_EOF) or plane.draining:
-            self.close()
+            if not ex.req_done and not self.mode & (M_CLOSING | M_TUNNEL | M_UPGRADED):
+                self.linger()
+            else:
+                self.close()
             return
         self.idle_since = plane.now
         if self.rpause & PAUSE_WAIT:
@@ -621,6 +660,24 @@ class ClientConnection(asyncio.Protocol):
     def close(self) -> None:
         self.mode |= M_CLOSING
         self.transport.close()
+
+    def linger(self) -> None:
+        """Close after answering a request whose body is still on its way (a 413, an early error).
+
+        Closing with unread bytes makes the kernel send a reset, and the client may
+        lose the answer it has not read yet. So, as nginx's lingering close does:
+        send FIN, then read and drop what still arrives for up to LINGER_TIME.
+        """
+        transport = self.transport
+        if transport.is_closing() or not transport.can_write_eof():
+            self.close()
+            return
+        self.mode |= M_DISCARD
+        self.linger_until = self.plane.now + LINGER_TIME
+        transport.write_eof()
+        if self.rpause:
+            self.rpause = 0
+            transport.resume_reading()
 
     def check_head_deadline(self, now: float, timeout: float) -> None:
         """Called by the tick while a request head is awaited: close a connection that dawdles (slowloris)."""

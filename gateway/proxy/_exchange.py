@@ -41,7 +41,7 @@ class Exchange:
         "request_id", "tokens", "body", "expect", "upgrade", "websocket", "version10", "keep_alive",
         "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
-        "protocol", "error", "retried",
+        "protocol", "error", "retried", "stream_key",
     )
 
     def __init__(self, client: ClientConnection) -> None:
@@ -86,6 +86,7 @@ class Exchange:
         self.protocol = "http"
         self.error: str | None = None
         self.retried = False
+        self.stream_key: str | None = None    # the OrgLimits key this exchange holds a stream slot under
 
 
 class RequestLog:

@@ -7,11 +7,12 @@ import contextlib
 import functools
 import logging
 import socket
+import sys
 from collections.abc import Callable
 from typing import Protocol
 
 from gateway.auth import Authenticator, TrustedHeaders
-from gateway.limits import OrgLimits
+from gateway.limits import OrgLimits, limit_key
 from gateway.errors import UpstreamConnectError
 from gateway.proxy._client import ClientConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
@@ -52,13 +53,14 @@ class DataPlane:
     def __init__(self, resolver: RouteResolver, settings: Settings, *,
                  on_request: Callable[[RequestLog], None] | None = None,
                  authenticator: Authenticator = TrustedHeaders(),
-                 limits: OrgLimits = OrgLimits(),
+                 limits: OrgLimits | None = None,
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
                  long_request_after: float = LONG_REQUEST_AFTER) -> None:
         self.resolver = resolver
         self.authenticator = authenticator
-        self.limits = limits
+        self.limits = limits if limits is not None else OrgLimits.from_settings(settings)
         self.max_body = settings.max_body_bytes
+        self.body_cap = settings.max_body_bytes if settings.max_body_bytes is not None else sys.maxsize
         self.settings = settings
         self.on_request = on_request
         self.cached_route: Callable[[Identity], Route | None] | None = getattr(resolver, "cached_route", None)
@@ -189,6 +191,10 @@ class DataPlane:
         ex.stream = True
         self.streams += 1
         self.resolver.stream_opened(ex.route.sandbox_id)
+        if ex.stream_key is None and self.limits.caps_streams and ex.identity is not None:
+            # Too late for a 429: an undeclared stream counts against the org's next ones.
+            ex.stream_key = limit_key(ex.identity)
+            self.limits.open_stream(ex.stream_key, force=True)
 
     def finished(self, ex: Exchange) -> None:
         """Bookkeeping for an exchange that is over: counters, streams, the on_request record."""
@@ -198,6 +204,9 @@ class DataPlane:
             ex.stream = False
             self.streams -= 1
             self.resolver.stream_closed(ex.route.sandbox_id)  # type: ignore[union-attr]
+        if ex.stream_key is not None:
+            self.limits.close_stream(ex.stream_key)
+            ex.stream_key = None
         on_request = self.on_request
         if on_request is not None:
             route = ex.route
@@ -238,7 +247,10 @@ class DataPlane:
         for client in list(self.clients):
             ex = client.current
             if ex is None:
-                if client.parsing is not None or client.last is None:
+                if client.linger_until:
+                    if now > client.linger_until:
+                        client.close()
+                elif client.parsing is not None or client.last is None:
                     client.check_head_deadline(now, header_timeout)  # a head on its way (or not yet begun)
                 elif check_idle_clients and client.idle_since < idle_before:
                     client.close_if_idle()

@@ -135,6 +135,14 @@ def is_event_stream(low: bytes) -> bool:
     return low.find(b"event-stream") >= 0 and _SSE_CONTENT_TYPE.search(low) is not None
 
 
+def declares_stream(headers: list[bytes]) -> bool:
+    """The request asks for an event stream (``Accept: text/event-stream``); ``headers`` as in Exchange."""
+    for i in range(0, len(headers), 4):
+        if headers[i].lower() == b"accept" and b"text/event-stream" in headers[i + 2].lower():
+            return True
+    return False
+
+
 def without_transfer_encoding(head: bytes) -> bytes:
     return _TRANSFER_ENCODING.sub(b"", head)
 

@@ -1,0 +1,184 @@
+"""Tenant limits in the data plane: chunked bodies over max_body_bytes, streams per org, WebSocket messages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import WSMsgType, web
+
+from tests.proxy_helpers import (  # noqa: F401  (start_gateway is a fixture)
+    CachingFakeResolver, FakeResolver, backend, eventually, identity_headers, start_gateway)
+
+
+def chunked_head(path: str = "/upload", **headers: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: gw", "Transfer-Encoding: chunked",
+             *(f"{k}: {v}" for k, v in {**identity_headers(), **headers}.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    status_line, *lines = head.decode().split("\r\n")[:-2]
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 5)
+    return int(status_line.split()[1]), headers, body
+
+
+# -- request bodies ---------------------------------------------------------------
+@pytest.fixture
+async def upload_backend(aiohttp_server):
+    """A sandbox that records every body it read completely."""
+    bodies: list[bytes] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.read()
+        bodies.append(body)
+        return web.Response(text=f"got {len(body)}")
+
+    return await backend(aiohttp_server, handler), bodies
+
+
+async def test_chunked_body_over_the_cap_gets_413_and_never_reaches_the_sandbox(upload_backend, start_gateway):
+    endpoint, bodies = upload_backend
+    gw = await start_gateway(CachingFakeResolver(endpoint), max_body_bytes=1000)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(chunked_head() + chunk(b"a" * 600))
+    await writer.drain()
+    writer.write(chunk(b"b" * 600))  # 1200 > 1000
+    status, headers, body = await read_response(reader)
+    assert status == 413 and headers["connection"] == "close"
+    assert json.loads(body)["error"]["code"] == "payload_too_large"
+    # The client may still be sending: the gateway reads and drops it, then closes cleanly (FIN, not reset).
+    writer.write(chunk(b"c" * 100_000) * 20)
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    assert bodies == []  # the sandbox's connection was dropped mid-body: no complete request
+    assert gw.records[-1].status == 413
+
+
+async def test_chunked_body_at_the_cap_is_forwarded(upload_backend, start_gateway):
+    endpoint, bodies = upload_backend
+    gw = await start_gateway(FakeResolver(endpoint), max_body_bytes=1000)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(chunked_head() + chunk(b"a" * 600) + chunk(b"b" * 400) + b"0\r\n\r\n")
+    status, _, body = await read_response(reader)
+    writer.close()
+    assert (status, body) == (200, b"got 1000")
+    assert bodies == [b"a" * 600 + b"b" * 400]
+
+
+async def test_pipelined_request_over_the_cap_is_answered_in_turn(upload_backend, start_gateway):
+    """The first request is served; the one behind it, over the cap, gets 413; then the connection closes."""
+    endpoint, bodies = upload_backend
+    gw = await start_gateway(CachingFakeResolver(endpoint), max_body_bytes=100)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    first = chunked_head() + chunk(b"ok") + b"0\r\n\r\n"
+    writer.write(first + chunked_head() + chunk(b"x" * 101))
+    assert (await read_response(reader))[0] == 200
+    status, _, body = await read_response(reader)
+    assert status == 413 and json.loads(body)["error"]["code"] == "payload_too_large"
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    assert bodies == [b"ok"]
+
+
+# -- streams per org --------------------------------------------------------------
+@pytest.fixture
+async def sse_backend(aiohttp_server):
+    """An SSE sandbox whose streams stay open until ``release`` is set."""
+    release = asyncio.Event()
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: hello\n\n")
+        await release.wait()
+        return response
+
+    return await backend(aiohttp_server, events), release
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def org_headers(org: str, session: str, *, declared: bool = True) -> dict[str, str]:
+    headers = identity_headers(session, **{"X-Org-Id": org})
+    if declared:
+        headers["Accept"] = "text/event-stream"
+    return headers
+
+
+async def open_stream(http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> aiohttp.ClientResponse:
+    response = await http.get(f"{url}/events", headers=headers)
+    assert response.status == 200
+    assert await response.content.readuntil(b"\n\n") == b"data: hello\n\n"
+    return response
+
+
+async def test_streams_per_org_are_capped_with_429(sse_backend, start_gateway, http):
+    endpoint, release = sse_backend
+    gw = await start_gateway(CachingFakeResolver(endpoint), max_streams_per_org=2)
+    first = await open_stream(http, gw.url, org_headers("acme", "s1"))
+    second = await open_stream(http, gw.url, org_headers("acme", "s2"))
+    async with http.get(f"{gw.url}/events", headers=org_headers("acme", "s3")) as refused:
+        assert refused.status == 429 and int(refused.headers["Retry-After"]) >= 1
+        error = (await refused.json())["error"]
+        assert error["code"] == "capacity_exceeded" and "max_streams_per_org 2" in error["message"]
+    other = await open_stream(http, gw.url, org_headers("globex", "s4"))  # orgs do not share slots
+    async with http.get(f"{gw.url}/plain", headers=org_headers("acme", "s5", declared=False)) as plain:
+        assert plain.status == 200  # a request that is not a stream is not counted (this one turns into one)
+        first.close()
+        await eventually(lambda: gw.plane.limits.open_streams("acme") == 2)
+    await eventually(lambda: gw.plane.limits.open_streams("acme") == 1)
+    third = await open_stream(http, gw.url, org_headers("acme", "s3"))  # a slot came back
+    release.set()
+    for response in (second, other, third):
+        assert await response.content.read() == b""
+        response.release()
+    await eventually(lambda: gw.plane.limits.open_streams("acme") == 0 == gw.plane.limits.open_streams("globex"))
+
+
+async def test_undeclared_streams_count_against_the_next_ones(sse_backend, start_gateway, http):
+    """An SSE response to a request that did not ask for one cannot be refused, but it takes a slot."""
+    endpoint, release = sse_backend
+    gw = await start_gateway(CachingFakeResolver(endpoint), max_streams_per_org=1)
+    undeclared = await open_stream(http, gw.url, org_headers("acme", "s1", declared=False))
+    assert gw.plane.limits.open_streams("acme") == 1
+    async with http.get(f"{gw.url}/events", headers=org_headers("acme", "s2")) as refused:
+        assert refused.status == 429
+    release.set()
+    assert await undeclared.content.read() == b""
+    undeclared.release()
+    await eventually(lambda: gw.plane.limits.open_streams("acme") == 0)
+
+
+async def test_websockets_count_as_streams(aiohttp_server, start_gateway, http):
+    async def ws_handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            await ws.send_str(msg.data)
+        return ws
+
+    gw = await start_gateway(CachingFakeResolver(await backend(aiohttp_server, ws_handler)), max_streams_per_org=1)
+    async with http.ws_connect(f"{gw.url}/ws", headers=org_headers("acme", "s1", declared=False)) as ws:
+        await ws.send_str("hi")
+        assert (await ws.receive()).data == "hi"
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(f"{gw.url}/ws", headers=org_headers("acme", "s2", declared=False))
+        assert refused.value.status == 429
+    await eventually(lambda: gw.plane.limits.open_streams("acme") == 0)
+    async with http.ws_connect(f"{gw.url}/ws", headers=org_headers("acme", "s2", declared=False)) as ws:
+        await ws.close()
+    assert (await ws.receive()).type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING)
