@@ -238,6 +238,8 @@ class Gateway:
         children[1].observe(entry.duration)
         if entry.error:
             m.upstream_errors.labels(entry.error).inc()
+        if entry.refused:
+            m.capacity_rejected(entry.refused)
         if m.per_org:
             m.org_requests.labels(m.org_label(entry.org_id), status_class(entry.status)).inc()
         if self.settings.access_log:

@@ -46,8 +46,10 @@ class Metrics:
                               multiprocess_mode="max")
         self.sandboxes = Gauge("sgw_sandboxes", "Sandboxes by pool and state", ["pool", "state"], registry=r,
                                multiprocess_mode="max")
-        self.capacity_rejections = Counter("sgw_capacity_rejections_total", "Requests refused at a cap", ["scope"],
-                                           registry=r)
+        self.capacity_rejections = Counter(
+            "sgw_capacity_rejections_total",
+            "Requests refused at a cap or a tenant limit (org_rate, org_streams, max_body, ws_message)", ["scope"],
+            registry=r)
         self.reaps = Counter("sgw_reaps_total", "Sandboxes destroyed by reason", ["reason"], registry=r)
         self.sweeps = Counter("sgw_orphan_sweeps_total", "Orphaned provider objects deleted", ["reason"], registry=r)
         self.route_cache_lookups = Counter("sgw_route_cache_total", "Route cache lookups", ["result"], registry=r)

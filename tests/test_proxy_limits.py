@@ -182,3 +182,59 @@ async def test_websockets_count_as_streams(aiohttp_server, start_gateway, http):
     async with http.ws_connect(f"{gw.url}/ws", headers=org_headers("acme", "s2", declared=False)) as ws:
         await ws.close()
     assert (await ws.receive()).type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING)
+
+
+# -- WebSocket messages ------------------------------------------------------------
+@pytest.fixture
+async def ws_echo(aiohttp_server):
+    """A WebSocket sandbox that echoes, and records how each connection ended."""
+    endings: list[WSMsgType] = []
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=0)
+        await ws.prepare(request)
+        try:
+            async for msg in ws:
+                await ws.send_bytes(msg.data if isinstance(msg.data, bytes) else msg.data.encode())
+        finally:
+            endings.append(ws.close_code)
+        return ws
+
+    return await backend(aiohttp_server, handler), endings
+
+
+async def test_websocket_message_over_the_cap_is_closed_with_1009(ws_echo, start_gateway, http):
+    endpoint, endings = ws_echo
+    gw = await start_gateway(CachingFakeResolver(endpoint), ws_max_message_bytes=1000)
+    async with http.ws_connect(f"{gw.url}/ws", headers=identity_headers(), max_msg_size=0) as ws:
+        await ws.send_bytes(b"a" * 1000)  # exactly the cap
+        assert (await ws.receive()).data == b"a" * 1000
+        await ws.send_bytes(b"b" * 1001)
+        closing = await ws.receive()
+        assert closing.type == WSMsgType.CLOSE and closing.data == 1009 and closing.extra == "message too big"
+    await eventually(lambda: len(endings) == 1)  # the sandbox's connection was dropped, not left open
+    assert endings[0] != 1000 and gw.plane.open_streams == 0
+    assert gw.records[-1].refused == "ws_message" and gw.records[-1].status == 101
+
+
+async def test_websocket_fragments_add_up_to_one_message(ws_echo, start_gateway):
+    """A message split into small frames is still one message: 3 x 400 bytes is over a 1000-byte cap."""
+    endpoint, _ = ws_echo
+    gw = await start_gateway(CachingFakeResolver(endpoint), ws_max_message_bytes=1000)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    headers = "".join(f"{k}: {v}\r\n" for k, v in identity_headers().items())
+    writer.write(f"GET /ws HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{headers}\r\n".encode())
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 101 ")
+
+    def frame(opcode: int, payload: bytes, fin: bool) -> bytes:  # a masked client frame, length < 65536
+        size = bytes([0x80 | len(payload)]) if len(payload) < 126 else bytes([0xFE]) + len(payload).to_bytes(2, "big")
+        return bytes([(0x80 if fin else 0) | opcode]) + size + b"\0\0\0\0" + payload  # zero mask key
+
+    writer.write(frame(2, b"x" * 400, False) + frame(0, b"x" * 400, False))
+    await writer.drain()
+    writer.write(frame(0, b"x" * 400, True))
+    close = await asyncio.wait_for(reader.read(4), 5)
+    assert close[:2] == b"\x88\x11" and int.from_bytes(close[2:4], "big") == 1009  # unmasked close, 2 + 15 bytes
+    assert await asyncio.wait_for(reader.read(), 5) == b"message too big"
+    writer.close()

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 
-from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
+from gateway.errors import BadRequest, CapacityExceeded, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
 from gateway.limits import limit_key
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, LENGTH, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
+from gateway.proxy._wsframe import CLOSE_MESSAGE_TOO_BIG, MessageSizeGuard, close_frame
 
 if TYPE_CHECKING:
     from gateway.proxy._plane import DataPlane
@@ -66,7 +67,7 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "plane", "transport", "parser", "parsing", "last", "current", "queue", "mode", "rpause", "wpaused",
         "big", "head_seen", "up_out", "up_conn", "ident_key", "ident", "peer", "conn_line", "route_key",
-        "route_pool", "route_line", "idle_since", "head_key", "head_at", "linger_until",
+        "route_pool", "route_line", "idle_since", "head_key", "head_at", "linger_until", "ws_guard",
     )
 
     def __init__(self, plane: DataPlane) -> None:
@@ -95,6 +96,7 @@ class ClientConnection(asyncio.Protocol):
         self.head_key: object = None           # the head the tick is timing (header_read_timeout)
         self.head_at = 0.0
         self.linger_until = 0.0                # set by linger(): the tick closes the connection then
+        self.ws_guard: MessageSizeGuard | None = None  # watches client frames in a tunnel (ws_max_message_bytes)
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -160,6 +162,10 @@ class ClientConnection(asyncio.Protocol):
             ex = self.current
             up = self.up_conn
             if ex is not None and up is not None and not up.closed:
+                guard = self.ws_guard
+                if guard is not None and guard.feed(data) is not None:
+                    self._ws_refused(ex, guard.verdict)  # type: ignore[arg-type]
+                    return False
                 ex.bytes_in += len(data)
                 ex.active_at = self.plane.now
                 try:
@@ -272,6 +278,7 @@ class ClientConnection(asyncio.Protocol):
                 ex.body = LENGTH
                 limit = self.plane.max_body
                 if limit is not None and value.isdigit() and int(value) > limit:
+                    ex.refused = "max_body"
                     ex.reject = PayloadTooLarge(f"the request body ({int(value)} bytes) exceeds max_body_bytes ({limit})")
             ex.headers += (name, w.COLON, value, w.CRLF)
         elif code == w.R_CONNECTION:
@@ -412,7 +419,8 @@ class ClientConnection(asyncio.Protocol):
                 if limits.caps_streams and (ex.websocket or w.declares_stream(ex.headers)):
                     limits.open_stream(key)
                     ex.stream_key = key  # released by DataPlane.finished
-            except GatewayError as exc:
+            except CapacityExceeded as exc:
+                ex.refused = exc.scope
                 self.fail(ex, exc)
                 return
         route = None
@@ -566,14 +574,33 @@ class ClientConnection(asyncio.Protocol):
     def start_tunnel(self, ex: Exchange, up: UpstreamConnection) -> None:
         self.mode |= M_TUNNEL
         self.up_conn = up
+        if self.plane.ws_max_message is not None:
+            self.ws_guard = MessageSizeGuard(self.plane.ws_max_message)
         early = ex.early
         if early:
             ex.early = None
             for data in early:
+                if self.ws_guard is not None and self.ws_guard.feed(data) is not None:
+                    self._ws_refused(ex, self.ws_guard.verdict)  # type: ignore[arg-type]
+                    return
                 ex.bytes_in += len(data)
             up.transport.writelines(early)  # type: ignore[union-attr]
         self.resume(PAUSE_WAIT)
         self.resume(PAUSE_PIPELINE)
+
+    def _ws_refused(self, ex: Exchange, code: int) -> None:
+        """The client sent a WebSocket message over ws_max_message_bytes (1009) or broke the framing
+        (1002): it gets a close frame with that code; the sandbox's connection is dropped (it sees
+        an abnormal closure, 1006), since the offending frame may already be partly on its way."""
+        reason = "message too big" if code == CLOSE_MESSAGE_TOO_BIG else "protocol error"
+        log.info("closing WebSocket %s to sandbox %s: %s", (ex.request_id or b"").decode(),
+                 ex.route.sandbox_id if ex.route else None, reason)
+        ex.refused = "ws_message"
+        up = ex.upstream
+        if up is not None:
+            up.abort()
+        self._send(close_frame(code, reason, masked=False))
+        self.finish(ex, True)
 
     def timed_out(self, ex: Exchange) -> None:
         sandbox_id = ex.route.sandbox_id if ex.route else None
@@ -605,6 +632,7 @@ class ClientConnection(asyncio.Protocol):
         self.parsing = None
         self.mode |= M_DISCARD
         exc = PayloadTooLarge(f"the request body exceeds max_body_bytes ({self.plane.max_body})")
+        ex.refused = "max_body"
         if ex is self.current:
             self.fail(ex, exc)
         else:

@@ -41,7 +41,7 @@ class Exchange:
         "request_id", "tokens", "body", "expect", "upgrade", "websocket", "version10", "keep_alive",
         "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
-        "protocol", "error", "retried", "stream_key",
+        "protocol", "error", "retried", "stream_key", "refused",
     )
 
     def __init__(self, client: ClientConnection) -> None:
@@ -87,6 +87,7 @@ class Exchange:
         self.error: str | None = None
         self.retried = False
         self.stream_key: str | None = None    # the OrgLimits key this exchange holds a stream slot under
+        self.refused: str | None = None       # the tenant limit that refused or cut it (RequestLog.refused)
 
 
 class RequestLog:
@@ -99,15 +100,17 @@ class RequestLog:
     side failed: an UpstreamError code (``upstream_unreachable``,
     ``upstream_timeout``, ``upstream_error``), or ``upstream_closed`` /
     ``upstream_protocol_error`` after the response had started. Problems on the
-    client's side show in ``status`` only.
+    client's side show in ``status`` only. ``refused`` names the data plane's own
+    tenant limit that refused or cut the request (``org_rate``, ``org_streams``,
+    ``max_body``, ``ws_message``), else None.
     """
 
     __slots__ = ("method", "pool", "sandbox_id", "status", "duration", "bytes_in", "bytes_out", "protocol",
-                 "request_id", "error", "org_id")
+                 "request_id", "error", "org_id", "refused")
 
     def __init__(self, method: str, pool: str | None, sandbox_id: str | None, status: int, duration: float,
                  bytes_in: int, bytes_out: int, protocol: str, request_id: str, error: str | None,
-                 org_id: str | None = None) -> None:
+                 org_id: str | None = None, refused: str | None = None) -> None:
         self.method = method
         self.pool = pool
         self.sandbox_id = sandbox_id
@@ -119,6 +122,7 @@ class RequestLog:
         self.request_id = request_id
         self.error = error
         self.org_id = org_id  # for per-org metrics (when enabled); None for personal accounts
+        self.refused = refused
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)

@@ -60,6 +60,7 @@ class DataPlane:
         self.authenticator = authenticator
         self.limits = limits if limits is not None else OrgLimits.from_settings(settings)
         self.max_body = settings.max_body_bytes
+        self.ws_max_message = settings.ws_max_message_bytes
         self.body_cap = settings.max_body_bytes if settings.max_body_bytes is not None else sys.maxsize
         self.settings = settings
         self.on_request = on_request
@@ -214,7 +215,7 @@ class DataPlane:
                 ex.method.decode("latin-1"), route.pool if route else None, route.sandbox_id if route else None,
                 ex.status, self.loop.time() - ex.t0, ex.bytes_in, ex.bytes_out, ex.protocol,
                 (ex.request_id or b"").decode("latin-1"), ex.error,
-                ex.identity.org_id if ex.identity is not None else None)
+                ex.identity.org_id if ex.identity is not None else None, ex.refused)
             try:
                 on_request(record)
             except Exception:
