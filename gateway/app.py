@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gateway.api import create_control_app
 from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySet, TokenAuth, TrustedHeaders
+from gateway.compat import RouterCompat
 from gateway.errors import GatewayError
 from gateway.metrics import Metrics, status_class
 from gateway.model import SandboxState
@@ -104,6 +105,14 @@ class Gateway:
             events=metrics,
         )
         self.authenticator, self.admin = build_auth(settings)
+        self._locator: Any = None  # a kubernetes SandboxLocator when the router headers are on
+        self.compat: RouterCompat | None = None
+        if settings.router_compat_namespaces:
+            from gateway.providers.kubernetes import SandboxLocator
+
+            self._locator = SandboxLocator(settings.router_compat_api_version, kubeconfig=settings.kubeconfig)
+            self.compat = RouterCompat(settings.router_compat_namespaces, settings.router_compat_ports, self.admin,
+                                       self._locator)
         self.data_plane: Any = None
         self._control_runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -123,8 +132,11 @@ class Gateway:
         from gateway.proxy import DataPlane
 
         await self.provider.start(self.router.sandbox_lost)
+        if self._locator is not None:
+            await self._locator.start()
         self.data_plane = DataPlane(self.router, self.settings, on_request=self._on_request,
-                                    authenticator=self.authenticator)  # its OrgLimits come from the settings
+                                    authenticator=self.authenticator,  # its OrgLimits come from the settings
+                                    compat=self.compat)
         await self.data_plane.start(data_sock)
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin)
         self._control_runner = web.AppRunner(control, access_log=None, handle_signals=False)
@@ -153,6 +165,8 @@ class Gateway:
         with contextlib.suppress(GatewayError):
             await self.router.flush_activity()
         await self.provider.close()
+        if self._locator is not None:
+            await self._locator.close()
         await self.store.close()
 
     async def readiness(self) -> list[str]:
@@ -170,7 +184,10 @@ class Gateway:
         return [f"auth: {self.settings.effective_auth_mode}"
                 f"{'' if isinstance(self.admin, AllowAll) else ' (control API needs an admin token)'}",
                 f"store: {self.settings.store_kind}", f"policy: {policy.source}", f"pools: {pools}",
-                f"per-session orgs: {', '.join(sorted(policy.per_session_orgs)) or '(none)'}", *providers]
+                f"per-session orgs: {', '.join(sorted(policy.per_session_orgs)) or '(none)'}", *providers,
+                "router headers: " + (f"namespaces {', '.join(self.settings.router_compat_namespaces)}, ports "
+                                      f"{', '.join(map(str, self.settings.router_compat_ports))}, admin token"
+                                      if self.compat is not None else "off")]
 
     # background work ------------------------------------------------------
     def _every(self, interval: float, job: Callable[[], Awaitable[Any]]) -> None:

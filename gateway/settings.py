@@ -8,13 +8,17 @@ already use) > defaults. Nothing else in the gateway reads the environment.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import uuid
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def _is_loopback(host: str) -> bool:
@@ -53,6 +57,12 @@ class Settings(BaseSettings):
     # authentication (gateway/auth.py): None = trusted headers on loopback only
     auth_mode: Literal["trusted-headers", "token"] | None = None
     auth_keys_file: Path | None = None
+
+    # agent-sandbox router headers (gateway/compat.py): honoured only in these namespaces, only with an
+    # admin token, only on these ports; empty = off (the headers are then dropped and never forwarded)
+    router_compat_namespaces: list[str] = []
+    router_compat_ports: list[int] = [8888]
+    router_compat_api_version: Literal["v1alpha1", "v1beta1"] = "v1alpha1"
 
     # logging
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -98,7 +108,26 @@ class Settings(BaseSettings):
                 "'trusted-headers' only behind an agent backend on a private network")
         if self.auth_mode == "token" and self.auth_keys_file is None:
             raise ValueError("auth_mode 'token' needs auth_keys_file (see examples/auth/keys.yaml)")
+        if self.router_compat_namespaces and self.auth_keys_file is None:
+            raise ValueError("router_compat_namespaces needs auth_keys_file: the router headers are honoured "
+                             "only with an admin token")
         return self
+
+    @field_validator("router_compat_namespaces")
+    @classmethod
+    def _namespaces_are_names(cls, value: list[str]) -> list[str]:
+        for namespace in value:
+            if not _DNS_LABEL.fullmatch(namespace):
+                raise ValueError(f"{namespace!r} is not a Kubernetes namespace name")
+        return value
+
+    @field_validator("router_compat_ports")
+    @classmethod
+    def _ports_are_ports(cls, value: list[int]) -> list[int]:
+        for port in value:
+            if not 0 < port < 65536:
+                raise ValueError(f"{port} is not a TCP port")
+        return value
 
     @property
     def effective_auth_mode(self) -> str:

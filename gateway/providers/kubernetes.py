@@ -35,7 +35,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gateway.errors import Conflict, GatewayError, ProvisionFailed, ProvisionTimeout
+from gateway.errors import Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout
 from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
 from gateway.providers.base import LostHandler
 from routing.policy import KubernetesPoolOptions
@@ -124,6 +124,55 @@ async def _events(api: client.CustomObjectsApi, kind: _Kind, namespace: str,
         response.release()
 
 
+async def api_client(kubeconfig: str | None) -> client.ApiClient:
+    """An API client: in-cluster when running in a pod and no kubeconfig is given, else from the kubeconfig."""
+    configuration = client.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+class SandboxLocator:
+    """The pod IP of a ``Sandbox`` by namespace and name, read from the API (for ``gateway.compat``).
+
+    Only ``get`` on sandboxes in the namespaces the caller allows; the Helm chart
+    grants exactly that in each ``router_compat_namespaces`` entry.
+    """
+
+    def __init__(self, api_version: str, *, kubeconfig: str | None = None,
+                 api_client_: client.ApiClient | None = None) -> None:
+        self._kind = _Kind("agents.x-k8s.io", api_version, "sandboxes", "Sandbox")
+        self._kubeconfig = kubeconfig
+        self._api_client = api_client_
+        self._owns_client = api_client_ is None
+
+    async def start(self) -> None:
+        if self._api_client is None:
+            self._api_client = await api_client(self._kubeconfig)
+
+    async def close(self) -> None:
+        if self._owns_client and self._api_client is not None:
+            await self._api_client.close()
+
+    async def locate(self, namespace: str, name: str) -> str:
+        """The Sandbox's pod IP; ``NotFound`` when there is no such Sandbox, 503 while it is not routable."""
+        assert self._api_client is not None, "start() first"
+        kind = self._kind
+        try:
+            obj = await client.CustomObjectsApi(self._api_client).get_namespaced_custom_object(
+                kind.group, kind.version, namespace, kind.plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise NotFound(f"no Sandbox {name!r} in namespace {namespace!r}", code="sandbox_not_found") from None
+            raise _provision_error(exc, f"reading Sandbox {namespace}/{name}", name) from exc
+        if not routable(obj):
+            raise ProvisionFailed(f"Sandbox {namespace}/{name} is not ready (no Ready condition with a pod IP)",
+                                  code="sandbox_not_ready", sandbox_id=name, retry_after=1.0)
+        return _pod_ips(obj)[0]
+
+
 class KubernetesProvider:
     def __init__(self, pools: Mapping[str, KubernetesPoolOptions], installation: str, *,
                  kubeconfig: str | None = None, api_client: client.ApiClient | None = None) -> None:
@@ -150,12 +199,7 @@ class KubernetesProvider:
 
     async def start(self, on_lost: LostHandler) -> None:
         if self._api_client is None:
-            configuration = client.Configuration()
-            if self._kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config(client_configuration=configuration)
-            else:
-                await config.load_kube_config(config_file=self._kubeconfig, client_configuration=configuration)
-            self._api_client = client.ApiClient(configuration)
+            self._api_client = await api_client(self._kubeconfig)
         targets = {(o.namespace, _Kind.of(o)) for o in self._pools.values()}
         for namespace, kind in sorted(targets, key=str):
             self._tasks.append(asyncio.create_task(self._watch_managed(namespace, kind, on_lost)))

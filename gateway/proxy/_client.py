@@ -303,6 +303,10 @@ class ClientConnection(asyncio.Protocol):
                 ex.expect = True
             else:
                 ex.headers += (name, w.COLON, value, w.CRLF)
+        elif code >= w.R_SANDBOX_ID:
+            if ex.compat is None:
+                ex.compat = [None, None, None]
+            ex.compat[code - w.R_SANDBOX_ID] = value
 
     def on_headers_complete(self) -> None:
         ex = self.parsing
@@ -399,6 +403,9 @@ class ClientConnection(asyncio.Protocol):
         if ex.reject is not None:
             self.fail(ex, ex.reject)  # type: ignore[arg-type]
             return
+        if ex.compat is not None and ex.compat[0] is not None and plane.compat is not None:
+            self._begin_compat(ex)
+            return
         key = (ex.org, ex.user, ex.session, ex.bot, ex.auth)
         if key == self.ident_key and plane.authenticator.memoizable:
             identity = self.ident
@@ -451,7 +458,17 @@ class ClientConnection(asyncio.Protocol):
         self.pause(PAUSE_WAIT)
         ex.task = plane.loop.create_task(self._begin_slow(ex, identity, route, False))  # type: ignore[arg-type]
 
-    async def _begin_slow(self, ex: Exchange, identity: Identity, route: Route | None, fresh: bool) -> None:
+    def _begin_compat(self, ex: Exchange) -> None:
+        """A request addressed with the agent-sandbox router's headers (gateway.compat)."""
+        try:
+            ex.compat = self.plane.compat.target(*ex.compat, ex.auth)  # type: ignore[union-attr]
+        except GatewayError as exc:
+            self.fail(ex, exc)
+            return
+        self.pause(PAUSE_WAIT)
+        ex.task = self.plane.loop.create_task(self._begin_slow(ex, None, None, False))
+
+    async def _begin_slow(self, ex: Exchange, identity: Identity | None, route: Route | None, fresh: bool) -> None:
         try:
             conn = await self.plane.open_route(ex, identity, route, fresh)
         except GatewayError as exc:

@@ -41,7 +41,7 @@ class Exchange:
         "request_id", "tokens", "body", "expect", "upgrade", "websocket", "version10", "keep_alive",
         "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
-        "protocol", "error", "retried", "stream_key", "refused",
+        "protocol", "error", "retried", "stream_key", "refused", "compat",
     )
 
     def __init__(self, client: ClientConnection) -> None:
@@ -88,6 +88,7 @@ class Exchange:
         self.retried = False
         self.stream_key: str | None = None    # the OrgLimits key this exchange holds a stream slot under
         self.refused: str | None = None       # the tenant limit that refused or cut it (RequestLog.refused)
+        self.compat: Any = None               # router headers [id, namespace, port], then a compat.Target
 
 
 class RequestLog:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gateway.auth import Authenticator, TrustedHeaders
+from gateway.compat import RouterCompat
 from gateway.limits import OrgLimits, limit_key
 from gateway.errors import UpstreamConnectError
 from gateway.proxy._client import ClientConnection
@@ -54,11 +55,13 @@ class DataPlane:
                  on_request: Callable[[RequestLog], None] | None = None,
                  authenticator: Authenticator = TrustedHeaders(),
                  limits: OrgLimits | None = None,
+                 compat: RouterCompat | None = None,
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
                  long_request_after: float = LONG_REQUEST_AFTER) -> None:
         self.resolver = resolver
         self.authenticator = authenticator
         self.limits = limits if limits is not None else OrgLimits.from_settings(settings)
+        self.compat = compat
         self.max_body = settings.max_body_bytes
         self.ws_max_message = settings.ws_max_message_bytes
         self.body_cap = settings.max_body_bytes if settings.max_body_bytes is not None else sys.maxsize
@@ -137,17 +140,23 @@ class DataPlane:
             pool = self.pools[key] = UpstreamPool(self, endpoint.host, endpoint.port, self.settings.upstream_pool_size)
         return pool
 
-    async def open_route(self, ex: Exchange, identity: Identity, route: Route | None, fresh: bool
+    async def open_route(self, ex: Exchange, identity: Identity | None, route: Route | None, fresh: bool
                          ) -> UpstreamConnection:
         """Resolve (unless ``route`` is known) and connect; a sandbox that vanished (refused after the
-        connect retries) is re-resolved once, and tried again if it moved. Sets ``ex.route``."""
+        connect retries) is re-resolved once, and tried again if it moved. Sets ``ex.route``.
+
+        ``identity`` is None for a request addressed by the router headers (``ex.compat``)."""
         resolver = self.resolver
         if route is None:
-            route = await resolver.resolve(identity)
+            route = await (resolver.resolve(identity) if identity is not None
+                           else self.compat.route(ex.compat))  # type: ignore[union-attr]
         ex.route = route
         try:
             return await self.connect(route, fresh)
         except UpstreamConnectError:
+            if identity is None:
+                self.compat.forget(ex.compat)  # type: ignore[union-attr]
+                raise
             resolver.invalidate(identity.session_id)
             again = await resolver.resolve(identity)
             if again.endpoint == route.endpoint:
@@ -191,8 +200,10 @@ class DataPlane:
             return
         ex.stream = True
         self.streams += 1
+        if ex.identity is None:
+            return  # addressed by the router headers: not a sandbox of ours
         self.resolver.stream_opened(ex.route.sandbox_id)
-        if ex.stream_key is None and self.limits.caps_streams and ex.identity is not None:
+        if ex.stream_key is None and self.limits.caps_streams:
             # Too late for a 429: an undeclared stream counts against the org's next ones.
             ex.stream_key = limit_key(ex.identity)
             self.limits.open_stream(ex.stream_key, force=True)
@@ -204,7 +215,8 @@ class DataPlane:
         if ex.stream:
             ex.stream = False
             self.streams -= 1
-            self.resolver.stream_closed(ex.route.sandbox_id)  # type: ignore[union-attr]
+            if ex.identity is not None:
+                self.resolver.stream_closed(ex.route.sandbox_id)  # type: ignore[union-attr]
         if ex.stream_key is not None:
             self.limits.close_stream(ex.stream_key)
             ex.stream_key = None

@@ -33,6 +33,9 @@ R_REQUEST_ID = 11   # taken when it is a sane token
 R_EXPECT = 12       # 100-continue is answered by the gateway itself
 R_CL = 13           # Content-Length: forwarded, and tells us a body follows
 R_AUTH = 14         # Authorization: read by the authenticator, never forwarded
+R_SANDBOX_ID = 15   # the agent-sandbox router's headers (gateway/compat.py), never forwarded;
+R_SANDBOX_NS = 16   # ... their order matches Exchange.compat
+R_SANDBOX_PORT = 17
 
 REQUEST_HEADERS: dict[bytes, int] = {
     b"x-org-id": R_ORG,
@@ -57,7 +60,9 @@ REQUEST_HEADERS: dict[bytes, int] = {
     b"x-forwarded-proto": R_DROP,
     b"x-forwarded-host": R_DROP,
     b"forwarded": R_DROP,
-    b"x-sandbox-id": R_DROP,
+    b"x-sandbox-id": R_SANDBOX_ID,
+    b"x-sandbox-namespace": R_SANDBOX_NS,
+    b"x-sandbox-port": R_SANDBOX_PORT,
 }
 
 R_PASS = 0          # forwarded as is
