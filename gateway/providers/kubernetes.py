@@ -60,6 +60,11 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
      "verbs": ["get", "list", "watch", "create", "delete"]},
 )
 
+# What SandboxLocator (the router headers, gateway/compat.py) calls in each router_compat_namespaces entry.
+LOCATOR_RBAC_RULES: tuple[dict[str, Any], ...] = (
+    {"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"], "verbs": ["get"]},
+)
+
 
 @dataclass(frozen=True, slots=True)
 class _Kind:
@@ -137,8 +142,8 @@ async def api_client(kubeconfig: str | None) -> client.ApiClient:
 class SandboxLocator:
     """The pod IP of a ``Sandbox`` by namespace and name, read from the API (for ``gateway.compat``).
 
-    Only ``get`` on sandboxes in the namespaces the caller allows; the Helm chart
-    grants exactly that in each ``router_compat_namespaces`` entry.
+    Only ``get`` on sandboxes (``LOCATOR_RBAC_RULES``), in the namespaces the caller allows;
+    the Helm chart grants exactly that in each ``router_compat_namespaces`` entry.
     """
 
     def __init__(self, api_version: str, *, kubeconfig: str | None = None,
