@@ -238,3 +238,40 @@ async def test_websocket_fragments_add_up_to_one_message(ws_echo, start_gateway)
     assert close[:2] == b"\x88\x11" and int.from_bytes(close[2:4], "big") == 1009  # unmasked close, 2 + 15 bytes
     assert await asyncio.wait_for(reader.read(), 5) == b"message too big"
     writer.close()
+
+
+@pytest.mark.parametrize("first", [
+    pytest.param(lambda: chunked_head() + chunk(b"x" * 101), id="chunked over the cap"),
+    pytest.param(lambda: chunked_head().replace(b"Transfer-Encoding: chunked", b"Content-Length: 101") + b"x" * 101,
+                 id="declared length over the cap"),
+])
+@pytest.mark.parametrize("after", [
+    pytest.param(b"GET /next HTTP/1.1\r\nHost: gw\r\nX-User-Id: u1\r\nX-Session-Id: s1\r\n\r\n", id="a request"),
+    pytest.param(b"\x00\x01 not http at all\r\n\r\n", id="garbage"),
+])
+async def test_nothing_after_a_refused_body_is_served(upload_backend, start_gateway, first, after):
+    """One 413, then the connection ends: requests sent behind the refused one are not served."""
+    endpoint, bodies = upload_backend
+    gw = await start_gateway(CachingFakeResolver(endpoint), max_body_bytes=100)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(first() + b"0\r\n\r\n" * (b"chunked" in first()) + after)
+    status, _, _ = await read_response(reader)
+    assert status == 413
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    assert bodies == [] and [r.status for r in gw.records] == [413]
+
+
+async def test_nothing_after_an_early_refusal_with_a_body_is_served(upload_backend, start_gateway):
+    """A request refused at its head (here: no identity) whose small body and a pipelined request
+    arrive in the same read: one 400, then a clean close; the pipelined request is not served."""
+    endpoint, bodies = upload_backend
+    gw = await start_gateway(CachingFakeResolver(endpoint))
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(b"POST /a HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\n\r\nhello"
+                 b"GET /next HTTP/1.1\r\nHost: gw\r\nX-User-Id: u1\r\nX-Session-Id: s1\r\n\r\n")
+    status, _, body = await read_response(reader)
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_identity"
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    assert bodies == [] and [r.status for r in gw.records] == [400]

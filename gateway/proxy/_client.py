@@ -48,7 +48,8 @@ M_CLOSING = 2        # closing: ignore further bytes
 M_UPGRADED = 4       # after an upgrade request the bytes are not HTTP any more
 M_IN_HEAD = 8        # a request head is being parsed (its size is counted across reads)
 M_EOF = 16           # the client half-closed: answer the request in flight, then close
-M_DISCARD = 32       # a request was refused mid-body: no more bytes are read or parsed
+M_DISCARD = 32       # a request was refused mid-body: bytes are dropped, no request is parsed any more
+M_LINGER = 64        # our side is shut (FIN sent): nothing may be written
 
 LINGER_TIME = 2.0    # how long a refused upload is read and dropped before the connection closes
 
@@ -60,6 +61,10 @@ class _HeadTooLarge(Exception):
 
 
 class _BodyTooLarge(Exception):
+    pass
+
+
+class _StopParsing(Exception):
     pass
 
 
@@ -133,6 +138,8 @@ class ClientConnection(asyncio.Protocol):
             return
         except HttpParserCallbackError as exc:
             self.up_out.clear()
+            if self.mode & M_DISCARD:
+                return  # stopped on purpose (_StopParsing), or a body over the cap while already lingering
             if isinstance(exc.__context__, _HeadTooLarge):
                 self._malformed(BadRequest(_REJECT_TOO_LARGE.format(self.plane.max_head), code="header_too_large"))
             elif isinstance(exc.__context__, _BodyTooLarge):
@@ -230,6 +237,8 @@ class ClientConnection(asyncio.Protocol):
 
     # -- httptools callbacks ------------------------------------------------
     def on_message_begin(self) -> None:
+        if self.mode & M_DISCARD:
+            raise _StopParsing  # a request was refused mid-body: nothing after it is served
         self.parsing = self.last = Exchange(self)
         self.mode |= M_IN_HEAD
         self.head_seen = 0
@@ -568,7 +577,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _send(self, data: bytes) -> None:
         """A response the gateway writes itself (error pages, 100 Continue)."""
-        if not self.mode & M_CLOSING and not self.transport.is_closing():
+        if not self.mode & (M_CLOSING | M_LINGER) and not self.transport.is_closing():
             self.transport.write(data)
 
     def abort(self, ex: Exchange, reason: str | None, detail: str) -> None:
@@ -648,6 +657,8 @@ class ClientConnection(asyncio.Protocol):
         assert ex is not None
         self.parsing = None
         self.mode |= M_DISCARD
+        if ex.state == DONE:
+            return  # already answered (a declared length over the cap, say); the rest is dropped
         exc = PayloadTooLarge(f"the request body exceeds max_body_bytes ({self.plane.max_body})")
         ex.refused = "max_body"
         if ex is self.current:
@@ -717,7 +728,7 @@ class ClientConnection(asyncio.Protocol):
         if transport.is_closing() or not transport.can_write_eof():
             self.close()
             return
-        self.mode |= M_DISCARD
+        self.mode |= M_DISCARD | M_LINGER
         self.linger_until = self.plane.now + LINGER_TIME
         transport.write_eof()
         if self.rpause:
