@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gateway.providers.kubernetes import RBAC_RULES
+from gateway.providers.kubernetes import LOCATOR_RBAC_RULES, RBAC_RULES
 import yaml
 
 try:
@@ -55,11 +55,24 @@ EXPECTED_RBAC_RULES: frozenset[tuple[str, frozenset[str], frozenset[str]]] = fro
     (group, frozenset(rule["resources"]), frozenset(rule["verbs"]))
     for rule in RBAC_RULES for group in rule["apiGroups"]
 )
+# What the router headers' SandboxLocator calls: exactly what the router-compat Roles grant
+# (helper "sandbox-gateway.locatorRules").
+EXPECTED_LOCATOR_RULES: frozenset[tuple[str, frozenset[str], frozenset[str]]] = frozenset(
+    (group, frozenset(rule["resources"]), frozenset(rule["verbs"]))
+    for rule in LOCATOR_RBAC_RULES for group in rule["apiGroups"]
+)
 
-# Settings the chart sets itself (flags, ports, mounts, Secret, downward API, `auth:`), so
-# `config` must not offer them.
+# Settings the chart sets itself (flags, ports, mounts, Secret, downward API, `auth:`,
+# `routerCompat:`), so `config` must not offer them.
 CHART_MANAGED_SETTINGS = {"host", "data_port", "control_port", "policy_file", "data_dir", "redis_url", "replica_id",
-                          "auth_mode", "auth_keys_file"}
+                          "auth_mode", "auth_keys_file",
+                          "router_compat_namespaces", "router_compat_ports", "router_compat_api_version"}
+ROUTER_COMPAT_ENV = ("SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES", "SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS",
+                     "SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION")
+
+# The router headers on, in a namespace that is also the default policy's pool namespace and one
+# that is not, on two ports and the other Sandbox API version.
+ROUTER_COMPAT: dict[str, Any] = {"namespaces": ["agents", NAMESPACE], "ports": [8888, 9000], "apiVersion": "v1beta1"}
 
 # Where the chart mounts the keys Secret, and the key file the gateway is pointed at.
 AUTH_KEYS_DIR = "/etc/sandbox-gateway/auth"
@@ -217,6 +230,7 @@ KITCHEN_SINK: dict[str, Any] = {
     "dashboards": {"enabled": False},
     "networkPolicy": {"enabled": True, "extraDataFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
                       "extraControlFrom": [{"podSelector": {"matchLabels": {"app": "prometheus"}}}]},
+    "routerCompat": copy.deepcopy(ROUTER_COMPAT),
 }
 
 SCENARIOS = {
@@ -226,6 +240,7 @@ SCENARIOS = {
     "mixed-single-replica": lambda: {"replicaCount": 1, "redis": {"embedded": {"enabled": False}},
                                      "policy": MIXED_POLICY, "networkPolicy": {"enabled": True},
                                      "auth": {"mode": "trusted-headers"}},
+    "router-compat": lambda: {"auth": {"mode": "trusted-headers"}, "routerCompat": copy.deepcopy(ROUTER_COMPAT)},
 }
 
 
@@ -512,6 +527,10 @@ def test_values_schema_is_draft7_and_accepts_the_shipped_values(chart: helm_pyth
     hs, ed = INLINE_KEYS
     for bad in ([dict(hs, public_key="PEM")], [dict(ed, secret="s" * 32)], [{"kid": "k", "alg": "HS256"}]):
         assert not jsonschema.Draft7Validator(schema).is_valid(with_values(data, auth={"mode": "token", "keys": bad}))
+    compat = {"namespaces": ["agents"], "ports": [8888], "apiVersion": "v1alpha1"}
+    assert jsonschema.Draft7Validator(schema).is_valid(with_values(data, routerCompat=compat))
+    for bad_compat in (dict(compat, namespaces=["Agents_1"]), dict(compat, ports=[0]), dict(compat, extra=1)):
+        assert not jsonschema.Draft7Validator(schema).is_valid(with_values(data, routerCompat=bad_compat))
 
 
 def test_config_keys_are_exactly_the_gateway_settings() -> None:
@@ -628,6 +647,128 @@ def test_no_rbac_and_no_token_without_kubernetes_pools(chart: helm_python.Chart)
     assert r.pod["spec"]["automountServiceAccountToken"] is False
     assert not any(e["name"] == "REDIS_URL" for e in r.container["env"])
     assert not r.of_kind("PodDisruptionBudget"), "no PDB for a single replica"
+
+
+# --------------------------------------------------------------------------------------
+# agent-sandbox router headers (routerCompat)
+# --------------------------------------------------------------------------------------
+
+# A single replica with local pools only: no pool Roles, so every Role is a router-compat one.
+NO_POOL_NAMESPACES: dict[str, Any] = {
+    "replicaCount": 1, "redis": {"embedded": {"enabled": False}},
+    "policy": {"pools": {"small": {"provider": "local"}}, "routing": {"prefix_pools": {"default": "small"}}},
+}
+
+
+def _settings_from(r: Rendered, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings as the gateway would read them from the rendered container's literal env."""
+    for name in list(os.environ):
+        if name.startswith("SANDBOX_GATEWAY_") or name in ("REDIS_URL", "PER_SESSION_SANDBOX_ORG_IDS"):
+            monkeypatch.delenv(name)
+    for var in r.container["env"]:
+        if "value" in var:
+            monkeypatch.setenv(var["name"], var["value"])
+    args = r.container["args"]
+    return Settings(host=args[args.index("--host") + 1])
+
+
+def _compat_roles(r: Rendered) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    name = suffixed(r.fullname, "router-compat")
+    return ([o for o in r.of_kind("Role") if o["metadata"]["name"] == name],
+            [o for o in r.of_kind("RoleBinding") if o["metadata"]["name"] == name])
+
+
+def test_router_compat_is_off_by_default(chart: helm_python.Chart, monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))["routerCompat"]
+    fields = Settings.model_fields
+    assert defaults == {"namespaces": fields["router_compat_namespaces"].default,
+                        "ports": fields["router_compat_ports"].default,
+                        "apiVersion": fields["router_compat_api_version"].default}
+    assert defaults["namespaces"] == [], "off by default"
+    for values in (None, NO_POOL_NAMESPACES):
+        r = render(chart, copy.deepcopy(values))
+        assert not set(ROUTER_COMPAT_ENV) & set(r.env)
+        assert _compat_roles(r) == ([], [])
+        assert _settings_from(r, monkeypatch).router_compat_namespaces == []
+    # Ports or apiVersion alone do not turn it on.
+    r = render(chart, {"routerCompat": {"namespaces": [], "ports": [9000], "apiVersion": "v1beta1"}})
+    assert not set(ROUTER_COMPAT_ENV) & set(r.env) and _compat_roles(r) == ([], [])
+
+
+@pytest.mark.parametrize("mode", ["token", "trusted-headers"])
+def test_router_compat_env_is_json_the_gateway_settings_accept(chart: helm_python.Chart, mode: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    r = render(chart, {"auth": {"mode": mode}, "routerCompat": copy.deepcopy(ROUTER_COMPAT)})
+    env = r.env
+    assert env["SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES"] == f'["agents","{NAMESPACE}"]'
+    assert env["SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS"] == "[8888,9000]"
+    assert env["SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION"] == "v1beta1"
+    assert json.loads(env["SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES"]) == ROUTER_COMPAT["namespaces"]
+    assert json.loads(env["SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS"]) == ROUTER_COMPAT["ports"]
+    # The gateway refuses the router headers without a key file (admin tokens): the chart always gives one.
+    assert env["SANDBOX_GATEWAY_AUTH_KEYS_FILE"] == AUTH_KEYS_FILE
+    settings = _settings_from(r, monkeypatch)
+    assert settings.auth_mode == mode and str(settings.auth_keys_file) == AUTH_KEYS_FILE
+    assert settings.router_compat_namespaces == ROUTER_COMPAT["namespaces"]
+    assert settings.router_compat_ports == ROUTER_COMPAT["ports"]
+    assert settings.router_compat_api_version == "v1beta1"
+    assert "Router headers" in r.notes and "ADMIN" in r.notes
+    # Only namespaces given: the chart's default ports and apiVersion, which are the gateway's.
+    only = render(chart, {"routerCompat": {"namespaces": ["agents"]}})
+    assert only.env["SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES"] == '["agents"]'
+    assert only.env["SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS"] == "[8888]"
+    assert only.env["SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION"] == "v1alpha1"
+
+
+def test_router_compat_gets_a_get_only_role_per_namespace(chart: helm_python.Chart) -> None:
+    values = with_values(NO_POOL_NAMESPACES, routerCompat={"namespaces": ["tools", "agents"]})
+    r = render(chart, copy.deepcopy(values))
+    roles, bindings = r.of_kind("Role"), r.of_kind("RoleBinding")
+    name = suffixed(r.fullname, "router-compat")
+    assert sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in roles) == [
+        ("agents", name), ("tools", name)]
+    assert sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in bindings) == [
+        ("agents", name), ("tools", name)]
+    sa = r.one("ServiceAccount")["metadata"]["name"]
+    for role in roles:
+        assert _rules(role) == EXPECTED_LOCATOR_RULES
+    for binding in bindings:
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+    assert not r.of_kind("ClusterRole") and not r.of_kind("ClusterRoleBinding")
+    # The Sandbox lookup needs the API even without a kubernetes pool.
+    assert r.pod["spec"]["automountServiceAccountToken"] is True
+    for obj in r.objects:
+        for kube_version in KUBE_VERSIONS:
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+    # rbac.create: false leaves the Roles to you; the settings still render.
+    unmanaged = render(chart, with_values(values, rbac={"create": False}))
+    assert not unmanaged.of_kind("Role") and not unmanaged.of_kind("RoleBinding")
+    assert unmanaged.env["SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES"] == '["tools","agents"]'
+
+
+def test_a_pool_namespace_that_is_also_a_compat_namespace_gets_both_roles(chart: helm_python.Chart) -> None:
+    r = render(chart, {"routerCompat": copy.deepcopy(ROUTER_COMPAT)})  # the built-in pools live in NAMESPACE
+    keys = [(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) for o in r.objects]
+    assert len(keys) == len(set(keys)), "two objects with the same kind, namespace and name"
+    in_namespace = {o["metadata"]["name"]: o for o in r.of_kind("Role") if o["metadata"]["namespace"] == NAMESPACE}
+    compat = suffixed(r.fullname, "router-compat")
+    assert set(in_namespace) == {r.fullname, compat}
+    assert _rules(in_namespace[r.fullname]) == EXPECTED_RBAC_RULES
+    assert _rules(in_namespace[compat]) == EXPECTED_LOCATOR_RULES
+    bindings = {o["metadata"]["name"]: o for o in r.of_kind("RoleBinding") if o["metadata"]["namespace"] == NAMESPACE}
+    assert {name: b["roleRef"]["name"] for name, b in bindings.items()} == {r.fullname: r.fullname, compat: compat}
+    assert [o["metadata"]["namespace"] for o in _compat_roles(r)[0]] == ["agents", NAMESPACE]
+
+
+def test_router_compat_role_names_stay_dns_labels(chart: helm_python.Chart) -> None:
+    r = render(chart, copy.deepcopy(KITCHEN_SINK))  # 63-character fullname, an existing ServiceAccount
+    roles, bindings = _compat_roles(r)
+    assert len(roles) == len(bindings) == 2
+    for obj in roles + bindings:
+        name = obj["metadata"]["name"]
+        assert len(name) <= 63 and name.endswith("-router-compat"), name
+    assert all(b["subjects"][0]["name"] == "existing" for b in bindings)
 
 
 # --------------------------------------------------------------------------------------
@@ -753,6 +894,18 @@ def test_dashboard_configmap_carries_the_sidecar_label(chart: helm_python.Chart)
     pytest.param({"auth": {"mode": "token", "keys": [dict(INLINE_KEYS[0], public_key="PEM")]}}, "/auth/keys/0",
                  id="HS256 key with a public key"),
     pytest.param({"auth": {"mode": "token", "keysSecret": "Bad_Name"}}, "keysSecret", id="bad Secret name"),
+    pytest.param({"routerCompat": {"namespaces": ["Agents_1"]}}, "/routerCompat/namespaces/0", id="router compat bad namespace"),
+    pytest.param({"routerCompat": {"namespaces": ["agents", "agents"]}}, "/routerCompat/namespaces",
+                 id="router compat duplicate namespace"),
+    pytest.param({"routerCompat": {"namespaces": ["agents"], "ports": [0]}}, "/routerCompat/ports/0", id="router compat port 0"),
+    pytest.param({"routerCompat": {"namespaces": ["agents"], "ports": [65536]}}, "/routerCompat/ports/0",
+                 id="router compat port too high"),
+    pytest.param({"routerCompat": {"namespaces": ["agents"], "ports": []}}, "/routerCompat/ports", id="router compat no ports"),
+    pytest.param({"routerCompat": {"namespaces": ["agents"], "apiVersion": "v1"}}, "/routerCompat/apiVersion",
+                 id="router compat bad apiVersion"),
+    pytest.param({"routerCompat": {"enabled": True}}, "'enabled' not allowed", id="router compat unknown key"),
+    pytest.param({"config": {"router_compat_namespaces": ["agents"]}}, "router_compat_namespaces",
+                 id="router compat belongs under routerCompat"),
 ])
 def test_schema_rejects_bad_values(chart: helm_python.Chart, values: dict[str, Any], needle: str) -> None:
     with pytest.raises(helm_python.HelmError) as excinfo:

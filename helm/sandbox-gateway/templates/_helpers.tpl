@@ -129,10 +129,9 @@ routing:
 {{- end }}
 
 {{/*
-The API calls of the Kubernetes provider (gateway/providers/kubernetes.py), and nothing
-more. Kept in this one helper so a test can compare it with the provider's own constant.
+The API calls of the Kubernetes provider, and nothing more: exactly RBAC_RULES in
+gateway/providers/kubernetes.py (tests/test_helm.py compares).
 */}}
-{{/* Exactly what gateway/providers/kubernetes.py calls (RBAC_RULES there; tests/test_helm.py compares). */}}
 {{- define "sandbox-gateway.providerRules" -}}
 - apiGroups: ["agents.x-k8s.io"]
   resources: ["sandboxes"]
@@ -140,6 +139,22 @@ more. Kept in this one helper so a test can compare it with the provider's own c
 - apiGroups: ["extensions.agents.x-k8s.io"]
   resources: ["sandboxclaims"]
   verbs: ["get", "list", "watch", "create", "delete"]
+{{- end }}
+
+{{/*
+The API calls of the router headers' Sandbox lookup (SandboxLocator) in each routerCompat
+namespace, and nothing more: exactly LOCATOR_RBAC_RULES in gateway/providers/kubernetes.py
+(tests/test_helm.py compares).
+*/}}
+{{- define "sandbox-gateway.locatorRules" -}}
+- apiGroups: ["agents.x-k8s.io"]
+  resources: ["sandboxes"]
+  verbs: ["get"]
+{{- end }}
+
+{{/* The router-compat Role/RoleBinding name: distinct from the pool Role's, so a namespace can hold both. */}}
+{{- define "sandbox-gateway.routerCompatName" -}}
+{{- include "sandbox-gateway.suffixed" (list . "router-compat") }}
 {{- end }}
 
 {{/* True (non-empty) when more than one gateway pod can run at once. */}}
