@@ -9,6 +9,7 @@ bare 500 that says nothing about internals.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -17,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.auth import AdminCheck, AllowAll, parse_headers
-from gateway.errors import BadRequest, GatewayError, error_body
+from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, error_body
 from gateway.metrics import Metrics
 from gateway.model import Binding, SandboxRecord
 from gateway.sessions import SessionRouter
@@ -82,11 +83,25 @@ def _caller(request: web.Request, session_id: str) -> Identity | None:
     return parse_headers(headers.get("X-Org-Id"), headers.get("X-User-Id"), session_id, headers.get("X-Bot-Id"))
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object hook: a field given twice is an error, not "the last one wins"."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise BadRequest(f"field {key!r} is given more than once", code="invalid_json")
+        obj[key] = value
+    return obj
+
+
 async def _json_object(request: web.Request) -> dict[str, Any]:
+    # Only application/json: a web page can POST text/plain to localhost without a CORS preflight,
+    # which would let any site create sandboxes through an embedded gateway without admin keys.
+    if request.content_type != "application/json":
+        raise UnsupportedMediaType("send the body as Content-Type: application/json")
     try:
-        body = await request.json(loads=json.loads)
-    except ValueError:
-        raise BadRequest("the request body is not valid JSON", code="invalid_json") from None
+        body = await request.json(loads=functools.partial(json.loads, object_pairs_hook=_unique_keys))
+    except (ValueError, RecursionError):
+        raise BadRequest("the request body is not valid JSON (or nests too deeply)", code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object", code="invalid_json")
     unknown = sorted(set(body) - set(_IDENTITY_FIELDS))
@@ -147,6 +162,9 @@ async def route_dry_run(request: web.Request) -> web.Response:
     unknown = sorted(set(request.query) - set(_IDENTITY_FIELDS))
     if unknown:
         raise BadRequest(f"unknown query parameter {unknown[0]!r} (allowed: {', '.join(_IDENTITY_FIELDS)})")
+    repeated = sorted(name for name in set(request.query) if len(request.query.getall(name)) > 1)
+    if repeated:
+        raise BadRequest(f"query parameter {repeated[0]!r} is given more than once", code="invalid_identity")
     placement = request.app[ROUTER].dry_run(_identity(dict(request.query)))
     return web.json_response(placement.as_dict())
 

@@ -77,7 +77,7 @@ def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
     if "local" in by_kind:
         from gateway.providers.local import LocalProvider
 
-        instances["local"] = LocalProvider(Path(settings.data_dir), stop_on_close=settings.redis_url is None)
+        instances["local"] = LocalProvider(Path(settings.data_dir), stop_on_close=settings.store_kind == "memory")
     if "static" in by_kind:
         from gateway.providers.static import StaticProvider
 

@@ -9,6 +9,7 @@
     ├── NotFound                      404 not_found
     ├── Conflict                      409 conflict
     ├── PayloadTooLarge               413 payload_too_large
+    ├── UnsupportedMediaType          415 unsupported_media_type
     ├── CapacityExceeded              429 capacity_exceeded (+ Retry-After)
     ├── StoreUnavailable              503 store_unavailable (+ Retry-After)
     ├── ProvisionFailed               503 provision_failed
@@ -77,6 +78,11 @@ class Conflict(GatewayError):
 class PayloadTooLarge(GatewayError):
     status = 413
     code = "payload_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    code = "unsupported_media_type"
 
 
 class CapacityExceeded(GatewayError):

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -44,6 +46,23 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class MalformedRequestsAreInfo(logging.Filter):
+    """aiohttp logs every unparseable request to the control API as an ERROR with a traceback.
+
+    That is a client's mistake, not ours, and anyone who reaches the port could fill the log
+    with it: one INFO line without the traceback instead. (aiohttp answers such a request itself,
+    with a plain-text 400, before any middleware of ours runs.)
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "malformed HTTP request on the control API: %s", (exc.message,)
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def configure_logging(level: str, fmt: str) -> None:
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     handler = logging.StreamHandler(sys.stderr)
@@ -53,3 +72,6 @@ def configure_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
     # aiohttp's own access log would duplicate ours.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedRequestsAreInfo) for f in server_log.filters):
+        server_log.addFilter(MalformedRequestsAreInfo())

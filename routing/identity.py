@@ -3,7 +3,7 @@
 Validation happens here, at the boundary, so that everything downstream (the
 sandbox-ID hash, the store keys, Kubernetes annotations, log lines) can trust
 its inputs. The rules are deliberately narrow: non-empty user and session, at
-most 256 characters, no control characters. Errors name the field so an API or
+most 256 characters, no control characters and no bidirectional overrides. Errors name the field so an API or
 CLI can tell the caller exactly what to fix.
 """
 
@@ -17,6 +17,10 @@ MAX_FIELD_LENGTH = 256
 # C0 and C1 control characters plus DEL. Unicode line/paragraph separators are
 # included because they split log lines and HTTP header values just the same.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Bidirectional controls ("Trojan Source", CVE-2021-42574): "\u202eemca" would show as "acme"
+# in logs, listings and dashboards. They are Unicode format characters, not controls, so
+# they get their own check; other format characters (zero-width joiners in emoji) stay valid.
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 # Lone surrogates (JSON "\\ud800", or an invalid UTF-8 header byte decoded with
 # surrogateescape) cannot be encoded to UTF-8, so they could never be hashed.
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -44,6 +48,8 @@ def _check(field: str, value: object, *, required: bool) -> str | None:
         raise InvalidIdentity(field, f"must be at most {MAX_FIELD_LENGTH} characters (got {len(value)})")
     if _CONTROL.search(value):
         raise InvalidIdentity(field, "must not contain control characters")
+    if _BIDI.search(value):
+        raise InvalidIdentity(field, "must not contain bidirectional text controls (U+202A-202E, U+2066-2069 ...)")
     if _SURROGATE.search(value):
         raise InvalidIdentity(field, "must be valid UTF-8 (found a lone surrogate)")
     return value

@@ -137,12 +137,38 @@ LONG = "x" * 300
     pytest.param("GET", "/v1/nope", None, 404, "not_found", id="unknown route"),
     pytest.param("PUT", "/v1/sessions", b"{}", 405, "method_not_allowed", id="wrong method"),
     pytest.param("POST", "/v1/sessions", b"{" + b" " * 70_000 + b"}", 413, "payload_too_large", id="oversized body"),
+    pytest.param("POST", "/v1/sessions", b"[" * 5000 + b"]" * 5000, 400, "invalid_json", id="deeply nested JSON"),
+    pytest.param("POST", "/v1/sessions", b'{"user_id": "u", "session_id": "s", "user_id": "v"}', 400, "invalid_json",
+                 id="duplicated field"),
+    pytest.param("POST", "/v1/sessions", {"user_id": "\u202eemca", "session_id": "s"}, 400, "invalid_identity",
+                 id="bidi override"),
+    pytest.param("POST", "/v1/sessions", ("text/plain", b'{"user_id": "u", "session_id": "s"}'), 415,
+                 "unsupported_media_type", id="JSON sent as text/plain (cross-site form post)"),
+    pytest.param("GET", "/v1/route?user_id=u&user_id=v&session_id=s", None, 400, "invalid_identity",
+                 id="dry run repeated param"),
 ])
 async def test_bad_input_gets_documented_json_error(api, stack, method, path, body, status, code):
     _, local = stack
-    kwargs = {"json": body} if isinstance(body, dict) else {"data": body}
+    if isinstance(body, dict):
+        kwargs = {"json": body}
+    elif isinstance(body, tuple):
+        kwargs = {"data": body[1], "headers": {"Content-Type": body[0]}}
+    else:
+        kwargs = {"data": body, "headers": {"Content-Type": "application/json"}}
     response = await api.request(method, path, **kwargs)
     assert response.status == status
     payload = await response.json()
     assert payload["error"]["code"] == code and payload["error"]["message"]
     assert await local.list_managed() == []
+
+
+@pytest.mark.parametrize(("redis_url", "stops"), [(None, True), ("", True), ("redis://127.0.0.1:1/0", False)])
+def test_local_sandboxes_outlive_the_gateway_only_with_a_shared_store(redis_url, stops):
+    """An empty REDIS_URL means the memory store; its local sandboxes must not be left behind as orphans."""
+    from gateway.app import build_providers
+    from gateway.settings import Settings
+
+    settings = Settings(redis_url=redis_url)
+    local = build_providers(settings, default_policy()).for_pool("shared")
+    assert settings.store_kind == ("memory" if stops else "redis")
+    assert local._stop_on_close is stops

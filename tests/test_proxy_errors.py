@@ -250,6 +250,28 @@ async def test_oversized_head_is_400(start_gateway) -> None:
     assert data.startswith(b"HTTP/1.1 400 ") and b"header_too_large" in data
 
 
+async def test_header_split_across_reads_is_counted(start_gateway) -> None:
+    """A header whose value spans reads is never seen whole by a callback of the first read: a large
+    first read that leaves the head incomplete is refused at once, not after the small rest arrives."""
+    gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())), max_header_bytes=2048)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: gw\r\nX-User-Id: u\r\nX-Session-Id: s\r\nX-Big: " + b"a" * 6000)
+    data = await asyncio.wait_for(reader.read(), 5)  # the rest of the head is never sent
+    writer.close()
+    assert data.startswith(b"HTTP/1.1 400 ") and b"header_too_large" in data
+
+
+async def test_head_growing_over_the_limit_in_small_reads_is_400(start_gateway) -> None:
+    gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())), max_header_bytes=2048)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: gw\r\nX-Big: " + b"a" * 1500)
+    await writer.drain()
+    writer.write(b"a" * 1500 + b"\r\nX-User-Id: u\r\nX-Session-Id: s\r\n\r\n")
+    data = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert data.startswith(b"HTTP/1.1 400 ") and b"header_too_large" in data
+
+
 async def test_early_response_before_the_body_ends_closes_the_client(start_gateway) -> None:
     async def rejects(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_head(reader)

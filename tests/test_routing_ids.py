@@ -399,6 +399,10 @@ VALID = {"user_id": "u", "session_id": "s", "org_id": "o", "bot_id": "b"}
         pytest.param({"user_id": "u\udcff"}, "user_id", id="lone surrogate in user"),
         pytest.param({"session_id": "\ud800"}, "session_id", id="lone surrogate in session"),
         pytest.param({"org_id": "o\udfff"}, "org_id", id="lone surrogate in org"),
+        # Bidirectional overrides make "\u202eemca" display as "acme" (Trojan Source).
+        pytest.param({"org_id": "\u202eemca"}, "org_id", id="right-to-left override in org"),
+        pytest.param({"user_id": "a\u2066b"}, "user_id", id="left-to-right isolate in user"),
+        pytest.param({"bot_id": "\u200fbot"}, "bot_id", id="right-to-left mark in bot"),
     ],
 )
 def test_identity_parse_rejects(overrides: dict[str, object], field: str) -> None:
@@ -457,3 +461,9 @@ def test_every_parsed_identity_can_be_placed(user_id: str, session_id: str, org_
         return
     for policy in (default_policy(), default_policy(["*"])):
         assert_well_formed(place(identity, policy).sandbox_id)
+
+
+def test_format_characters_other_than_bidi_controls_stay_valid() -> None:
+    """Zero-width joiners hold emoji sequences together: only the bidirectional controls are refused."""
+    family = "\U0001F468\u200d\U0001F469\u200d\U0001F467"
+    assert Identity.parse(org_id=family, user_id="a\u200bb", session_id="s").org_id == family

@@ -161,6 +161,13 @@ class ClientConnection(asyncio.Protocol):
                 except RuntimeError:  # uvloop: the upstream's transport closed; its connection_lost settles it
                     pass
             out.clear()
+        if self.mode & M_IN_HEAD and not self.head_seen:
+            # A head began in this read and is not complete. The callbacks only see whole headers,
+            # so one split across reads is never counted by them: count this whole read towards
+            # the head instead (an upper bound) and every later read in _special.
+            self.head_seen = len(data)
+            if len(data) > self.plane.max_head:
+                self._malformed(BadRequest(_REJECT_TOO_LARGE.format(self.plane.max_head), code="header_too_large"))
 
     def _special(self, data: bytes) -> bool:
         """The slow path of data_received; True when ``data`` should still be parsed."""
@@ -673,10 +680,10 @@ class ClientConnection(asyncio.Protocol):
         ex = self.current
         if ex is not None and ex.state != DONE:
             ex.req_done = False
-            if ex.started or ex.upstream is not None:
+            if ex.started:
                 self.abort(ex, None, exc.message)
             else:
-                self.fail(ex, exc)
+                self.fail(ex, exc)  # drops the sandbox's connection (it has part of the request) too
             return
         bad = Exchange(self)
         bad.t0 = self.plane.loop.time()
@@ -692,6 +699,12 @@ class ClientConnection(asyncio.Protocol):
         """``ex`` is over (its response complete, failed or cut): report it, then close or serve the next."""
         if ex.state == DONE:
             return
+        task = ex.task
+        if task is not None:
+            # Still resolving (e.g. the body turned out malformed): no sandbox for a request that
+            # is over. A creation other requests also wait for goes on; one that has not started does not.
+            ex.task = None
+            task.cancel()
         plane = self.plane
         plane.finished(ex)
         if ex is not self.current:
