@@ -22,6 +22,7 @@ from gateway.api import create_control_app
 from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySet, TokenAuth, TrustedHeaders
 from gateway.compat import RouterCompat
 from gateway.errors import GatewayError
+from gateway.logs import AccessLog, access_log
 from gateway.metrics import Metrics, status_class
 from gateway.model import SandboxState
 from gateway.providers.base import PoolProviders, SandboxProvider
@@ -32,7 +33,7 @@ from gateway.store.instrumented import InstrumentedStore
 from routing import Policy, PolicyError, default_policy, parse_org_list, parse_policy
 
 log = logging.getLogger("gateway")
-access_log = logging.getLogger("gateway.access")
+ACCESS_LOG_FLUSH_INTERVAL = 0.25  # access lines are written in batches (gateway.logs.AccessLog)
 
 
 def load_policy(settings: Settings) -> Policy:
@@ -117,6 +118,7 @@ class Gateway:
         self._control_runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._policy_mtime: float | None = None
+        self._access: AccessLog | None = None  # set by start(): when settings.access_log and INFO is logged
         self._request_series: dict[tuple[str | None, str, int], tuple[Any, Any]] = {}
         self.data_address: tuple[str, int] | None = None
         self.control_address: tuple[str, int] | None = None
@@ -144,6 +146,9 @@ class Gateway:
         await web.SockSite(self._control_runner, control_sock).start()
         self.data_address = data_sock.getsockname()[:2]
         self.control_address = control_sock.getsockname()[:2]
+        self._access = access_log() if self.settings.access_log else None
+        if self._access is not None:
+            self._every(ACCESS_LOG_FLUSH_INTERVAL, self._flush_access_log)
         self._every(self.settings.activity_flush_interval, self.router.flush_activity)
         self._every(self.settings.reap_interval, self._reap)
         self._every(5.0, self._refresh_gauges)
@@ -164,6 +169,8 @@ class Gateway:
                 await task
         with contextlib.suppress(GatewayError):
             await self.router.flush_activity()
+        if self._access is not None:
+            self._access.flush()
         await self.provider.close()
         if self._locator is not None:
             await self._locator.close()
@@ -202,6 +209,9 @@ class Gateway:
                     log.exception("%s failed", job.__name__)
 
         self._tasks.append(asyncio.create_task(loop(), name=f"every-{job.__name__}"))
+
+    async def _flush_access_log(self) -> None:
+        self._access.flush()  # type: ignore[union-attr]
 
     async def _reap(self) -> None:
         for sandbox_id in await self.router.reap_once():
@@ -259,8 +269,5 @@ class Gateway:
             m.capacity_rejected(entry.refused)
         if m.per_org:
             m.org_requests.labels(m.org_label(entry.org_id), status_class(entry.status)).inc()
-        if self.settings.access_log:
-            access_log.info("%s %s", entry.method, entry.status, extra={"fields": {
-                "request_id": entry.request_id, "pool": entry.pool, "sandbox_id": entry.sandbox_id,
-                "status": entry.status, "duration_ms": round(entry.duration * 1000, 2), "protocol": entry.protocol,
-            }})
+        if self._access is not None:
+            self._access.log(entry)

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from tests.gateway_process import GatewayProcess
+from tests.proxy_helpers import eventually
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -75,6 +76,26 @@ async def test_control_api_and_data_plane_agree(gateway):
             assert (await response.json())["error"]["code"] == "not_found"
         async with http.get(f"{gateway.data_url}/", headers={"X-Session-Id": "c1"}) as response:
             assert response.status == 400 and "X-User-Id" in (await response.json())["error"]["message"]
+
+
+async def test_one_access_line_per_request(gateway):
+    """Access lines are written in batches, a few times a second: each request gets exactly one."""
+    async with aiohttp.ClientSession() as http:
+        for n in range(3):
+            hdrs = {**headers("acme", "u", "a1"), "X-Request-Id": f"access-test-{n}"}
+            async with http.get(f"{gateway.data_url}/", headers=hdrs) as response:
+                assert response.status == 200
+        async with http.get(f"{gateway.data_url}/", headers={"X-Request-Id": "access-test-bad"}) as response:
+            assert response.status == 400
+
+    def lines() -> list[str]:
+        return [line for line in gateway.log if "gateway.access: " in line and "request_id=access-test-" in line]
+
+    await eventually(lambda: len(lines()) == 4)
+    first = lines()[0]
+    assert " INFO    gateway.access: GET 200 request_id=access-test-0 pool=shared sandbox_id=org-" in first
+    assert re.search(r" status=200 duration_ms=\d+\.\d\d protocol=http$", first)
+    assert "GET 400 request_id=access-test-bad pool=None sandbox_id=None status=400" in lines()[3]
 
 
 async def test_sigterm_drains_an_in_flight_request(tmp_path):
