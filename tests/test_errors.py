@@ -29,4 +29,3 @@ def test_every_error_has_a_status_code_and_body(cls):
 def test_retry_after_is_whole_seconds():
     assert errors.CapacityExceeded("full", scope="org", retry_after=0.2).headers() == {"Retry-After": "1"}
     assert errors.StoreUnavailable("down", retry_after=7.6).headers() == {"Retry-After": "8"}
-
