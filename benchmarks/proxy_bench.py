@@ -60,12 +60,29 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
 
 
 # -- the gateway --------------------------------------------------------------
-def launch_gateway(backend_port: int, workers: int, *, fast_path: bool = True) -> tuple[list[subprocess.Popen[bytes]], int]:
+def launch_gateway(backend_port: int, workers: int, *, fast_path: bool = True,
+                   serve_dir: Path | None = None) -> tuple[list[subprocess.Popen[bytes]], int]:
     """Start the gateway in front of ``backend_port``: ``workers`` processes on one SO_REUSEPORT port.
 
-    The one place that knows how the gateway is started (swap in ``sandbox-gateway serve`` here).
+    The one place that knows how the gateway is started: the bare data plane with a fixed resolver,
+    or with ``serve_dir`` the whole ``sandbox-gateway serve`` (policy routing, owner check, metrics,
+    activity, the access log on and written to a file there) with a static pool on the backend.
     """
     port = free_port()
+    if serve_dir is not None:
+        policy = serve_dir / "policy.yaml"
+        upstream = f"http://127.0.0.1:{backend_port}"
+        policy.write_text(f"pools: {{small: {{provider: static, upstreams: ['{upstream}']}}, "
+                          f"shared: {{provider: static, upstreams: ['{upstream}']}}}}\n")
+        redis = ["--redis-url", os.environ["BENCH_REDIS_URL"]] if workers > 1 else []
+        with open(serve_dir / f"serve-{port}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", "serve", "--workers", str(workers), "--policy", str(policy),
+                 "--data-port", str(port), "--control-port", "0", "--log-format", "json", *redis],
+                cwd=serve_dir, stderr=log)
+        wait_port(port)
+        time.sleep(0.2 * workers)
+        return [proc], port
     args = [sys.executable, __file__, "_gateway", str(port), str(backend_port), "1" if fast_path else "0"]
     procs = [subprocess.Popen(args, cwd=ROOT) for _ in range(workers)]
     wait_port(port)
@@ -399,6 +416,9 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--duration", type=float, default=None, help="seconds per load run")
     parser.add_argument("--repeat", type=int, default=None, help="rounds per cell; the median is shown")
+    parser.add_argument("--serve", action="store_true",
+                        help="the whole `sandbox-gateway serve` (access log on) instead of the bare data plane; "
+                             "more than one worker needs BENCH_REDIS_URL")
     parser.add_argument("--no-fast-path", action="store_true",
                         help="resolver without cached_route: one task per request")
     args = parser.parse_args()
@@ -425,7 +445,8 @@ def main() -> None:
                     procs.append(start_nginx(tmp, f"proxy{workers}", workers,
                                              NGINX_PROXY.format(port=nport, backend=backend.port)))
                     wait_port(nport)
-                gateway_procs, gport = launch_gateway(backend.port, workers, fast_path=not args.no_fast_path)
+                gateway_procs, gport = launch_gateway(backend.port, workers, fast_path=not args.no_fast_path,
+                                                      serve_dir=tmp if args.serve else None)
                 procs += gateway_procs
                 with running(procs):
                     load(backend.port, 10, 1, {})  # warm up all three
