@@ -12,8 +12,8 @@
    Loading runs a bulk variant of the store's ``PUT_BINDING`` script (same writes,
    many bindings per call) on JSON checked against ``RedisStore.binding_json``, so
    the layout measured is exactly the one ``RedisStore.put_binding`` writes.
-3. :func:`gateway_benchmarks`: a hook for the route-cache hit/miss and
-   replica-throughput runs once the gateway's serve exists (returns no rows yet).
+3. :func:`gateway_benchmarks`: route resolution from the per-process cache vs
+   through Redis, and ``serve --workers 1/2/3`` on one Redis.
 
 A private ``redis-server`` (tests/redis_server.py) is started unless ``--url`` is
 given; on a shared server the memory delta includes everyone else's writes.

@@ -134,6 +134,15 @@ async def echo_headers(request: web.Request) -> web.Response:
                               "method": request.method})
 
 
+async def ws_echo(request: web.Request) -> web.WebSocketResponse:
+    """A WebSocket sandbox handler that echoes every text frame."""
+    ws = web.WebSocketResponse()
+    await ws.prepare(request)
+    async for msg in ws:
+        await ws.send_str(msg.data)
+    return ws
+
+
 def listening_socket(port: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import WSMsgType, web
 
 from tests.proxy_helpers import (  # noqa: F401  (start_gateway is a fixture)
-    CachingFakeResolver, FakeResolver, backend, eventually, identity_headers, start_gateway)
+    CachingFakeResolver, FakeResolver, backend, eventually, identity_headers, start_gateway, ws_echo)
 
 
 def chunked_head(path: str = "/upload", **headers: str) -> bytes:
@@ -164,14 +164,7 @@ async def test_undeclared_streams_count_against_the_next_ones(sse_backend, start
 
 
 async def test_websockets_count_as_streams(aiohttp_server, start_gateway, http):
-    async def ws_handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
-        async for msg in ws:
-            await ws.send_str(msg.data)
-        return ws
-
-    gw = await start_gateway(CachingFakeResolver(await backend(aiohttp_server, ws_handler)), max_streams_per_org=1)
+    gw = await start_gateway(CachingFakeResolver(await backend(aiohttp_server, ws_echo)), max_streams_per_org=1)
     async with http.ws_connect(f"{gw.url}/ws", headers=org_headers("acme", "s1", declared=False)) as ws:
         await ws.send_str("hi")
         assert (await ws.receive()).data == "hi"
@@ -186,7 +179,7 @@ async def test_websockets_count_as_streams(aiohttp_server, start_gateway, http):
 
 # -- WebSocket messages ------------------------------------------------------------
 @pytest.fixture
-async def ws_echo(aiohttp_server):
+async def ws_sandbox(aiohttp_server):
     """A WebSocket sandbox that echoes, and records how each connection ended."""
     endings: list[WSMsgType] = []
 
@@ -203,8 +196,8 @@ async def ws_echo(aiohttp_server):
     return await backend(aiohttp_server, handler), endings
 
 
-async def test_websocket_message_over_the_cap_is_closed_with_1009(ws_echo, start_gateway, http):
-    endpoint, endings = ws_echo
+async def test_websocket_message_over_the_cap_is_closed_with_1009(ws_sandbox, start_gateway, http):
+    endpoint, endings = ws_sandbox
     gw = await start_gateway(CachingFakeResolver(endpoint), ws_max_message_bytes=1000)
     async with http.ws_connect(f"{gw.url}/ws", headers=identity_headers(), max_msg_size=0) as ws:
         await ws.send_bytes(b"a" * 1000)  # exactly the cap
@@ -217,9 +210,9 @@ async def test_websocket_message_over_the_cap_is_closed_with_1009(ws_echo, start
     assert gw.records[-1].refused == "ws_message" and gw.records[-1].status == 101
 
 
-async def test_websocket_fragments_add_up_to_one_message(ws_echo, start_gateway):
+async def test_websocket_fragments_add_up_to_one_message(ws_sandbox, start_gateway):
     """A message split into small frames is still one message: 3 x 400 bytes is over a 1000-byte cap."""
-    endpoint, _ = ws_echo
+    endpoint, _ = ws_sandbox
     gw = await start_gateway(CachingFakeResolver(endpoint), ws_max_message_bytes=1000)
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
     headers = "".join(f"{k}: {v}\r\n" for k, v in identity_headers().items())

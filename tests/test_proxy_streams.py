@@ -25,6 +25,7 @@ from tests.proxy_helpers import (
     request_bytes,
     rss_kib,
     start_gateway,
+    ws_echo,
 )
 
 __all__ = ["start_gateway"]  # a fixture
@@ -288,14 +289,7 @@ async def test_request_body_is_forwarded_before_it_is_complete(start_gateway) ->
 
 
 async def test_websocket_frames_sent_before_the_101_are_delivered(aiohttp_server, start_gateway) -> None:
-    async def echo(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
-        async for msg in ws:
-            await ws.send_str(msg.data)
-        return ws
-
-    gw = await start_gateway(CachingFakeResolver(await backend(aiohttp_server, echo)))
+    gw = await start_gateway(CachingFakeResolver(await backend(aiohttp_server, ws_echo)))
     mask = b"\x01\x02\x03\x04"
     frame = b"\x81\x82" + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(b"hi"))
     async with raw_client(gw.port) as (reader, writer):
