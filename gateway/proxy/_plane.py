@@ -13,8 +13,8 @@ from typing import Protocol
 
 from gateway.auth import Authenticator, TrustedHeaders
 from gateway.compat import RouterCompat
-from gateway.limits import OrgLimits, limit_key
 from gateway.errors import UpstreamConnectError
+from gateway.limits import OrgLimits, limit_key
 from gateway.proxy._client import ClientConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
 from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
