@@ -304,6 +304,25 @@ async def test_dropped_watch_then_resume_from_last_rv(fake_kube: FakeKube, api: 
     await w.close()
 
 
+async def test_watch_ends_when_the_client_goes_away(fake_kube: FakeKube, api: client.CustomObjectsApi) -> None:
+    """A watch the client closes is unregistered at once, even if no event will ever match it again
+    (the gateway's per-object watches): else each one stays woken by every later write, until its timeout."""
+    response = await api.list_namespaced_custom_object(SBX, "v1beta1", NS, "sandboxes", watch=True,
+                                                       field_selector="metadata.name=quiet", timeout_seconds=300,
+                                                       _preload_content=False)
+    await fake_kube.server.wait_for_watchers(1)
+    changed = asyncio.Event()
+    unsubscribe = fake_kube.server.store.on_watchers_changed(changed.set)
+    response.release()  # as the gateway does once its object is ready: mid-stream, so the connection closes
+    try:
+        async with asyncio.timeout(5):
+            while fake_kube.server.open_watches:
+                changed.clear()
+                await changed.wait()
+    finally:
+        unsubscribe()
+
+
 async def test_watch_timeout_and_bookmarks(fake_kube: FakeKube, api: client.CustomObjectsApi) -> None:
     w = watch.Watch()
     events = [e async for e in w.stream(api.list_namespaced_custom_object, SBX, "v1beta1", NS, "sandboxes",

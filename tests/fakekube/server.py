@@ -64,7 +64,10 @@ class FakeKubeServer:
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        self._runner = web.AppRunner(self.app, shutdown_timeout=1.0, access_log=None)
+        # handler_cancellation: a client that goes away cancels its request, as the apiserver's request
+        # context does. A watch whose selector matches nothing more never writes, so without this it would
+        # never notice the disconnect and would stay registered (and woken by every event) until its timeout.
+        self._runner = web.AppRunner(self.app, shutdown_timeout=1.0, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
