@@ -33,6 +33,7 @@ from gateway.store.instrumented import InstrumentedStore
 from routing import Policy, PolicyError, default_policy, parse_org_list, parse_policy
 
 log = logging.getLogger("gateway")
+STOP_TASKS_TIMEOUT = 5.0  # how long stop() waits for the background loops to end
 ACCESS_LOG_FLUSH_INTERVAL = 0.25  # access lines are written in batches (gateway.logs.AccessLog)
 
 
@@ -164,9 +165,12 @@ class Gateway:
             await self._control_runner.cleanup()
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            # Bounded: a client library that swallows a cancellation must not keep the process alive.
+            _, stuck = await asyncio.wait(self._tasks, timeout=STOP_TASKS_TIMEOUT)
+            for task in stuck:
+                log.warning("background task %s did not stop within %gs; leaving it", task.get_name(),
+                            STOP_TASKS_TIMEOUT)
         with contextlib.suppress(GatewayError):
             await self.router.flush_activity()
         if self._access is not None:
@@ -199,7 +203,10 @@ class Gateway:
     # background work ------------------------------------------------------
     def _every(self, interval: float, job: Callable[[], Awaitable[Any]]) -> None:
         async def loop() -> None:
-            while True:
+            task = asyncio.current_task()
+            # cancelling(): a job whose library swallowed our CancelledError (redis-py can, when a
+            # reply lands as the cancel does) still ends the loop instead of sleeping on forever.
+            while task is None or not task.cancelling():
                 await asyncio.sleep(interval)
                 try:
                     await job()
