@@ -86,11 +86,25 @@ class LocalProvider:
                 _terminate(state["pid"], request.sandbox_id)
             pid, port = await self._spawn(request, box)
             _write_state(box, {"pid": pid, "port": port, "pool": request.pool, "created_at": time.time()})
-        if not await self._healthy(port):
-            raise ProvisionFailed(f"local sandbox {request.sandbox_id} did not answer its health check",
-                                  sandbox_id=request.sandbox_id)
+        if not await self._answers(port, pid, request.sandbox_id):
+            raise ProvisionFailed(f"local sandbox {request.sandbox_id} exited before answering its health check "
+                                  f"(see {box / 'runtime.log'})", sandbox_id=request.sandbox_id)
         self._watch(request.sandbox_id, pid)
         return Endpoint(HOST, port)
+
+    async def _answers(self, port: int, pid: int, sandbox_id: str) -> bool:
+        """Health-check a runtime that just said LISTENING until it answers (True) or exits (False).
+
+        Retried: fifty runtimes starting at once on two cores can take longer than one check's
+        timeout to answer. ``ensure``'s provisioning timeout bounds the whole wait.
+        """
+        delay = 0.05
+        while not await self._healthy(port):
+            if not _alive(pid, sandbox_id):
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        return True
 
     async def _spawn(self, request: SandboxRequest, box: Path) -> tuple[int, int]:
         """Start the runtime in its own session and read the port from its LISTENING line.

@@ -1,0 +1,77 @@
+"""LocalProvider's start-up handshake, against stand-in runtimes (real processes)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.errors import ProvisionFailed
+from gateway.model import Isolation, Owner, SandboxRequest
+from gateway.providers.local import LocalProvider
+
+# A stand-in for `python -m gateway.runtime`: says LISTENING on a port it binds, then either
+# starts answering only after a while (slow) or exits (dead).
+STAND_IN = '''
+import socket, sys, time
+mode = sys.argv[1]
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+print("LISTENING 127.0.0.1", sock.getsockname()[1], flush=True)
+if mode == "dead":
+    sys.exit(1)
+time.sleep(0.6)  # bound but not listening: health checks are refused until now
+sock.listen(8)
+while True:
+    conn, _ = sock.accept()
+    conn.recv(65536)
+    conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok")
+    conn.close()
+'''
+
+
+def stand_in(tmp_path: Path, mode: str) -> str:
+    """An executable that LocalProvider runs as its python (its argv carries the sandbox ID)."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    exe = tmp_path / f"python-{mode}"
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {script} {mode} "$@"\n')
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def request(sandbox_id: str) -> SandboxRequest:
+    # An hour: were a dead runtime waited for until the provisioning timeout, the test would time out.
+    return SandboxRequest(sandbox_id, "small", Isolation.PER_SESSION, Owner(None, "u", None), "s", timeout=3600.0)
+
+
+@pytest.fixture
+async def provider_for(tmp_path):
+    started: list[LocalProvider] = []
+
+    async def make(mode: str) -> LocalProvider:
+        provider = LocalProvider(tmp_path / f"data-{mode}", stop_on_close=True, python=stand_in(tmp_path, mode))
+
+        async def lost(sandbox_id: str) -> None:
+            return None
+
+        await provider.start(lost)
+        started.append(provider)
+        return provider
+
+    yield make
+    for provider in started:
+        await provider.close()
+
+
+async def test_a_runtime_slow_to_answer_is_waited_for(provider_for):
+    provider = await provider_for("slow")
+    endpoint = await provider.ensure(request("ses-slow"))
+    assert endpoint.host == "127.0.0.1" and endpoint.port > 0
+
+
+async def test_a_runtime_that_exits_after_listening_fails_at_once(provider_for):
+    provider = await provider_for("dead")
+    with pytest.raises(ProvisionFailed, match="exited before answering its health check"):
+        await provider.ensure(request("ses-dead"))
