@@ -213,10 +213,32 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc if not str(part).startswith(("function-", "literal[")))
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error.
+
+    Plain YAML keeps the last one silently: an org listed twice under ``orgs`` would lose its
+    first settings without a word, which is exactly what a strict policy file must not do.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_policy(text: str, source: str = "<policy>", extra_per_session_orgs: Iterable[str] = ()) -> Policy:
     """Parse and validate a policy document; raise :class:`PolicyError` listing every error."""
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

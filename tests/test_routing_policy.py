@@ -341,6 +341,11 @@ pools:
             "pools:\n  small: {}\n  shared: {a: b: c}\n", ["not valid YAML", "line 3"], id="invalid YAML with line number"
         ),
         pytest.param("pools:\n  small: {}\n\tshared: {}\n", ["not valid YAML", "line 3"], id="tab indentation with line number"),
+        pytest.param("pools:\n  small: {}\n  small: {provider: local}\n", ["duplicate key 'small'", "line 3"],
+                     id="a pool given twice"),
+        pytest.param("pools: {small: {}, shared: {}}\norgs:\n  acme: {pool: small}\n  acme: {max_sandboxes: 2}\n",
+                     ["duplicate key 'acme'", "line 4"], id="an org given twice (the first would be lost)"),
+        pytest.param("pools:\n  ? [a]\n  : {}\n", ["unhashable key"], id="a list as a key"),
     ],
 )
 def test_invalid_document(text: str, fragments: list[str]) -> None:
