@@ -108,6 +108,11 @@ class Settings(BaseSettings):
                 "'trusted-headers' only behind an agent backend on a private network")
         if self.auth_mode == "token" and self.auth_keys_file is None:
             raise ValueError("auth_mode 'token' needs auth_keys_file (see examples/auth/keys.yaml)")
+        if self.auth_keys_file is None and not _is_loopback(self.host):
+            raise ValueError(
+                f"listening on {self.host} needs auth_keys_file: without keys the control API (binding and "
+                "deleting sessions) is open to anyone who reaches it; admin tokens come from that file "
+                "(see examples/auth/keys.yaml)")
         if self.router_compat_namespaces and self.auth_keys_file is None:
             raise ValueError("router_compat_namespaces needs auth_keys_file: the router headers are honoured "
                              "only with an admin token")
