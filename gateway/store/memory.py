@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 
 from gateway.errors import CapacityExceeded
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store.base import REMOVED, Caps, Invalidation, Reservation, Settlement
 
-_LIVE = (SandboxState.CREATING, SandboxState.READY)
 
 
 class MemoryStore:
@@ -26,7 +25,10 @@ class MemoryStore:
         self._clock = clock
         self._bindings: dict[str, Binding] = {}
         self._session_seen: dict[str, float] = {}
-        self._sandboxes: dict[str, SandboxRecord] = {}
+        self._sandboxes: dict[str, SandboxRecord] = {}  # every record is creating or ready (counted by caps)
+        # Records per pool and per org, kept with _sandboxes: a cap check costs no scan.
+        self._per_pool: Counter[str] = Counter()
+        self._per_org: Counter[str | None] = Counter()
         self._sandbox_sessions: dict[str, set[str]] = defaultdict(set)
         self._streams: dict[str, int] = defaultdict(int)
         self._leases: dict[str, tuple[str, float]] = {}
@@ -71,12 +73,23 @@ class MemoryStore:
         existing = self._sandboxes.get(record.sandbox_id)
         if existing is not None and not (existing.state is SandboxState.CREATING and existing.lease_until < now):
             return Reservation(self._with_sessions(existing), created=False)  # type: ignore[arg-type]
-        live = [r for r in self._sandboxes.values() if r.state in _LIVE and r.sandbox_id != record.sandbox_id]
-        _check_caps(record, caps, live)
+        if existing is not None:
+            self._count(existing, -1)  # an expired creation is taken over: it is not one more sandbox
+        try:
+            _check_caps(record, caps, self._per_pool[record.pool], self._per_org[record.org_id])
+        except CapacityExceeded:
+            if existing is not None:
+                self._count(existing, 1)
+            raise
         fresh = record.with_(state=SandboxState.CREATING, lease_until=now + lease_seconds,
                              last_active=max(record.last_active, record.created_at))
         self._sandboxes[record.sandbox_id] = fresh
+        self._count(fresh, 1)
         return Reservation(fresh, created=True)
+
+    def _count(self, record: SandboxRecord, delta: int) -> None:
+        self._per_pool[record.pool] += delta
+        self._per_org[record.org_id] += delta
 
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
         current = self._sandboxes.get(sandbox_id)
@@ -92,6 +105,7 @@ class MemoryStore:
         self._streams.pop(sandbox_id, None)
         self._settle(sandbox_id, Settlement(None, error or REMOVED))
         if record is not None:
+            self._count(record, -1)
             self._publish(sandbox_id)
         return record
 
@@ -178,15 +192,15 @@ class MemoryStore:
             callback(key)
 
 
-def _check_caps(record: SandboxRecord, caps: Caps, live: list[SandboxRecord]) -> None:
-    """Raise when reserving ``record`` would exceed a cap (shared with no other store)."""
-    if caps.pool_max is not None and sum(r.pool == record.pool for r in live) >= caps.pool_max:
+def _check_caps(record: SandboxRecord, caps: Caps, in_pool: int, in_org: int) -> None:
+    """Raise when reserving ``record`` would exceed a cap; ``in_pool``/``in_org``: the sandboxes
+    (creating or ready) already there, not counting ``record`` itself."""
+    if caps.pool_max is not None and in_pool >= caps.pool_max:
         raise CapacityExceeded(
             f"pool {record.pool!r} is at its cap of {caps.pool_max} sandboxes (max_sandboxes); retry later",
             scope="pool",
         )
-    if (caps.org_max is not None and record.org_id is not None
-            and sum(r.org_id == record.org_id for r in live) >= caps.org_max):
+    if caps.org_max is not None and record.org_id is not None and in_org >= caps.org_max:
         raise CapacityExceeded(
             f"org {record.org_id!r} is at its cap of {caps.org_max} sandboxes (orgs.{record.org_id}.max_sandboxes); retry later",
             scope="org",
