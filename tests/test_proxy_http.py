@@ -114,6 +114,7 @@ async def test_request_headers_rewritten(aiohttp_server, start_gateway) -> None:
     assert seen["x-custom"] == "kept"
     assert seen["x-request-id"] == "req-42"
     assert gw.records[-1].request_id == "req-42"
+    assert response.headers.getall("X-Request-Id") == ["req-42"]  # echoed, so a client can quote it
 
 
 async def test_trusted_forwarded_for_is_appended_to(aiohttp_server, start_gateway) -> None:
@@ -151,6 +152,22 @@ async def test_hop_by_hop_and_connection_named_headers_dropped(start_gateway) ->
     assert headers[b"x-end"] == b"1"
 
 
+async def test_a_sandbox_request_id_is_kept_not_doubled(start_gateway) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nx-request-id: from-sandbox\r\n\r\nok")
+        await writer.drain()
+        await reader.read()
+
+    async with raw_backend(handler) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint))
+        async with raw_client(gw.port) as (reader, writer):
+            writer.write(request_bytes("GET", "/", {**identity_headers(), "X-Request-Id": "from-client"}))
+            head = (await reader.readuntil(b"\r\n\r\n")).lower()
+    assert head.startswith(b"http/1.1 200 ") and head.count(b"x-request-id:") == 1
+    assert b"x-request-id: from-sandbox\r\n" in head
+
+
 async def test_request_id_generated_when_absent_or_insane(aiohttp_server, start_gateway) -> None:
     gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)))
     ids = []
@@ -159,6 +176,7 @@ async def test_request_id_generated_when_absent_or_insane(aiohttp_server, start_
             async with client.get(f"{gw.url}/", headers=identity_headers(**extra)) as response:
                 seen = {k.lower(): v for k, v in (await response.json())["headers"].items()}
                 ids.append(seen["x-request-id"])
+                assert response.headers["X-Request-Id"] == seen["x-request-id"]
     assert len(set(ids)) == 3
     assert all(" " not in i and len(i) <= 128 for i in ids)
     assert [r.request_id for r in gw.records] == ids

@@ -347,6 +347,8 @@ class UpstreamConnection(asyncio.Protocol):
             head, coding = w.strip_hop_by_hop(head, low, match)
         if not head.startswith(b"HTTP/1.1 "):
             head = b"HTTP/1.1" + head[8:]
+        if low.find(b"\r\nx-request-id:") < 0:  # the client can quote it; a sandbox's own one is kept
+            head += b"\r\nX-Request-Id: " + ex.request_id  # type: ignore[operator]
         if (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10
                 and parser.should_keep_alive() and ex.method != b"HEAD" and not self.plane.draining):
             # The common case: a keep-alive response with its own framing (Content-Length or
