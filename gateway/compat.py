@@ -47,6 +47,8 @@ Target = tuple[str, str, int]   # namespace, name, port
 
 
 class RouterCompat:
+    """Checks a request's router headers (``target``) and finds the Sandbox's pod (``route``)."""
+
     def __init__(self, namespaces: Iterable[str], ports: Iterable[int], admin: AdminCheck, locator: SandboxLocator,
                  *, clock: Callable[[], float] = time.monotonic) -> None:
         self._namespaces = frozenset(namespaces)
