@@ -446,7 +446,7 @@ def test_identity_parse_defaults_and_unicode() -> None:
 # (hypothesis' default text strategy never produces surrogates). Mostly printable, so
 # that plenty of identities are accepted; one character in five is hostile.
 _printable = st.characters(categories=["L", "M", "N", "P", "S", "Zs"])
-_hostile = st.characters(categories=["Cs"]) | st.characters(categories=["Cc", "Zl", "Zp"])
+_hostile = st.characters(categories=["Cs"]) | st.characters(categories=["Cc", "Cf", "Zl", "Zp"])
 raw_chars = st.one_of(_printable, _printable, _printable, _hostile)
 raw_texts = st.text(alphabet=raw_chars, max_size=20)
 
