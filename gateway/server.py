@@ -36,6 +36,20 @@ def bind(host: str, port: int, *, listen: bool) -> socket.socket:
     return sock
 
 
+def _in_use(host: str, port: int) -> bool:
+    """True when something listens on the port already. Our own sockets set SO_REUSEPORT, so a
+    second gateway would bind next to the first and the kernel would split connections between
+    two processes that share no state; a plain bind (no SO_REUSEPORT) is refused instead."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def _use_uvloop() -> None:
     with contextlib.suppress(ImportError):
         import uvloop
@@ -78,6 +92,11 @@ def serve(settings: Settings) -> int:
     if settings.workers > 1 and not settings.redis_url:
         log.error("--workers %d needs REDIS_URL: with the memory store every worker would keep "
                   "its own session map and sandboxes could be created twice", settings.workers)
+        return 2
+    busy = [port for port in (settings.data_port, settings.control_port) if port and _in_use(settings.host, port)]
+    if busy:
+        log.error("port %d on %s is already in use (another sandbox-gateway?); SO_REUSEPORT would otherwise "
+                  "share it silently with a gateway that has its own sessions", busy[0], settings.host)
         return 2
     # Reserve the ports (and resolve port 0) before any worker starts.
     data_reserve = bind(settings.host, settings.data_port, listen=False)

@@ -145,3 +145,19 @@ def test_bad_settings_exit_2_with_one_line(tmp_path):
                             capture_output=True, text=True, cwd=tmp_path, timeout=30)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "data_port" in result.stderr
+
+
+async def test_a_second_gateway_on_the_same_port_is_refused(gateway, tmp_path):
+    """SO_REUSEPORT would let it bind next to the first, with its own session map: exit 2 instead."""
+    import sys
+
+    port = gateway.data_url.rsplit(":", 1)[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "serve", "--data-port", port, "--control-port", "0",
+        "--log-format", "text", cwd=tmp_path, stderr=asyncio.subprocess.PIPE)
+    _, stderr = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert f"port {port} on 127.0.0.1 is already in use" in stderr.decode()
+    async with aiohttp.ClientSession() as http:  # the first one is unaffected
+        async with http.get(f"{gateway.control_url}/healthz") as response:
+            assert response.status == 200
