@@ -81,13 +81,30 @@ async def _serve_one(settings: Settings, data_port: int, control_port: int, work
     log.info("stopped (worker %d)", worker)
 
 
+def _keep_fds_from_children() -> None:
+    """Make every descriptor above stderr close on exec (whatever started us may have passed some).
+
+    A worker inherits descriptors from multiprocessing (its resource tracker's pipe among them),
+    and the local provider's sandboxes, which outlive the worker, would inherit them in turn: the
+    tracker then never sees the pipe close and lives on, holding the supervisor's stderr open with
+    it (whoever reads that stderr never gets EOF). The worker itself keeps using them.
+    """
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                os.set_inheritable(fd, False)
+
+
 def _worker_main(settings: Settings, data_port: int, control_port: int, worker: int) -> None:
+    _keep_fds_from_children()
     configure_logging(settings.log_level, settings.log_format)
     _use_uvloop()
     asyncio.run(_serve_one(settings, data_port, control_port, worker))
 
 
 def serve(settings: Settings) -> int:
+    _keep_fds_from_children()
     configure_logging(settings.log_level, settings.log_format)
     if settings.workers > 1 and not settings.redis_url:
         log.error("--workers %d needs REDIS_URL: with the memory store every worker would keep "

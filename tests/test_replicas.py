@@ -173,3 +173,23 @@ async def test_creating_replica_killed_mid_create(make_fake_kube, redis_server: 
         await second.stop()
         if first.proc is not None and first.proc.returncode is None:
             await first.stop()
+
+
+async def test_workers_metrics_add_up_in_every_scrape(tmp_path: Path, redis_server: RedisServer):
+    """--workers 2: connections land on either worker (SO_REUSEPORT), and so do scrapes; each scrape
+    must report every worker's requests (prometheus-client's multiprocess mode), not its own half."""
+    process = await GatewayProcess(tmp_path / "gw", "--workers", "2", "--redis-url", redis_server.url,
+                                   "--data-dir", str(tmp_path / "gw" / "data"),
+                                   env={"SANDBOX_GATEWAY_DRAIN_TIMEOUT": "5"}).start()
+    try:
+        connector = aiohttp.TCPConnector(force_close=True)  # a new connection, so a fresh pick, per request
+        async with aiohttp.ClientSession(connector=connector) as http:
+            for _ in range(40):
+                status, _ = await whoami(http, process, who("metrics-org", "m1"))
+                assert status == 200
+            for _ in range(3):
+                text = await (await http.get(f"{process.control_url}/metrics")).text()
+                assert 'sgw_requests_total{pool="shared",protocol="http",status="2xx"} 40.0' in text, text[-2000:]
+    finally:
+        await process.stop()
+        kill_sandboxes(tmp_path)
