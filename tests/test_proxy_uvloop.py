@@ -177,3 +177,23 @@ def test_failures_before_and_after_the_response_started() -> None:
                     assert await response.read() == b"ok"
 
     on_uvloop(scenario)
+
+
+def test_durations_are_finer_than_the_loop_clock() -> None:
+    """uvloop's loop.time() moves in whole milliseconds: request durations (the latency histogram,
+    the access log) must come from a finer clock, or sub-millisecond requests all read 0 or 1 ms."""
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def scenario(start: StartGateway) -> None:
+        async with aiohttp_backend(ok) as endpoint:
+            gw = await start(CachingFakeResolver(endpoint))
+            async with aiohttp.ClientSession() as client:
+                for _ in range(20):
+                    async with client.get(f"{gw.url}/", headers=identity_headers()) as response:
+                        assert response.status == 200
+            await eventually(lambda: len(gw.records) == 20)
+        millis = [record.duration * 1000 for record in gw.records]
+        assert any(abs(ms - round(ms)) > 1e-6 for ms in millis), millis
+
+    on_uvloop(scenario)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
@@ -410,7 +411,7 @@ class ClientConnection(asyncio.Protocol):
         if ex.state != PARSED or self.mode & M_CLOSING:
             return
         ex.state = RESOLVING
-        ex.t0 = plane.loop.time()
+        ex.t0 = perf_counter()  # durations need better than uvloop's millisecond loop clock
         ex.active_at = plane.now
         plane.inflight += 1
         if ex.request_id is None:
@@ -686,7 +687,7 @@ class ClientConnection(asyncio.Protocol):
                 self.fail(ex, exc)  # drops the sandbox's connection (it has part of the request) too
             return
         bad = Exchange(self)
-        bad.t0 = self.plane.loop.time()
+        bad.t0 = perf_counter()
         bad.request_id = self.plane.ids.next()
         bad.status = exc.status
         bad.state = RESOLVING

@@ -80,7 +80,7 @@ class Exchange:
         self.close_after = False
         self.bytes_in = 0
         self.bytes_out = 0
-        self.t0 = 0.0
+        self.t0 = 0.0                         # time.perf_counter() at begin
         self.active_at = 0.0
         self.stream = False
         self.protocol = "http"

@@ -9,6 +9,7 @@ import logging
 import socket
 import sys
 from collections.abc import Callable
+from time import perf_counter
 from typing import Protocol
 
 from gateway.auth import Authenticator, TrustedHeaders
@@ -225,7 +226,7 @@ class DataPlane:
             route = ex.route
             record = RequestLog(
                 ex.method.decode("latin-1"), route.pool if route else None, route.sandbox_id if route else None,
-                ex.status, self.loop.time() - ex.t0, ex.bytes_in, ex.bytes_out, ex.protocol,
+                ex.status, perf_counter() - ex.t0, ex.bytes_in, ex.bytes_out, ex.protocol,
                 (ex.request_id or b"").decode("latin-1"), ex.error,
                 ex.identity.org_id if ex.identity is not None else None, ex.refused)
             try:
@@ -256,6 +257,7 @@ class DataPlane:
         long_after = self.long_request_after
         header_timeout = settings.header_read_timeout
         check_idle_clients = self._ticks % 8 == 0
+        began_before = perf_counter() - long_after  # Exchange.t0 is on the perf_counter clock
         idle_before = now - self.client_keepalive_timeout
         for client in list(self.clients):
             ex = client.current
@@ -278,7 +280,7 @@ class DataPlane:
                 if now - ex.active_at > idle_timeout:
                     client.idled_out(ex)
                     continue
-            if not ex.stream and state != DONE and now - ex.t0 > long_after:
+            if not ex.stream and state != DONE and began_before > ex.t0:
                 self.stream_began(ex)
         keepalive = settings.upstream_keepalive_timeout
         for pool in self.pools.values():
