@@ -252,6 +252,17 @@ async def read_head(reader: asyncio.StreamReader) -> tuple[bytes, dict[bytes, by
     return line, headers
 
 
+def answers(response: bytes) -> Handler:
+    """A raw sandbox: reads one request head, sends ``response`` as given, keeps the connection open."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(response)
+        await writer.drain()
+        await reader.read()
+
+    return handler
+
+
 async def read_response(reader: asyncio.StreamReader, *, head_request: bool = False) -> tuple[int, dict[bytes, bytes], bytes]:
     """A full response (Content-Length, chunked, or until close)."""
     line, headers = await read_head(reader)

@@ -19,6 +19,7 @@ from gateway.model import Endpoint
 from tests.proxy_helpers import (
     CachingFakeResolver,
     FakeResolver,
+    answers,
     backend,
     dead_port,
     echo_headers,
@@ -273,13 +274,7 @@ async def test_head_growing_over_the_limit_in_small_reads_is_400(start_gateway) 
 
 
 async def test_early_response_before_the_body_ends_closes_the_client(start_gateway) -> None:
-    async def rejects(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)
-        writer.write(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\n\r\ntoo long")
-        await writer.drain()
-        await reader.read()
-
-    async with raw_backend(rejects) as be:
+    async with raw_backend(answers(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\n\r\ntoo long")) as be:
         gw = await start_gateway(FakeResolver(be.endpoint))
         async with raw_client(gw.port) as (reader, writer):
             writer.write(request_bytes("POST", "/", {**identity_headers(), "Content-Length": "1000000"}) + b"x" * 1000)

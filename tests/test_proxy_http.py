@@ -22,6 +22,7 @@ from yarl import URL
 from tests.proxy_helpers import (
     CachingFakeResolver,
     FakeResolver,
+    answers,
     backend,
     echo_headers,
     eventually,
@@ -153,13 +154,7 @@ async def test_hop_by_hop_and_connection_named_headers_dropped(start_gateway) ->
 
 
 async def test_a_sandbox_request_id_is_kept_not_doubled(start_gateway) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nx-request-id: from-sandbox\r\n\r\nok")
-        await writer.drain()
-        await reader.read()
-
-    async with raw_backend(handler) as be:
+    async with raw_backend(answers(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nx-request-id: from-sandbox\r\n\r\nok")) as be:
         gw = await start_gateway(FakeResolver(be.endpoint))
         async with raw_client(gw.port) as (reader, writer):
             writer.write(request_bytes("GET", "/", {**identity_headers(), "X-Request-Id": "from-client"}))
@@ -268,12 +263,7 @@ async def test_head_204_304_have_no_body(aiohttp_server, start_gateway, method, 
 
 
 async def test_http10_client_gets_close_delimited_body(start_gateway) -> None:
-    async def chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
-        await writer.drain()
-        await reader.read()
-
+    chunked = answers(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
     async with raw_backend(chunked) as be:
         gw = await start_gateway(FakeResolver(be.endpoint))
         async with raw_client(gw.port) as (reader, writer):
