@@ -140,7 +140,7 @@ async def get_session(request: web.Request) -> web.Response:
     session_id = _path_session(request)
     router = request.app[ROUTER]
     binding = await router.lookup(session_id, _caller(request, session_id))
-    return web.json_response(_binding_view(binding, await router.store.get_sandbox(binding.sandbox_id)))
+    return web.json_response(_binding_view(binding, await router.sandbox_of(binding)))
 
 
 async def delete_session(request: web.Request) -> web.Response:
@@ -150,7 +150,7 @@ async def delete_session(request: web.Request) -> web.Response:
 
 
 async def list_sandboxes(request: web.Request) -> web.Response:
-    records = await request.app[ROUTER].store.list_sandboxes()
+    records = await request.app[ROUTER].sandboxes()
     return web.json_response({"sandboxes": [
         {"sandbox_id": r.sandbox_id, "pool": r.pool, "state": r.state.value, "sessions": r.sessions,
          "last_activity": r.last_active, "created_at": r.created_at}

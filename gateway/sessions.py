@@ -25,7 +25,7 @@ from typing import Protocol
 from gateway.errors import CapacityExceeded, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
 from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxRequest, SandboxState
 from gateway.providers.base import SandboxProvider
-from gateway.store.base import INVALIDATE_ALL, REMOVED, Caps, SessionStore
+from gateway.store.base import INVALIDATE_ALL, Caps, NotReserved, SessionStore, Settled, SettleTimeout
 from routing import Identity, Isolation, Placement, Policy, place
 
 log = logging.getLogger(__name__)
@@ -240,6 +240,14 @@ class SessionRouter:
                 self.events.reaped("session_deleted")
         return binding
 
+    # read side (the control API reads through these, never through the store) --------
+    async def sandbox_of(self, binding: Binding) -> SandboxRecord | None:
+        """The record of a binding's sandbox, or None while it has none (released, not yet created)."""
+        return await self.store.get_sandbox(binding.sandbox_id)
+
+    async def sandboxes(self) -> list[SandboxRecord]:
+        return await self.store.list_sandboxes()
+
     # create once ------------------------------------------------------------
     async def ensure_sandbox(self, binding: Binding) -> SandboxRecord:
         record = await self.store.get_sandbox(binding.sandbox_id)
@@ -270,13 +278,14 @@ class SessionRouter:
                 return reservation.record
             try:
                 settlement = await self.store.wait_settled(binding.sandbox_id, timeout)
-            except TimeoutError:
+            except SettleTimeout:
                 raise ProvisionTimeout(f"sandbox {binding.sandbox_id} was not ready within {timeout:g}s",
                                        sandbox_id=binding.sandbox_id) from None
-            if settlement.record is not None and settlement.record.state is SandboxState.READY:
+            if settlement.outcome is Settled.READY and settlement.record is not None:
                 return settlement.record
-            if settlement.error is not None and settlement.error != REMOVED:
-                raise ProvisionFailed(settlement.error, sandbox_id=binding.sandbox_id)
+            if settlement.outcome is Settled.FAILED:
+                raise ProvisionFailed(settlement.error or "sandbox creation failed", sandbox_id=binding.sandbox_id)
+            # REMOVED or ABANDONED: reserve again (and take an abandoned creation over)
         raise ProvisionFailed(f"sandbox {binding.sandbox_id} kept disappearing while being created; retry",
                               sandbox_id=binding.sandbox_id)
 
@@ -298,7 +307,7 @@ class SessionRouter:
         self.events.provisioned(record.pool, time.perf_counter() - started, "ready")
         try:
             return await self.store.mark_ready(record.sandbox_id, endpoint)
-        except KeyError:
+        except NotReserved:
             # Destroyed (reaped, session deleted) while it was being created.
             raise ProvisionFailed(f"sandbox {record.sandbox_id} was removed while it was being created; retry",
                                   sandbox_id=record.sandbox_id) from None

@@ -18,7 +18,9 @@ import pytest
 
 from gateway.errors import CapacityExceeded
 from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxState
-from gateway.store.base import Caps, SessionStore, Settlement
+from gateway.store.base import (
+    Caps, CapScope, NotReserved, Reserved, SessionStore, Settled, Settlement, SettleTimeout,
+)
 from routing import Isolation
 
 T0 = 1_700_000_000.0
@@ -130,12 +132,12 @@ class StoreContract:
     # reserve and create once ----------------------------------------------
     async def test_reserve_creates_once(self, store: SessionStore, clock: FakeClock) -> None:
         first = await store.reserve_sandbox(record("org-1", meta={"k": "v"}), Caps(), lease_seconds=30)
-        assert first.created
+        assert first.outcome is Reserved.CREATED and first.created
         assert first.record.state is SandboxState.CREATING
         assert first.record.lease_until == clock() + 30
         assert first.record.meta == {"k": "v"}
         second = await store.reserve_sandbox(record("org-1"), Caps(), lease_seconds=30)
-        assert not second.created
+        assert second.outcome is Reserved.EXISTING and not second.created
         assert second.record.state is SandboxState.CREATING
         assert await store.get_sandbox("org-1") == second.record
 
@@ -158,7 +160,8 @@ class StoreContract:
         assert (await store.reserve_sandbox(record("org-2"), caps, 30)).created  # creating counts
         with pytest.raises(CapacityExceeded) as raised:
             await store.reserve_sandbox(same_scope.with_(sandbox_id="org-3"), caps, 30)
-        assert raised.value.scope == scope
+        assert raised.value.scope == scope and isinstance(raised.value.scope, CapScope)
+        assert f"{scope}" in raised.value.message and "max_sandboxes" in raised.value.message
         assert raised.value.status == 429 and raised.value.retry_after
         assert (await store.reserve_sandbox(other_scope.with_(sandbox_id="org-4"), caps, 30)).created
         assert not (await store.reserve_sandbox(record("org-1"), caps, 30)).created  # existing: no cap check
@@ -180,7 +183,7 @@ class StoreContract:
         assert not (await store.reserve_sandbox(record("org-1"), caps, lease_seconds=10)).created
         clock.advance(6)  # the creator's lease has expired: it died
         taken = await store.reserve_sandbox(record("org-1"), caps, lease_seconds=10)
-        assert taken.created  # and the stale record did not count against its own takeover
+        assert taken.outcome is Reserved.TAKEN_OVER and taken.created  # the stale record did not count against its own takeover
         assert taken.record.lease_until == clock() + 10
         with pytest.raises(CapacityExceeded):  # it is still counted once
             await store.reserve_sandbox(record("org-2"), caps, 10)
@@ -192,7 +195,7 @@ class StoreContract:
         ready = await store.mark_ready("org-1", ENDPOINT)
         assert ready.state is SandboxState.READY and ready.endpoint == ENDPOINT
         for settlement in await asyncio.gather(*waiters):
-            assert settlement.error is None
+            assert settlement.outcome is Settled.READY and settlement.error is None
             assert settlement.record is not None and settlement.record.endpoint == ENDPOINT
             assert settlement.record.state is SandboxState.READY
         assert (await store.get_sandbox("org-1")) == ready
@@ -203,12 +206,19 @@ class StoreContract:
         assert await still_waiting(*waiters)
         released = await store.release_sandbox("org-1", error="image pull failed")
         assert released is not None and released.sandbox_id == "org-1"
-        assert await asyncio.gather(*waiters) == [Settlement(None, "image pull failed")] * 3
+        assert await asyncio.gather(*waiters) == [Settlement(Settled.FAILED, error="image pull failed")] * 3
         assert await store.get_sandbox("org-1") is None
+
+    async def test_release_without_error_tells_waiters_to_reserve_again(self, store: SessionStore) -> None:
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        waiter = asyncio.create_task(store.wait_settled("org-1", timeout=5))
+        assert await still_waiting(waiter)
+        await store.release_sandbox("org-1")
+        assert await waiter == Settlement(Settled.REMOVED)
 
     async def test_wait_settled_times_out(self, store: SessionStore) -> None:
         await store.reserve_sandbox(record("org-1"), Caps(), 30)
-        with pytest.raises(TimeoutError):
+        with pytest.raises(SettleTimeout):
             await store.wait_settled("org-1", timeout=0.05)
 
     @pytest.mark.parametrize("ready", [pytest.param(True, id="ready"), pytest.param(False, id="missing")])
@@ -218,12 +228,13 @@ class StoreContract:
             await store.mark_ready("org-1", ENDPOINT)
         settlement = await asyncio.wait_for(store.wait_settled("org-1", timeout=30), 5)
         if ready:
+            assert settlement.outcome is Settled.READY
             assert settlement.record is not None and settlement.record.state is SandboxState.READY
         else:
-            assert settlement == Settlement(None, "the sandbox was removed")
+            assert settlement == Settlement(Settled.REMOVED)
 
     async def test_mark_ready_without_reservation_raises(self, store: SessionStore) -> None:
-        with pytest.raises(KeyError):
+        with pytest.raises(NotReserved):
             await store.mark_ready("org-1", ENDPOINT)
 
     async def test_release_removes_and_invalidates(self, store: SessionStore) -> None:

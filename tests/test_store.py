@@ -19,7 +19,7 @@ from redis import exceptions as redis_errors
 
 from gateway.errors import CapacityExceeded, StoreUnavailable
 from gateway.model import SandboxState
-from gateway.store.base import Caps, SessionStore, Settlement
+from gateway.store.base import Caps, Reserved, SessionStore, Settled, Settlement
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisKeys, RedisStore, unavailable
 from tests.redis_server import RedisServer, free_port, redis_process, redis_server, redis_server_factory  # noqa: F401
@@ -138,7 +138,7 @@ async def test_creator_error_reaches_the_other_replica(replicas: Callable[..., R
     waiter = asyncio.create_task(b.wait_settled("org-1", timeout=10))
     assert await still_waiting(waiter)
     await a.release_sandbox("org-1", error="quota exceeded at the provider")
-    assert await asyncio.wait_for(waiter, 5) == Settlement(None, "quota exceeded at the provider")
+    assert await asyncio.wait_for(waiter, 5) == Settlement(Settled.FAILED, error="quota exceeded at the provider")
 
 
 async def test_dead_creator_is_taken_over(replicas: Callable[..., RedisStore]) -> None:
@@ -152,9 +152,9 @@ async def test_dead_creator_is_taken_over(replicas: Callable[..., RedisStore]) -
     settlement = await asyncio.wait_for(b.wait_settled("org-1", timeout=10), 5)
     assert 0.2 < time.monotonic() - started < 3  # woken by the lease expiry, not the timeout
     assert settlement.record is not None and settlement.record.state is SandboxState.CREATING
-    assert settlement.error is None  # SessionRouter reads this as "reserve again"
+    assert settlement.outcome is Settled.ABANDONED  # SessionRouter reads this as "reserve again"
     taken = await b.reserve_sandbox(record("org-1"), Caps(pool_max=1), lease_seconds=30)
-    assert taken.created  # the stale reservation did not count against the cap
+    assert taken.outcome is Reserved.TAKEN_OVER  # the stale reservation did not count against the cap
     await asyncio.wait_for(invalidated.wait(), 5)  # the takeover reached the other replica
 
 

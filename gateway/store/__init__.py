@@ -1,5 +1,9 @@
 """Session stores: where bindings and sandbox records live."""
 
-from gateway.store.base import Caps, Invalidation, Reservation, SessionStore, Settlement
+from gateway.store.base import (
+    Caps, CapScope, Invalidation, NotReserved, Reservation, Reserved, SessionStore, Settled, Settlement,
+    SettleTimeout, StoreSignal,
+)
 
-__all__ = ["Caps", "Invalidation", "Reservation", "SessionStore", "Settlement"]
+__all__ = ["CapScope", "Caps", "Invalidation", "NotReserved", "Reservation", "Reserved", "SessionStore",
+           "SettleTimeout", "Settled", "Settlement", "StoreSignal"]

@@ -12,11 +12,10 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 
-from gateway.errors import CapacityExceeded
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
-from gateway.store.base import REMOVED, Caps, Invalidation, Reservation, Settlement
-
-
+from gateway.store.base import (
+    Caps, Invalidation, NotReserved, Reservation, Reserved, Settled, Settlement, SettleTimeout,
+)
 
 class MemoryStore:
     """``SessionStore`` for a single gateway process."""
@@ -72,20 +71,21 @@ class MemoryStore:
         now = self._clock()
         existing = self._sandboxes.get(record.sandbox_id)
         if existing is not None and not (existing.state is SandboxState.CREATING and existing.lease_until < now):
-            return Reservation(self._with_sessions(existing), created=False)  # type: ignore[arg-type]
+            return Reservation(self._with_sessions(existing), Reserved.EXISTING)  # type: ignore[arg-type]
+        # An expired creation is taken over: it does not count against its own takeover.
+        stale = 1 if existing is not None else 0
+        in_pool = self._per_pool[record.pool] - (stale if existing and existing.pool == record.pool else 0)
+        in_org = self._per_org[record.org_id] - (stale if existing and existing.org_id == record.org_id else 0)
+        scope = caps.scope_reached(record, in_pool, in_org)
+        if scope is not None:
+            raise caps.exceeded(record, scope)
         if existing is not None:
-            self._count(existing, -1)  # an expired creation is taken over: it is not one more sandbox
-        try:
-            _check_caps(record, caps, self._per_pool[record.pool], self._per_org[record.org_id])
-        except CapacityExceeded:
-            if existing is not None:
-                self._count(existing, 1)
-            raise
+            self._count(existing, -1)
         fresh = record.with_(state=SandboxState.CREATING, lease_until=now + lease_seconds,
                              last_active=max(record.last_active, record.created_at))
         self._sandboxes[record.sandbox_id] = fresh
         self._count(fresh, 1)
-        return Reservation(fresh, created=True)
+        return Reservation(fresh, Reserved.CREATED if existing is None else Reserved.TAKEN_OVER)
 
     def _count(self, record: SandboxRecord, delta: int) -> None:
         self._per_pool[record.pool] += delta
@@ -94,16 +94,16 @@ class MemoryStore:
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
         current = self._sandboxes.get(sandbox_id)
         if current is None:
-            raise KeyError(sandbox_id)
+            raise NotReserved(sandbox_id)
         ready = current.with_(state=SandboxState.READY, endpoint=endpoint, lease_until=0.0)
         self._sandboxes[sandbox_id] = ready
-        self._settle(sandbox_id, Settlement(ready))
+        self._settle(sandbox_id, Settlement(Settled.READY, ready))
         return ready
 
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         record = self._sandboxes.pop(sandbox_id, None)
         self._streams.pop(sandbox_id, None)
-        self._settle(sandbox_id, Settlement(None, error or REMOVED))
+        self._settle(sandbox_id, Settlement.removed(error))
         if record is not None:
             self._count(record, -1)
             self._publish(sandbox_id)
@@ -112,13 +112,16 @@ class MemoryStore:
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
         record = self._sandboxes.get(sandbox_id)
         if record is None:
-            return Settlement(None, REMOVED)
+            return Settlement(Settled.REMOVED)
         if record.state is not SandboxState.CREATING:
-            return Settlement(self._with_sessions(record))
+            return Settlement(Settled.READY, self._with_sessions(record))
         future: asyncio.Future[Settlement] = asyncio.get_running_loop().create_future()
         self._waiters[sandbox_id].append(future)
         try:
-            return await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            raise SettleTimeout(sandbox_id, timeout) from None
         finally:
             waiters = self._waiters.get(sandbox_id)
             if waiters and future in waiters:
@@ -191,17 +194,3 @@ class MemoryStore:
         for callback in self._subscribers:
             callback(key)
 
-
-def _check_caps(record: SandboxRecord, caps: Caps, in_pool: int, in_org: int) -> None:
-    """Raise when reserving ``record`` would exceed a cap; ``in_pool``/``in_org``: the sandboxes
-    (creating or ready) already there, not counting ``record`` itself."""
-    if caps.pool_max is not None and in_pool >= caps.pool_max:
-        raise CapacityExceeded(
-            f"pool {record.pool!r} is at its cap of {caps.pool_max} sandboxes (max_sandboxes); retry later",
-            scope="pool",
-        )
-    if caps.org_max is not None and record.org_id is not None and in_org >= caps.org_max:
-        raise CapacityExceeded(
-            f"org {record.org_id!r} is at its cap of {caps.org_max} sandboxes (orgs.{record.org_id}.max_sandboxes); retry later",
-            scope="org",
-        )

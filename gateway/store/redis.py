@@ -38,15 +38,16 @@ lease's deadline) come from the injected ``clock``; TTLs (heartbeats, and named
 leases as a backstop) are Redis's own.
 
 Background work, started lazily from a running loop (nothing connects at
-construction): one pub/sub listener per store (on the first ``subscribe`` or
+construction): one pub/sub listener per store (:class:`RedisListener`, in
+:mod:`gateway.store.redis_listener`, on the first ``subscribe`` or
 ``wait_settled``), reconnecting by itself; one heartbeat task (on the first
 ``add_streams``). ``close()`` stops both and closes the client.
 
 ``wait_settled`` subscribes before it reads the record (no lost wake-ups), then
 waits for a ``settled`` message, waking also when the creator's lease expires:
-it then returns ``Settlement(<the stale creating record>)``, which tells the
+it then returns ``Settled.ABANDONED`` with the stale record, which tells the
 caller "nobody is creating this any more, reserve again" (``reserve_sandbox``
-then takes the record over). After a pub/sub reconnect, waiters re-read the
+then takes the record over: ``Reserved.TAKEN_OVER``). After a pub/sub reconnect, waiters re-read the
 record, since messages sent while disconnected are lost.
 """
 
@@ -67,21 +68,19 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from gateway.errors import CapacityExceeded, StoreUnavailable
+from gateway.errors import StoreUnavailable
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store import redis_scripts as lua
+from gateway.store.base import (
+    Caps, CapScope, Invalidation, NotReserved, Reservation, Reserved, Settled, Settlement, SettleTimeout,
+)
+from gateway.store.redis_listener import RedisListener
 from gateway.store.redis_scripts import RedisKeys
-from gateway.store.base import INVALIDATE_ALL, REMOVED, Caps, Invalidation, Reservation, Settlement
 
 __all__ = ["RedisKeys", "RedisStore", "unavailable"]
 
 log = logging.getLogger(__name__)
 
-"""The error waiters get when a record disappears without a creator's error (same as the memory store)."""
-
-_CHANNELS = 2  # settled + invalidate: a subscription is complete when both are confirmed
-_LISTEN_POLL = 1.0  # the listener wakes this often to run redis-py's health check
-_MIN_BACKOFF, _MAX_BACKOFF = 0.05, 1.0
 _STATIC_FIELDS = ("sandbox_id", "pool", "org_id", "created_at", "meta")
 
 _P = ParamSpec("_P")
@@ -171,7 +170,6 @@ class RedisStore:
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_ms = max(1, math.ceil(heartbeat_ttl * 1000))
         self._recheck_interval = recheck_interval
-        self._subscribe_timeout = connect_timeout + 2 * _MAX_BACKOFF  # the listener retries at least this often
         # Retried: connection errors only (refused, reset, loading), with a short capped backoff.
         # Timeouts are not retried: the command may have run, and a store call should fail fast.
         pool = BlockingConnectionPool.from_url(
@@ -196,18 +194,13 @@ class RedisStore:
         self._release = self._redis.register_script(lua.RELEASE_SANDBOX)
         self._acquire_lease = self._redis.register_script(lua.ACQUIRE_LEASE)
         self._origin = uuid.uuid4().hex  # tells this instance's invalidations from other replicas'
-        self._callbacks: list[Invalidation] = []
-        self._waiters: dict[str, set[asyncio.Future[dict[str, Any] | None]]] = {}
+        self._listener = RedisListener(self._redis, self.keys, self._origin, connect_timeout=connect_timeout,
+                                       on_remote_release=self._forget_streams)
         self._streams: dict[str, int] = {}  # this replica's open streams per sandbox (absolute)
         self._unsynced: set[str] = set()  # sandboxes whose stream count failed to reach redis
         # A stream-count write in flight must not land after a release deleted the counts
         # (it would resurrect them): this replica's syncs and releases take turns.
         self._streams_lock = asyncio.Lock()
-        self._subscribed = asyncio.Event()
-        self._was_subscribed = False
-        self._stopping = asyncio.Event()
-        self._listener_error: Exception | None = None  # why the listener last failed to (re)subscribe
-        self._listener: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -219,13 +212,13 @@ class RedisStore:
     # bindings ------------------------------------------------------------
     @_translated("look up a session")
     async def get_binding(self, session_id: str) -> Binding | None:
-        self._start_listener()
+        self._listener.start()
         raw = await self._redis.get(self.keys.binding(session_id))
         return None if raw is None else Binding.from_dict(json.loads(raw))
 
     @_translated("bind a session")
     async def put_binding(self, binding: Binding) -> Binding:
-        self._start_listener()
+        self._listener.start()
         stored = await self._put_binding(
             keys=[self.keys.binding(binding.session_id), self.keys.session_seen,
                   self.keys.sandbox_sessions(binding.sandbox_id)],
@@ -249,7 +242,7 @@ class RedisStore:
             if deleted is None:
                 return None
             if deleted != 0:
-                self._notify(session_id)
+                self._listener.notify(session_id)
                 return Binding.from_dict(json.loads(deleted))
         raise StoreUnavailable(f"session {session_id!r} kept changing while being deleted; retry", retry_after=1.0)
 
@@ -269,7 +262,7 @@ class RedisStore:
 
     @_translated("reserve a sandbox")
     async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
-        self._start_listener()
+        self._listener.start()
         now = self._clock()
         sandbox_id = record.sandbox_id
         static = {name: value for name, value in record.to_dict().items() if name in _STATIC_FIELDS}
@@ -282,12 +275,12 @@ class RedisStore:
                   _dumps(static), _num(now + lease_seconds), _num(max(record.last_active, record.created_at)),
                   uuid.uuid4().hex, self.keys.invalidate, self._invalidation("sandbox", sandbox_id)],
         )
-        outcome = result[0]
-        if outcome == "cap":
-            raise _capacity_error(record, caps, scope=result[1])
-        if outcome == "taken":
-            self._notify(sandbox_id)
-        return Reservation(_record(result[1:])[0], created=outcome != "existing")
+        if result[0] == "cap":
+            raise caps.exceeded(record, CapScope(result[1]))
+        outcome = Reserved(result[0])
+        if outcome is Reserved.TAKEN_OVER:
+            self._listener.notify(sandbox_id)
+        return Reservation(_record(result[1:])[0], outcome)
 
     @_translated("mark a sandbox ready")
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
@@ -298,7 +291,7 @@ class RedisStore:
                   self.keys.settled],
         )
         if view is None:
-            raise KeyError(sandbox_id)  # as the memory store: there is no reservation to complete
+            raise NotReserved(sandbox_id)
         return _record(view)[0]
 
     @_translated("release a sandbox")
@@ -307,53 +300,45 @@ class RedisStore:
             view = await self._release(
                 keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
                       self.keys.sandbox_sessions(sandbox_id), self.keys.streams(sandbox_id)],
-                args=[sandbox_id, error or REMOVED, self.keys.settled,
+                args=[sandbox_id, error or "", self.keys.settled,
                       self.keys.invalidate, self._invalidation("sandbox", sandbox_id)],
             )
             self._streams.pop(sandbox_id, None)
             self._unsynced.discard(sandbox_id)
         if view is None:
             return None
-        self._notify(sandbox_id)
+        self._listener.notify(sandbox_id)
         return _record(view)[0]
 
     @_translated("wait for a sandbox")
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        if not self._subscribed.is_set():
+        if not self._listener.is_subscribed:
             await self._read_sandbox(sandbox_id)  # while redis is down, fail now and with the cause
-            await self.subscribed(self._subscribe_timeout)
+            await self.subscribed(self._listener.subscribe_timeout)
         while True:
             # Registered and subscribed before the read: a settlement after the read wakes us.
-            waiter: asyncio.Future[dict[str, Any] | None] = loop.create_future()
-            self._waiters.setdefault(sandbox_id, set()).add(waiter)
-            try:
+            with self._listener.waiter(sandbox_id) as waiter:
                 found = await self._read_sandbox(sandbox_id)
                 if found is None:
-                    return Settlement(None, REMOVED)
+                    return Settlement(Settled.REMOVED)
                 record, gen = found
                 if record.state is not SandboxState.CREATING:
-                    return Settlement(record)
+                    return Settlement(Settled.READY, record)
                 lease_left = record.lease_until - self._clock()
                 if lease_left <= 0:
-                    return Settlement(record)  # the creator is gone: the caller reserves again and takes over
+                    return Settlement(Settled.ABANDONED, record)  # the creator is gone: reserve again, take over
                 left = deadline - loop.time()
                 if left <= 0:
-                    raise TimeoutError(f"sandbox {sandbox_id} was still being created after {timeout:g}s")
+                    raise SettleTimeout(sandbox_id, timeout)
                 await asyncio.wait((waiter,), timeout=min(left, lease_left, self._recheck_interval))
                 if not waiter.done():
                     continue  # a deadline, a lease expiry or a periodic re-check: read again
                 message = waiter.result()  # raises StoreUnavailable if the store was closed
                 if message is not None and message.get("gen") == gen and message.get("state") == "removed":
-                    return Settlement(None, message.get("error") or REMOVED)
+                    return Settlement.removed(message.get("error"))
                 # "ready", another incarnation's message, or a pub/sub reconnect: read again
-            finally:
-                waiters = self._waiters.get(sandbox_id)
-                if waiters is not None:
-                    waiters.discard(waiter)
-                    if not waiters:
-                        del self._waiters[sandbox_id]
 
     # activity and streams -----------------------------------------------
     @_translated("record activity")
@@ -414,12 +399,7 @@ class RedisStore:
         Invalidations made by this instance are delivered synchronously (before the
         call that made them returns); other replicas' arrive through pub/sub.
         """
-        self._callbacks.append(callback)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop yet: the listener starts on the first call made from one
-        self._start_listener()
+        self._listener.subscribe(callback)
 
     async def subscribed(self, timeout: float = 5.0) -> None:
         """Wait until the pub/sub listener is subscribed (starting it if needed).
@@ -427,40 +407,25 @@ class RedisStore:
         Raises ``StoreUnavailable`` when it cannot subscribe within ``timeout``.
         ``wait_settled`` calls this itself; tests and readiness checks may too.
         """
-        if self._closed:
-            raise StoreUnavailable("the session store was closed")
-        self._start_listener(force=True)
-        if self._subscribed.is_set():
-            return
-        try:
-            async with asyncio.timeout(timeout):
-                await self._subscribed.wait()
-        except TimeoutError:
-            raise StoreUnavailable("the session store (redis) could not subscribe to its channels; retry shortly",
-                                   retry_after=2.0) from self._listener_error
+        await self._listener.subscribed(timeout)
 
     @_translated("answer a ping")
     async def ping(self) -> None:
-        self._start_listener()
+        self._listener.start()
         await self._redis.ping()
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._stopping.set()
-        # Cancelled until they are done: on Python 3.11, asyncio.wait_for (inside redis-py) can
-        # swallow a cancellation that races with a reply; the loops also stop on ``_closed``.
-        pending = {t for t in (self._listener, self._heartbeat) if t is not None}
+        await self._listener.close()
+        # Cancelled until done: on Python 3.11, asyncio.wait_for (inside redis-py) can swallow a
+        # cancellation that races with a reply; the heartbeat also stops on ``_closed``.
+        pending = {self._heartbeat} if self._heartbeat is not None else set()
         while pending:
             for task in pending:
                 task.cancel()
             _, pending = await asyncio.wait(pending, timeout=0.1)
-        for waiters in self._waiters.values():
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_exception(StoreUnavailable("the session store was closed"))
-        self._waiters.clear()
         if self._heartbeat is not None:
             # This replica serves no stream any more: stop counting its streams now.
             try:
@@ -510,93 +475,17 @@ class RedisStore:
             await pipe.execute()
         self._unsynced.difference_update(pending)
 
-    async def _pause(self, seconds: float) -> None:
-        """Sleep, but return at once when the store closes."""
-        try:
-            async with asyncio.timeout(seconds):
-                await self._stopping.wait()
-        except TimeoutError:
-            pass
-
     def _invalidation(self, kind: str, key: str) -> str:
         return _dumps([self._origin, kind, key])
-
-    def _notify(self, key: str) -> None:
-        for callback in self._callbacks:
-            try:
-                callback(key)
-            except Exception:
-                log.exception("invalidation callback failed for %r", key)
-
-    def _start_listener(self, *, force: bool = False) -> None:
-        if self._listener is None and not self._closed and (force or self._callbacks):
-            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="redis-store-listener")
 
     def _start_heartbeat(self) -> None:
         if self._heartbeat is None and not self._closed:
             self._heartbeat = asyncio.get_running_loop().create_task(self._beat(), name="redis-store-heartbeat")
 
-    async def _listen(self) -> None:
-        """Deliver pub/sub messages for as long as the store is open, resubscribing after failures."""
-        delay, failing = _MIN_BACKOFF, False
-        while not self._closed:
-            pubsub = self._redis.pubsub()
-            try:
-                await pubsub.subscribe(self.keys.settled, self.keys.invalidate)
-                while not self._closed:
-                    message = await pubsub.get_message(timeout=_LISTEN_POLL)
-                    if message is not None:
-                        self._on_message(message)
-                    if failing and self._subscribed.is_set():
-                        log.info("redis pub/sub listener resubscribed")
-                        delay, failing, self._listener_error = _MIN_BACKOFF, False, None
-            except redis_errors.RedisError as exc:
-                if not failing:
-                    log.warning("redis pub/sub listener lost its connection (%s); reconnecting", type(exc).__name__)
-                failing, self._listener_error = True, exc
-            except Exception as exc:  # a bug must not silence invalidations for the life of the process
-                log.exception("redis pub/sub listener failed; restarting it")
-                failing, self._listener_error = True, exc
-            finally:
-                self._subscribed.clear()
-                await pubsub.aclose()
-            await self._pause(delay)
-            delay = min(delay * 2, _MAX_BACKOFF)
-
-    def _on_message(self, message: dict[str, Any]) -> None:
-        kind, channel, data = message["type"], message["channel"], message["data"]
-        if kind == "subscribe":
-            if data == _CHANNELS:  # (re)subscribed to both: wake every waiter to re-read its record
-                if self._was_subscribed:
-                    # Invalidations published while we were away are lost: drop every cached route.
-                    for callback in list(self._callbacks):
-                        callback(INVALIDATE_ALL)
-                self._was_subscribed = True
-                self._subscribed.set()
-                for waiters in self._waiters.values():
-                    for waiter in waiters:
-                        if not waiter.done():
-                            waiter.set_result(None)
-            return
-        if kind != "message":
-            return
-        try:
-            payload = json.loads(data)
-            if channel == self.keys.settled:
-                for waiter in self._waiters.get(payload["id"], ()):
-                    if not waiter.done():
-                        waiter.set_result(payload)
-            elif channel == self.keys.invalidate:
-                origin, what, key = payload
-                if origin == self._origin:
-                    return  # delivered synchronously when this instance made it
-                if what == "sandbox":
-                    # Released elsewhere: its stream counts went with it (as in the memory store).
-                    self._streams.pop(key, None)
-                    self._unsynced.discard(key)
-                self._notify(key)
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring a malformed message on %s", channel)
+    def _forget_streams(self, sandbox_id: str) -> None:
+        """Released on another replica: its stream counts went with it (as in the memory store)."""
+        self._streams.pop(sandbox_id, None)
+        self._unsynced.discard(sandbox_id)
 
     async def _beat(self) -> None:
         """Keep this replica's heartbeat alive (and retry stream counts that failed to land)."""
@@ -605,17 +494,5 @@ class RedisStore:
                 await self._sync_streams()
             except redis_errors.RedisError as exc:
                 log.warning("redis heartbeat failed (%s)", type(exc).__name__)
-            await self._pause(self._heartbeat_interval)
+            await self._listener.pause(self._heartbeat_interval)
 
-
-def _capacity_error(record: SandboxRecord, caps: Caps, *, scope: str) -> CapacityExceeded:
-    if scope == "pool":
-        return CapacityExceeded(
-            f"pool {record.pool!r} is at its cap of {caps.pool_max} sandboxes (max_sandboxes); retry later",
-            scope="pool",
-        )
-    return CapacityExceeded(
-        f"org {record.org_id!r} is at its cap of {caps.org_max} sandboxes "
-        f"(orgs.{record.org_id}.max_sandboxes); retry later",
-        scope="org",
-    )
