@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from routing import Identity, Isolation
+from routing import Identity, Isolation, shared_sandbox_id
 
 
 class SandboxState(StrEnum):
@@ -52,6 +52,39 @@ class Owner:
     def matches(self, identity: Identity) -> bool:
         return (self.org_id, self.user_id, self.bot_id) == (identity.org_id, identity.user_id, identity.bot_id)
 
+    def compact(self) -> list[str | None]:
+        """``[org_id, user_id, bot_id]``: how a sandbox's owner is stored (Redis, registries)."""
+        return [self.org_id, self.user_id, self.bot_id]
+
+    @classmethod
+    def from_compact(cls, data: Any) -> Owner | None:
+        """The owner from ``compact()``; None for anything else (a record of an older version has none)."""
+        if (isinstance(data, list) and len(data) == 3 and isinstance(data[1], str)
+                and all(v is None or isinstance(v, str) for v in data)):
+            return cls(data[0], data[1], data[2])
+        return None
+
+
+def may_claim(sandbox_id: str, recorded: Owner | None, made_at: float, claimant: Owner, bound_at: float) -> bool:
+    """Whether ``claimant``, bound to ``sandbox_id`` at ``bound_at``, may use the live sandbox of that ID.
+
+    A sandbox serves only its owner: the identity it was created for (for ``ses-`` IDs, which
+    hash the caller-chosen session ID alone, the session's owner). ``recorded`` is None for a
+    sandbox an older version created without an owner; it is claimed only on evidence:
+
+    - a shared ID (``org-``/``usr-``/``bot-``/``ubt-``) is the SHA-256 of its owner's org, user
+      and bot: when it re-derives from ``claimant``, the ID itself proves the owner;
+    - otherwise (``ses-``, legacy IDs) the binding must predate the sandbox (``bound_at <=
+      made_at``): it is the binding the sandbox was created for. A binding made after the
+      sandbox (its own was lost) proves nothing, and the sandbox is refused to everyone until
+      it is reaped or swept.
+    """
+    if recorded is not None:
+        return recorded == claimant
+    if shared_sandbox_id(claimant.org_id, claimant.user_id, claimant.bot_id) == sandbox_id:
+        return True
+    return bound_at <= made_at
+
 
 @dataclass(frozen=True, slots=True)
 class Binding:
@@ -83,7 +116,8 @@ class Binding:
 
 @dataclass(frozen=True, slots=True)
 class SandboxRecord:
-    """A sandbox as the store knows it. ``org_id`` is what the org cap counts by."""
+    """A sandbox as the store knows it. ``org_id`` is what the org cap counts by; ``owner`` is the
+    identity it serves (None only for records written by a version that kept no owner)."""
 
     sandbox_id: str
     pool: str
@@ -95,6 +129,7 @@ class SandboxRecord:
     sessions: int = 0
     lease_until: float = 0.0
     meta: dict[str, str] = field(default_factory=dict)
+    owner: Owner | None = None
 
     def with_(self, **changes: Any) -> SandboxRecord:
         return replace(self, **changes)
@@ -102,6 +137,7 @@ class SandboxRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["state"] = self.state.value
+        data["owner"] = self.owner.compact() if self.owner is not None else None
         return data
 
     @classmethod
@@ -118,12 +154,18 @@ class SandboxRecord:
             sessions=int(data.get("sessions", 0)),
             lease_until=float(data.get("lease_until", 0.0)),
             meta=dict(data.get("meta") or {}),
+            owner=Owner.from_compact(data.get("owner")),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class SandboxRequest:
-    """What a provider needs to create a sandbox; the identity goes into annotations."""
+    """What a provider needs to create a sandbox; the identity goes into annotations.
+
+    ``owner`` is recorded with the sandbox (registry entry, annotations); a provider adopts an
+    existing sandbox only when ``may_claim`` allows it, with ``bound_at`` the binding's creation
+    time (the default, infinitely late, proves nothing).
+    """
 
     sandbox_id: str
     pool: str
@@ -131,6 +173,10 @@ class SandboxRequest:
     owner: Owner
     session_id: str
     timeout: float
+    bound_at: float = float("inf")
+
+    def may_claim(self, recorded: Owner | None, made_at: float) -> bool:
+        return may_claim(self.sandbox_id, recorded, made_at, self.owner, self.bound_at)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.errors import CapacityExceeded, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
-from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxRequest, SandboxState
-from gateway.providers.base import SandboxProvider
+from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxRequest, SandboxState, may_claim
+from gateway.providers.base import ForeignSandbox, SandboxProvider
 from gateway.store.base import INVALIDATE_ALL, Caps, NotReserved, SessionStore, Settled, SettleTimeout
 from routing import Identity, Isolation, Placement, Policy, place
 
@@ -118,7 +118,8 @@ class SessionRouter:
         self._clock = clock
         self._cache: dict[str, _Cached] = {}
         self._sessions_by_sandbox: dict[str, set[str]] = {}
-        self._inflight: dict[str, asyncio.Task[SandboxRecord]] = {}
+        # Per sandbox *and* owner: a foreign claimant never shares (nor spoils) the owner's creation.
+        self._inflight: dict[tuple[str, Owner], asyncio.Task[SandboxRecord]] = {}
         self._resolving: dict[tuple[str, str | None, str, str | None], asyncio.Future[Route]] = {}
         self.activity = ActivityLog()
         store.subscribe(self.invalidate)
@@ -250,23 +251,34 @@ class SessionRouter:
 
     # create once ------------------------------------------------------------
     async def ensure_sandbox(self, binding: Binding) -> SandboxRecord:
+        """The binding's ready sandbox, created once; ``NotFound`` when it is another identity's."""
         record = await self.store.get_sandbox(binding.sandbox_id)
-        if record is not None and record.state is SandboxState.READY:
-            return record
-        task = self._inflight.get(binding.sandbox_id)
-        if task is None:
-            task = asyncio.create_task(self._ensure_once(binding))
-            self._inflight[binding.sandbox_id] = task
-            task.add_done_callback(lambda _t: self._inflight.pop(binding.sandbox_id, None))
-        # Shielded: one caller giving up must not abort a creation others wait for.
-        return await asyncio.shield(task)
+        if record is None or record.state is not SandboxState.READY:
+            key = (binding.sandbox_id, binding.owner)
+            task = self._inflight.get(key)
+            if task is None:
+                task = asyncio.create_task(self._ensure_once(binding))
+                self._inflight[key] = task
+                task.add_done_callback(lambda _t: self._inflight.pop(key, None))
+            # Shielded: one caller giving up must not abort a creation others wait for.
+            record = await asyncio.shield(task)
+        if not may_claim(record.sandbox_id, record.owner, record.created_at, binding.owner, binding.created_at):
+            # The binding was lost (store reset, session_ttl) and re-made by someone else: never share.
+            raise self._foreign(binding)
+        return record
+
+    def _foreign(self, binding: Binding) -> NotFound:
+        self.events.denied("sandbox_owner_mismatch")
+        log.warning("denied: session %r asked for sandbox %s, which belongs to another identity",
+                    binding.session_id, binding.sandbox_id)
+        return _unknown_session()
 
     async def _ensure_once(self, binding: Binding) -> SandboxRecord:
         pool = self.policy.pools.get(binding.pool)
         timeout = pool.provisioning_timeout if pool is not None else 120.0
         for _attempt in range(3):
             template = SandboxRecord(binding.sandbox_id, binding.pool, binding.owner.org_id,
-                                     SandboxState.CREATING, created_at=self._clock())
+                                     SandboxState.CREATING, created_at=self._clock(), owner=binding.owner)
             try:
                 reservation = await self.store.reserve_sandbox(template, self._caps(binding), self.tuning.lease_seconds)
             except CapacityExceeded as exc:
@@ -291,10 +303,16 @@ class SessionRouter:
 
     async def _create(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
         request = SandboxRequest(record.sandbox_id, record.pool, binding.isolation, binding.owner,
-                                 binding.session_id, timeout)
+                                 binding.session_id, timeout, bound_at=binding.created_at)
         started = time.perf_counter()
         try:
             endpoint = await self.provider.ensure(request)
+        except ForeignSandbox:
+            self.events.provisioned(record.pool, time.perf_counter() - started, "not_found")
+            # Released without an error: a waiter (the owner, perhaps) reserves again, and adopts.
+            with contextlib.suppress(GatewayError):
+                await self.store.release_sandbox(record.sandbox_id)
+            raise self._foreign(binding) from None
         except BaseException as exc:
             self.events.provisioned(record.pool, time.perf_counter() - started, _outcome(exc))
             message = exc.message if isinstance(exc, GatewayError) else "sandbox creation was interrupted"

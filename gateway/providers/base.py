@@ -2,7 +2,9 @@
 
 A provider is idempotent on the sandbox ID: ``ensure`` for an ID that already
 exists adopts it, so a creation retried after a crash (on this or another
-replica) never makes a second sandbox. Providers report sandboxes that died
+replica) never makes a second sandbox. It adopts only a sandbox of the same
+owner (``SandboxRequest.may_claim``); another owner's sandbox raises
+``ForeignSandbox``, never an endpoint. Providers report sandboxes that died
 through the ``on_lost`` callback given to ``start``; the router then forgets
 the route and the next request re-creates the sandbox.
 """
@@ -12,10 +14,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from gateway.errors import ProvisionFailed
+from gateway.errors import NotFound, ProvisionFailed
 from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
 
 LostHandler = Callable[[str], None]
+
+
+class ForeignSandbox(NotFound):
+    """``ensure`` found the sandbox, but it belongs to another identity (or cannot be shown to be
+    the caller's): it is never adopted. A 404 with the same body as an unknown session if it
+    ever reached a client; the router turns it into exactly that and counts the denial."""
+
+    def __init__(self, sandbox_id: str) -> None:
+        super().__init__("no such session for this identity")
+        self.foreign_id = sandbox_id  # for the log; not ``sandbox_id``, which error bodies would show
 
 
 class SandboxProvider(Protocol):

@@ -5,7 +5,9 @@ Per pool: a namespace, an API version (``v1alpha1`` or ``v1beta1``) and a mode:
 ``claim`` creates a ``SandboxClaim`` (extensions.agents.x-k8s.io) against the
 pool's SandboxTemplate or warm pool. The object is named by the sandbox ID (52
 chars, a valid DNS label) and labelled as ours; identity goes into annotations
-because label values cannot hold arbitrary strings.
+because label values cannot hold arbitrary strings. Those annotations are the
+sandbox's owner: an existing object is adopted only by the same owner
+(``_check_owner``), never handed to another identity.
 
 Readiness is watched, never polled: a watch on the one object (field selector
 on its name) from the create response's resourceVersion, resumed from the last
@@ -36,8 +38,8 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gateway.errors import Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout
-from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
-from gateway.providers.base import LostHandler
+from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
+from gateway.providers.base import ForeignSandbox, LostHandler
 from routing.policy import KubernetesPoolOptions
 
 log = logging.getLogger(__name__)
@@ -250,6 +252,7 @@ class KubernetesProvider:
             raise Conflict(f"{kind.kind} {pool.namespace}/{request.sandbox_id} already exists and is not managed "
                            f"by installation {self._installation!r}; delete it or change the installation name",
                            sandbox_id=request.sandbox_id)
+        _check_owner(request, existing)
         return existing
 
     async def _await_ready(self, pool: KubernetesPoolOptions, kind: _Kind, obj: dict[str, Any]) -> dict[str, Any]:
@@ -419,6 +422,24 @@ class KubernetesProvider:
 
     def describe(self) -> str:
         return ", ".join(f"{name}: {o.mode} {o.api_version} in {o.namespace}" for name, o in self._pools.items())
+
+
+def _check_owner(request: SandboxRequest, obj: Mapping[str, Any]) -> None:
+    """Refuse to adopt an object whose owner annotations name another identity.
+
+    Every version wrote ``user-id`` (and ``org-id``/``bot-id`` when set); an object without it
+    is claimed only on evidence (``SandboxRequest.may_claim``, with its creation time rounded up:
+    ``creationTimestamp`` has whole seconds).
+    """
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    user_id = annotations.get(f"{ANNOTATION}user-id")
+    owner = None if user_id is None else Owner(annotations.get(f"{ANNOTATION}org-id"), user_id,
+                                               annotations.get(f"{ANNOTATION}bot-id"))
+    created = meta.get("creationTimestamp")
+    made_at = dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() + 1.0 if created else 0.0
+    if not request.may_claim(owner, made_at):
+        raise ForeignSandbox(request.sandbox_id)
 
 
 def _provision_error(exc: ApiException, doing: str, sandbox_id: str | None) -> GatewayError:

@@ -1,7 +1,7 @@
 """One OS process per sandbox, running the reference runtime on loopback.
 
 State lives on disk under ``<data_dir>/sandboxes/<sandbox_id>/`` (``root/`` is
-the sandbox's working directory, ``state.json`` its pid and port), guarded by
+the sandbox's working directory, ``state.json`` its pid, port and owner), guarded by
 an ``flock`` per sandbox. That makes the provider idempotent across processes:
 any gateway worker or replica on this host can find, reach and delete a
 sandbox that another one started, and a sandbox outlives the worker that
@@ -30,8 +30,8 @@ from typing import Any
 import aiohttp
 
 from gateway.errors import ProvisionFailed, ProvisionTimeout
-from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
-from gateway.providers.base import LostHandler
+from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
+from gateway.providers.base import ForeignSandbox, LostHandler
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +79,15 @@ class LocalProvider:
         box = self._dir / request.sandbox_id
         async with _FileLock(box / "lock"):
             state = _read_state(box)
+            _check_owner(request, state)
             if state is not None and _alive(state["pid"], request.sandbox_id) and await self._healthy(state["port"]):
                 self._watch(request.sandbox_id, state["pid"])
                 return Endpoint(HOST, state["port"])
             if state is not None:
                 _terminate(state["pid"], request.sandbox_id)
             pid, port = await self._spawn(request, box)
-            _write_state(box, {"pid": pid, "port": port, "pool": request.pool, "created_at": time.time()})
+            _write_state(box, {"pid": pid, "port": port, "pool": request.pool, "created_at": time.time(),
+                               "owner": request.owner.compact()})
         if not await self._answers(port, pid, request.sandbox_id):
             raise ProvisionFailed(f"local sandbox {request.sandbox_id} exited before answering its health check "
                                   f"(see {box / 'runtime.log'})", sandbox_id=request.sandbox_id)
@@ -209,6 +211,19 @@ class LocalProvider:
                 if state is not None:
                     found.append((box.name, state))
         return found
+
+
+# ownership ------------------------------------------------------------------
+def _check_owner(request: SandboxRequest, state: dict[str, Any] | None) -> None:
+    """Refuse another identity's registry entry, live or not: its ``root/`` holds that owner's files.
+
+    Entries of versions that kept no owner are claimed only on evidence (``SandboxRequest.may_claim``).
+    """
+    if state is None:
+        return
+    recorded = Owner.from_compact(state.get("owner"))
+    if not request.may_claim(recorded, float(state.get("created_at", 0.0))):
+        raise ForeignSandbox(request.sandbox_id)
 
 
 class _FileLock:

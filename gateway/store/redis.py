@@ -13,7 +13,8 @@ is cluster-safe)::
     {P}:binding:<session_id>        string  none           Binding JSON (Binding.to_dict)
     {P}:session-seen                zset    none           session_id -> last seen (idle_sessions)
     {P}:sandbox:<sandbox_id>        hash    none           the record: see redis_scripts (rec, state, endpoint,
-                                                           lease_until, gen, pool, org)
+                                                           lease_until, gen, pool, org); rec carries the owner
+                                                           as ["org", "user", "bot"] (Owner.compact)
     {P}:sandboxes                   zset    none           sandbox_id -> last_active, one entry per record
     {P}:sandbox-sessions:<id>       set     none           session IDs bound to the sandbox
     {P}:count:pool                  hash    none           pool -> live (creating + ready) records
@@ -32,6 +33,14 @@ component of a key, and the fixed parts above are prefix-free (no fixed part is
 a prefix of another, no fixed key starts with a variable one's fixed part): so
 a session ID containing ``:`` (or anything else) can never name another key.
 Org IDs appear only as hash fields, never in key names.
+
+Ownership: a sandbox serves only its owner, and the owner is kept with the
+sandbox, not only with the binding, because bindings can go while sandboxes
+live (a Redis restarted without persistence, ``session_ttl`` shorter than a
+pool's idle timeout). A record's ``owner`` (in ``rec``, compact: one short JSON
+array, written once at reservation) is checked by the router against every
+binding that reaches the sandbox (``gateway.model.may_claim``); a record of an
+older version has none and is claimed only on evidence (see ``may_claim``).
 
 Times (``created_at``, ``lease_until``, ``last_active``, last seen, a named
 lease's deadline) come from the injected ``clock``; TTLs (heartbeats, and named
@@ -81,7 +90,7 @@ __all__ = ["RedisKeys", "RedisStore", "unavailable"]
 
 log = logging.getLogger(__name__)
 
-_STATIC_FIELDS = ("sandbox_id", "pool", "org_id", "created_at", "meta")
+_STATIC_FIELDS = ("sandbox_id", "pool", "org_id", "created_at", "meta", "owner")
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")

@@ -10,7 +10,8 @@ formats one, because Lua would print only 14 significant digits.
 A sandbox is a hash with these fields (the record JSON holds only the fields
 that never change after a reservation):
 
-``rec``          JSON of ``sandbox_id``, ``pool``, ``org_id``, ``created_at``, ``meta``
+``rec``          JSON of ``sandbox_id``, ``pool``, ``org_id``, ``created_at``, ``meta``, ``owner``
+                 (``[org, user, bot]``; absent in records of versions before owners were kept)
 ``state``        ``creating`` | ``ready`` (``failed``/``deleting`` are never stored)
 ``endpoint``     Endpoint JSON, or ``""`` while creating
 ``lease_until``  creation lease deadline (the store's clock), ``0`` once ready
