@@ -27,7 +27,7 @@ from gateway.metrics import Metrics, status_class
 from gateway.model import SandboxState
 from gateway.providers.base import PoolProviders, SandboxProvider
 from gateway.sessions import RouterTuning, SessionRouter
-from gateway.settings import Settings
+from gateway.settings import SESSION_TTL_SETTING, Settings
 from gateway.store.base import SessionStore
 from gateway.store.instrumented import InstrumentedStore
 from routing import Policy, PolicyError, default_policy, parse_org_list, parse_policy
@@ -41,13 +41,16 @@ def load_policy(settings: Settings) -> Policy:
     """The policy file if one is configured, else the built-in default; env orgs merged in."""
     extra = parse_org_list(settings.per_session_org_ids)
     if settings.policy_file is None:
-        return default_policy(extra)
-    path = settings.policy_file
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError([f"{path}: cannot read the policy file: {exc.strerror}"]) from None
-    return parse_policy(text, str(path), extra)
+        policy = default_policy(extra)
+    else:
+        path = settings.policy_file
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PolicyError([f"{path}: cannot read the policy file: {exc.strerror}"]) from None
+        policy = parse_policy(text, str(path), extra)
+    policy.check_session_ttl(settings.session_ttl, SESSION_TTL_SETTING)  # at startup and on every reload
+    return policy
 
 
 def build_auth(settings: Settings) -> tuple[Authenticator, AdminCheck]:

@@ -46,6 +46,30 @@ def _cmd_route(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    from routing.policy import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _session_ttl(flag: float | None) -> float:
+    """``--session-ttl``, else what ``serve`` would run with (the environment, else the default)."""
+    from gateway.settings import Settings
+
+    if flag is not None:
+        return flag
+    try:
+        return Settings.model_validate({}).session_ttl
+    except ValidationError as exc:
+        problems = [e for e in exc.errors() if e["loc"] == ("session_ttl",)]
+        if problems:
+            raise PolicyError([f"SANDBOX_GATEWAY_SESSION_TTL: {problems[0]['msg']}"]) from None
+        return float(Settings.model_fields["session_ttl"].default)
+
+
 def _cmd_check_policy(args: argparse.Namespace) -> int:
     import os
 
@@ -56,6 +80,8 @@ def _cmd_check_policy(args: argparse.Namespace) -> int:
         return 1
     try:
         policy = parse_policy(text, args.file, parse_org_list(os.environ.get("PER_SESSION_SANDBOX_ORG_IDS")))
+        policy.check_session_ttl(_session_ttl(args.session_ttl), "--session-ttl" if args.session_ttl
+                                 else "session_ttl (SANDBOX_GATEWAY_SESSION_TTL)")
     except PolicyError as exc:
         for line in exc.errors:
             print(line, file=sys.stderr)
@@ -164,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-policy", help="validate a policy file",
                            description="Validate a policy file: a summary and exit 0, or every error and exit 1.")
     check.add_argument("file", help="policy YAML file")
+    check.add_argument("--session-ttl", type=_seconds, metavar="DURATION",
+                       help="the session_ttl the gateway runs with (default: $SANDBOX_GATEWAY_SESSION_TTL, else 1d); "
+                            "a pool whose idle sandboxes outlive it is an error")
     check.set_defaults(func=_cmd_check_policy)
 
     token = sub.add_parser("token", help="issue signed bearer tokens (auth mode 'token')",

@@ -28,6 +28,10 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+SESSION_TTL_SETTING = "session_ttl (SANDBOX_GATEWAY_SESSION_TTL)"
+"""How errors name ``session_ttl``: the policy refuses one shorter than a pool's idle sandboxes live."""
+
+
 def _default_replica_id() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
 
@@ -74,6 +78,8 @@ class Settings(BaseSettings):
     # sessions and lifecycle
     route_cache_ttl: float = Field(default=30.0, gt=0)
     route_stale_ttl: float = Field(default=300.0, gt=0)
+    # A binding idle this long is forgotten. Checked against the policy at startup and on every reload
+    # (Policy.check_session_ttl): a binding must not expire while its sandbox may still run.
     session_ttl: float = Field(default=86_400.0, gt=0)
     # How long a replica may take to create a sandbox before another replica takes the creation over.
     creation_lease: float = Field(default=180.0, gt=0)

@@ -123,6 +123,13 @@ class PoolSpec(_Strict):
             raise ValueError(f"kubernetes only applies to provider 'kubernetes', not {self.provider!r}")
         return self
 
+    def sandbox_outlives_activity(self) -> tuple[float, str]:
+        """How long an idle sandbox of this pool may live, and the fields that say so.
+
+        ``idle_timeout`` today; suspended sandboxes kept for ``retention`` add it here when it lands.
+        """
+        return self.idle_timeout, "idle_timeout"
+
 
 class RoutingRules(_Strict):
     per_session_orgs: list[str] = Field(default_factory=list)
@@ -170,6 +177,24 @@ class Policy:
         self.default_pool: str = document.routing.prefix_pools["default"]
         listed = {o.strip() for o in document.routing.per_session_orgs if o.strip()}
         self.per_session_orgs: frozenset[str] = frozenset(listed | set(extra_per_session_orgs))
+
+    def check_session_ttl(self, session_ttl: float, setting: str = "session_ttl") -> None:
+        """Refuse a ``session_ttl`` under which a binding can expire while its sandbox lives.
+
+        A sandbox keeps its owner, so a lost binding never hands it to another tenant; but its
+        owner then gets it back only by binding again, and another tenant who binds the same
+        session first gets 404 instead of a sandbox. Bindings must outlive idle sandboxes.
+        """
+        errors = []
+        for name, pool in self.pools.items():
+            lifetime, fields = pool.sandbox_outlives_activity()
+            if session_ttl < lifetime:
+                errors.append(
+                    f"{self.source}: pools.{name}.{fields}: {lifetime:g}s is longer than {setting} ({session_ttl:g}s):"
+                    f" a session's binding would expire while its sandbox still runs; raise {setting} to at least"
+                    f" {lifetime:g}s or lower pools.{name}.{fields}")
+        if errors:
+            raise PolicyError(errors)
 
     def summary(self) -> str:
         """A few human lines: what an operator checks after editing the file."""

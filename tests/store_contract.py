@@ -188,6 +188,21 @@ class StoreContract:
         with pytest.raises(CapacityExceeded):  # it is still counted once
             await store.reserve_sandbox(record("org-2"), caps, 10)
 
+    @pytest.mark.parametrize("owner", [
+        pytest.param(Owner("acme", "alice", "bot-1"), id="org, user and bot"),
+        pytest.param(Owner(None, "ünïcødé", None), id="personal account"),
+        pytest.param(None, id="a record of an older version: no owner"),
+    ])
+    async def test_a_record_keeps_its_owner(self, store: SessionStore, owner: Owner | None) -> None:
+        reserved = await store.reserve_sandbox(record("ses-1").with_(owner=owner), Caps(), 30)
+        assert reserved.record.owner == owner
+        await store.mark_ready("ses-1", ENDPOINT)
+        fetched = await store.get_sandbox("ses-1")
+        assert fetched is not None and fetched.owner == owner
+        assert [r.owner for r in await store.list_sandboxes()] == [owner]
+        again = await store.reserve_sandbox(record("ses-1").with_(owner=Owner("other", "eve", None)), Caps(), 30)
+        assert again.outcome is Reserved.EXISTING and again.record.owner == owner  # the first owner stays
+
     async def test_mark_ready_wakes_every_waiter(self, store: SessionStore) -> None:
         await store.reserve_sandbox(record("org-1"), Caps(), 30)
         waiters = [asyncio.create_task(store.wait_settled("org-1", timeout=5)) for _ in range(3)]
