@@ -792,8 +792,9 @@ def test_services(scenario: Rendered) -> None:
 def test_defaults_render_only_the_basic_objects(chart: helm_python.Chart) -> None:
     r = render(chart)
     kinds = sorted(o["kind"] for o in r.objects)
-    assert kinds == sorted(["ConfigMap", "ConfigMap", "Deployment", "Deployment", "PodDisruptionBudget",
-                            "Role", "RoleBinding", "Secret", "Service", "Service", "Service", "ServiceAccount"])
+    assert kinds == sorted(["ConfigMap", "ConfigMap", "Deployment", "Deployment", "PersistentVolumeClaim",
+                            "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "Service", "Service",
+                            "ServiceAccount"])
     assert r.one("Secret")["metadata"]["name"] == f"{RELEASE}-sandbox-gateway-auth", "the generated token key"
     assert r.deployment["spec"]["replicas"] == 2
     assert r.one("PodDisruptionBudget")["spec"]["minAvailable"] == 1
@@ -829,6 +830,35 @@ def test_production_optional_objects(chart: helm_python.Chart) -> None:
     sources = [peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for peer in control_rule["from"]]
     assert "monitoring" in sources
     assert "WARNING" not in r.notes
+
+
+@pytest.mark.parametrize(("persistence", "volume", "warned"), [
+    pytest.param({}, "persistentVolumeClaim", False, id="default: AOF on a PersistentVolumeClaim"),
+    pytest.param({"enabled": True, "size": "5Gi", "storageClass": "fast"}, "persistentVolumeClaim", False,
+                 id="sized, on a storage class"),
+    pytest.param({"enabled": False}, "emptyDir", True, id="off: AOF on an emptyDir, and the notes say why it matters"),
+])
+def test_the_embedded_redis_persists_its_bindings(chart: helm_python.Chart, persistence: dict[str, Any],
+                                                  volume: str, warned: bool) -> None:
+    """A Redis that restarts empty forgets every binding while sandboxes run on (issue #13)."""
+    r = render(chart, {"redis": {"embedded": {"enabled": True, "persistence": persistence}}})
+    name = f"{RELEASE}-sandbox-gateway-redis"
+    redis = r.one("Deployment", name)
+    args = redis["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert args[args.index("--dir") + 1] == "/data"
+    assert redis["spec"]["strategy"]["type"] == "Recreate", "never two pods on one AOF"
+    data = next(v for v in redis["spec"]["template"]["spec"]["volumes"] if v["name"] == "data")
+    assert volume in data
+    claims = r.of_kind("PersistentVolumeClaim")
+    if volume == "persistentVolumeClaim":
+        claim = r.one("PersistentVolumeClaim", name)
+        assert data["persistentVolumeClaim"]["claimName"] == name
+        assert claim["spec"]["resources"]["requests"]["storage"] == persistence.get("size", "1Gi")
+        assert claim["spec"].get("storageClassName") == persistence.get("storageClass")
+    else:
+        assert claims == []
+    assert ("persistence.enabled is false" in r.notes and "starts EMPTY" in r.notes) is warned
 
 
 def test_an_external_redis_replaces_the_embedded_one(chart: helm_python.Chart) -> None:
