@@ -14,20 +14,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from gateway.errors import NotFound, ProvisionFailed
+from gateway.errors import ProvisionFailed
 from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
 
 LostHandler = Callable[[str], None]
 
 
-class ForeignSandbox(NotFound):
+class ForeignSandbox(Exception):
     """``ensure`` found the sandbox, but it belongs to another identity (or cannot be shown to be
-    the caller's): it is never adopted. A 404 with the same body as an unknown session if it
-    ever reached a client; the router turns it into exactly that and counts the denial."""
+    the caller's): it is never adopted. A signal to the router, which answers exactly as for an
+    unknown session (``NotFound``) and counts the denial; never shown to a client as such."""
 
     def __init__(self, sandbox_id: str) -> None:
-        super().__init__("no such session for this identity")
-        self.foreign_id = sandbox_id  # for the log; not ``sandbox_id``, which error bodies would show
+        super().__init__(f"sandbox {sandbox_id} belongs to another identity")
+        self.sandbox_id = sandbox_id
 
 
 class SandboxProvider(Protocol):
