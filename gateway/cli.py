@@ -73,6 +73,8 @@ def _session_ttl(flag: float | None) -> float:
 def _cmd_check_policy(args: argparse.Namespace) -> int:
     import os
 
+    from gateway.settings import SESSION_TTL_SETTING
+
     try:
         text = Path(args.file).read_text(encoding="utf-8")
     except OSError as exc:
@@ -80,8 +82,8 @@ def _cmd_check_policy(args: argparse.Namespace) -> int:
         return 1
     try:
         policy = parse_policy(text, args.file, parse_org_list(os.environ.get("PER_SESSION_SANDBOX_ORG_IDS")))
-        policy.check_session_ttl(_session_ttl(args.session_ttl), "--session-ttl" if args.session_ttl
-                                 else "session_ttl (SANDBOX_GATEWAY_SESSION_TTL)")
+        policy.check_session_ttl(_session_ttl(args.session_ttl),
+                                 "--session-ttl" if args.session_ttl else SESSION_TTL_SETTING)
     except PolicyError as exc:
         for line in exc.errors:
             print(line, file=sys.stderr)
