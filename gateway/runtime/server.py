@@ -185,13 +185,11 @@ async def serve(host: str, port: int, root: Path, sandbox_id: str = "", *, liste
 
 
 def run(host: str, port: int, root: Path, sandbox_id: str = "", *, listen_fd: int | None = None) -> None:
-    """Blocking entry point for the CLI; uses uvloop when it is installed."""
-    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
-    try:
-        import uvloop
-    except ImportError:
-        pass
-    else:
-        loop_factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
+    """Blocking entry point for the CLI.
+
+    The standard asyncio loop, not uvloop: uvloop's subprocesses inherited the runtime's own
+    descriptors (its listening socket, a pipe), so a command's background job held a pipe of
+    the runtime open and ``/execute`` waited for it until the timeout. The stdlib closes them.
+    """
+    with asyncio.Runner() as runner:
         runner.run(serve(host, port, root, sandbox_id, listen_fd=listen_fd))
