@@ -201,8 +201,6 @@ class Gateway:
                             and isinstance(p := self.provider.for_pool(name), LocalProvider) and not p.confined)
         if not unconfined:
             return []
-        log.warning("local sandboxes in pools %s are NOT confined: each runs as the gateway's user, sees the "
-                    "host's files and the other sandboxes, and reaches the gateway's ports", ", ".join(unconfined))
         return [f"local sandboxes in pools {', '.join(unconfined)} are not confined (SANDBOX_GATEWAY_LOCAL_UNCONFINED):"
                 " they see the host, each other and the gateway's ports"]
 

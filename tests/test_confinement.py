@@ -28,6 +28,7 @@ from gateway.providers.local import LocalProvider
 from gateway.settings import Settings
 from gateway.store.instrumented import InstrumentedStore
 from gateway.store.memory import MemoryStore
+from tests.gateway_process import GatewayProcess
 from tests.proxy_helpers import listening_socket
 
 LIMITS = Limits(memory_bytes=256 * 1024**2, processes=40, open_files=256)
@@ -221,3 +222,22 @@ def test_a_host_without_bubblewrap_is_refused_unless_accepted(tmp_path):
     missing = Bubblewrap(tmp_path, bwrap=str(tmp_path / "no-bwrap"))
     with pytest.raises(RuntimeError, match="not installed"):
         missing.check()
+
+
+async def test_serve_refuses_a_host_without_bubblewrap_unless_told_to_accept_it(tmp_path):
+    no_bwrap = {"PATH": str(tmp_path / "empty-bin")}  # the gateway itself needs nothing from PATH to start
+    refused = GatewayProcess(tmp_path / "refused", env=no_bwrap)
+    with pytest.raises(RuntimeError, match="gateway exited before serving"):
+        await refused.start()
+    assert await refused.stop() == 2
+    assert any("local sandboxes cannot be confined" in line and "SANDBOX_GATEWAY_LOCAL_UNCONFINED" in line
+               for line in refused.log)
+
+    accepted = await GatewayProcess(tmp_path / "accepted",
+                                    env={**no_bwrap, "SANDBOX_GATEWAY_LOCAL_UNCONFINED": "1"}).start()
+    try:
+        assert any("WARNING" in line and "NOT confined" in line for line in accepted.log)
+        async with aiohttp.ClientSession() as http, http.get(f"{accepted.control_url}/v1/sandboxes") as response:
+            assert "not confined" in (await response.json())["warnings"][0]
+    finally:
+        assert await accepted.stop() == 0

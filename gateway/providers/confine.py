@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -114,10 +115,13 @@ class Bubblewrap:
         self._limits = limits
         self._bwrap = bwrap or shutil.which("bwrap") or "bwrap"
         self._root = os.geteuid() == 0
+
+    @functools.cached_property
+    def _cgroup_parents(self) -> dict[str, Path]:
         # Named after the data dir: two gateways on one host (tests, replicas with their own
         # dirs) may run sandboxes of the same ID, and must not clean up each other's.
-        tag = "sgw-" + hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
-        self._cgroup_parents = _cgroup_parents(tag) if self._root else {}
+        tag = "sgw-" + hashlib.sha256(str(self._data_dir).encode()).hexdigest()[:12]
+        return _cgroup_parents(tag) if self._root else {}
 
     # -- startup -------------------------------------------------------------
     def check(self) -> None:
@@ -231,7 +235,7 @@ class Bubblewrap:
         with contextlib.suppress(OSError, ValueError):
             return int(recorded.read_text())
         sandboxes = box.parent
-        fd = os.open(sandboxes / ".uids.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(sandboxes.parent / "uids.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             taken = set()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -73,7 +74,7 @@ class LocalProvider:
     def __init__(self, data_dir: Path, *, stop_on_close: bool, confinement: Confinement | None = None) -> None:
         data_dir = data_dir.absolute()
         self._dir = data_dir / "sandboxes"
-        self._run = data_dir / "run"
+        self._run = _socket_dir(data_dir)  # where the gateway binds each runtime's socket
         self._confinement = confinement if confinement is not None else Bubblewrap(data_dir)
         self._stop_on_close = stop_on_close
         self._on_lost: LostHandler = lambda _sandbox_id: None
@@ -87,13 +88,15 @@ class LocalProvider:
     async def start(self, on_lost: LostHandler) -> None:
         """Refuses (``RuntimeError``) when sandboxes cannot be confined or their sockets cannot be named."""
         await asyncio.to_thread(self._confinement.check)
-        longest = self._run / f"{secrets.token_hex(8)}.sock"
-        if len(str(longest).encode()) > MAX_SOCKET_PATH:
-            raise RuntimeError(f"the data dir {self._run.parent} is too long for Unix socket paths "
-                               f"({len(str(longest))} > {MAX_SOCKET_PATH} bytes): choose a shorter --data-dir")
+        if self._run is None:
+            raise RuntimeError(f"the data dir {self._dir.parent} is too long for Unix socket paths "
+                               f"({MAX_SOCKET_PATH} bytes) and there is no /run to use instead: "
+                               "choose a shorter --data-dir")
         self._dir.mkdir(parents=True, exist_ok=True)
         self._dir.chmod(0o700)
-        self._run.mkdir(mode=0o700, exist_ok=True)
+        self._run.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self._run.stat().st_uid != os.geteuid():
+            raise RuntimeError(f"{self._run} belongs to another user: the gateway's sockets must be its own")
         self._run.chmod(0o700)
         self._on_lost = on_lost
         for sandbox_id, state in self._states():
@@ -152,6 +155,7 @@ class LocalProvider:
         A fresh socket name per start: an endpoint that changed tells the data plane
         the sandbox was re-created (as a new port did).
         """
+        assert self._run is not None  # start() refused otherwise
         path = str(self._run / f"{secrets.token_hex(8)}.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         read_fd, write_fd = os.pipe()
@@ -313,6 +317,22 @@ async def _read_line(fd: int) -> bytes:
 
 # The runtime's environment: nothing of the gateway's (REDIS_URL and the like may carry secrets).
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def _socket_dir(data_dir: Path) -> Path | None:
+    """Where runtimes' sockets go: ``<data_dir>/run``, or, when that path is too long for a
+    socket's name (108 bytes), a directory named after the data dir in the user's runtime
+    directory (``/run`` for root, else ``/run/user/<uid>``). None when neither fits."""
+    name_length = len("/0123456789abcdef.sock")
+    own = data_dir / "run"
+    if len(str(own).encode()) + name_length <= MAX_SOCKET_PATH:
+        return own
+    uid = os.geteuid()
+    base = Path("/run") if uid == 0 else Path(f"/run/user/{uid}")
+    short = base / "sandbox-gateway" / hashlib.sha256(str(data_dir).encode()).hexdigest()[:16]
+    if base.is_dir() and len(str(short).encode()) + name_length <= MAX_SOCKET_PATH:
+        return short
+    return None
 
 
 def _endpoint(sandbox_id: str, path: str) -> Endpoint:
