@@ -8,8 +8,9 @@ sandbox that another one started, and a sandbox outlives the worker that
 started it (it runs in its own session, so a worker's death does not take its
 sandboxes with it).
 
-The gateway reaches a runtime over a Unix socket in ``<data_dir>/run/`` (a
-directory only the gateway's user can enter): the gateway binds and listens on
+The gateway reaches a runtime over a Unix socket in ``<data_dir>/run/`` (or
+under ``/run`` when that path is too long for a socket; a directory only the
+gateway's user can enter): the gateway binds and listens on
 it, and the runtime inherits the listening descriptor. A confined sandbox has
 its own network namespace, so the socket is the only way in, and only the
 gateway can use it; the sandbox never sees its path.
