@@ -201,8 +201,8 @@ class Gateway:
                             and isinstance(p := self.provider.for_pool(name), LocalProvider) and not p.confined)
         if not unconfined:
             return []
-        return [f"local sandboxes in pools {', '.join(unconfined)} are not confined (SANDBOX_GATEWAY_LOCAL_UNCONFINED):"
-                " they see the host, each other and the gateway's ports"]
+        return [f"local sandboxes in pools {', '.join(unconfined)} are not confined "
+                "(SANDBOX_GATEWAY_LOCAL_UNCONFINED): they see the host, each other and the gateway's ports"]
 
     async def stop(self) -> None:
         """Drain: stop accepting, let in-flight requests finish (bounded), leave sandboxes alive."""

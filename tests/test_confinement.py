@@ -108,7 +108,8 @@ async def test_sandboxes_see_neither_each_other_nor_the_gateway_nor_the_host(sta
         assert seen["exit_code"] != 0 and "alice-secret" not in seen["stdout"], (what, seen)
 
     # Outside its own directory a sandbox writes nowhere that lasts or that anyone else sees.
-    for target in ("/x", "/usr/x", "/etc/x", "/opt/sandbox-runtime/gateway/x", f"{sys.prefix}/x", "/home/x"):
+    for target in ("/x", "/usr/x", "/etc/x", "/opt/sandbox-runtime/gateway/x", f"{sys.prefix}/x", "/home/x",
+                   str(alice_note.parent / "x"), str(stack.data_dir / "x")):
         seen = await stack.run("bob", "s2", f"touch {target}")
         assert seen["exit_code"] != 0, (target, seen)
     await stack.run("bob", "s2", "echo private > /tmp/bob-tmp")

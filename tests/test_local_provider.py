@@ -80,7 +80,8 @@ async def test_a_runtime_that_exits_after_listening_fails_at_once(provider_for):
 
 
 async def test_a_data_dir_too_long_for_socket_paths_puts_the_sockets_in_the_runtime_dir(tmp_path):
-    provider = LocalProvider(tmp_path / ("d" * 100), stop_on_close=True, confinement=Unconfined(stand_in(tmp_path, "slow")))
+    provider = LocalProvider(tmp_path / ("d" * 100), stop_on_close=True,
+                             confinement=Unconfined(stand_in(tmp_path, "slow")))
     await provider.start(lambda _sandbox_id: None)
     try:
         endpoint = await provider.ensure(request("ses-long"))
