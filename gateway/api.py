@@ -31,6 +31,8 @@ ADMIN = web.AppKey("admin", AdminCheck)
 _OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 READINESS = web.AppKey("readiness", Callable[[], Awaitable[list[str]]])
 METRICS = web.AppKey("metrics", Metrics)
+#: Notices every caller of GET /v1/sandboxes sees (e.g. local sandboxes that run unconfined).
+WARNINGS = web.AppKey("warnings", list)
 
 _IDENTITY_FIELDS = ("org_id", "user_id", "session_id", "bot_id")
 
@@ -155,7 +157,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
         {"sandbox_id": r.sandbox_id, "pool": r.pool, "state": r.state.value, "sessions": r.sessions,
          "last_activity": r.last_active, "created_at": r.created_at}
         for r in sorted(records, key=lambda r: r.created_at)
-    ]})
+    ], "warnings": request.app[WARNINGS]})
 
 
 async def route_dry_run(request: web.Request) -> web.Response:
@@ -186,8 +188,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[list[str]]], metrics_: Metrics,
-                       admin: AdminCheck = AllowAll()) -> web.Application:
+                       admin: AdminCheck = AllowAll(), *, warnings: list[str] | None = None) -> web.Application:
     app = web.Application(middlewares=[error_middleware, admin_middleware], client_max_size=64 * 1024)
+    app[WARNINGS] = list(warnings or [])
     app[ROUTER] = router
     app[ADMIN] = admin
     app[READINESS] = readiness

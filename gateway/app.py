@@ -12,9 +12,10 @@ import asyncio
 import contextlib
 import logging
 import socket
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -31,6 +32,9 @@ from gateway.settings import SESSION_TTL_SETTING, Settings
 from gateway.store.base import SessionStore
 from gateway.store.instrumented import InstrumentedStore
 from routing import Policy, PolicyError, default_policy, parse_org_list, parse_policy
+
+if TYPE_CHECKING:
+    from gateway.providers.local import Confinement
 
 log = logging.getLogger("gateway")
 STOP_TASKS_TIMEOUT = 5.0  # how long stop() waits for the background loops to end
@@ -73,6 +77,36 @@ def build_store(settings: Settings) -> SessionStore:
     return MemoryStore()
 
 
+def build_confinement(settings: Settings) -> Confinement:
+    """bubblewrap, or (only when the settings accept it) nothing, where bubblewrap cannot run."""
+    from gateway.providers.confine import Bubblewrap, Unconfined
+
+    bubblewrap = Bubblewrap(Path(settings.data_dir).absolute())
+    if not settings.local_unconfined:
+        return bubblewrap
+    try:
+        bubblewrap.check()
+    except RuntimeError as exc:
+        log.warning("local sandboxes are NOT confined (SANDBOX_GATEWAY_LOCAL_UNCONFINED): %s; each runs as the "
+                    "gateway's user, sees the host's files and reaches its loopback ports", exc)
+        return Unconfined(sys.executable)
+    return bubblewrap
+
+
+def confinement_problem(settings: Settings) -> str | None:
+    """Why local sandboxes cannot start here (checked once before any worker starts), or None."""
+    if settings.local_unconfined or not any(p.provider == "local" for p in load_policy(settings).pools.values()):
+        return None
+    from gateway.providers.confine import Bubblewrap
+
+    try:
+        Bubblewrap(Path(settings.data_dir).absolute()).check()
+    except RuntimeError as exc:
+        return (f"local sandboxes cannot be confined: {exc}. Install bubblewrap, or set "
+                "SANDBOX_GATEWAY_LOCAL_UNCONFINED=1 to accept sandboxes that see the host and each other")
+    return None
+
+
 def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
     """One provider instance per kind, serving every pool of that kind."""
     by_kind: dict[str, list[str]] = {}
@@ -82,7 +116,8 @@ def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
     if "local" in by_kind:
         from gateway.providers.local import LocalProvider
 
-        instances["local"] = LocalProvider(Path(settings.data_dir), stop_on_close=settings.store_kind == "memory")
+        instances["local"] = LocalProvider(Path(settings.data_dir), stop_on_close=settings.store_kind == "memory",
+                                           confinement=build_confinement(settings))
     if "static" in by_kind:
         from gateway.providers.static import StaticProvider
 
@@ -144,7 +179,8 @@ class Gateway:
                                     authenticator=self.authenticator,  # its OrgLimits come from the settings
                                     compat=self.compat)
         await self.data_plane.start(data_sock)
-        control = create_control_app(self.router, self.readiness, self.metrics, self.admin)
+        control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
+                                     warnings=self._provider_warnings())
         self._control_runner = web.AppRunner(control, access_log=None, handle_signals=False)
         await self._control_runner.setup()
         await web.SockSite(self._control_runner, control_sock).start()
@@ -159,6 +195,17 @@ class Gateway:
         if self.settings.policy_file is not None:
             self._policy_mtime = self.settings.policy_file.stat().st_mtime
             self._every(2.0, self._reload_policy)
+
+    def _provider_warnings(self) -> list[str]:
+        """What ``GET /v1/sandboxes`` tells every caller about this installation's sandboxes."""
+        from gateway.providers.local import LocalProvider
+
+        unconfined = sorted(name for name, pool in self.router.policy.pools.items() if pool.provider == "local"
+                            and isinstance(p := self.provider.for_pool(name), LocalProvider) and not p.confined)
+        if not unconfined:
+            return []
+        return [f"local sandboxes in pools {', '.join(unconfined)} are not confined "
+                "(SANDBOX_GATEWAY_LOCAL_UNCONFINED): they see the host, each other and the gateway's ports"]
 
     async def stop(self) -> None:
         """Drain: stop accepting, let in-flight requests finish (bounded), leave sandboxes alive."""

@@ -22,19 +22,34 @@ class SandboxState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """Where a sandbox answers. Only providers produce these; callers never choose one."""
+    """Where a sandbox answers. Only providers produce these; callers never choose one.
+
+    ``unix``, when set, is a Unix socket path to connect to instead of ``host:port`` (a confined
+    local sandbox, which has no network the gateway shares). ``host`` and ``port`` still name
+    it (the Host header, the upstream pool key), so they must be unique to the sandbox.
+    """
 
     host: str
     port: int
     scheme: str = "http"
+    unix: str | None = None
 
     def url(self) -> str:
+        if self.unix is not None:
+            return f"unix:{self.unix}"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}"
 
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"host": self.host, "port": self.port, "scheme": self.scheme}
+        if self.unix is not None:
+            data["unix"] = self.unix
+        return data
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Endpoint:
-        return cls(host=data["host"], port=int(data["port"]), scheme=data.get("scheme", "http"))
+        return cls(host=data["host"], port=int(data["port"]), scheme=data.get("scheme", "http"),
+                   unix=data.get("unix"))
 
 
 @dataclass(frozen=True, slots=True)

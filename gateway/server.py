@@ -17,7 +17,7 @@ import signal
 import socket
 import tempfile
 
-from gateway.app import Gateway
+from gateway.app import Gateway, confinement_problem
 from gateway.logs import configure_logging
 from gateway.settings import Settings
 
@@ -114,6 +114,10 @@ def serve(settings: Settings) -> int:
     if busy:
         log.error("port %d on %s is already in use (another sandbox-gateway?); SO_REUSEPORT would otherwise "
                   "share it silently with a gateway that has its own sessions", busy[0], settings.host)
+        return 2
+    problem = confinement_problem(settings)
+    if problem is not None:
+        log.error("%s", problem)
         return 2
     # Reserve the ports (and resolve port 0) before any worker starts.
     data_reserve = bind(settings.host, settings.data_port, listen=False)

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     installation: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     kubeconfig: str | None = None
     orphan_grace: float = Field(default=600.0, gt=0)
+    # Local sandboxes run under bubblewrap; where it cannot run, the gateway refuses to start unless this
+    # accepts sandboxes that run as the gateway's user and see the host (its files, its loopback ports).
+    local_unconfined: bool = False
 
     # authentication (gateway/auth.py): None = trusted headers on loopback only
     auth_mode: Literal["trusted-headers", "token"] | None = None

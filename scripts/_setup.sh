@@ -16,3 +16,17 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     .venv/bin/python -m pip install --quiet -e ".${extra:+[$extra]}" >&2
     echo "$want" > "$stamp"
 fi
+
+# apt_install COMMAND PACKAGE: install PACKAGE with apt when COMMAND is missing (apt-get update once).
+_apt_updated=""
+apt_install() {
+    command -v "$1" >/dev/null 2>&1 && return 0
+    echo "setup: installing $2 (apt)" >&2
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    if [ -z "$_apt_updated" ]; then
+        $sudo apt-get update -qq >&2
+        _apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >&2
+}

@@ -1,4 +1,5 @@
-"""LocalProvider's start-up handshake, against stand-in runtimes (real processes)."""
+"""LocalProvider's start-up handshake, against stand-in runtimes (real processes, unconfined:
+the handshake is the same under bubblewrap, which tests/test_confinement.py covers)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,19 @@ import pytest
 
 from gateway.errors import ProvisionFailed
 from gateway.model import Isolation, Owner, SandboxRequest
+from gateway.providers.confine import Unconfined
 from gateway.providers.local import LocalProvider
 
-# A stand-in for `python -m gateway.runtime`: says LISTENING on a port it binds, then either
-# starts answering only after a while (slow) or exits (dead).
+# A stand-in for `python -m gateway.runtime --listen-fd 3`: says LISTENING, then either starts
+# answering on the inherited socket only after a while (slow) or exits (dead).
 STAND_IN = '''
 import socket, sys, time
 mode = sys.argv[1]
-sock = socket.socket()
-sock.bind(("127.0.0.1", 0))
-print("LISTENING 127.0.0.1", sock.getsockname()[1], flush=True)
+sock = socket.socket(fileno=3)
+print("LISTENING fd 3", flush=True)
 if mode == "dead":
     sys.exit(1)
-time.sleep(0.6)  # bound but not listening: health checks are refused until now
-sock.listen(8)
+time.sleep(0.6)  # listening (the gateway bound it) but not accepting: health checks wait until now
 while True:
     conn, _ = sock.accept()
     conn.recv(65536)
@@ -51,7 +51,8 @@ async def provider_for(tmp_path):
     started: list[LocalProvider] = []
 
     async def make(mode: str) -> LocalProvider:
-        provider = LocalProvider(tmp_path / f"data-{mode}", stop_on_close=True, python=stand_in(tmp_path, mode))
+        provider = LocalProvider(tmp_path / f"data-{mode}", stop_on_close=True,
+                                 confinement=Unconfined(stand_in(tmp_path, mode)))
 
         async def lost(sandbox_id: str) -> None:
             return None
@@ -68,10 +69,23 @@ async def provider_for(tmp_path):
 async def test_a_runtime_slow_to_answer_is_waited_for(provider_for):
     provider = await provider_for("slow")
     endpoint = await provider.ensure(request("ses-slow"))
-    assert endpoint.host == "127.0.0.1" and endpoint.port > 0
+    assert endpoint.unix is not None and Path(endpoint.unix).is_socket()
+    assert endpoint.host == "ses-slow"  # the data plane pools connections per host: one sandbox's own
 
 
 async def test_a_runtime_that_exits_after_listening_fails_at_once(provider_for):
     provider = await provider_for("dead")
     with pytest.raises(ProvisionFailed, match="exited before answering its health check"):
         await provider.ensure(request("ses-dead"))
+
+
+async def test_a_data_dir_too_long_for_socket_paths_puts_the_sockets_in_the_runtime_dir(tmp_path):
+    provider = LocalProvider(tmp_path / ("d" * 100), stop_on_close=True,
+                             confinement=Unconfined(stand_in(tmp_path, "slow")))
+    await provider.start(lambda _sandbox_id: None)
+    try:
+        endpoint = await provider.ensure(request("ses-long"))
+    finally:
+        await provider.close()
+    assert endpoint.unix is not None and len(endpoint.unix) <= 107
+    assert not Path(endpoint.unix).exists()  # closing a memory-store gateway's provider stopped the sandbox

@@ -1,12 +1,19 @@
-"""One OS process per sandbox, running the reference runtime on loopback.
+"""One OS process per sandbox, running the reference runtime, confined (gateway/providers/confine.py).
 
 State lives on disk under ``<data_dir>/sandboxes/<sandbox_id>/`` (``root/`` is
-the sandbox's working directory, ``state.json`` its pid, port and owner), guarded by
+the sandbox's working directory, ``state.json`` its pid, socket and owner), guarded by
 an ``flock`` per sandbox. That makes the provider idempotent across processes:
 any gateway worker or replica on this host can find, reach and delete a
 sandbox that another one started, and a sandbox outlives the worker that
 started it (it runs in its own session, so a worker's death does not take its
 sandboxes with it).
+
+The gateway reaches a runtime over a Unix socket in ``<data_dir>/run/`` (or
+under ``/run`` when that path is too long for a socket; a directory only the
+gateway's user can enter): the gateway binds and listens on
+it, and the runtime inherits the listening descriptor. A confined sandbox has
+its own network namespace, so the socket is the only way in, and only the
+gateway can use it; the sandbox never sees its path.
 
 Deaths are noticed without polling: each sandbox process is watched through a
 pidfd, which becomes readable when the process exits, whoever started it.
@@ -17,26 +24,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
-import sys
+import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from gateway.errors import ProvisionFailed, ProvisionTimeout
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from gateway.providers.base import ForeignSandbox, LostHandler
+from gateway.providers.confine import LISTEN_FD, Bubblewrap, Launch
 
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 STOP_GRACE_SECONDS = 5.0
+#: sun_path holds 108 bytes with its NUL.
+MAX_SOCKET_PATH = 107
+
+
+class Confinement(Protocol):
+    """How a sandbox is launched: bubblewrap (confine.Bubblewrap), or not at all (confine.Unconfined)."""
+
+    confined: bool
+
+    def check(self) -> None:
+        """Raise ``RuntimeError`` saying why sandboxes cannot be confined here."""
+    def prepare(self, box: Path, sandbox_id: str) -> Launch: ...
+    def release(self, cgroups: list[str]) -> None: ...
+    def describe(self) -> str: ...
 
 
 def _alive(pid: int, sandbox_id: str) -> bool:
@@ -49,19 +72,34 @@ def _alive(pid: int, sandbox_id: str) -> bool:
 
 
 class LocalProvider:
-    def __init__(self, data_dir: Path, *, stop_on_close: bool, python: str = sys.executable) -> None:
+    def __init__(self, data_dir: Path, *, stop_on_close: bool, confinement: Confinement | None = None) -> None:
+        data_dir = data_dir.absolute()
         self._dir = data_dir / "sandboxes"
+        self._run = _socket_dir(data_dir)  # where the gateway binds each runtime's socket
+        self._confinement = confinement if confinement is not None else Bubblewrap(data_dir)
         self._stop_on_close = stop_on_close
-        self._python = python
         self._on_lost: LostHandler = lambda _sandbox_id: None
-        self._http: aiohttp.ClientSession | None = None
         self._watched: dict[str, tuple[int, int]] = {}  # sandbox_id -> (pidfd, pid)
         self._deleting: set[str] = set()
 
+    @property
+    def confined(self) -> bool:
+        return self._confinement.confined
+
     async def start(self, on_lost: LostHandler) -> None:
+        """Refuses (``RuntimeError``) when sandboxes cannot be confined or their sockets cannot be named."""
+        await asyncio.to_thread(self._confinement.check)
+        if self._run is None:
+            raise RuntimeError(f"the data dir {self._dir.parent} is too long for Unix socket paths "
+                               f"({MAX_SOCKET_PATH} bytes) and there is no /run to use instead: "
+                               "choose a shorter --data-dir")
         self._dir.mkdir(parents=True, exist_ok=True)
+        self._dir.chmod(0o700)
+        self._run.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self._run.stat().st_uid != os.geteuid():
+            raise RuntimeError(f"{self._run} belongs to another user: the gateway's sockets must be its own")
+        self._run.chmod(0o700)
         self._on_lost = on_lost
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
         for sandbox_id, state in self._states():
             if _alive(state["pid"], sandbox_id):
                 self._watch(sandbox_id, state["pid"])
@@ -80,68 +118,84 @@ class LocalProvider:
         async with _FileLock(box / "lock"):
             state = _read_state(box)
             _check_owner(request, state)
-            if state is not None and _alive(state["pid"], request.sandbox_id) and await self._healthy(state["port"]):
+            if state is not None and _alive(state["pid"], request.sandbox_id) and await self._healthy(state["socket"]):
                 self._watch(request.sandbox_id, state["pid"])
-                return Endpoint(HOST, state["port"])
+                return _endpoint(request.sandbox_id, state["socket"])
             if state is not None:
                 _terminate(state["pid"], request.sandbox_id)
-            pid, port = await self._spawn(request, box)
-            _write_state(box, {"pid": pid, "port": port, "pool": request.pool, "created_at": time.time(),
-                               "owner": request.owner.compact()})
-        if not await self._answers(port, pid, request.sandbox_id):
+                await asyncio.to_thread(self._confinement.release, state.get("cgroups", []))
+                _unlink(state["socket"])
+            launch = await asyncio.to_thread(self._confinement.prepare, box, request.sandbox_id)
+            pid, path = await self._spawn(request, box, launch)
+            _write_state(box, {"pid": pid, "socket": path, "cgroups": launch.cgroups, "pool": request.pool,
+                               "created_at": time.time(), "owner": request.owner.compact()})
+        if not await self._answers(path, pid, request.sandbox_id):
             raise ProvisionFailed(f"local sandbox {request.sandbox_id} exited before answering its health check "
                                   f"(see {box / 'runtime.log'})", sandbox_id=request.sandbox_id)
         self._watch(request.sandbox_id, pid)
-        return Endpoint(HOST, port)
+        return _endpoint(request.sandbox_id, path)
 
-    async def _answers(self, port: int, pid: int, sandbox_id: str) -> bool:
+    async def _answers(self, path: str, pid: int, sandbox_id: str) -> bool:
         """Health-check a runtime that just said LISTENING until it answers (True) or exits (False).
 
         Retried: fifty runtimes starting at once on two cores can take longer than one check's
         timeout to answer. ``ensure``'s provisioning timeout bounds the whole wait.
         """
         delay = 0.05
-        while not await self._healthy(port):
+        while not await self._healthy(path):
             if not _alive(pid, sandbox_id):
                 return False
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
         return True
 
-    async def _spawn(self, request: SandboxRequest, box: Path) -> tuple[int, int]:
-        """Start the runtime in its own session and read the port from its LISTENING line.
+    async def _spawn(self, request: SandboxRequest, box: Path, launch: Launch) -> tuple[int, str]:
+        """Bind the sandbox's socket, start the runtime on it in its own session, wait for its LISTENING line.
 
         ``posix_spawn`` rather than ``asyncio.create_subprocess_exec``: an asyncio
         transport kills its child when closed, and these children must outlive us.
+        A fresh socket name per start: an endpoint that changed tells the data plane
+        the sandbox was re-created (as a new port did).
         """
-        root = box / "root"
-        root.mkdir(parents=True, exist_ok=True)
+        assert self._run is not None  # start() refused otherwise
+        path = str(self._run / f"{secrets.token_hex(8)}.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         read_fd, write_fd = os.pipe()
-        argv = [self._python, "-m", "gateway.runtime", "--host", HOST, "--port", "0",
-                "--root", str(root), "--sandbox-id", request.sandbox_id]
         try:
-            pid = os.posix_spawn(self._python, argv, os.environ, setsid=True, file_actions=[
+            listener.bind(path)
+            listener.listen(1024)
+            pid = os.posix_spawnp(launch.argv[0], launch.argv, _ENV, setsid=True, file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, write_fd, 1),
                 (os.POSIX_SPAWN_OPEN, 2, str(box / "runtime.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                (os.POSIX_SPAWN_DUP2, listener.fileno(), LISTEN_FD),
             ])
+        except OSError as exc:
+            os.close(read_fd)
+            _unlink(path)
+            raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be started: {exc}",
+                                  sandbox_id=request.sandbox_id) from None
         finally:
             os.close(write_fd)
+            listener.close()  # the runtime holds it now: when it exits, connects are refused
         line = await _read_line(read_fd)
         parts = line.decode(errors="replace").split()
         if len(parts) != 3 or parts[0] != "LISTENING":
             _terminate(pid, request.sandbox_id)
             _reap(pid)
+            await asyncio.to_thread(self._confinement.release, launch.cgroups)
+            _unlink(path)
             raise ProvisionFailed(f"local sandbox {request.sandbox_id} failed to start (see {box / 'runtime.log'})",
                                   sandbox_id=request.sandbox_id)
-        return pid, int(parts[2])
+        return pid, path
 
-    async def _healthy(self, port: int) -> bool:
-        assert self._http is not None
+    async def _healthy(self, path: str) -> bool:
         try:
-            async with self._http.get(f"http://{HOST}:{port}/") as response:
+            async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path),
+                                             timeout=aiohttp.ClientTimeout(total=2.0)) as http, \
+                    http.get("http://sandbox/") as response:
                 return response.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+        except (aiohttp.ClientError, TimeoutError, OSError):
             return False
 
     async def delete(self, sandbox_id: str, pool: str) -> None:
@@ -153,7 +207,7 @@ class LocalProvider:
             async with _FileLock(box / "lock"):
                 state = _read_state(box)
                 if state is not None:
-                    await _stop(state["pid"], sandbox_id)
+                    await self._stop(state, sandbox_id)
                 await asyncio.to_thread(shutil.rmtree, box, True)
         finally:
             self._unwatch(sandbox_id)
@@ -167,15 +221,18 @@ class LocalProvider:
             # A memory store forgets every binding at exit; sandboxes nobody can reach again are stopped.
             for sandbox_id, state in self._states():
                 self._deleting.add(sandbox_id)
-                await _stop(state["pid"], sandbox_id)
+                await self._stop(state, sandbox_id)
                 await asyncio.to_thread(shutil.rmtree, self._dir / sandbox_id, True)
         for sandbox_id in list(self._watched):
             self._unwatch(sandbox_id)
-        if self._http is not None:
-            await self._http.close()
 
     def describe(self) -> str:
-        return f"local processes under {self._dir}"
+        return f"local processes under {self._dir}, {self._confinement.describe()}"
+
+    async def _stop(self, state: dict[str, Any], sandbox_id: str) -> None:
+        await _stop(state["pid"], sandbox_id)
+        await asyncio.to_thread(self._confinement.release, state.get("cgroups", []))
+        _unlink(state["socket"])
 
     # death notification ----------------------------------------------------
     def _watch(self, sandbox_id: str, pid: int) -> None:
@@ -252,7 +309,7 @@ def _read_state(box: Path) -> dict[str, Any] | None:
         state = json.loads((box / "state.json").read_text())
     except (OSError, ValueError):
         return None
-    return state if isinstance(state, dict) and "pid" in state and "port" in state else None
+    return state if isinstance(state, dict) and "pid" in state and "socket" in state else None
 
 
 def _write_state(box: Path, state: dict[str, Any]) -> None:
@@ -271,6 +328,36 @@ async def _read_line(fd: int) -> bytes:
         return await reader.readline()
     finally:
         transport.close()
+
+
+# The runtime's environment: nothing of the gateway's (REDIS_URL and the like may carry secrets).
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def _socket_dir(data_dir: Path) -> Path | None:
+    """Where runtimes' sockets go: ``<data_dir>/run``, or, when that path is too long for a
+    socket's name (108 bytes), a directory named after the data dir in the user's runtime
+    directory (``/run`` for root, else ``/run/user/<uid>``). None when neither fits."""
+    name_length = len("/0123456789abcdef.sock")
+    own = data_dir / "run"
+    if len(str(own).encode()) + name_length <= MAX_SOCKET_PATH:
+        return own
+    uid = os.geteuid()
+    base = Path("/run") if uid == 0 else Path(f"/run/user/{uid}")
+    short = base / "sandbox-gateway" / hashlib.sha256(str(data_dir).encode()).hexdigest()[:16]
+    if base.is_dir() and len(str(short).encode()) + name_length <= MAX_SOCKET_PATH:
+        return short
+    return None
+
+
+def _endpoint(sandbox_id: str, path: str) -> Endpoint:
+    # host names the sandbox (the data plane pools connections per host and port), port 80 for the Host header.
+    return Endpoint(sandbox_id, 80, unix=path)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _reap(pid: int) -> None:

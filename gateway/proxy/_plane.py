@@ -182,7 +182,10 @@ class DataPlane:
         for attempt in range(attempts):
             try:
                 async with asyncio.timeout(settings.upstream_connect_timeout):
-                    _, conn = await self.loop.create_connection(factory, endpoint.host, endpoint.port, ssl=ssl)
+                    if endpoint.unix is not None:
+                        _, conn = await self.loop.create_unix_connection(factory, endpoint.unix, ssl=ssl)
+                    else:
+                        _, conn = await self.loop.create_connection(factory, endpoint.host, endpoint.port, ssl=ssl)
                 return conn
             except TimeoutError:
                 reason = f"connect timed out after {settings.upstream_connect_timeout:g}s"
@@ -191,8 +194,9 @@ class DataPlane:
             if attempt + 1 < attempts:
                 await asyncio.sleep(delay)
                 delay *= 2
+        where = "its Unix socket" if endpoint.unix else f"{endpoint.host}:{endpoint.port}"
         raise UpstreamConnectError(
-            f"sandbox {route.sandbox_id} is unreachable at {endpoint.host}:{endpoint.port}: {reason}",
+            f"sandbox {route.sandbox_id} is unreachable at {where}: {reason}",
             sandbox_id=route.sandbox_id)
 
     # -- exchange bookkeeping -------------------------------------------------

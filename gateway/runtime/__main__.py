@@ -1,4 +1,4 @@
-"""``python -m gateway.runtime --host H --port P --root DIR --sandbox-id ID``."""
+"""``python -m gateway.runtime (--host H --port P | --listen-fd N) --root DIR --sandbox-id ID``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=_port, default=8888, help="port to bind; 0 picks a free one (default: %(default)s)"
     )
+    parser.add_argument(
+        "--listen-fd", type=int, default=None, metavar="N",
+        help="serve on this inherited listening socket instead of binding --host/--port (the local provider "
+             "passes a Unix socket only the gateway can reach)")
     parser.add_argument("--root", type=Path, required=True, help="the sandbox's working directory (created if missing)")
     parser.add_argument("--sandbox-id", default="", help="reported by / and in X-Runtime-Sandbox-Id")
 
@@ -36,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        run(args.host, args.port, args.root, args.sandbox_id)
+        run(args.host, args.port, args.root, args.sandbox_id, listen_fd=args.listen_fd)
     except OSError as exc:  # cannot bind, cannot create root: one line, not a traceback
         print(f"sandbox runtime: {exc}", file=sys.stderr)
         return 1

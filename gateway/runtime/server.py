@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -150,11 +151,12 @@ def create_app(
     return app
 
 
-async def serve(host: str, port: int, root: Path, sandbox_id: str = "") -> None:
+async def serve(host: str, port: int, root: Path, sandbox_id: str = "", *, listen_fd: int | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then drain briefly and return.
 
     Prints ``LISTENING <host> <port>`` once bound (the real port when 0 was
-    asked for): the local provider reads that line to learn where we are.
+    asked for), or ``LISTENING fd <n>`` when serving an inherited socket
+    (``listen_fd``): the local provider reads that line to know we started.
     """
     app = create_app(root, sandbox_id)
     runner = web.AppRunner(
@@ -167,10 +169,12 @@ async def serve(host: str, port: int, root: Path, sandbox_id: str = "") -> None:
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound_port = runner.addresses[0][1]
-        print(f"LISTENING {host} {bound_port}", flush=True)
+        if listen_fd is not None:
+            await web.SockSite(runner, socket.socket(fileno=listen_fd)).start()
+            print(f"LISTENING fd {listen_fd}", flush=True)
+        else:
+            await web.TCPSite(runner, host, port).start()
+            print(f"LISTENING {host} {runner.addresses[0][1]}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -180,14 +184,12 @@ async def serve(host: str, port: int, root: Path, sandbox_id: str = "") -> None:
         await runner.cleanup()
 
 
-def run(host: str, port: int, root: Path, sandbox_id: str = "") -> None:
-    """Blocking entry point for the CLI; uses uvloop when it is installed."""
-    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
-    try:
-        import uvloop
-    except ImportError:
-        pass
-    else:
-        loop_factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(serve(host, port, root, sandbox_id))
+def run(host: str, port: int, root: Path, sandbox_id: str = "", *, listen_fd: int | None = None) -> None:
+    """Blocking entry point for the CLI.
+
+    The standard asyncio loop, not uvloop: uvloop's subprocesses inherited the runtime's own
+    descriptors (its listening socket, a pipe), so a command's background job held a pipe of
+    the runtime open and ``/execute`` waited for it until the timeout. The stdlib closes them.
+    """
+    with asyncio.Runner() as runner:
+        runner.run(serve(host, port, root, sandbox_id, listen_fd=listen_fd))

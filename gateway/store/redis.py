@@ -296,7 +296,7 @@ class RedisStore:
         view = await self._mark_ready(
             keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
                   self.keys.sandbox_sessions(sandbox_id)],
-            args=[sandbox_id, _dumps({"host": endpoint.host, "port": endpoint.port, "scheme": endpoint.scheme}),
+            args=[sandbox_id, _dumps(endpoint.to_dict()),
                   self.keys.settled],
         )
         if view is None:

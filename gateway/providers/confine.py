@@ -1,0 +1,319 @@
+"""Confinement for local sandboxes: the command line that runs a runtime inside bubblewrap.
+
+A confined sandbox gets its own mount, PID, IPC, UTS and network namespaces (loopback only: it
+can reach neither another sandbox's runtime nor the gateway's ports), a read-only view of
+``/usr`` plus the interpreter, the venv and the ``gateway.runtime`` package, a private
+``/tmp``, a minimal ``/dev`` and ``/proc``, and one writable directory: its own ``root/``,
+mounted at :data:`HOME`. The gateway's data dir, key files, repository and the other
+sandboxes are simply not in its view.
+
+Who the sandbox runs as depends on who the gateway is:
+
+* **root**: each sandbox gets its own unprivileged host UID (recorded in its directory, so a
+  resumed sandbox finds its files still its own). bubblewrap runs privileged to build the
+  view and ``setpriv`` drops to that UID with no capabilities in any namespace before the
+  runtime starts. No user namespace on purpose: inside one the sandbox would hold every
+  capability over its own namespaces, a larger kernel surface than a plain unprivileged
+  UID. A per-sandbox UID is also what makes ``RLIMIT_NPROC`` (counted per real UID) a
+  per-sandbox bound, and it puts file permissions between sandboxes should a mount leak.
+* **not root**: bubblewrap makes a user namespace and the sandbox is UID :data:`INNER_UID`
+  inside it; outside it is the gateway's own UID, so ``RLIMIT_NPROC`` is shared with the
+  gateway and its other sandboxes (pids cgroups, where writable, still bound each one).
+
+Limits: a ``pids`` and a ``memory`` cgroup (v1) per sandbox where the hierarchy is writable,
+joined by the launching shell before it execs anything, so no process of the sandbox starts
+outside them; ``RLIMIT_NPROC`` and ``RLIMIT_NOFILE`` always; ``RLIMIT_AS`` when there is no
+memory cgroup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Where the sandbox's own directory appears inside it (also its HOME and working directory).
+HOME = "/home/sandbox"
+#: The listening socket the runtime inherits (the gateway binds it; the sandbox never sees its path).
+LISTEN_FD = 3
+#: The UID a sandbox has inside its user namespace when the gateway is not root.
+INNER_UID = 1000
+#: Host UIDs given to sandboxes when the gateway is root: far above any login or subuid range.
+UID_BASE = 1_500_000_000
+UID_RANGE = 1_000_000
+CGROUP_V1 = Path("/sys/fs/cgroup")
+_PASSWD = f"root:x:0:0::/:/bin/sh\nsandbox:x:{{uid}}:{{uid}}::{HOME}:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n"
+_GROUP = "root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n"
+# /etc pieces a shell and Python need; nothing that names the host's users or secrets.
+_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "nsswitch.conf", "mime.types",
+        "ssl", "ca-certificates")
+_JOIN_CGROUPS = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 126; shift; n=$((n-1)); done; exec "$@"'
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-sandbox resource limits."""
+
+    memory_bytes: int = 2 * 1024**3
+    processes: int = 512
+    open_files: int = 4096
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start one sandbox: the argv to spawn and the cgroups it will join (to clean up)."""
+
+    argv: list[str]
+    cgroups: list[str]
+
+
+class Unconfined:
+    """Runs the runtime as the gateway's own user with the host's view: only when explicitly accepted."""
+
+    confined = False
+
+    def __init__(self, python: str, limits: Limits = Limits()) -> None:
+        self._python = python
+        self._limits = limits
+
+    def check(self) -> None:
+        return None
+
+    def prepare(self, box: Path, sandbox_id: str) -> Launch:
+        root = box / "root"
+        root.mkdir(parents=True, exist_ok=True)
+        # No RLIMIT_NPROC here: it would count every process of the gateway's user.
+        return Launch(["prlimit", f"--nofile={self._limits.open_files}", "--",
+            self._python, "-m", "gateway.runtime", "--listen-fd", str(LISTEN_FD), "--root", str(root),
+            "--sandbox-id", sandbox_id], [])
+
+    def release(self, launch_cgroups: list[str]) -> None:
+        return None
+
+    def describe(self) -> str:
+        return "UNCONFINED (each sandbox runs as the gateway's user and sees the host)"
+
+
+class Bubblewrap:
+    """Runs each runtime in bubblewrap; see the module docstring for what that gives."""
+
+    confined = True
+
+    def __init__(self, data_dir: Path, python: str = sys.executable, limits: Limits = Limits(), *,
+                 bwrap: str | None = None) -> None:
+        self._data_dir = data_dir
+        self._python = python
+        self._limits = limits
+        self._bwrap = bwrap or shutil.which("bwrap") or "bwrap"
+        self._root = os.geteuid() == 0
+
+    @functools.cached_property
+    def _cgroup_parents(self) -> dict[str, Path]:
+        # Named after the data dir: two gateways on one host (tests, replicas with their own
+        # dirs) may run sandboxes of the same ID, and must not clean up each other's.
+        tag = "sgw-" + hashlib.sha256(str(self._data_dir).encode()).hexdigest()[:12]
+        return _cgroup_parents(tag) if self._root else {}
+
+    # -- startup -------------------------------------------------------------
+    def check(self) -> None:
+        """Raise ``RuntimeError`` saying why when bubblewrap cannot run here."""
+        if shutil.which(self._bwrap) is None:
+            raise RuntimeError(f"bubblewrap ({self._bwrap}) is not installed (Debian: apt-get install bubblewrap)")
+        userns = [] if self._root else ["--unshare-user"]
+        try:
+            probe = subprocess.run([self._bwrap, *userns, "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/",
+                                    "--proc", "/proc", "true"], capture_output=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise RuntimeError(f"bubblewrap does not run here: {exc}") from None
+        if probe.returncode != 0:
+            raise RuntimeError(f"bubblewrap does not run here: {probe.stderr.decode(errors='replace').strip()}")
+
+    def describe(self) -> str:
+        who = "one unprivileged UID per sandbox" if self._root else f"UID {INNER_UID} in a user namespace"
+        cgroups = "+".join(sorted(self._cgroup_parents)) or "none writable"
+        return (f"confined by bubblewrap ({who}; network none; cgroups: {cgroups}; "
+                f"processes {self._limits.processes}, open files {self._limits.open_files}, "
+                f"memory {self._limits.memory_bytes // 1024**2} MiB)")
+
+    # -- per sandbox ---------------------------------------------------------
+    def prepare(self, box: Path, sandbox_id: str) -> Launch:
+        """Set up ``box`` (its UID, its ``root/``, its passwd, its cgroups) and return how to launch it."""
+        root = box / "root"
+        root.mkdir(parents=True, exist_ok=True)
+        uid = self._uid(box) if self._root else INNER_UID
+        if self._root:
+            os.chown(root, uid, uid)
+        root.chmod(0o700)
+        etc = box / "etc"
+        etc.mkdir(exist_ok=True)
+        (etc / "passwd").write_text(_PASSWD.format(uid=uid))
+        (etc / "group").write_text(_GROUP.format(uid=uid))
+        (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+        cgroups = self._make_cgroups(sandbox_id)
+        argv = [*_prlimit(self._limits, address_space="memory" not in self._cgroup_parents),
+                *self._bwrap_argv(box, uid, sandbox_id)]
+        if cgroups:
+            procs = [str(Path(c) / "cgroup.procs") for c in cgroups]
+            argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", str(len(procs)), *procs, *argv]
+        return Launch(argv, cgroups)
+
+    def release(self, cgroups: list[str]) -> None:
+        """Kill whatever is left in the sandbox's cgroups (a fork bomb's stragglers) and remove them."""
+        for path in cgroups:
+            cgroup = Path(path)
+            # cgroup v1 has no event for "empty": a killed process leaves cgroup.procs once it has
+            # exited, a few ms later; bounded at 2 s (runs in a worker thread, never on the loop).
+            for _ in range(200):
+                try:
+                    pids = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+                except OSError:
+                    break
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.01)
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
+
+    def _bwrap_argv(self, box: Path, uid: int, sandbox_id: str) -> list[str]:
+        view = _View()
+        view.ro("/usr")
+        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / name
+            if host.is_symlink():
+                view.args += ["--symlink", os.readlink(host), str(host)]
+            elif host.is_dir():
+                view.ro(str(host))
+        # The interpreter's installation and its venv (site-packages: aiohttp), read-only, at their own paths.
+        prefixes = {sys.base_prefix, sys.prefix, str(Path(self._python).resolve().parent.parent)}
+        venv = Path(self._python).parent.parent
+        if (venv / "pyvenv.cfg").exists():
+            prefixes.add(str(venv))
+        for prefix in sorted(prefixes):
+            if prefix != "/usr" and not prefix.startswith("/usr/"):
+                view.ro(prefix)
+        package = Path(__file__).resolve().parent.parent  # .../gateway
+        view.ro(str(package / "__init__.py"), "/opt/sandbox-runtime/gateway/__init__.py")
+        view.ro(str(package / "runtime"), "/opt/sandbox-runtime/gateway/runtime")
+        view.dir("/etc")
+        for name in _ETC:
+            if (Path("/etc") / name).exists():
+                view.ro(f"/etc/{name}")
+        for name in ("passwd", "group", "hosts"):
+            view.ro(str(box / "etc" / name), f"/etc/{name}")
+        view.dir("/home")
+        view.args += ["--bind", str(box / "root"), HOME, "--proc", "/proc", "--dev", "/dev",
+                      "--perms", "1777", "--tmpfs", "/tmp", "--chdir", HOME, "--hostname", "sandbox",
+                      "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                      "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", HOME,
+                      "--setenv", "USER", "sandbox", "--setenv", "LANG", "C.UTF-8",
+                      "--setenv", "PYTHONPATH", "/opt/sandbox-runtime", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+        if self._root:
+            drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+                    "--bounding-set=-all", "--no-new-privs", "--"]
+        else:
+            view.args += ["--unshare-user", "--uid", str(INNER_UID), "--gid", str(INNER_UID), "--cap-drop", "ALL"]
+            drop = []
+        runtime = [self._python, "-m", "gateway.runtime", "--listen-fd", str(LISTEN_FD), "--root", HOME,
+                   "--sandbox-id", sandbox_id]
+        return [self._bwrap, *view.args, "--", *drop, *runtime]
+
+    def _uid(self, box: Path) -> int:
+        """This sandbox's host UID: the one recorded in its directory, else a free one (under a host-wide lock)."""
+        recorded = box / "uid"
+        with contextlib.suppress(OSError, ValueError):
+            return int(recorded.read_text())
+        sandboxes = box.parent
+        fd = os.open(sandboxes.parent / "uids.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            taken = set()
+            for other in sandboxes.iterdir():
+                with contextlib.suppress(OSError, ValueError):
+                    taken.add(int((other / "uid").read_text()))
+            start = int.from_bytes(hashlib.sha256(box.name.encode()).digest()[:4], "big") % UID_RANGE
+            uid = next(UID_BASE + (start + i) % UID_RANGE for i in range(UID_RANGE)
+                       if UID_BASE + (start + i) % UID_RANGE not in taken)
+            recorded.write_text(str(uid))
+            return uid
+        finally:
+            os.close(fd)
+
+    def _make_cgroups(self, sandbox_id: str) -> list[str]:
+        made = []
+        for controller, parent in sorted(self._cgroup_parents.items()):
+            cgroup = parent / sandbox_id
+            try:
+                cgroup.mkdir(parents=True, exist_ok=True)
+                if controller == "pids":
+                    (cgroup / "pids.max").write_text(str(self._limits.processes))
+                else:
+                    (cgroup / "memory.limit_in_bytes").write_text(str(self._limits.memory_bytes))
+            except OSError:
+                continue
+            made.append(str(cgroup))
+        return made
+
+
+class _View:
+    """bwrap arguments for a read-only view, creating each parent directory world-readable
+    (bubblewrap's own are 0700, which an unprivileged UID could not traverse)."""
+
+    def __init__(self) -> None:
+        self.args: list[str] = []
+        self._dirs: set[str] = {"/"}
+
+    def dir(self, path: str) -> None:
+        parent = str(Path(path).parent)
+        if parent not in self._dirs:
+            self.dir(parent)
+        if path not in self._dirs:
+            self._dirs.add(path)
+            self.args += ["--perms", "0755", "--dir", path]
+
+    def ro(self, source: str, dest: str | None = None) -> None:
+        dest = dest or source
+        self.dir(str(Path(dest).parent))
+        self._dirs.add(dest)
+        self.args += ["--ro-bind", source, dest]
+
+
+def _prlimit(limits: Limits, *, address_space: bool) -> list[str]:
+    argv = ["prlimit", f"--nproc={limits.processes}", f"--nofile={limits.open_files}"]
+    if address_space:
+        argv.append(f"--as={limits.memory_bytes}")
+    return [*argv, "--"]
+
+
+def _cgroup_parents(tag: str) -> dict[str, Path]:
+    """Per controller (pids, memory; cgroup v1), the directory under our own cgroup where
+    sandboxes' cgroups go, when we may create it. Nested under ours: a sandbox never escapes
+    a limit the gateway itself runs under."""
+    parents: dict[str, Path] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return parents
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in ("pids", "memory"):
+            if controller in controllers.split(","):
+                parent = CGROUP_V1 / controller / path.lstrip("/") / tag
+                try:
+                    parent.mkdir(exist_ok=True)
+                except OSError:
+                    continue
+                if os.access(parent, os.W_OK):
+                    parents[controller] = parent
+    return parents
