@@ -124,7 +124,13 @@ async def stack(provider_kind: str, redis: RedisServer, tmp_path: Path, aiohttp_
 
 
 async def execute(endpoint: str, command: str) -> str:
-    async with aiohttp.ClientSession() as http, http.post(f"{endpoint}/execute", json={"command": command}) as r:
+    if endpoint.startswith("unix:"):  # a confined local sandbox answers only on its Unix socket
+        connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=endpoint.removeprefix("unix:"))
+        endpoint = "http://sandbox"
+    else:
+        connector = aiohttp.TCPConnector()
+    async with aiohttp.ClientSession(connector=connector) as http, \
+            http.post(f"{endpoint}/execute", json={"command": command}) as r:
         assert r.status == 200
         return (await r.json())["stdout"]
 
