@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -71,11 +72,23 @@ def counting_provider() -> CountingProvider:
 
 @pytest.fixture
 async def no_task_leaks() -> AsyncIterator[None]:
-    """Fails a test that leaves tasks running on its loop."""
+    """Fails a test that leaves tasks running on its loop (after every other fixture's teardown)."""
     before = asyncio.all_tasks()
     yield
     leaked = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
     assert not leaked, f"tasks leaked: {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def _async_tests_leak_no_tasks(request: pytest.FixtureRequest) -> None:
+    """Every async test runs under ``no_task_leaks``; sync tests (some run their own loop) do not.
+
+    Requested first (autouse), so it is torn down last: a task still running once the test's own
+    fixtures are gone is a leak. A module whose tests share a wider loop overrides ``no_task_leaks``
+    with that loop scope (tests/hostile/conftest.py).
+    """
+    if inspect.iscoroutinefunction(getattr(request.node, "obj", None)):
+        request.getfixturevalue("no_task_leaks")
 
 
 def python() -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
 import socket
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 from aiohttp import web
@@ -263,24 +266,53 @@ def answers(response: bytes) -> Handler:
     return handler
 
 
-async def read_response(reader: asyncio.StreamReader, *, head_request: bool = False) -> tuple[int, dict[bytes, bytes], bytes]:
+class RawResponse(NamedTuple):
+    """A response read off a raw socket; unpacks as ``status, headers, body``."""
+
+    status: int
+    headers: dict[bytes, bytes]   # lower-cased names
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def read_response(reader: asyncio.StreamReader, *, head_request: bool = False) -> RawResponse:
     """A full response (Content-Length, chunked, or until close)."""
     line, headers = await read_head(reader)
+    assert re.match(rb"HTTP/1\.[01] \d{3}\b", line), f"not an HTTP response: {line[:300]!r}"
     status = int(line.split()[1])
     if head_request or status in (204, 304) or 100 <= status < 200:
-        return status, headers, b""
+        return RawResponse(status, headers, b"")
     if b"content-length" in headers:
-        return status, headers, await reader.readexactly(int(headers[b"content-length"]))
+        return RawResponse(status, headers, await reader.readexactly(int(headers[b"content-length"])))
     if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-        body = bytearray()
-        while True:
-            size = int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16)
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                return status, headers, bytes(body)
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)
-    return status, headers, await reader.read()
+        return RawResponse(status, headers, await read_chunked(reader))
+    return RawResponse(status, headers, await reader.read())
+
+
+async def read_chunked(reader: asyncio.StreamReader) -> bytes:
+    """A chunked body's payload, through its last chunk (extensions ignored, no trailers expected)."""
+    body = bytearray()
+    while True:
+        size = int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16)
+        if size == 0:
+            await reader.readuntil(b"\r\n")
+            return bytes(body)
+        body += await reader.readexactly(size)
+        await reader.readexactly(2)
+
+
+async def closed_by_server(reader: asyncio.StreamReader, timeout: float = 10.0) -> bool:
+    """True when the server ends the connection (FIN or reset) within ``timeout`` and sends nothing more."""
+    try:
+        rest = await asyncio.wait_for(reader.read(), timeout)
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    assert rest == b"", f"unexpected bytes after the response: {rest[:300]!r}"
+    return True
 
 
 @contextlib.asynccontextmanager

@@ -2,7 +2,7 @@
 
 Use it by subclassing :class:`StoreContract` in a test module that provides two
 fixtures: ``store`` (a fresh, empty store built with ``clock=clock``) and
-``clock`` (a :class:`FakeClock`). ``tests/test_store.py`` runs it against the
+``clock`` (a ``tests.clock.FakeClock``). ``tests/test_store.py`` runs it against the
 memory store and the Redis store.
 
 Every time (record times, creation leases, named-lease deadlines) comes from
@@ -22,22 +22,9 @@ from gateway.store.base import (
     Caps, CapScope, NotReserved, Reserved, SessionStore, Settled, Settlement, SettleTimeout,
 )
 from routing import Isolation
+from tests.clock import T0, FakeClock
 
-T0 = 1_700_000_000.0
 SETTLE = 0.1  # how long a waiter is watched to check that it does *not* return early
-
-
-class FakeClock:
-    """A clock the test moves by hand (injected as ``clock=``; nothing is monkeypatched)."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def binding(session_id: str, sandbox_id: str = "org-1", *, pool: str = "shared", org_id: str | None = "acme",

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from gateway.auth import ADMIN_AUDIENCE, Key, KeySet, TokenAuth, TrustedHeaders, issue_token
 from gateway.errors import BadRequest, Unauthorized
+from tests.clock import FakeClock
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
@@ -98,11 +99,11 @@ def test_bad_tokens_are_401(keys, make, fragment):
 
 
 def test_cached_token_still_expires(keys):
-    now = [time.time()]
-    auth = TokenAuth(keys, clock=lambda: now[0], leeway=0)
+    clock = FakeClock(time.time())
+    auth = TokenAuth(keys, clock=clock, leeway=0)
     token = issue_token(keys.get("hs-1"), user="u", ttl=60)
     assert auth.identify(None, None, "s", None, f"Bearer {token}").user_id == "u"
-    now[0] += 120
+    clock.advance(120)
     with pytest.raises(Unauthorized, match="expired"):
         auth.identify(None, None, "s", None, f"Bearer {token}")
 

@@ -7,18 +7,11 @@ import pytest
 from gateway.errors import CapacityExceeded
 from gateway.limits import OrgLimits, limit_key
 from routing import Identity
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import FakeClock
 
 
 def test_burst_then_refill():
-    clock = Clock()
+    clock = FakeClock(100.0)
     limits = OrgLimits(rate=2.0, burst=3, clock=clock)
     for _ in range(3):
         limits.admit("acme")
@@ -26,7 +19,7 @@ def test_burst_then_refill():
         limits.admit("acme")
     assert info.value.status == 429 and info.value.scope == "org_rate"
     assert info.value.headers()["Retry-After"] == "1"  # half a second, rounded up to the header's 1 s
-    clock.now += 0.5
+    clock.advance(0.5)
     limits.admit("acme")  # one token back after 1/rate seconds
     limits.admit("other-org")  # orgs do not share buckets
 

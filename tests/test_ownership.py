@@ -37,7 +37,7 @@ from gateway.store.redis import RedisStore
 from routing import Isolation, parse_policy, per_session_sandbox_id, shared_sandbox_id
 from routing.policy import KubernetesPoolOptions, PolicyError
 from tests.redis_server import RedisServer
-from tests.store_contract import T0, FakeClock
+from tests.clock import T0, FakeClock
 
 POLICY_TEXT = """
 pools:

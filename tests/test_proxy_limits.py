@@ -11,7 +11,8 @@ import pytest
 from aiohttp import WSMsgType, web
 
 from tests.proxy_helpers import (  # noqa: F401  (start_gateway is a fixture)
-    CachingFakeResolver, FakeResolver, backend, eventually, identity_headers, start_gateway, ws_echo)
+    CachingFakeResolver, FakeResolver, RawResponse, backend, eventually, identity_headers, start_gateway, ws_echo)
+from tests.proxy_helpers import read_response as raw_response
 
 
 def chunked_head(path: str = "/upload", **headers: str) -> bytes:
@@ -24,12 +25,8 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-    status_line, *lines = head.decode().split("\r\n")[:-2]
-    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
-    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 5)
-    return int(status_line.split()[1]), headers, body
+async def read_response(reader: asyncio.StreamReader) -> RawResponse:
+    return await asyncio.wait_for(raw_response(reader), 5)
 
 
 # -- request bodies ---------------------------------------------------------------
@@ -54,7 +51,7 @@ async def test_chunked_body_over_the_cap_gets_413_and_never_reaches_the_sandbox(
     await writer.drain()
     writer.write(chunk(b"b" * 600))  # 1200 > 1000
     status, headers, body = await read_response(reader)
-    assert status == 413 and headers["connection"] == "close"
+    assert status == 413 and headers[b"connection"] == b"close"
     assert json.loads(body)["error"]["code"] == "payload_too_large"
     # The client may still be sending: the gateway reads and drops it, then closes cleanly (FIN, not reset).
     writer.write(chunk(b"c" * 100_000) * 20)

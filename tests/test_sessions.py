@@ -13,6 +13,7 @@ from gateway.sessions import RouterTuning, SessionRouter
 from gateway.store.memory import MemoryStore
 from routing import Identity, Isolation, default_policy, parse_policy
 
+from tests.clock import FakeClock
 from tests.conftest import CountingProvider
 
 POLICY = """
@@ -26,21 +27,13 @@ orgs:
 """
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1_000_000.0)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-async def router(counting_provider: CountingProvider, clock: Clock) -> SessionRouter:
+async def router(counting_provider: CountingProvider, clock: FakeClock) -> SessionRouter:
     store = MemoryStore(clock=clock)
     provider = PoolProviders({"small": counting_provider, "shared": counting_provider})
     r = SessionRouter(store, provider, parse_policy(POLICY, "test"), replica_id="r1", clock=clock)

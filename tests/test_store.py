@@ -22,8 +22,9 @@ from gateway.model import SandboxState
 from gateway.store.base import Caps, Reserved, SessionStore, Settled, Settlement
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisKeys, RedisStore, unavailable
+from tests.clock import FakeClock
 from tests.redis_server import RedisServer, free_port, redis_process, redis_server, redis_server_factory  # noqa: F401
-from tests.store_contract import ENDPOINT, FakeClock, StoreContract, binding, record, still_waiting
+from tests.store_contract import ENDPOINT, StoreContract, binding, record, still_waiting
 
 ServerFactory = Callable[..., RedisServer]
 
