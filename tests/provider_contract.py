@@ -27,6 +27,7 @@ import pytest
 from gateway.errors import ProvisionFailed
 from gateway.model import Endpoint, Isolation, Owner, SandboxRequest
 from gateway.providers.base import SandboxProvider
+from tests.proxy_helpers import sandbox_http
 
 POOL = "small"
 SETTLE = 0.2  # how long a held creation is watched to check that it does *not* return early
@@ -39,8 +40,8 @@ def request(sandbox_id: str, pool: str = POOL, timeout: float = 30.0) -> Sandbox
 async def answers(endpoint: Endpoint) -> bool:
     """The reference runtime's health check answers at ``endpoint``."""
     try:
-        async with aiohttp.ClientSession() as http, http.get(f"{endpoint.url()}/",
-                                                            timeout=aiohttp.ClientTimeout(total=5)) as response:
+        async with sandbox_http(endpoint.url()) as (http, base), \
+                http.get(f"{base}/", timeout=aiohttp.ClientTimeout(total=5)) as response:
             return response.status == 200 and (await response.json())["status"] == "ok"
     except (aiohttp.ClientError, TimeoutError):
         return False

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -396,3 +397,16 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise AssertionError(f"no {field} for {pid}")
+
+
+@contextlib.asynccontextmanager
+async def sandbox_http(url: str) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
+    """A client session and base URL for a sandbox endpoint's ``url()``: a confined local sandbox
+    answers only on its Unix socket (``unix:<path>``), every other one on TCP."""
+    if url.startswith("unix:"):
+        connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=url.removeprefix("unix:"))
+        url = "http://sandbox"
+    else:
+        connector = aiohttp.TCPConnector()
+    async with aiohttp.ClientSession(connector=connector) as http:
+        yield http, url

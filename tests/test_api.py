@@ -18,6 +18,7 @@ from gateway.providers.local import LocalProvider
 from gateway.sessions import SessionRouter
 from gateway.store.memory import MemoryStore
 from routing import default_policy
+from tests.proxy_helpers import sandbox_http
 
 
 @pytest.fixture
@@ -44,8 +45,8 @@ async def api(stack, aiohttp_client):
 
 async def execute(http: aiohttp.ClientSession, endpoint: str, command: str) -> dict:
     if endpoint.startswith("unix:"):  # a confined local sandbox answers only on its Unix socket
-        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=endpoint.removeprefix("unix:"))) as unix:
-            return await execute(unix, "http://sandbox", command)
+        async with sandbox_http(endpoint) as (unix, base):
+            return await execute(unix, base, command)
     async with http.post(f"{endpoint}/execute", json={"command": command}) as response:
         assert response.status == 200
         return await response.json()

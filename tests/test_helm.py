@@ -35,7 +35,7 @@ except Exception as exc:
     print(reason)
     pytest.skip(reason, allow_module_level=True)
 
-from gateway.auth import ADMIN_AUDIENCE, KeySet, TokenAuth, issue_token
+from gateway.auth import KeySet, TokenAuth, issue_token
 from gateway.settings import Settings
 from routing import parse_policy
 from routing.policy import KubernetesPoolOptions, OrgRule, PolicyDocument, PoolSpec, RoutingRules

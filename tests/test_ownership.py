@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from gateway.api import create_control_app
@@ -38,6 +37,7 @@ from routing import Isolation, parse_policy, per_session_sandbox_id, shared_sand
 from routing.policy import KubernetesPoolOptions, PolicyError
 from tests.redis_server import RedisServer
 from tests.clock import T0, FakeClock
+from tests.proxy_helpers import sandbox_http
 
 POLICY_TEXT = """
 pools:
@@ -124,13 +124,7 @@ async def stack(provider_kind: str, redis: RedisServer, tmp_path: Path, aiohttp_
 
 
 async def execute(endpoint: str, command: str) -> str:
-    if endpoint.startswith("unix:"):  # a confined local sandbox answers only on its Unix socket
-        connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=endpoint.removeprefix("unix:"))
-        endpoint = "http://sandbox"
-    else:
-        connector = aiohttp.TCPConnector()
-    async with aiohttp.ClientSession(connector=connector) as http, \
-            http.post(f"{endpoint}/execute", json={"command": command}) as r:
+    async with sandbox_http(endpoint) as (http, base), http.post(f"{base}/execute", json={"command": command}) as r:
         assert r.status == 200
         return (await r.json())["stdout"]
 

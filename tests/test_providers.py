@@ -24,6 +24,7 @@ from kubernetes_asyncio import client
 
 from gateway.model import SandboxRequest
 from gateway.providers.kubernetes import KubernetesProvider
+from gateway.providers.confine import Unconfined
 from gateway.providers.local import LocalProvider
 from gateway.providers.static import StaticProvider
 from gateway.runtime import create_app
@@ -54,7 +55,7 @@ async def local_harness(tmp_path: Path) -> AsyncIterator[ProviderHarness]:
     started: list[LocalProvider] = []
 
     async def provider() -> LocalProvider:
-        made = LocalProvider(data, stop_on_close=not started, python=str(wrapper))
+        made = LocalProvider(data, stop_on_close=not started, confinement=Unconfined(str(wrapper)))
         await made.start(lost if not started else (lambda _sandbox_id: None))
         started.append(made)
         return made
