@@ -93,9 +93,8 @@ def launch_gateway(backend_port: int, workers: int, *, fast_path: bool = True,
 def _gateway_worker(port: int, backend_port: int, fast_path: bool) -> None:
     import uvloop
 
-    from gateway.model import Endpoint, Owner
+    from gateway.model import Endpoint, Owner, Route
     from gateway.proxy import DataPlane
-    from gateway.sessions import Route
     from gateway.settings import Settings
     from routing import Identity
 

@@ -16,9 +16,8 @@ import pytest
 from aiohttp import web
 
 from gateway.errors import GatewayError
-from gateway.model import Endpoint, Owner
+from gateway.model import Endpoint, Owner, Route
 from gateway.proxy import DataPlane, RequestLog
-from gateway.sessions import Route
 from gateway.settings import Settings
 from routing import Identity
 
@@ -307,9 +306,8 @@ def request_bytes(method: str = "GET", path: str = "/", headers: dict[str, str] 
 GATEWAY_PROCESS = """
 import asyncio, socket, sys
 import uvloop
-from gateway.model import Endpoint, Owner
+from gateway.model import Endpoint, Owner, Route
 from gateway.proxy import DataPlane
-from gateway.sessions import Route
 from gateway.settings import Settings
 
 class Fixed:

@@ -32,7 +32,7 @@ from gateway.proxy._wsframe import CLOSE_MESSAGE_TOO_BIG, MessageSizeGuard, clos
 if TYPE_CHECKING:
     from gateway.proxy._plane import DataPlane
     from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
-    from gateway.sessions import Route
+    from gateway.model import Route
     from routing import Identity
 
 log = logging.getLogger("gateway.proxy")

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
 
     from gateway.proxy._client import ClientConnection
     from gateway.proxy._upstream import UpstreamConnection
-    from gateway.sessions import Route
+    from gateway.model import Route
     from routing import Identity
 
 # Exchange.state

@@ -20,7 +20,7 @@ from gateway.proxy._client import ClientConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
 from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
 from gateway.proxy._wire import RequestIds
-from gateway.sessions import Route
+from gateway.model import Route
 from gateway.settings import Settings
 from routing import Identity
 
