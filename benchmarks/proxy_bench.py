@@ -94,8 +94,7 @@ def _gateway_worker(port: int, backend_port: int, fast_path: bool) -> None:
     import uvloop
 
     from gateway.model import Endpoint, Owner, Route
-    from gateway.proxy import DataPlane
-    from gateway.settings import Settings
+    from gateway.proxy import DataPlane, PlaneOptions
     from routing import Identity
 
     endpoint = Endpoint("127.0.0.1", backend_port)
@@ -126,7 +125,8 @@ def _gateway_worker(port: int, backend_port: int, fast_path: bool) -> None:
             pass
 
     class SlowPathResolver(FixedResolver):
-        cached_route = None  # type: ignore[assignment]
+        def cached_route(self, identity: Identity) -> Route | None:
+            return None  # a miss every time: one task per request
 
         async def resolve(self, identity: Identity) -> Route:
             return FixedResolver.cached_route(self, identity)  # type: ignore[return-value]
@@ -139,7 +139,7 @@ def _gateway_worker(port: int, backend_port: int, fast_path: bool) -> None:
         sock.listen(4096)
         sock.setblocking(False)
         resolver = FixedResolver() if fast_path else SlowPathResolver()
-        plane = DataPlane(resolver, Settings(upstream_pool_size=512))
+        plane = DataPlane(resolver, PlaneOptions(upstream_pool_size=512))
         await plane.start(sock)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

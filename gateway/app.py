@@ -132,14 +132,16 @@ class Gateway:
         return cls(settings, policy, store, build_providers(settings, policy), metrics)
 
     async def start(self, data_sock: socket.socket, control_sock: socket.socket) -> None:
-        from gateway.proxy import DataPlane
+        from gateway.limits import OrgLimits
+        from gateway.proxy import DataPlane, NoRouterHeaders, PlaneOptions
 
         await self.provider.start(self.router.sandbox_lost)
         if self._locator is not None:
             await self._locator.start()
-        self.data_plane = DataPlane(self.router, self.settings, on_request=self._on_request,
-                                    authenticator=self.authenticator,  # its OrgLimits come from the settings
-                                    compat=self.compat)
+        self.data_plane = DataPlane(self.router, PlaneOptions.from_settings(self.settings),
+                                    on_request=self._on_request, authenticator=self.authenticator,
+                                    limits=OrgLimits.from_settings(self.settings),
+                                    compat=self.compat if self.compat is not None else NoRouterHeaders())
         await self.data_plane.start(data_sock)
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin)
         self._control_runner = web.AppRunner(control, access_log=None, handle_signals=False)

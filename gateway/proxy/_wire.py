@@ -1,7 +1,7 @@
 """Bytes on the wire: header tables, response heads, error pages, request IDs.
 
 Everything here is a pure function or a constant, so the protocol classes in
-``_client`` and ``_upstream`` only move bytes and never format text on the hot
+``_request``, ``_downstream`` and ``_upstream`` only move bytes and never format text on the hot
 path beyond one ``join`` per message head.
 """
 
@@ -13,9 +13,7 @@ import re
 import secrets
 from http import HTTPStatus
 
-from gateway.errors import BadRequest, GatewayError, error_body
-from gateway.auth import Authenticator
-from routing import Identity
+from gateway.errors import GatewayError, error_body
 
 # -- request headers ----------------------------------------------------------
 # Lower-cased names with a meaning to the proxy; every other header passes through.
@@ -222,26 +220,6 @@ def error_response(exc: GatewayError, request_id: bytes, *, close: bool, keep_al
     parts.append(CRLF)
     parts.append(body)
     return b"".join(parts)
-
-
-def identify(authenticator: Authenticator, org: bytes | None, user: bytes | None, session: bytes | None,
-             bot: bytes | None, authorization: bytes | None) -> Identity:
-    """Identity from the raw header values through the configured authenticator.
-
-    Every error names the header to fix (``BadRequest``) or the token problem (``Unauthorized``).
-    """
-    return authenticator.identify(_decode(b"X-Org-Id", org), _decode(b"X-User-Id", user),
-                                  _decode(b"X-Session-Id", session), _decode(b"X-Bot-Id", bot),
-                                  _decode(b"Authorization", authorization))
-
-
-def _decode(header: bytes, value: bytes | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadRequest(f"{header.decode()}: must be valid UTF-8", code="invalid_identity") from None
 
 
 sane_request_id = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}").fullmatch
