@@ -10,8 +10,9 @@ byte, and asks them in this order:
    keep-alive connection repeats the same headers on every request);
 2. :meth:`Admission.admit`: the org's request rate and, for a request that
    declares itself a stream, a stream slot (``gateway.limits``);
-3. :meth:`Admission.cached_route`: the route from the session layer's cache,
-   or None when it has to be resolved (a task: creation, a store round trip).
+3. ``Admission.cached_route``: the route from the session layer's cache, or
+   None when it has to be resolved (a task: creation, a store round trip). It
+   is the resolver's own bound method, not a wrapper: it runs on every request.
 
 Each raises a :class:`~gateway.errors.GatewayError` to refuse. Nothing here
 allocates beyond what the answer needs: the memo lives in slots of the caller's
@@ -21,19 +22,16 @@ attribute check.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.auth import Authenticator
-from gateway.errors import BadRequest, GatewayError
+from gateway.errors import BadRequest
 from gateway.limits import OrgLimits, limit_key
 
 if TYPE_CHECKING:
     from gateway.model import Route
     from routing import Identity
-
-log = logging.getLogger("gateway.proxy")
 
 # The raw credentials of one request: X-Org-Id, X-User-Id, X-Session-Id, X-Bot-Id, Authorization.
 Credentials = tuple[bytes | None, bytes | None, bytes | None, bytes | None, bytes | None]
@@ -49,7 +47,7 @@ class IdentityMemo(Protocol):
 class Admission:
     """The authenticator, the org limits and the route cache behind one front door."""
 
-    __slots__ = ("authenticator", "limits", "limited", "caps_streams", "_cached_route")
+    __slots__ = ("authenticator", "limits", "limited", "caps_streams", "cached_route")
 
     def __init__(self, authenticator: Authenticator, limits: OrgLimits,
                  cached_route: Callable[[Identity], Route | None]) -> None:
@@ -57,7 +55,9 @@ class Admission:
         self.limits = limits
         self.limited = limits.active            # read by callers to skip admit() when no limit is set
         self.caps_streams = limits.caps_streams  # ... and to skip working out whether a request is a stream
-        self._cached_route = cached_route
+        # Which route: the route for an identity from the session layer's cache, synchronously; None
+        # on a miss (resolve it in a task). A GatewayError (a foreign session, say) refuses.
+        self.cached_route = cached_route
 
     def identify(self, memo: IdentityMemo, credentials: Credentials) -> Identity:
         """Who is this: the identity for ``credentials``, the memo's when they repeat (and may be memoised)."""
@@ -94,20 +94,6 @@ class Admission:
 
     def stream_closed(self, key: str) -> None:
         self.limits.close_stream(key)
-
-    def cached_route(self, identity: Identity) -> Route | None:
-        """Which route, if the session layer knows it without waiting; None: resolve it in a task.
-
-        A GatewayError (a foreign session, say) refuses the request; any other
-        failure of the cache is logged and treated as a miss.
-        """
-        try:
-            return self._cached_route(identity)
-        except GatewayError:
-            raise
-        except Exception:
-            log.exception("route cache lookup failed")
-            return None
 
 
 def identify(authenticator: Authenticator, org: bytes | None, user: bytes | None, session: bytes | None,

@@ -281,6 +281,9 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
         except GatewayError as exc:
             self.fail(ex, exc)
             return
+        except Exception:
+            log.exception("route cache lookup failed")  # a bug in the cache: resolve as on a miss
+            route = None
         if route is not None:
             # Carrying: an idle pooled connection to the route's endpoint, if there is one.
             if route is self.route_key:
