@@ -349,11 +349,13 @@ async def _sse_rate(port: int, events: int, headers: dict[str, str]) -> float:
     writer.write(f"GET /sse?n={events} HTTP/1.1\r\nHost: bench\r\n{extra}\r\n".encode())
     start = time.perf_counter()
     seen = 0
+    last = b""
     while seen < events:
         data = await reader.read(1 << 16)
         if not data:
             break
-        seen += data.count(b"\n\n")
+        seen += (last + data).count(b"\n\n")  # an event's blank line may be split across two reads
+        last = data[-1:]
     elapsed = time.perf_counter() - start
     writer.close()
     await writer.wait_closed()
