@@ -119,8 +119,12 @@ class RequestReader:
             if previous is not None:
                 ex.reject = BadRequest(f"{w.IDENTITY_HEADER_NAMES[code]}: must be given once", code="invalid_identity")
         elif code == w.R_AUTH:
+            if ex.auth is not None:  # which one would count? (the last used to, silently)
+                ex.reject = BadRequest("Authorization: must be given once", code="invalid_authorization")
             ex.auth = value  # read by the authenticator, never forwarded
         elif code == w.R_HOST:
+            if ex.host is not None:
+                ex.reject = BadRequest("Host: must be given once (RFC 9112)", code="invalid_host")
             ex.host = value
         elif code == w.R_CL:
             if value != b"0":

@@ -75,6 +75,15 @@ REQUEST_HEADERS_EXACT.update({
     b"X-Org-ID": R_ORG, b"X-User-ID": R_USER, b"X-Session-ID": R_SESSION, b"X-Bot-ID": R_BOT,
     b"X-Request-ID": R_REQUEST_ID, b"TE": R_DROP, b"WWW-Authenticate": R_PASS,
 })
+# Underscore spellings of the names above that carry identity or trust (X_Org_Id, X_Sandbox_Id,
+# X_Forwarded_For, ...): never forwarded, as nginx drops every such header by default
+# (underscores_in_headers off). An upstream that maps "_" to "-" (CGI and WSGI servers make both
+# HTTP_X_ORG_ID) would otherwise read them as the real ones. Only in the lower-cased table: the
+# exact-spelling lookup misses, so they cost nothing on the common path.
+REQUEST_HEADERS.update({name.replace(b"-", b"_"): R_DROP for name in (
+    b"x-org-id", b"x-user-id", b"x-session-id", b"x-bot-id", b"x-sandbox-id", b"x-sandbox-namespace",
+    b"x-sandbox-port", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host")})
+
 for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", b"Content-Type", b"Cookie",
               b"Cache-Control", b"Pragma", b"Origin", b"Referer", b"If-None-Match", b"If-Modified-Since", b"Range",
               b"Sec-WebSocket-Key", b"Sec-WebSocket-Version", b"Sec-WebSocket-Extensions",
