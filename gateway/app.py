@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.api import create_control_app
+from gateway.api import ControlRunner, create_control_app
 from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySet, TokenAuth, TrustedHeaders
 from gateway.compat import RouterCompat
 from gateway.errors import GatewayError
@@ -144,7 +144,7 @@ class Gateway:
                                     compat=self.compat if self.compat is not None else NoRouterHeaders())
         await self.data_plane.start(data_sock)
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin)
-        self._control_runner = web.AppRunner(control, access_log=None, handle_signals=False)
+        self._control_runner = ControlRunner(control, access_log=None, handle_signals=False)
         await self._control_runner.setup()
         await web.SockSite(self._control_runner, control_sock).start()
         self.data_address = data_sock.getsockname()[:2]
