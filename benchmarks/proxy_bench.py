@@ -12,8 +12,8 @@ such rounds, so drift in whatever else the machine does hits all three alike.
 Then streaming: SSE events/s and a 100 MB upload, direct vs gateway.
 
 Load generator, backend and proxies share the machine's cores: read the ratios,
-not the absolute numbers. ``--no-fast-path`` gives the resolver no
-``cached_route``, which costs the gateway one task per request.
+not the absolute numbers. ``--no-fast-path`` gives the resolver a
+``cached_route`` that always misses, which costs the gateway one task per request.
 """
 
 from __future__ import annotations
@@ -421,7 +421,7 @@ def main() -> None:
                         help="the whole `sandbox-gateway serve` (access log on) instead of the bare data plane; "
                              "more than one worker needs BENCH_REDIS_URL")
     parser.add_argument("--no-fast-path", action="store_true",
-                        help="resolver without cached_route: one task per request")
+                        help="resolver whose cached_route always misses: one task per request")
     args = parser.parse_args()
     duration = args.duration or (2.0 if args.quick else 5.0)
     repeat = args.repeat or (1 if args.quick else 3)
