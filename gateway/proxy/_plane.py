@@ -120,7 +120,7 @@ class DataPlane:
         self.max_body = options.max_body_bytes
         self.ws_max_message = options.ws_max_message_bytes
         self.body_cap = options.max_body_bytes if options.max_body_bytes is not None else sys.maxsize
-        self.on_request = on_request
+        self.on_request = on_request  # called with a RequestLog for every finished request (settable)
         self.client_keepalive_timeout = client_keepalive_timeout
         self.long_request_after = long_request_after
         self.max_head = options.max_header_bytes
@@ -141,17 +141,6 @@ class DataPlane:
         self._ticks = 0
         self._tick_interval = max(0.01, min(0.5, options.upstream_read_timeout / 4, options.stream_idle_timeout / 4,
                                             options.header_read_timeout / 4))
-
-    @property
-    def on_request(self) -> Callable[[RequestLog], None]:
-        """Called with a RequestLog for every finished request (settable while serving)."""
-        return self._on_request
-
-    @on_request.setter
-    def on_request(self, hook: Callable[[RequestLog], None]) -> None:
-        self._on_request = hook
-        # Chosen once here, not per request: with the null hook no record is built at all.
-        self._report = self._ignore if hook is ignore_requests else self._report_to_hook
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self, sock: socket.socket) -> None:
@@ -281,24 +270,20 @@ class DataPlane:
         if ex.stream_key is not None:
             self.admission.stream_closed(ex.stream_key)
             ex.stream_key = None
-        self._report(ex)
+        hook = self.on_request
+        if hook is not ignore_requests:  # the null hook needs no record: none is built (hot path)
+            route = ex.route
+            record = RequestLog(
+                ex.method.decode("latin-1"), route.pool if route else None, route.sandbox_id if route else None,
+                ex.status, perf_counter() - ex.t0, ex.bytes_in, ex.bytes_out, ex.protocol,
+                (ex.request_id or b"").decode("latin-1"), ex.error,
+                ex.identity.org_id if ex.identity is not None else None, ex.refused)
+            try:
+                hook(record)
+            except Exception:
+                log.exception("on_request hook failed")
         if self._drained is not None and not self.inflight and not self._drained.done():
             self._drained.set_result(None)
-
-    def _ignore(self, ex: Exchange) -> None:
-        pass
-
-    def _report_to_hook(self, ex: Exchange) -> None:
-        route = ex.route
-        record = RequestLog(
-            ex.method.decode("latin-1"), route.pool if route else None, route.sandbox_id if route else None,
-            ex.status, perf_counter() - ex.t0, ex.bytes_in, ex.bytes_out, ex.protocol,
-            (ex.request_id or b"").decode("latin-1"), ex.error,
-            ex.identity.org_id if ex.identity is not None else None, ex.refused)
-        try:
-            self._on_request(record)
-        except Exception:
-            log.exception("on_request hook failed")
 
     # -- the clock ------------------------------------------------------------
     def _tick(self) -> None:
