@@ -3,7 +3,10 @@
 Every error leaves through :func:`error_middleware`, the one place where a
 ``GatewayError`` (or aiohttp's own 404/405/413) becomes the documented JSON
 shape; an unexpected exception is logged with its stack and answered with a
-bare 500 that says nothing about internals.
+bare 500 that says nothing about internals. Bytes that never became a request
+(malformed HTTP) are answered in the same shape by :class:`ControlRunner`.
+Credentials and routing headers are read one way: each may come once
+(:func:`headers_middleware`), as on the data plane.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 
 from gateway.auth import AdminCheck, AllowAll, parse_headers
 from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, error_body
@@ -35,6 +39,14 @@ METRICS = web.AppKey("metrics", Metrics)
 WARNINGS = web.AppKey("warnings", list)
 
 _IDENTITY_FIELDS = ("org_id", "user_id", "session_id", "bot_id")
+
+# Headers that say who is calling: a second copy would leave "which one counts" to whichever
+# reader looks (aiohttp's headers.get takes the first), so each must come once, as on the data
+# plane. (aiohttp's parser itself refuses a second Host, and an HTTP/1.1 request without one.)
+_SINGLE_HEADERS = (
+    ("Authorization", "invalid_authorization"), ("X-Org-Id", "invalid_identity"), ("X-User-Id", "invalid_identity"),
+    ("X-Session-Id", "invalid_identity"), ("X-Bot-Id", "invalid_identity"),
+)
 
 
 def json_error(exc: GatewayError) -> web.Response:
@@ -60,6 +72,16 @@ async def error_middleware(request: web.Request, handler: Callable[[web.Request]
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return json_error(GatewayError("internal error; the gateway logged the details"))
+
+
+@web.middleware
+async def headers_middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Credentials once each, whichever call reads them."""
+    headers = request.headers
+    for name, code in _SINGLE_HEADERS:
+        if len(headers.getall(name, ())) > 1:
+            raise BadRequest(f"{name}: must be given once", code=code)
+    return await handler(request)
 
 
 @web.middleware
@@ -189,7 +211,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[list[str]]], metrics_: Metrics,
                        admin: AdminCheck = AllowAll(), *, warnings: list[str] | None = None) -> web.Application:
-    app = web.Application(middlewares=[error_middleware, admin_middleware], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[error_middleware, headers_middleware, admin_middleware],
+                          client_max_size=64 * 1024)
     app[WARNINGS] = list(warnings or [])
     app[ROUTER] = router
     app[ADMIN] = admin
@@ -204,3 +227,52 @@ def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     return app
+
+
+# -- malformed HTTP --------------------------------------------------------------------------
+# Bytes that aiohttp cannot parse never reach the app or its middlewares: its RequestHandler
+# answers them itself in handle_error(), as text/plain that quotes the offending bytes back
+# (a reflection of whatever the client sent, and not our error shape). aiohttp has no public
+# hook for that answer, so the control port runs a RequestHandler subclass (web.RequestHandler
+# is exported) that overrides handle_error, created by a Server subclass, which ControlRunner
+# builds in place of the app's own. tests/test_hostile_credentials.py sends raw bad bytes to a
+# real serve and pins the JSON answer, so an aiohttp upgrade that moves this seam fails there.
+
+def _protocol_error(status: int, exc: BaseException | None) -> GatewayError:
+    if status == 400:
+        if isinstance(exc, LineTooLong):
+            return BadRequest("the request line or a header is too long", code="header_too_large")
+        # Not aiohttp's message: several of them quote the request bytes back.
+        return BadRequest("malformed HTTP request (a bad request line or header, a Host missing or given twice, "
+                          "or bad framing); the control API takes HTTP/1.1 requests with JSON bodies")
+    # Past error_middleware only for failures outside a handler (aiohttp's 500 and 504).
+    error = GatewayError("internal error; the gateway logged the details")
+    error.status = status  # type: ignore[misc]  # keep aiohttp's status, our body shape
+    return error
+
+
+class _JsonErrorHandler(web.RequestHandler):
+    __slots__ = ()
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        # aiohttp's own: logs, and raises when part of a response already left (then it closes).
+        super().handle_error(request, status, exc, None)
+        response = json_error(_protocol_error(status, exc))
+        response.force_close()
+        return response
+
+
+class _JsonErrorServer(web.Server):
+    def __call__(self) -> web.RequestHandler:
+        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)  # what web.Server.__call__ does
+
+
+class ControlRunner(web.AppRunner):
+    """``web.AppRunner`` whose connections answer malformed HTTP in the JSON error shape."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()  # starts the app
+        return _JsonErrorServer(server.request_handler, request_factory=server.request_factory,
+                                handler_cancellation=server.handler_cancellation, loop=server._loop,
+                                **server._kwargs)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from gateway.api import create_control_app
+from gateway.api import ControlRunner, create_control_app
 from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySet, TokenAuth, TrustedHeaders
 from gateway.compat import RouterCompat
 from gateway.errors import GatewayError
@@ -170,18 +170,20 @@ class Gateway:
         return cls(settings, policy, store, build_providers(settings, policy), metrics)
 
     async def start(self, data_sock: socket.socket, control_sock: socket.socket) -> None:
-        from gateway.proxy import DataPlane
+        from gateway.limits import OrgLimits
+        from gateway.proxy import DataPlane, NoRouterHeaders, PlaneOptions
 
         await self.provider.start(self.router.sandbox_lost)
         if self._locator is not None:
             await self._locator.start()
-        self.data_plane = DataPlane(self.router, self.settings, on_request=self._on_request,
-                                    authenticator=self.authenticator,  # its OrgLimits come from the settings
-                                    compat=self.compat)
+        self.data_plane = DataPlane(self.router, PlaneOptions.from_settings(self.settings),
+                                    on_request=self._on_request, authenticator=self.authenticator,
+                                    limits=OrgLimits.from_settings(self.settings),
+                                    compat=self.compat if self.compat is not None else NoRouterHeaders())
         await self.data_plane.start(data_sock)
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
                                      warnings=self._provider_warnings())
-        self._control_runner = web.AppRunner(control, access_log=None, handle_signals=False)
+        self._control_runner = ControlRunner(control, access_log=None, handle_signals=False)
         await self._control_runner.setup()
         await web.SockSite(self._control_runner, control_sock).start()
         self.data_address = data_sock.getsockname()[:2]

@@ -123,6 +123,19 @@ def _load_key(base: Path, entry: Any, index: int) -> Key:
     return Key(entry["kid"], alg, algorithm.prepare_key(public), algorithm.prepare_key(private) if private else None)
 
 
+def bearer_token(authorization: str | None) -> str:
+    """The token of an ``Authorization: Bearer <token>`` value, or ``Unauthorized``.
+
+    The scheme is case-insensitive (RFC 9110 section 11.1: ``bearer``, ``BEARER``), and one or
+    more spaces may follow it; the token itself is taken as sent.
+    """
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("an Authorization: Bearer <token> header is required")
+    return token
+
+
 class TokenAuth:
     """Verifies bearer JWTs; claims win over headers, the session comes from ``X-Session-Id``."""
 
@@ -138,9 +151,7 @@ class TokenAuth:
 
     def claims(self, authorization: str | None) -> tuple[str | None, str, str | None]:
         """(org, user, bot) from a valid token, or ``Unauthorized`` saying what is wrong."""
-        if not authorization or not authorization.startswith("Bearer "):
-            raise Unauthorized("an Authorization: Bearer <token> header is required")
-        token = authorization[7:].strip()
+        token = bearer_token(authorization)
         now = self._clock()
         cached = self._cache.get(token)
         if cached is not None:

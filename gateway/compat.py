@@ -26,8 +26,7 @@ from typing import Protocol
 
 from gateway.auth import AdminCheck
 from gateway.errors import BadRequest, Forbidden
-from gateway.model import Endpoint, Owner
-from gateway.sessions import Route
+from gateway.model import Endpoint, Owner, Route
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_PORT = 8888

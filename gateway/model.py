@@ -102,6 +102,17 @@ def may_claim(sandbox_id: str, recorded: Owner | None, made_at: float, claimant:
 
 
 @dataclass(frozen=True, slots=True)
+class Route:
+    """Everything the data plane needs to forward one request: the session layer's answer."""
+
+    session_id: str
+    sandbox_id: str
+    pool: str
+    endpoint: Endpoint
+    owner: Owner
+
+
+@dataclass(frozen=True, slots=True)
 class Binding:
     """A session's sandbox, fixed for the life of the session (a stored binding wins)."""
 

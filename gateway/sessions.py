@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.errors import CapacityExceeded, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
-from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxRequest, SandboxState, may_claim
+from gateway.model import Binding, Owner, Route, SandboxRecord, SandboxRequest, SandboxState, may_claim
 from gateway.providers.base import ForeignSandbox, SandboxProvider
 from gateway.store.base import INVALIDATE_ALL, Caps, NotReserved, SessionStore, Settled, SettleTimeout
 from routing import Identity, Isolation, Placement, Policy, place
@@ -51,17 +51,6 @@ class NoEvents:
     def capacity_rejected(self, scope: str) -> None: ...
     def reaped(self, reason: str) -> None: ...
     def denied(self, reason: str) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """Everything the data plane needs to forward one request."""
-
-    session_id: str
-    sandbox_id: str
-    pool: str
-    endpoint: Endpoint
-    owner: Owner
 
 
 @dataclass(slots=True)

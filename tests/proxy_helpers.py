@@ -20,9 +20,9 @@ import pytest
 from aiohttp import web
 
 from gateway.errors import GatewayError
-from gateway.model import Endpoint, Owner
-from gateway.proxy import DataPlane, RequestLog
-from gateway.sessions import Route
+from gateway.model import Endpoint, Owner, Route
+from gateway.limits import OrgLimits
+from gateway.proxy import DataPlane, PlaneOptions, RequestLog
 from gateway.settings import Settings
 from routing import Identity
 
@@ -70,6 +70,9 @@ class FakeResolver:
         assert endpoint is not None, f"no endpoint for session {identity.session_id}"
         sandbox_id = self.sandbox_ids.get(identity.session_id, self.sandbox_id)
         return Route(identity.session_id, sandbox_id, self.pool, endpoint, Owner.of(identity))
+
+    def cached_route(self, identity: Identity) -> Route | None:
+        return None  # no cache: every request resolves in a task
 
     async def resolve(self, identity: Identity) -> Route:
         self.resolves += 1
@@ -187,7 +190,8 @@ async def gateways() -> AsyncIterator[StartGateway]:
         settings = Settings(**{**TEST_SETTINGS, **overrides})  # type: ignore[arg-type]
         sock = listening_socket()
         port = sock.getsockname()[1]
-        plane = DataPlane(resolver, settings, long_request_after=long_request_after)  # type: ignore[arg-type]
+        plane = DataPlane(resolver, PlaneOptions.from_settings(settings), limits=OrgLimits.from_settings(settings),
+                          long_request_after=long_request_after)  # type: ignore[arg-type]
         gateway = Gateway(plane, port)
         gateway.plane.on_request = gateway.records.append
         await gateway.plane.start(sock)
@@ -340,22 +344,21 @@ def request_bytes(method: str = "GET", path: str = "/", headers: dict[str, str] 
 GATEWAY_PROCESS = """
 import asyncio, socket, sys
 import uvloop
-from gateway.model import Endpoint, Owner
+from gateway.model import Endpoint, Owner, Route
 from gateway.proxy import DataPlane
-from gateway.sessions import Route
-from gateway.settings import Settings
 
 class Fixed:
     def __init__(self, endpoint): self.endpoint = endpoint
     async def resolve(self, identity):
         return Route(identity.session_id, "ses-mem", "small", self.endpoint, Owner.of(identity))
+    def cached_route(self, identity): return None
     def invalidate(self, key): pass
     def stream_opened(self, sandbox_id): pass
     def stream_closed(self, sandbox_id): pass
 
 async def main():
     sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(16); sock.setblocking(False)
-    plane = DataPlane(Fixed(Endpoint("127.0.0.1", int(sys.argv[1]))), Settings())
+    plane = DataPlane(Fixed(Endpoint("127.0.0.1", int(sys.argv[1]))))
     await plane.start(sock)
     print(sock.getsockname()[1], flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)

@@ -5,21 +5,34 @@ Written directly on asyncio protocols with httptools parsers on both sides
 handful of callbacks and one small state object, not a task and a stack of
 wrappers::
 
-    client socket -> ClientConnection (HttpRequestParser) -> Exchange -> UpstreamConnection (HttpResponseParser)
-                                 ^                                                   |
-                                 +---------------- response bytes, as they arrive ---+
+    client socket -> DownstreamConnection (HttpRequestParser) -> Exchange -> UpstreamConnection (HttpResponseParser)
+                         |  admission: who, may they, which route            |
+                         +<------------- response bytes, as they arrive -----+
 
-- ``_client``    requests: identity, routing, head rewrite, body streaming, pipelining, upgrades
-- ``_upstream``  responses and the per-endpoint keep-alive pool
-- ``_plane``     :class:`DataPlane` (start/stop/drain, connect with retries, the coarse clock)
-- ``_wire``      header tables and byte builders
-- ``_exchange``  per-request state and :class:`RequestLog`
+Three rooms, each with its own modules:
+
+- **Admission** (``_admission``): who is this (the identity from headers or a
+  token, memoised per connection), may they (org rate, stream slots), which
+  route (the session layer's cache, synchronously). Small and synchronous
+  first, so every front door (identity headers today; host, path and access-token
+  keys and the gRPC front next) asks the same questions the same way.
+- **Carrying**: the downstream side (``_downstream``: serving a client's
+  requests in order, head rewrite, body streaming, pipelining, upgrades, errors;
+  ``_request``: the httptools callbacks that read them) and the upstream side
+  (``_upstream``: responses, and the per-endpoint keep-alive pool that alone
+  takes and releases connections), with the bytes they write (``_wire``), the
+  per-request state (``_exchange``) and WebSocket frame checks (``_wsframe``).
+- **Wiring** (``_plane``): :class:`DataPlane` starts, drains and stops, connects
+  with retries, keeps the coarse clock and the deadlines, reports each finished
+  request; it takes :class:`PlaneOptions` (a few values, not the whole
+  ``Settings``) and its seams as protocols with null objects for what is off
+  (``RouteResolver``; ``RouterHeaders``/``NoRouterHeaders``; ``on_request``).
 
 Flow control is the transports' own: a full write buffer on one side pauses
 reading on the other, so bodies of any size stream in constant memory.
 """
 
 from gateway.proxy._exchange import RequestLog
-from gateway.proxy._plane import DataPlane, RouteResolver
+from gateway.proxy._plane import DataPlane, NoRouterHeaders, PlaneOptions, RouteResolver, RouterHeaders
 
-__all__ = ["DataPlane", "RequestLog", "RouteResolver"]
+__all__ = ["DataPlane", "NoRouterHeaders", "PlaneOptions", "RequestLog", "RouteResolver", "RouterHeaders"]

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import asyncio
 
-    from gateway.proxy._client import ClientConnection
+    from gateway.proxy._downstream import DownstreamConnection
     from gateway.proxy._upstream import UpstreamConnection
-    from gateway.sessions import Route
+    from gateway.model import Route
     from routing import Identity
 
 # Exchange.state
@@ -44,7 +44,7 @@ class Exchange:
         "protocol", "error", "retried", "stream_key", "refused", "compat",
     )
 
-    def __init__(self, client: ClientConnection) -> None:
+    def __init__(self, client: DownstreamConnection) -> None:
         self.client = client
         self.url = b""
         self.method = b""

@@ -1,28 +1,31 @@
-"""DataPlane: serves the proxy on a listening socket, owns the upstream pools and the clock."""
+"""DataPlane: wiring. Serves the proxy on a listening socket, owns the upstream pools and the clock."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import socket
 import sys
 from collections.abc import Callable
 from time import perf_counter
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.auth import Authenticator, TrustedHeaders
-from gateway.compat import RouterCompat
-from gateway.errors import UpstreamConnectError
-from gateway.limits import OrgLimits, limit_key
-from gateway.proxy._client import ClientConnection
+from gateway.errors import NotFound, UpstreamConnectError
+from gateway.limits import OrgLimits
+from gateway.model import Route
+from gateway.proxy._admission import Admission
+from gateway.proxy._downstream import DownstreamConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
 from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
 from gateway.proxy._wire import RequestIds
-from gateway.sessions import Route
-from gateway.settings import Settings
 from routing import Identity
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 log = logging.getLogger("gateway.proxy")
 
@@ -31,14 +34,34 @@ LONG_REQUEST_AFTER = 10.0         # an exchange open this long counts as a strea
 WRITE_BUFFER_HIGH = 256 * 1024    # per transport; reading from the other side pauses above this
 
 
-class RouteResolver(Protocol):
-    """What the data plane needs from the session layer (``SessionRouter`` satisfies it).
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlaneOptions:
+    """The settings the data plane reads (the defaults are ``Settings``' own); see ``gateway.settings``."""
 
-    A resolver may also offer ``cached_route(identity) -> Route | None``: a
-    synchronous answer from its cache (None on a miss; it may raise a
-    GatewayError just like ``resolve``). The data plane then serves cached
-    routes without creating a task per request.
-    """
+    max_header_bytes: int = 32_768
+    max_body_bytes: int | None = None
+    ws_max_message_bytes: int | None = None
+    trust_forwarded_for: bool = False
+    header_read_timeout: float = 10.0
+    upstream_connect_timeout: float = 5.0
+    upstream_connect_retries: int = 3
+    upstream_connect_backoff: float = 0.05
+    upstream_read_timeout: float = 60.0
+    upstream_pool_size: int = 256
+    upstream_keepalive_timeout: float = 30.0
+    stream_idle_timeout: float = 300.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PlaneOptions:
+        return cls(**{field.name: getattr(settings, field.name) for field in dataclasses.fields(cls)})
+
+
+class RouteResolver(Protocol):
+    """What the data plane needs from the session layer (``SessionRouter`` satisfies it)."""
+
+    def cached_route(self, identity: Identity) -> Route | None:
+        """A synchronous answer from the resolver's cache, None on a miss; may raise a GatewayError
+        just like ``resolve``. A hit is served without creating a task for the request."""
 
     async def resolve(self, identity: Identity) -> Route: ...
 
@@ -49,33 +72,62 @@ class RouteResolver(Protocol):
     def stream_closed(self, sandbox_id: str) -> None: ...
 
 
+class RouterHeaders(Protocol):
+    """agent-sandbox's router headers (``gateway.compat.RouterCompat`` satisfies it)."""
+
+    def target(self, sandbox: bytes, namespace: bytes | None, port: bytes | None,
+               authorization: bytes | None) -> Any:
+        """Where the headers point (checked), or None when they are not honoured: route by identity."""
+
+    async def route(self, target: Any) -> Route: ...
+
+    def forget(self, target: Any) -> None: ...
+
+
+class NoRouterHeaders:
+    """The null object (router headers off, the default): the headers are dropped, the request routes by identity."""
+
+    def target(self, sandbox: bytes, namespace: bytes | None, port: bytes | None,
+               authorization: bytes | None) -> None:
+        return None
+
+    async def route(self, target: Any) -> Route:
+        raise NotFound("router headers are not enabled")  # unreachable: target() never gives one
+
+    def forget(self, target: Any) -> None:
+        pass
+
+
+def ignore_requests(record: RequestLog) -> None:
+    """The null ``on_request`` hook; the plane then builds no RequestLog at all."""
+
+
 class DataPlane:
     """The HTTP/1.1, SSE and WebSocket reverse proxy in front of the sandboxes."""
 
-    def __init__(self, resolver: RouteResolver, settings: Settings, *,
-                 on_request: Callable[[RequestLog], None] | None = None,
+    def __init__(self, resolver: RouteResolver, options: PlaneOptions = PlaneOptions(), *,
+                 on_request: Callable[[RequestLog], None] = ignore_requests,
                  authenticator: Authenticator = TrustedHeaders(),
                  limits: OrgLimits | None = None,
-                 compat: RouterCompat | None = None,
+                 compat: RouterHeaders = NoRouterHeaders(),
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
                  long_request_after: float = LONG_REQUEST_AFTER) -> None:
         self.resolver = resolver
-        self.authenticator = authenticator
-        self.limits = limits if limits is not None else OrgLimits.from_settings(settings)
+        self.options = options
+        self.limits = limits if limits is not None else OrgLimits()  # no limits
+        self.admission = Admission(authenticator, self.limits, resolver.cached_route)
         self.compat = compat
-        self.max_body = settings.max_body_bytes
-        self.ws_max_message = settings.ws_max_message_bytes
-        self.body_cap = settings.max_body_bytes if settings.max_body_bytes is not None else sys.maxsize
-        self.settings = settings
-        self.on_request = on_request
-        self.cached_route: Callable[[Identity], Route | None] | None = getattr(resolver, "cached_route", None)
+        self.max_body = options.max_body_bytes
+        self.ws_max_message = options.ws_max_message_bytes
+        self.body_cap = options.max_body_bytes if options.max_body_bytes is not None else sys.maxsize
+        self.on_request = on_request  # called with a RequestLog for every finished request (settable)
         self.client_keepalive_timeout = client_keepalive_timeout
         self.long_request_after = long_request_after
-        self.max_head = settings.max_header_bytes
-        self.trust_xff = settings.trust_forwarded_for
+        self.max_head = options.max_header_bytes
+        self.trust_xff = options.trust_forwarded_for
         self.write_high = WRITE_BUFFER_HIGH
         self.ids = RequestIds()
-        self.clients: set[ClientConnection] = set()
+        self.clients: set[DownstreamConnection] = set()
         self.inflight = 0
         self.pools: dict[tuple[str, int], UpstreamPool] = {}
         self.streams = 0
@@ -87,8 +139,8 @@ class DataPlane:
         self._timer: asyncio.TimerHandle | None = None
         self._drained: asyncio.Future[None] | None = None
         self._ticks = 0
-        self._tick_interval = max(0.01, min(0.5, settings.upstream_read_timeout / 4, settings.stream_idle_timeout / 4,
-                                            settings.header_read_timeout / 4))
+        self._tick_interval = max(0.01, min(0.5, options.upstream_read_timeout / 4, options.stream_idle_timeout / 4,
+                                            options.header_read_timeout / 4))
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self, sock: socket.socket) -> None:
@@ -97,7 +149,7 @@ class DataPlane:
         self.ids = RequestIds()  # the prefix carries this process's ID
         self.now = self.loop.time()
         self._server = await self.loop.create_server(
-            functools.partial(ClientConnection, self), sock=sock, backlog=2048)
+            functools.partial(DownstreamConnection, self), sock=sock, backlog=2048)
         self._timer = self.loop.call_later(self._tick_interval, self._tick)
 
     async def stop(self, drain_timeout: float) -> None:
@@ -138,7 +190,7 @@ class DataPlane:
         key = (endpoint.host, endpoint.port)
         pool = self.pools.get(key)
         if pool is None:
-            pool = self.pools[key] = UpstreamPool(self, endpoint.host, endpoint.port, self.settings.upstream_pool_size)
+            pool = self.pools[key] = UpstreamPool(self, endpoint.host, endpoint.port, self.options.upstream_pool_size)
         return pool
 
     async def open_route(self, ex: Exchange, identity: Identity | None, route: Route | None, fresh: bool
@@ -149,14 +201,13 @@ class DataPlane:
         ``identity`` is None for a request addressed by the router headers (``ex.compat``)."""
         resolver = self.resolver
         if route is None:
-            route = await (resolver.resolve(identity) if identity is not None
-                           else self.compat.route(ex.compat))  # type: ignore[union-attr]
+            route = await (resolver.resolve(identity) if identity is not None else self.compat.route(ex.compat))
         ex.route = route
         try:
             return await self.connect(route, fresh)
         except UpstreamConnectError:
             if identity is None:
-                self.compat.forget(ex.compat)  # type: ignore[union-attr]
+                self.compat.forget(ex.compat)
                 raise
             resolver.invalidate(identity.session_id)
             again = await resolver.resolve(identity)
@@ -172,23 +223,23 @@ class DataPlane:
             conn = pool.take()
             if conn is not None:
                 return conn
-        settings = self.settings
+        options = self.options
         endpoint = route.endpoint
         factory = functools.partial(UpstreamConnection, self, pool)
         ssl = True if endpoint.scheme == "https" else None
-        delay = settings.upstream_connect_backoff
-        attempts = settings.upstream_connect_retries + 1
+        delay = options.upstream_connect_backoff
+        attempts = options.upstream_connect_retries + 1
         reason = ""
         for attempt in range(attempts):
             try:
-                async with asyncio.timeout(settings.upstream_connect_timeout):
+                async with asyncio.timeout(options.upstream_connect_timeout):
                     if endpoint.unix is not None:
                         _, conn = await self.loop.create_unix_connection(factory, endpoint.unix, ssl=ssl)
                     else:
                         _, conn = await self.loop.create_connection(factory, endpoint.host, endpoint.port, ssl=ssl)
                 return conn
             except TimeoutError:
-                reason = f"connect timed out after {settings.upstream_connect_timeout:g}s"
+                reason = f"connect timed out after {options.upstream_connect_timeout:g}s"
             except OSError as exc:
                 reason = exc.strerror or type(exc).__name__
             if attempt + 1 < attempts:
@@ -208,10 +259,8 @@ class DataPlane:
         if ex.identity is None:
             return  # addressed by the router headers: not a sandbox of ours
         self.resolver.stream_opened(ex.route.sandbox_id)
-        if ex.stream_key is None and self.limits.caps_streams:
-            # Too late for a 429: an undeclared stream counts against the org's next ones.
-            ex.stream_key = limit_key(ex.identity)
-            self.limits.open_stream(ex.stream_key, force=True)
+        if ex.stream_key is None:
+            ex.stream_key = self.admission.stream_began(ex.identity)
 
     def finished(self, ex: Exchange) -> None:
         """Bookkeeping for an exchange that is over: counters, streams, the on_request record."""
@@ -223,10 +272,10 @@ class DataPlane:
             if ex.identity is not None:
                 self.resolver.stream_closed(ex.route.sandbox_id)  # type: ignore[union-attr]
         if ex.stream_key is not None:
-            self.limits.close_stream(ex.stream_key)
+            self.admission.stream_closed(ex.stream_key)
             ex.stream_key = None
-        on_request = self.on_request
-        if on_request is not None:
+        hook = self.on_request
+        if hook is not ignore_requests:  # the null hook needs no record: none is built (hot path)
             route = ex.route
             record = RequestLog(
                 ex.method.decode("latin-1"), route.pool if route else None, route.sandbox_id if route else None,
@@ -234,7 +283,7 @@ class DataPlane:
                 (ex.request_id or b"").decode("latin-1"), ex.error,
                 ex.identity.org_id if ex.identity is not None else None, ex.refused)
             try:
-                on_request(record)
+                hook(record)
             except Exception:
                 log.exception("on_request hook failed")
         if self._drained is not None and not self.inflight and not self._drained.done():
@@ -255,11 +304,11 @@ class DataPlane:
     def _check_deadlines(self, now: float) -> None:
         """Timeouts (request heads, upstream answers, idle streams), long-request promotion, idle pools
         and idle clients; a few times a second."""
-        settings = self.settings
-        read_timeout = settings.upstream_read_timeout
-        idle_timeout = settings.stream_idle_timeout
+        options = self.options
+        read_timeout = options.upstream_read_timeout
+        idle_timeout = options.stream_idle_timeout
         long_after = self.long_request_after
-        header_timeout = settings.header_read_timeout
+        header_timeout = options.header_read_timeout
         check_idle_clients = self._ticks % 8 == 0
         began_before = perf_counter() - long_after  # Exchange.t0 is on the perf_counter clock
         idle_before = now - self.client_keepalive_timeout
@@ -286,7 +335,7 @@ class DataPlane:
                     continue
             if not ex.stream and state != DONE and began_before > ex.t0:
                 self.stream_began(ex)
-        keepalive = settings.upstream_keepalive_timeout
+        keepalive = options.upstream_keepalive_timeout
         for pool in self.pools.values():
             if pool.idle:
                 pool.expire(now - keepalive)

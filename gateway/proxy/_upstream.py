@@ -24,7 +24,7 @@ from gateway.proxy import _wire as w
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
 
 if TYPE_CHECKING:
-    from gateway.proxy._client import ClientConnection
+    from gateway.proxy._downstream import DownstreamConnection
     from gateway.proxy._plane import DataPlane
 
 log = logging.getLogger("gateway.proxy")
@@ -47,6 +47,7 @@ class UpstreamPool:
         self.size = size
 
     def take(self) -> UpstreamConnection | None:
+        """The most recently used idle connection that is still open, or None."""
         idle = self.idle
         while idle:
             conn = idle.pop()
@@ -56,6 +57,7 @@ class UpstreamPool:
         return None
 
     def release(self, conn: UpstreamConnection) -> None:
+        """Keep ``conn`` (its exchange complete) for the next request, or close it when the pool is full."""
         if len(self.idle) >= self.size or self.plane.closed:
             conn.close()
             return
@@ -132,7 +134,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.dechunker: _Dechunker | None = None
 
     # -- pausing ------------------------------------------------------------
-    def sync_pauses(self, client: ClientConnection) -> None:
+    def sync_pauses(self, client: DownstreamConnection) -> None:
         """On attach: a slow client pauses our reading; our full buffer pauses the client's."""
         if client.wpaused:
             self.pause_for_client()
@@ -432,12 +434,7 @@ class UpstreamConnection(asyncio.Protocol):
                 ex.client.resume(1)
             self.resume_for_client()
         if self.keep and ex.req_done and not self.broken and not self.closed:
-            pool = self.pool
-            if len(pool.idle) < pool.size and not self.plane.closed:
-                self.idle_since = self.plane.now
-                pool.idle.append(self)
-            else:
-                self.close()
+            self.pool.release(self)
         elif ex.req_done:
             self.close()
         else:

@@ -1,7 +1,7 @@
 """Bytes on the wire: header tables, response heads, error pages, request IDs.
 
 Everything here is a pure function or a constant, so the protocol classes in
-``_client`` and ``_upstream`` only move bytes and never format text on the hot
+``_request``, ``_downstream`` and ``_upstream`` only move bytes and never format text on the hot
 path beyond one ``join`` per message head.
 """
 
@@ -13,9 +13,7 @@ import re
 import secrets
 from http import HTTPStatus
 
-from gateway.errors import BadRequest, GatewayError, error_body
-from gateway.auth import Authenticator
-from routing import Identity
+from gateway.errors import GatewayError, error_body
 
 # -- request headers ----------------------------------------------------------
 # Lower-cased names with a meaning to the proxy; every other header passes through.
@@ -77,6 +75,15 @@ REQUEST_HEADERS_EXACT.update({
     b"X-Org-ID": R_ORG, b"X-User-ID": R_USER, b"X-Session-ID": R_SESSION, b"X-Bot-ID": R_BOT,
     b"X-Request-ID": R_REQUEST_ID, b"TE": R_DROP, b"WWW-Authenticate": R_PASS,
 })
+# Underscore spellings of the names above that carry identity or trust (X_Org_Id, X_Sandbox_Id,
+# X_Forwarded_For, ...): never forwarded, as nginx drops every such header by default
+# (underscores_in_headers off). An upstream that maps "_" to "-" (CGI and WSGI servers make both
+# HTTP_X_ORG_ID) would otherwise read them as the real ones. Only in the lower-cased table: the
+# exact-spelling lookup misses, so they cost nothing on the common path.
+REQUEST_HEADERS.update({name.replace(b"-", b"_"): R_DROP for name in (
+    b"x-org-id", b"x-user-id", b"x-session-id", b"x-bot-id", b"x-sandbox-id", b"x-sandbox-namespace",
+    b"x-sandbox-port", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host")})
+
 for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", b"Content-Type", b"Cookie",
               b"Cache-Control", b"Pragma", b"Origin", b"Referer", b"If-None-Match", b"If-Modified-Since", b"Range",
               b"Sec-WebSocket-Key", b"Sec-WebSocket-Version", b"Sec-WebSocket-Extensions",
@@ -222,26 +229,6 @@ def error_response(exc: GatewayError, request_id: bytes, *, close: bool, keep_al
     parts.append(CRLF)
     parts.append(body)
     return b"".join(parts)
-
-
-def identify(authenticator: Authenticator, org: bytes | None, user: bytes | None, session: bytes | None,
-             bot: bytes | None, authorization: bytes | None) -> Identity:
-    """Identity from the raw header values through the configured authenticator.
-
-    Every error names the header to fix (``BadRequest``) or the token problem (``Unauthorized``).
-    """
-    return authenticator.identify(_decode(b"X-Org-Id", org), _decode(b"X-User-Id", user),
-                                  _decode(b"X-Session-Id", session), _decode(b"X-Bot-Id", bot),
-                                  _decode(b"Authorization", authorization))
-
-
-def _decode(header: bytes, value: bytes | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadRequest(f"{header.decode()}: must be valid UTF-8", code="invalid_identity") from None
 
 
 sane_request_id = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}").fullmatch

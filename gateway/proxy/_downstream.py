@@ -1,13 +1,14 @@
-"""The client side: one protocol per downstream connection, parsing requests with httptools.
+"""The downstream side: one protocol per client connection, serving the requests it reads.
 
-Per request: headers are classified one by one as the parser reports them
-(identity headers taken out, hop-by-hop headers dropped), the route comes from
-the resolver's cache without a task when it offers ``cached_route``, an idle
-pooled upstream connection is attached, and the rebuilt head leaves in one
-write together with any body bytes that came in the same read. Body bytes are
-then written through as they arrive; reading from the client pauses while the
-upstream's write buffer is full. Pipelined requests wait, in order, behind the
-one in flight.
+Per request (:meth:`DownstreamConnection.begin`): admission answers who, may
+they and which route (``_admission``), synchronously when the route is cached;
+then an idle pooled upstream connection is taken (``UpstreamPool.take``) and
+the rebuilt head leaves in one write together with any body bytes that came in
+the same read. Anything slower (resolving, creating, connecting) runs in one
+task. Body bytes are then written through as they arrive; reading from the
+client pauses while the upstream's write buffer is full. Pipelined requests
+wait, in order, behind the one in flight. Requests are parsed by the httptools
+callbacks of :class:`~gateway.proxy._request.RequestReader`.
 
 This module is the hot path: the common case is written out inline rather than
 spread over small helpers, because every Python call shows in the throughput.
@@ -17,59 +18,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from time import perf_counter
 from typing import TYPE_CHECKING
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 
 from gateway.errors import BadRequest, CapacityExceeded, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
-from gateway.limits import limit_key
 from gateway.proxy import _wire as w
-from gateway.proxy._exchange import CHUNKED, DONE, LENGTH, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
+from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
+from gateway.proxy._request import (
+    _REJECT_TOO_LARGE, M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED,
+    PAUSE_DISCARD, PAUSE_PIPELINE, PAUSE_WAIT, RequestReader, _BodyTooLarge, _HeadTooLarge,
+)
 from gateway.proxy._wsframe import CLOSE_MESSAGE_TOO_BIG, MessageSizeGuard, close_frame
 
 if TYPE_CHECKING:
+    from collections import deque
+
+    from gateway.model import Route
     from gateway.proxy._plane import DataPlane
     from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
-    from gateway.sessions import Route
     from routing import Identity
 
 log = logging.getLogger("gateway.proxy")
 
-# Why reading from the client is paused (ClientConnection.rpause bits).
-PAUSE_UPSTREAM = 1   # the upstream's write buffer is full
-PAUSE_WAIT = 2       # no upstream attached yet (resolving, connecting, upgrading)
-PAUSE_PIPELINE = 4   # a pipelined request waits behind the current one
-PAUSE_DISCARD = 8    # M_DISCARD: never resumed
-
-# ClientConnection.mode bits: anything set sends data_received down the slow path.
-M_TUNNEL = 1         # spliced to an upstream (WebSocket)
-M_CLOSING = 2        # closing: ignore further bytes
-M_UPGRADED = 4       # after an upgrade request the bytes are not HTTP any more
-M_IN_HEAD = 8        # a request head is being parsed (its size is counted across reads)
-M_EOF = 16           # the client half-closed: answer the request in flight, then close
-M_DISCARD = 32       # a request was refused mid-body: bytes are dropped, no request is parsed any more
-M_LINGER = 64        # our side is shut (FIN sent): nothing may be written
-
 LINGER_TIME = 2.0    # how long a refused upload is read and dropped before the connection closes
 
-_REJECT_TOO_LARGE = "the request head exceeds {} bytes"
 
-
-class _HeadTooLarge(Exception):
-    pass
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-class _StopParsing(Exception):
-    pass
-
-
-class ClientConnection(asyncio.Protocol):
+class DownstreamConnection(RequestReader, asyncio.Protocol):
     __slots__ = (
         "plane", "transport", "parser", "parsing", "last", "current", "queue", "mode", "rpause", "wpaused",
         "big", "head_seen", "up_out", "up_conn", "ident_key", "ident", "peer", "conn_line", "route_key",
@@ -243,143 +219,6 @@ class ClientConnection(asyncio.Protocol):
                 ex.status = 499  # nginx's "client closed request"
             plane.finished(ex)
 
-    # -- httptools callbacks ------------------------------------------------
-    def on_message_begin(self) -> None:
-        if self.mode & M_DISCARD:
-            raise _StopParsing  # a request was refused mid-body: nothing after it is served
-        self.parsing = self.last = Exchange(self)
-        self.mode |= M_IN_HEAD
-        self.head_seen = 0
-
-    def on_url(self, url: bytes) -> None:
-        ex = self.parsing
-        ex.url += url  # type: ignore[union-attr]
-        if self.big:
-            self._count(len(url))
-
-    def _count(self, size: int) -> None:
-        ex = self.parsing
-        ex.hsize += size  # type: ignore[union-attr]
-        if ex.hsize > self.plane.max_head:  # type: ignore[union-attr]
-            raise _HeadTooLarge
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        ex = self.parsing
-        assert ex is not None
-        if self.big:
-            self._count(len(name) + len(value) + 4)
-        code = w.REQUEST_HEADERS_EXACT.get(name)
-        if code is None:
-            code = w.REQUEST_HEADERS.get(name.lower(), 0)
-        if not code:
-            ex.headers += (name, w.COLON, value, w.CRLF)
-        elif code <= w.R_BOT:
-            if code == w.R_USER:
-                previous, ex.user = ex.user, value
-            elif code == w.R_SESSION:
-                previous, ex.session = ex.session, value
-            elif code == w.R_ORG:
-                previous, ex.org = ex.org, value
-            elif code == w.R_BOT:
-                previous, ex.bot = ex.bot, value
-            else:
-                return  # R_DROP
-            if previous is not None:
-                ex.reject = BadRequest(f"{w.IDENTITY_HEADER_NAMES[code]}: must be given once", code="invalid_identity")
-        elif code == w.R_AUTH:
-            ex.auth = value  # read by the authenticator, never forwarded
-        elif code == w.R_HOST:
-            ex.host = value
-        elif code == w.R_CL:
-            if value != b"0":
-                ex.body = LENGTH
-                limit = self.plane.max_body
-                if limit is not None and value.isdigit() and int(value) > limit:
-                    ex.refused = "max_body"
-                    ex.reject = PayloadTooLarge(f"the request body ({int(value)} bytes) exceeds max_body_bytes ({limit})")
-            ex.headers += (name, w.COLON, value, w.CRLF)
-        elif code == w.R_CONNECTION:
-            value = value.lower()
-            if b"keep-alive" in value:
-                ex.conn_ka = True
-            tokens = w.connection_tokens(value)
-            if tokens:
-                ex.tokens = tokens if ex.tokens is None else ex.tokens | tokens
-        elif code == w.R_TE:
-            if b"chunked" in value.lower():
-                ex.body = CHUNKED
-        elif code == w.R_UPGRADE:
-            ex.upgrade = value
-        elif code == w.R_XFF:
-            ex.xff = value if ex.xff is None else ex.xff + b", " + value
-        elif code == w.R_REQUEST_ID:
-            if w.sane_request_id(value):
-                ex.request_id = value
-        elif code == w.R_EXPECT:
-            if value.lower() == b"100-continue":
-                ex.expect = True
-            else:
-                ex.headers += (name, w.COLON, value, w.CRLF)
-        elif code >= w.R_SANDBOX_ID:
-            if ex.compat is None:
-                ex.compat = [None, None, None]
-            ex.compat[code - w.R_SANDBOX_ID] = value
-
-    def on_headers_complete(self) -> None:
-        ex = self.parsing
-        assert ex is not None
-        parser = self.parser
-        self.mode &= ~M_IN_HEAD
-        ex.method = parser.get_method()
-        if not parser.should_keep_alive():
-            ex.keep_alive = False
-            ex.version10 = parser.get_http_version() == "1.0"
-        elif ex.conn_ka:
-            # Keep-alive and a "Connection: keep-alive": could be HTTP/1.0, which cannot take chunks.
-            ex.version10 = parser.get_http_version() == "1.0"
-        if parser.should_upgrade():
-            ex.keep_alive = False  # the parser is done with this connection either way
-            if ex.method == b"CONNECT":
-                ex.reject = BadRequest("CONNECT is not supported by the data plane", code="method_not_supported")
-            elif ex.upgrade is not None and ex.upgrade.strip().lower() == b"websocket":
-                ex.websocket = True
-        if ex.tokens:
-            ex.headers = w.without_headers(ex.headers, ex.tokens)
-        if self.current is None and not self.mode & M_CLOSING:
-            self.current = ex
-            self.begin(ex, True)
-        else:
-            if self.queue is None:
-                self.queue = deque()
-            self.queue.append(ex)
-            self.pause(PAUSE_PIPELINE)
-
-    def on_body(self, chunk: bytes) -> None:
-        ex = self.parsing
-        assert ex is not None
-        ex.bytes_in += len(chunk)
-        if ex.bytes_in > self.plane.body_cap:  # only a chunked body gets here: a declared length was checked
-            raise _BodyTooLarge
-        if ex.upstream is not None:
-            ex.active_at = self.plane.now
-            if ex.body == CHUNKED:
-                self.up_out += (b"%x\r\n" % len(chunk), chunk, w.CRLF)
-            else:
-                self.up_out.append(chunk)
-        elif ex.state != DONE:
-            if ex.pending is None:
-                ex.pending = [chunk]
-            else:
-                ex.pending.append(chunk)
-
-    def on_message_complete(self) -> None:
-        ex = self.parsing
-        assert ex is not None
-        self.parsing = None
-        ex.req_done = True
-        if ex.upstream is not None and ex.body == CHUNKED:
-            self.up_out.append(w.CHUNK_END)
-
     # -- flow control -------------------------------------------------------
     def pause(self, bit: int) -> None:
         if not self.rpause and not self.mode & M_CLOSING:
@@ -420,70 +259,61 @@ class ClientConnection(asyncio.Protocol):
         if ex.reject is not None:
             self.fail(ex, ex.reject)  # type: ignore[arg-type]
             return
-        if ex.compat is not None and ex.compat[0] is not None and plane.compat is not None:
-            self._begin_compat(ex)
+        if ex.compat is not None and ex.compat[0] is not None and self._begin_compat(ex):
             return
-        key = (ex.org, ex.user, ex.session, ex.bot, ex.auth)
-        if key == self.ident_key and plane.authenticator.memoizable:
-            identity = self.ident
-        else:
-            try:
-                identity = w.identify(plane.authenticator, *key)
-            except GatewayError as exc:
-                self.fail(ex, exc)
-                return
-            self.ident_key = key
-            self.ident = identity
-        ex.identity = identity
-        limits = plane.limits
-        if limits.active:
-            key = limit_key(identity)
-            try:
-                limits.admit(key)
-                if limits.caps_streams and (ex.websocket or w.declares_stream(ex.headers)):
-                    limits.open_stream(key)
-                    ex.stream_key = key  # released by DataPlane.finished
-            except CapacityExceeded as exc:
-                ex.refused = exc.scope
-                self.fail(ex, exc)
-                return
-        route = None
-        cached = plane.cached_route
-        if cached is not None:
-            try:
-                route = cached(identity)
-            except GatewayError as exc:
-                self.fail(ex, exc)
-                return
-            except Exception:
-                log.exception("route cache lookup failed")
-                route = None
-            if route is not None:
-                if route is self.route_key:
-                    pool = self.route_pool
-                else:
-                    endpoint = route.endpoint
-                    pool = plane.pools.get((endpoint.host, endpoint.port))
-                if pool is not None:
-                    idle = pool.idle
-                    while idle:
-                        conn = idle.pop()
-                        if not conn.closed:
-                            conn.reused = True
-                            self.attach(ex, route, conn, batch)
-                            return
-        self.pause(PAUSE_WAIT)
-        ex.task = plane.loop.create_task(self._begin_slow(ex, identity, route, False))  # type: ignore[arg-type]
-
-    def _begin_compat(self, ex: Exchange) -> None:
-        """A request addressed with the agent-sandbox router's headers (gateway.compat)."""
+        # Admission: who is this, may they, which route (gateway/proxy/_admission.py).
+        admission = plane.admission
         try:
-            ex.compat = self.plane.compat.target(*ex.compat, ex.auth)  # type: ignore[union-attr]
+            identity = ex.identity = admission.identify(self, (ex.org, ex.user, ex.session, ex.bot, ex.auth))
+            if admission.limited:
+                # The stream slot is released by DataPlane.finished.
+                ex.stream_key = admission.admit(
+                    identity, ex.websocket or (admission.caps_streams and w.declares_stream(ex.headers)))
+        except CapacityExceeded as exc:
+            ex.refused = exc.scope
+            self.fail(ex, exc)
+            return
         except GatewayError as exc:
             self.fail(ex, exc)
             return
+        try:
+            route = admission.cached_route(identity)
+        except GatewayError as exc:
+            self.fail(ex, exc)
+            return
+        except Exception:
+            log.exception("route cache lookup failed")  # a bug in the cache: resolve as on a miss
+            route = None
+        if route is not None:
+            # Carrying: an idle pooled connection to the route's endpoint, if there is one.
+            if route is self.route_key:
+                pool = self.route_pool
+            else:
+                endpoint = route.endpoint
+                pool = plane.pools.get((endpoint.host, endpoint.port))
+            if pool is not None:
+                conn = pool.take()
+                if conn is not None:
+                    self.attach(ex, route, conn, batch)
+                    return
+        self.pause(PAUSE_WAIT)
+        ex.task = plane.loop.create_task(self._begin_slow(ex, identity, route, False))
+
+    def _begin_compat(self, ex: Exchange) -> bool:
+        """A request addressed with the agent-sandbox router's headers (gateway.compat); False when
+        the plane does not honour them (the default): the request routes by identity."""
+        try:
+            target = self.plane.compat.target(*ex.compat, ex.auth)
+        except GatewayError as exc:
+            self.fail(ex, exc)
+            return True
+        if target is None:
+            ex.compat = None
+            return False
+        ex.compat = target
         self.pause(PAUSE_WAIT)
         ex.task = self.plane.loop.create_task(self._begin_slow(ex, None, None, False))
+        return True
 
     async def _begin_slow(self, ex: Exchange, identity: Identity | None, route: Route | None, fresh: bool) -> None:
         try:
@@ -639,11 +469,11 @@ class ClientConnection(asyncio.Protocol):
     def timed_out(self, ex: Exchange) -> None:
         sandbox_id = ex.route.sandbox_id if ex.route else None
         self.fail(ex, UpstreamTimeout(
-            f"sandbox {sandbox_id} did not answer within {self.plane.settings.upstream_read_timeout:g}s",
+            f"sandbox {sandbox_id} did not answer within {self.plane.options.upstream_read_timeout:g}s",
             sandbox_id=sandbox_id))
 
     def idled_out(self, ex: Exchange) -> None:
-        self.abort(ex, None, f"no bytes either way for {self.plane.settings.stream_idle_timeout:g}s")
+        self.abort(ex, None, f"no bytes either way for {self.plane.options.stream_idle_timeout:g}s")
 
     def _upgrade_requested(self, rest: bytes) -> None:
         """The parser stopped after an upgrade request; what follows is not HTTP any more."""
@@ -768,4 +598,4 @@ class ClientConnection(asyncio.Protocol):
             self.close()
 
 
-__all__ = ["ClientConnection"]
+__all__ = ["DownstreamConnection"]

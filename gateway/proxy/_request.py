@@ -1,0 +1,221 @@
+"""Reading requests off a downstream connection: the httptools callbacks.
+
+As the parser reports them, headers are classified one by one through the
+tables in ``_wire`` (identity headers and credentials taken out, hop-by-hop
+headers dropped, everything else kept as raw byte groups), the head size is
+bounded, and a complete head becomes the current request (``begin``) or waits
+behind the one in flight. Body bytes go to the attached upstream connection, or
+are held until one is attached.
+
+:class:`RequestReader` is a mixin of :class:`~gateway.proxy._downstream.DownstreamConnection`
+(httptools calls back into the protocol object itself), kept apart so that the
+connection module reads as serving and this one as parsing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.proxy import _wire as w
+from gateway.proxy._exchange import CHUNKED, DONE, LENGTH, Exchange
+
+if TYPE_CHECKING:
+    from httptools import HttpRequestParser
+
+    from gateway.proxy._plane import DataPlane
+
+# Why reading from the client is paused (DownstreamConnection.rpause bits).
+PAUSE_UPSTREAM = 1   # the upstream's write buffer is full
+PAUSE_WAIT = 2       # no upstream attached yet (resolving, connecting, upgrading)
+PAUSE_PIPELINE = 4   # a pipelined request waits behind the current one
+PAUSE_DISCARD = 8    # M_DISCARD: never resumed
+
+# DownstreamConnection.mode bits: anything set sends data_received down the slow path.
+M_TUNNEL = 1         # spliced to an upstream (WebSocket)
+M_CLOSING = 2        # closing: ignore further bytes
+M_UPGRADED = 4       # after an upgrade request the bytes are not HTTP any more
+M_IN_HEAD = 8        # a request head is being parsed (its size is counted across reads)
+M_EOF = 16           # the client half-closed: answer the request in flight, then close
+M_DISCARD = 32       # a request was refused mid-body: bytes are dropped, no request is parsed any more
+M_LINGER = 64        # our side is shut (FIN sent): nothing may be written
+
+_REJECT_TOO_LARGE = "the request head exceeds {} bytes"
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _StopParsing(Exception):
+    pass
+
+
+class RequestReader:
+    """The httptools request callbacks; the state they use lives in DownstreamConnection's slots."""
+
+    __slots__ = ()
+
+    plane: DataPlane
+    parser: HttpRequestParser
+    parsing: Exchange | None
+    last: Exchange | None
+    current: Exchange | None
+    queue: deque[Exchange] | None
+    mode: int
+    big: bool
+    head_seen: int
+
+    if TYPE_CHECKING:
+        def begin(self, ex: Exchange, batch: bool = False) -> None: ...
+
+        def pause(self, bit: int) -> None: ...
+
+    def on_message_begin(self) -> None:
+        if self.mode & M_DISCARD:
+            raise _StopParsing  # a request was refused mid-body: nothing after it is served
+        self.parsing = self.last = Exchange(self)
+        self.mode |= M_IN_HEAD
+        self.head_seen = 0
+
+    def on_url(self, url: bytes) -> None:
+        ex = self.parsing
+        ex.url += url  # type: ignore[union-attr]
+        if self.big:
+            self._count(len(url))
+
+    def _count(self, size: int) -> None:
+        ex = self.parsing
+        ex.hsize += size  # type: ignore[union-attr]
+        if ex.hsize > self.plane.max_head:  # type: ignore[union-attr]
+            raise _HeadTooLarge
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        ex = self.parsing
+        assert ex is not None
+        if self.big:
+            self._count(len(name) + len(value) + 4)
+        code = w.REQUEST_HEADERS_EXACT.get(name)
+        if code is None:
+            code = w.REQUEST_HEADERS.get(name.lower(), 0)
+        if not code:
+            ex.headers += (name, w.COLON, value, w.CRLF)
+        elif code <= w.R_BOT:
+            if code == w.R_USER:
+                previous, ex.user = ex.user, value
+            elif code == w.R_SESSION:
+                previous, ex.session = ex.session, value
+            elif code == w.R_ORG:
+                previous, ex.org = ex.org, value
+            elif code == w.R_BOT:
+                previous, ex.bot = ex.bot, value
+            else:
+                return  # R_DROP
+            if previous is not None:
+                ex.reject = BadRequest(f"{w.IDENTITY_HEADER_NAMES[code]}: must be given once", code="invalid_identity")
+        elif code == w.R_AUTH:
+            if ex.auth is not None:  # which one would count? (the last used to, silently)
+                ex.reject = BadRequest("Authorization: must be given once", code="invalid_authorization")
+            ex.auth = value  # read by the authenticator, never forwarded
+        elif code == w.R_HOST:
+            if ex.host is not None:
+                ex.reject = BadRequest("Host: must be given once (RFC 9112)", code="invalid_host")
+            ex.host = value
+        elif code == w.R_CL:
+            if value != b"0":
+                ex.body = LENGTH
+                limit = self.plane.max_body
+                if limit is not None and value.isdigit() and int(value) > limit:
+                    ex.refused = "max_body"
+                    ex.reject = PayloadTooLarge(f"the request body ({int(value)} bytes) exceeds max_body_bytes ({limit})")
+            ex.headers += (name, w.COLON, value, w.CRLF)
+        elif code == w.R_CONNECTION:
+            value = value.lower()
+            if b"keep-alive" in value:
+                ex.conn_ka = True
+            tokens = w.connection_tokens(value)
+            if tokens:
+                ex.tokens = tokens if ex.tokens is None else ex.tokens | tokens
+        elif code == w.R_TE:
+            if b"chunked" in value.lower():
+                ex.body = CHUNKED
+        elif code == w.R_UPGRADE:
+            ex.upgrade = value
+        elif code == w.R_XFF:
+            ex.xff = value if ex.xff is None else ex.xff + b", " + value
+        elif code == w.R_REQUEST_ID:
+            if w.sane_request_id(value):
+                ex.request_id = value
+        elif code == w.R_EXPECT:
+            if value.lower() == b"100-continue":
+                ex.expect = True
+            else:
+                ex.headers += (name, w.COLON, value, w.CRLF)
+        elif code >= w.R_SANDBOX_ID:
+            if ex.compat is None:
+                ex.compat = [None, None, None]
+            ex.compat[code - w.R_SANDBOX_ID] = value
+
+    def on_headers_complete(self) -> None:
+        ex = self.parsing
+        assert ex is not None
+        parser = self.parser
+        self.mode &= ~M_IN_HEAD
+        ex.method = parser.get_method()
+        if not parser.should_keep_alive():
+            ex.keep_alive = False
+            ex.version10 = parser.get_http_version() == "1.0"
+        elif ex.conn_ka:
+            # Keep-alive and a "Connection: keep-alive": could be HTTP/1.0, which cannot take chunks.
+            ex.version10 = parser.get_http_version() == "1.0"
+        if parser.should_upgrade():
+            ex.keep_alive = False  # the parser is done with this connection either way
+            if ex.method == b"CONNECT":
+                ex.reject = BadRequest("CONNECT is not supported by the data plane", code="method_not_supported")
+            elif ex.upgrade is not None and ex.upgrade.strip().lower() == b"websocket":
+                ex.websocket = True
+        if ex.tokens:
+            ex.headers = w.without_headers(ex.headers, ex.tokens)
+        if self.current is None and not self.mode & M_CLOSING:
+            self.current = ex
+            self.begin(ex, True)
+        else:
+            if self.queue is None:
+                self.queue = deque()
+            self.queue.append(ex)
+            self.pause(PAUSE_PIPELINE)
+
+    def on_body(self, chunk: bytes) -> None:
+        ex = self.parsing
+        assert ex is not None
+        ex.bytes_in += len(chunk)
+        if ex.bytes_in > self.plane.body_cap:  # only a chunked body gets here: a declared length was checked
+            raise _BodyTooLarge
+        if ex.upstream is not None:
+            ex.active_at = self.plane.now
+            if ex.body == CHUNKED:
+                self.up_out += (b"%x\r\n" % len(chunk), chunk, w.CRLF)
+            else:
+                self.up_out.append(chunk)
+        elif ex.state != DONE:
+            if ex.pending is None:
+                ex.pending = [chunk]
+            else:
+                ex.pending.append(chunk)
+
+    def on_message_complete(self) -> None:
+        ex = self.parsing
+        assert ex is not None
+        self.parsing = None
+        ex.req_done = True
+        if ex.upstream is not None and ex.body == CHUNKED:
+            self.up_out.append(w.CHUNK_END)
+
+
+
+__all__ = ["RequestReader"]
