@@ -17,7 +17,9 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from routing import Identity, InvalidIdentity, PolicyError, default_policy, parse_org_list, parse_policy, place
+from gateway.policy import parse_policy
+from gateway.settings import PolicySettings
+from routing import Identity, InvalidIdentity, PolicyError, default_policy, parse_org_list, place
 
 
 def _fail(message: str) -> NoReturn:
@@ -25,10 +27,13 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def _cmd_route(args: argparse.Namespace) -> int:
-    import os
+def _env_per_session_orgs() -> list[str]:
+    """``PER_SESSION_SANDBOX_ORG_IDS`` (or ``SANDBOX_GATEWAY_PER_SESSION_ORG_IDS``), as ``serve`` reads it."""
+    return parse_org_list(PolicySettings().per_session_org_ids)
 
-    extra = parse_org_list(os.environ.get("PER_SESSION_SANDBOX_ORG_IDS"))
+
+def _cmd_route(args: argparse.Namespace) -> int:
+    extra = _env_per_session_orgs()
     try:
         if args.policy is not None:
             policy = parse_policy(Path(args.policy).read_text(encoding="utf-8"), args.policy, extra)
@@ -47,15 +52,13 @@ def _cmd_route(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_policy(args: argparse.Namespace) -> int:
-    import os
-
     try:
         text = Path(args.file).read_text(encoding="utf-8")
     except OSError as exc:
         print(f"{args.file}: cannot read: {exc.strerror}", file=sys.stderr)
         return 1
     try:
-        policy = parse_policy(text, args.file, parse_org_list(os.environ.get("PER_SESSION_SANDBOX_ORG_IDS")))
+        policy = parse_policy(text, args.file, _env_per_session_orgs())
     except PolicyError as exc:
         for line in exc.errors:
             print(line, file=sys.stderr)

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from gateway.providers.kubernetes import LOCATOR_RBAC_RULES, RBAC_RULES
+from gateway.compat_locator import LOCATOR_RBAC_RULES
+from gateway.providers.kubernetes import RBAC_RULES
 import yaml
 
 try:
@@ -37,8 +38,9 @@ except Exception as exc:
 
 from gateway.auth import ADMIN_AUDIENCE, KeySet, TokenAuth, issue_token
 from gateway.settings import Settings
-from routing import parse_policy
-from routing.policy import KubernetesPoolOptions, OrgRule, PolicyDocument, PoolSpec, RoutingRules
+from gateway.policy import parse_policy
+from gateway.providers.kubernetes_options import KubernetesPoolOptions, pool_options
+from routing.policy import OrgRule, PolicyDocument, PoolSpec, RoutingRules
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "sandbox-gateway"
@@ -63,9 +65,9 @@ EXPECTED_LOCATOR_RULES: frozenset[tuple[str, frozenset[str], frozenset[str]]] = 
 )
 
 # Settings the chart sets itself (flags, ports, mounts, Secret, downward API, `auth:`,
-# `routerCompat:`), so `config` must not offer them.
+# `routerCompat:`) or the platform does (Kubernetes, serve --workers), so `config` must not offer them.
 CHART_MANAGED_SETTINGS = {"host", "data_port", "control_port", "policy_file", "data_dir", "redis_url", "replica_id",
-                          "auth_mode", "auth_keys_file",
+                          "auth_mode", "auth_keys_file", "kubernetes_service_host", "prometheus_multiproc_dir",
                           "router_compat_namespaces", "router_compat_ports", "router_compat_api_version"}
 ROUTER_COMPAT_ENV = ("SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES", "SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS",
                      "SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION")
@@ -560,9 +562,9 @@ def test_policy_schema_matches_the_policy_models() -> None:
 def test_policy_configmap_is_a_valid_policy_file(scenario: Rendered) -> None:
     policy = parse_policy(scenario.policy_text, "configmap:policy.yaml")
     assert policy.default_pool in policy.pools
-    for name, pool in policy.pools.items():
-        if pool.provider == "kubernetes":
-            assert pool.kubernetes is not None and pool.kubernetes.namespace != "default", name
+    kubernetes = [name for name, pool in policy.pools.items() if pool.provider == "kubernetes"]
+    for name, options in pool_options(policy, kubernetes).items():
+        assert options.namespace != "default", name
 
 
 def test_production_policy_is_the_values_policy(chart: helm_python.Chart) -> None:

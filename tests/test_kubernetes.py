@@ -9,16 +9,18 @@ from pathlib import Path
 import aiohttp
 import pytest
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from gateway.errors import Conflict, ProvisionFailed, ProvisionTimeout
 from gateway.model import Owner, SandboxRequest
 from gateway.providers.base import PoolProviders
-from gateway.providers.kubernetes import INSTALLATION, KubernetesProvider
+from gateway.providers.kubernetes import (
+    INSTALLATION, KubeApiError, KubernetesProvider, ObjectExists, ObjectMissing, WatchExpired, translated)
+from gateway.providers.kubernetes_options import KubernetesPoolOptions
 from gateway.runtime import create_app
 from gateway.sessions import SessionRouter
 from gateway.store.memory import MemoryStore
 from routing import Identity, Isolation, parse_policy
-from routing.policy import KubernetesPoolOptions
 from tests.fakekube.fixtures import FakeKube
 
 POD_TEMPLATE = {"spec": {"containers": [{"name": "runtime", "image": "sandbox-runtime:latest"}]}}
@@ -301,3 +303,23 @@ async def test_lost_pod_is_reported_and_the_sandbox_comes_back(make_fake_kube, r
         assert kube.server.create_count("sandboxes", "default", route.sandbox_id, actor="client") == 1
     finally:
         await provider.close()
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    pytest.param(404, ObjectMissing, id="404 is a missing object (delete: done; read: None)"),
+    pytest.param(409, ObjectExists, id="409 is an existing object (create: adopt)"),
+    pytest.param(410, WatchExpired, id="410 is an expired watch version (read afresh)"),
+    pytest.param(403, KubeApiError, id="anything else is a provider failure"),
+    pytest.param(500, KubeApiError, id="a server error too"),
+])
+def test_api_errors_are_translated_by_status_and_chained(status, expected):
+    """One mapper for every API call: our error tree by status (never by message), 503
+    provision_failed for a client, the ApiException kept as the cause."""
+    original = ApiException(status=status, reason="Because")
+    with pytest.raises(expected) as excinfo, translated("creating Sandbox sbx-1", "sbx-1"):
+        raise original
+    error = excinfo.value
+    assert type(error) is expected and isinstance(error, ProvisionFailed)
+    assert error.__cause__ is original
+    assert error.status == 503 and error.sandbox_id == "sbx-1"
+    assert error.message == f"Kubernetes API error {status} Because while creating Sandbox sbx-1"
