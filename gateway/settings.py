@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     # admin token, only on these ports; empty = off (the headers are then dropped and never forwarded)
     router_compat_namespaces: list[str] = []
     router_compat_ports: list[int] = [8888]
-    router_compat_api_version: Literal["v1alpha1", "v1beta1"] = "v1alpha1"
+    router_compat_api_version: Literal["v1alpha1", "v1beta1"] = "v1beta1"  # v1alpha1: agent-sandbox v0.4/v0.5
 
     # logging
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -74,7 +74,7 @@ ROUTER_COMPAT_ENV = ("SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES", "SANDBOX_GATEWA
 
 # The router headers on, in a namespace that is also the default policy's pool namespace and one
 # that is not, on two ports and the other Sandbox API version.
-ROUTER_COMPAT: dict[str, Any] = {"namespaces": ["agents", NAMESPACE], "ports": [8888, 9000], "apiVersion": "v1beta1"}
+ROUTER_COMPAT: dict[str, Any] = {"namespaces": ["agents", NAMESPACE], "ports": [8888, 9000], "apiVersion": "v1alpha1"}
 
 # Where the chart mounts the keys Secret, and the key file the gateway is pointed at.
 AUTH_KEYS_DIR = "/etc/sandbox-gateway/auth"
@@ -96,7 +96,8 @@ MIXED_POLICY: dict[str, Any] = {
         "local": {"provider": "local", "idle_timeout": "10m"},
         "fleet": {"provider": "static", "upstreams": ["http://10.0.0.1:8888", "http://10.0.0.2:8888"]},
         "claims": {"provider": "kubernetes", "kubernetes": {"mode": "claim", "api_version": "v1beta1", "warm_pool": "warm"}},
-        "boxes": {"provider": "kubernetes", "kubernetes": {"namespace": "boxes", "mode": "claim", "template": "t"}},
+        "boxes": {"provider": "kubernetes",
+                  "kubernetes": {"namespace": "boxes", "api_version": "v1alpha1", "mode": "claim", "template": "t"}},
     },
     "routing": {"prefix_pools": {"ses": "local", "bot": "fleet", "org": "claims", "default": "boxes"}},
 }
@@ -704,7 +705,7 @@ def test_router_compat_env_is_json_the_gateway_settings_accept(chart: helm_pytho
     env = r.env
     assert env["SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES"] == f'["agents","{NAMESPACE}"]'
     assert env["SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS"] == "[8888,9000]"
-    assert env["SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION"] == "v1beta1"
+    assert env["SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION"] == "v1alpha1"
     assert json.loads(env["SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES"]) == ROUTER_COMPAT["namespaces"]
     assert json.loads(env["SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS"]) == ROUTER_COMPAT["ports"]
     # The gateway refuses the router headers without a key file (admin tokens): the chart always gives one.
@@ -713,13 +714,14 @@ def test_router_compat_env_is_json_the_gateway_settings_accept(chart: helm_pytho
     assert settings.auth_mode == mode and str(settings.auth_keys_file) == AUTH_KEYS_FILE
     assert settings.router_compat_namespaces == ROUTER_COMPAT["namespaces"]
     assert settings.router_compat_ports == ROUTER_COMPAT["ports"]
-    assert settings.router_compat_api_version == "v1beta1"
+    assert settings.router_compat_api_version == "v1alpha1"
     assert "Router headers" in r.notes and "ADMIN" in r.notes
     # Only namespaces given: the chart's default ports and apiVersion, which are the gateway's.
     only = render(chart, {"routerCompat": {"namespaces": ["agents"]}})
     assert only.env["SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES"] == '["agents"]'
     assert only.env["SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS"] == "[8888]"
-    assert only.env["SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION"] == "v1alpha1"
+    assert only.env["SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION"] == "v1beta1"
+    assert Settings.model_fields["router_compat_api_version"].default == "v1beta1"
 
 
 def test_router_compat_gets_a_get_only_role_per_namespace(chart: helm_python.Chart) -> None:

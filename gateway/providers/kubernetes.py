@@ -1,6 +1,7 @@
 """Sandboxes as kubernetes-sigs/agent-sandbox objects, ready by watch.
 
-Per pool: a namespace, an API version (``v1alpha1`` or ``v1beta1``) and a mode:
+Per pool: a namespace, an API version (``v1beta1``, the only one agent-sandbox v1.0 serves and
+the default, or ``v1alpha1`` for v0.4/v0.5 controllers) and a mode:
 ``sandbox`` creates a ``Sandbox`` (agents.x-k8s.io) from the pool's pod template;
 ``claim`` creates a ``SandboxClaim`` (extensions.agents.x-k8s.io) against the
 pool's SandboxTemplate or warm pool. The object is named by the sandbox ID (52

@@ -23,7 +23,8 @@ class KubernetesPoolOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     namespace: str = "default"
-    api_version: Literal["v1alpha1", "v1beta1"] = "v1alpha1"
+    # agent-sandbox v1.0 serves v1beta1 only; v1alpha1 for v0.4/v0.5 controllers.
+    api_version: Literal["v1alpha1", "v1beta1"] = "v1beta1"
     mode: Literal["sandbox", "claim"] = "sandbox"
     port: int = Field(default=8888, ge=1, le=65535)
     # mode: sandbox
