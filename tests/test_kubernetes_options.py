@@ -55,8 +55,14 @@ def test_kubernetes_example_has_a_sandbox_pool_and_a_claim_pool() -> None:
         ),
         pytest.param(
             "pools:\n  small: {provider: kubernetes, kubernetes: {mode: claim}}\n  shared: {}\n",
-            ["pools.small.kubernetes", "template"],
-            id="kubernetes mode claim without template",
+            ["pools.small.kubernetes", "v1beta1", "warm_pool"],
+            id="kubernetes mode claim without warm_pool (v1beta1 by default)",
+        ),
+        pytest.param(
+            "pools:\n  small: {provider: kubernetes, kubernetes: {mode: claim, api_version: v1alpha1, warm_pool: w}}\n"
+            "  shared: {}\n",
+            ["pools.small.kubernetes", "v1alpha1", "template"],
+            id="kubernetes v1alpha1 claim without template",
         ),
         pytest.param(
             "pools:\n  small: {provider: kubernetes, kubernetes: {mode: claim, api_version: v1beta1, template: t}}\n"
