@@ -1,8 +1,11 @@
 """The composition root: the one place that picks implementations and wires them.
 
 ``Gateway`` owns everything a serving process runs (store, providers, session
-router, data plane, control API, background loops) and starts and stops them in
-order. Nothing here runs at import time; ``serve`` in ``gateway.server`` binds
+router, data plane, control API, background loops). ``start`` brings them up one
+by one, pushing each one's teardown on an exit stack as it goes; ``stop`` (or a
+failure halfway through ``start``) unwinds that stack, so teardown is setup in
+reverse and every part that started is stopped even when another part's stop
+fails. Nothing here runs at import time; ``serve`` in ``gateway.server`` binds
 sockets and supervises worker processes around it.
 """
 
@@ -23,15 +26,16 @@ from gateway.api import ControlRunner, create_control_app
 from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySet, TokenAuth, TrustedHeaders
 from gateway.compat import RouterCompat
 from gateway.errors import GatewayError
-from gateway.logs import AccessLog, access_log
-from gateway.metrics import Metrics, status_class
+from gateway.logs import AccessLog
+from gateway.metrics import Metrics, RequestMetrics
 from gateway.model import SandboxState
+from gateway.policy import load_policy
 from gateway.providers.base import PoolProviders, SandboxProvider
 from gateway.sessions import RouterTuning, SessionRouter
-from gateway.settings import SESSION_TTL_SETTING, Settings
+from gateway.settings import Settings
 from gateway.store.base import SessionStore
 from gateway.store.instrumented import InstrumentedStore
-from routing import Policy, PolicyError, default_policy, parse_org_list, parse_policy
+from routing import Policy, PolicyError
 
 if TYPE_CHECKING:
     from gateway.providers.local import Confinement
@@ -39,22 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway")
 STOP_TASKS_TIMEOUT = 5.0  # how long stop() waits for the background loops to end
 ACCESS_LOG_FLUSH_INTERVAL = 0.25  # access lines are written in batches (gateway.logs.AccessLog)
-
-
-def load_policy(settings: Settings) -> Policy:
-    """The policy file if one is configured, else the built-in default; env orgs merged in."""
-    extra = parse_org_list(settings.per_session_org_ids)
-    if settings.policy_file is None:
-        policy = default_policy(extra)
-    else:
-        path = settings.policy_file
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise PolicyError([f"{path}: cannot read the policy file: {exc.strerror}"]) from None
-        policy = parse_policy(text, str(path), extra)
-    policy.check_session_ttl(settings.session_ttl, SESSION_TTL_SETTING)  # at startup and on every reload
-    return policy
 
 
 def build_auth(settings: Settings) -> tuple[Authenticator, AdminCheck]:
@@ -133,11 +121,14 @@ class Gateway:
     """One serving process: build with :meth:`create`, then :meth:`start` and :meth:`stop`."""
 
     def __init__(self, settings: Settings, policy: Policy, store: SessionStore | InstrumentedStore, provider: PoolProviders,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, access: AccessLog | None = None) -> None:
         self.settings = settings
         self.store = store
         self.provider = provider
         self.metrics = metrics
+        # Teardown, last step first: start() pushes each step's undo as the step succeeds.
+        self._teardown = contextlib.AsyncExitStack()
+        self._teardown.push_async_callback(store.close)
         self.router = SessionRouter(
             store, provider, policy, replica_id=settings.replica_id,
             tuning=RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
@@ -145,50 +136,84 @@ class Gateway:
             events=metrics,
         )
         self.authenticator, self.admin = build_auth(settings)
-        self._locator: Any = None  # a kubernetes SandboxLocator when the router headers are on
+        self._locator: Any = None  # a KubernetesSandboxLocator when the router headers are on
         self.compat: RouterCompat | None = None
         if settings.router_compat_namespaces:
-            from gateway.providers.kubernetes import SandboxLocator
+            from gateway.compat_locator import KubernetesSandboxLocator
 
-            self._locator = SandboxLocator(settings.router_compat_api_version, kubeconfig=settings.kubeconfig)
+            self._locator = KubernetesSandboxLocator(settings.router_compat_api_version, kubeconfig=settings.kubeconfig,
+                                                     in_cluster=settings.in_cluster)
             self.compat = RouterCompat(settings.router_compat_namespaces, settings.router_compat_ports, self.admin,
                                        self._locator)
         self.data_plane: Any = None
         self._control_runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._policy_mtime: float | None = None
-        self._access: AccessLog | None = None  # set by start(): when settings.access_log and INFO is logged
-        self._request_series: dict[tuple[str | None, str, int], tuple[Any, Any]] = {}
+        self._access = access if settings.access_log else None
+        self._on_request = self._request_callback(RequestMetrics(metrics))
         self.data_address: tuple[str, int] | None = None
         self.control_address: tuple[str, int] | None = None
 
     @classmethod
-    def create(cls, settings: Settings) -> Gateway:
+    def create(cls, settings: Settings, access: AccessLog | None = None) -> Gateway:
+        """``access``: where request lines go (``configure_logging`` makes it; None = no access log)."""
         policy = load_policy(settings)
-        metrics = Metrics(per_org=settings.per_org_metrics, org_label_limit=settings.org_label_limit)
+        metrics = Metrics(per_org=settings.per_org_metrics, org_label_limit=settings.org_label_limit,
+                          multiprocess_dir=settings.prometheus_multiproc_dir)
         store = InstrumentedStore(build_store(settings), metrics)
-        return cls(settings, policy, store, build_providers(settings, policy), metrics)
+        return cls(settings, policy, store, build_providers(settings, policy), metrics, access)
 
     async def start(self, data_sock: socket.socket, control_sock: socket.socket) -> None:
+        """Bring every part up; if one fails, the parts already up are stopped again before the error
+        propagates (no provider watch or background loop outlives a failed start)."""
+        try:
+            await self._start(self._teardown, data_sock, control_sock)
+        except BaseException:
+            await self._teardown.aclose()
+            raise
+
+    async def _start(self, undo: contextlib.AsyncExitStack, data_sock: socket.socket,
+                     control_sock: socket.socket) -> None:
         from gateway.limits import OrgLimits
         from gateway.proxy import DataPlane, NoRouterHeaders, PlaneOptions
 
-        await self.provider.start(self.router.sandbox_lost)
+        # The store is closed last (pushed in __init__), then, in the reverse of this order: the
+        # locator, the provider, what is left in the access log and the activity batch, the
+        # background loops (they keep beating activity while requests drain), the data plane
+        # (drained), the control API.
         if self._locator is not None:
             await self._locator.start()
+            undo.push_async_callback(self._locator.close)
+        await self.provider.start(self.router.sandbox_lost)
+        undo.push_async_callback(self.provider.close)
+        if self._access is not None:
+            undo.callback(self._access.flush)
+        undo.push_async_callback(self._flush_activity_once)
+        self._start_background_loops()
+        undo.push_async_callback(self._stop_background_loops)
         self.data_plane = DataPlane(self.router, PlaneOptions.from_settings(self.settings),
                                     on_request=self._on_request, authenticator=self.authenticator,
                                     limits=OrgLimits.from_settings(self.settings),
                                     compat=self.compat if self.compat is not None else NoRouterHeaders())
         await self.data_plane.start(data_sock)
+        undo.push_async_callback(self.data_plane.stop, self.settings.drain_timeout)
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
                                      warnings=self._provider_warnings())
         self._control_runner = ControlRunner(control, access_log=None, handle_signals=False)
         await self._control_runner.setup()
+        undo.push_async_callback(self._control_runner.cleanup)
         await web.SockSite(self._control_runner, control_sock).start()
         self.data_address = data_sock.getsockname()[:2]
         self.control_address = control_sock.getsockname()[:2]
-        self._access = access_log() if self.settings.access_log else None
+
+    async def stop(self) -> None:
+        """Drain: stop accepting, let in-flight requests finish (bounded), leave sandboxes alive.
+
+        Every part is stopped even if stopping another fails; the first such failure is raised
+        once all are done."""
+        await self._teardown.aclose()
+
+    def _start_background_loops(self) -> None:
         if self._access is not None:
             self._every(ACCESS_LOG_FLUSH_INTERVAL, self._flush_access_log)
         self._every(self.settings.activity_flush_interval, self.router.flush_activity)
@@ -209,12 +234,7 @@ class Gateway:
         return [f"local sandboxes in pools {', '.join(unconfined)} are not confined "
                 "(SANDBOX_GATEWAY_LOCAL_UNCONFINED): they see the host, each other and the gateway's ports"]
 
-    async def stop(self) -> None:
-        """Drain: stop accepting, let in-flight requests finish (bounded), leave sandboxes alive."""
-        if self.data_plane is not None:
-            await self.data_plane.stop(self.settings.drain_timeout)
-        if self._control_runner is not None:
-            await self._control_runner.cleanup()
+    async def _stop_background_loops(self) -> None:
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -223,14 +243,10 @@ class Gateway:
             for task in stuck:
                 log.warning("background task %s did not stop within %gs; leaving it", task.get_name(),
                             STOP_TASKS_TIMEOUT)
+
+    async def _flush_activity_once(self) -> None:
         with contextlib.suppress(GatewayError):
             await self.router.flush_activity()
-        if self._access is not None:
-            self._access.flush()
-        await self.provider.close()
-        if self._locator is not None:
-            await self._locator.close()
-        await self.store.close()
 
     async def readiness(self) -> list[str]:
         problems = []
@@ -311,22 +327,15 @@ class Gateway:
             return
         log.info("policy reloaded from %s", path)
 
-    def _on_request(self, entry: Any) -> None:
-        m = self.metrics
-        key = (entry.pool, entry.protocol, entry.status)
-        children = self._request_series.get(key)
-        if children is None:  # resolving label children costs more than the increments themselves
-            pool = entry.pool or "none"
-            children = (m.requests.labels(pool, entry.protocol, status_class(entry.status)),
-                        m.request_duration.labels(pool, entry.protocol))
-            self._request_series[key] = children
-        children[0].inc()
-        children[1].observe(entry.duration)
-        if entry.error:
-            m.upstream_errors.labels(entry.error).inc()
-        if entry.refused:
-            m.capacity_rejected(entry.refused)
-        if m.per_org:
-            m.org_requests.labels(m.org_label(entry.org_id), status_class(entry.status)).inc()
-        if self._access is not None:
-            self._access.log(entry)
+    def _request_callback(self, metrics: RequestMetrics) -> Callable[[Any], None]:
+        """The data plane's per-request callback: metrics, and the access line when there is a log."""
+        access = self._access
+        if access is None:
+            return metrics.record
+        record, write = metrics.record, access.log
+
+        def on_request(entry: Any) -> None:
+            record(entry)
+            write(entry)
+
+        return on_request

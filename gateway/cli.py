@@ -17,7 +17,9 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from routing import Identity, InvalidIdentity, PolicyError, default_policy, parse_org_list, parse_policy, place
+from gateway.policy import parse_policy
+from gateway.settings import SESSION_TTL_SETTING, PolicySettings
+from routing import Identity, InvalidIdentity, PolicyError, default_policy, parse_org_list, place
 
 
 def _fail(message: str) -> NoReturn:
@@ -25,10 +27,13 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def _cmd_route(args: argparse.Namespace) -> int:
-    import os
+def _env_per_session_orgs() -> list[str]:
+    """``PER_SESSION_SANDBOX_ORG_IDS`` (or ``SANDBOX_GATEWAY_PER_SESSION_ORG_IDS``), as ``serve`` reads it."""
+    return parse_org_list(PolicySettings().per_session_org_ids)
 
-    extra = parse_org_list(os.environ.get("PER_SESSION_SANDBOX_ORG_IDS"))
+
+def _cmd_route(args: argparse.Namespace) -> int:
+    extra = _env_per_session_orgs()
     try:
         if args.policy is not None:
             policy = parse_policy(Path(args.policy).read_text(encoding="utf-8"), args.policy, extra)
@@ -57,31 +62,22 @@ def _seconds(text: str) -> float:
 
 def _session_ttl(flag: float | None) -> float:
     """``--session-ttl``, else what ``serve`` would run with (the environment, else the default)."""
-    from gateway.settings import Settings
-
     if flag is not None:
         return flag
     try:
-        return Settings.model_validate({}).session_ttl
+        return PolicySettings().session_ttl
     except ValidationError as exc:
-        problems = [e for e in exc.errors() if e["loc"] == ("session_ttl",)]
-        if problems:
-            raise PolicyError([f"SANDBOX_GATEWAY_SESSION_TTL: {problems[0]['msg']}"]) from None
-        return float(Settings.model_fields["session_ttl"].default)
+        raise PolicyError([f"SANDBOX_GATEWAY_SESSION_TTL: {exc.errors()[0]['msg']}"]) from None
 
 
 def _cmd_check_policy(args: argparse.Namespace) -> int:
-    import os
-
-    from gateway.settings import SESSION_TTL_SETTING
-
     try:
         text = Path(args.file).read_text(encoding="utf-8")
     except OSError as exc:
         print(f"{args.file}: cannot read: {exc.strerror}", file=sys.stderr)
         return 1
     try:
-        policy = parse_policy(text, args.file, parse_org_list(os.environ.get("PER_SESSION_SANDBOX_ORG_IDS")))
+        policy = parse_policy(text, args.file, _env_per_session_orgs())
         policy.check_session_ttl(_session_ttl(args.session_ttl),
                                  "--session-ttl" if args.session_ttl else SESSION_TTL_SETTING)
     except PolicyError as exc:

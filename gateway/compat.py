@@ -38,6 +38,8 @@ _CACHE_LIMIT = 10_000
 
 
 class SandboxLocator(Protocol):
+    """Where a Sandbox runs; ``gateway.compat_locator.KubernetesSandboxLocator`` reads it from the API."""
+
     async def locate(self, namespace: str, name: str) -> str:
         """The pod IP of Sandbox ``name`` in ``namespace``; a GatewayError when there is none to route to."""
 

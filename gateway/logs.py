@@ -119,29 +119,24 @@ class AccessLog:
 
 
 ACCESS_LOGGER = "gateway.access"
-_access: AccessLog | None = None
 
 
-def access_log() -> AccessLog | None:
-    """The access log ``configure_logging`` set up, or None when logging is not configured
-    (the gateway embedded in a test) or INFO lines are off."""
-    return _access if logging.getLogger(ACCESS_LOGGER).isEnabledFor(logging.INFO) else None
-
-
-def configure_logging(level: str, fmt: str) -> None:
+def configure_logging(level: str, fmt: str) -> AccessLog | None:
+    """Send log lines to stderr in the chosen format; returns the access log to write requests to
+    (None when INFO lines are off). The caller owns it: nothing here keeps it in a global."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    global _access
-    if _access is not None:
-        _access.flush()
-    _access = AccessLog(sys.stderr, json_lines=use_json)
-    atexit.register(_access.flush)
     # aiohttp's own access log would duplicate ours.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, MalformedRequestsAreInfo) for f in server_log.filters):
         server_log.addFilter(MalformedRequestsAreInfo())
+    if not logging.getLogger(ACCESS_LOGGER).isEnabledFor(logging.INFO):
+        return None
+    access = AccessLog(sys.stderr, json_lines=use_json)
+    atexit.register(access.flush)  # lines still pending when the process exits without stopping
+    return access

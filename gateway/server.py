@@ -18,7 +18,7 @@ import socket
 import tempfile
 
 from gateway.app import Gateway, confinement_problem
-from gateway.logs import configure_logging
+from gateway.logs import AccessLog, configure_logging
 from gateway.settings import Settings
 
 log = logging.getLogger("gateway")
@@ -57,8 +57,9 @@ def _use_uvloop() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def _serve_one(settings: Settings, data_port: int, control_port: int, worker: int) -> None:
-    gateway = Gateway.create(settings)
+async def _serve_one(settings: Settings, data_port: int, control_port: int, worker: int,
+                     access: AccessLog | None) -> None:
+    gateway = Gateway.create(settings, access)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -98,14 +99,14 @@ def _keep_fds_from_children() -> None:
 
 def _worker_main(settings: Settings, data_port: int, control_port: int, worker: int) -> None:
     _keep_fds_from_children()
-    configure_logging(settings.log_level, settings.log_format)
+    access = configure_logging(settings.log_level, settings.log_format)
     _use_uvloop()
-    asyncio.run(_serve_one(settings, data_port, control_port, worker))
+    asyncio.run(_serve_one(settings, data_port, control_port, worker, access))
 
 
 def serve(settings: Settings) -> int:
     _keep_fds_from_children()
-    configure_logging(settings.log_level, settings.log_format)
+    access = configure_logging(settings.log_level, settings.log_format)
     if settings.workers > 1 and not settings.redis_url:
         log.error("--workers %d needs REDIS_URL: with the memory store every worker would keep "
                   "its own session map and sandboxes could be created twice", settings.workers)
@@ -126,7 +127,7 @@ def serve(settings: Settings) -> int:
     try:
         if settings.workers == 1:
             _use_uvloop()
-            asyncio.run(_serve_one(settings, data_port, control_port, 0))
+            asyncio.run(_serve_one(settings, data_port, control_port, 0, access))
             return 0
         return _supervise(settings, data_port, control_port)
     finally:
@@ -138,6 +139,7 @@ def _supervise(settings: Settings, data_port: int, control_port: int) -> int:
     """Run N workers; forward SIGTERM/SIGINT; restart a worker that dies unexpectedly."""
     metrics_dir = tempfile.mkdtemp(prefix="sgw-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by prometheus-client in each worker
+    settings = settings.model_copy(update={"prometheus_multiproc_dir": metrics_dir})  # and by our /metrics
     ctx = multiprocessing.get_context("spawn")
     stopping = False
 

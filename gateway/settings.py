@@ -2,7 +2,9 @@
 
 Precedence: command-line flags > environment (``SANDBOX_GATEWAY_*``, plus the
 unprefixed ``REDIS_URL`` and ``PER_SESSION_SANDBOX_ORG_IDS`` that other systems
-already use) > defaults. Nothing else in the gateway reads the environment.
+already use, and what the platform says about where we run: ``KUBERNETES_SERVICE_HOST``,
+``PROMETHEUS_MULTIPROC_DIR``) > defaults. Nothing else in the gateway reads the environment
+(the sandbox runtime, ``gateway.runtime``, is a separate program).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 import socket
 import uuid
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +38,21 @@ def _default_replica_id() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
 
 
+def _per_session_org_ids() -> Any:
+    return Field(default=None,
+                 validation_alias=AliasChoices("per_session_org_ids", "PER_SESSION_SANDBOX_ORG_IDS"))
+
+
+class PolicySettings(BaseSettings):
+    """What the offline commands (``route``, ``check-policy``) take from the environment: the policy
+    inputs alone, so a serving setting they never use (a host without auth) cannot stop a dry run."""
+
+    model_config = SettingsConfigDict(env_prefix="SANDBOX_GATEWAY_", extra="ignore", frozen=True)
+
+    per_session_org_ids: str | None = _per_session_org_ids()
+    session_ttl: float = Field(default=86_400.0, gt=0)  # as Settings.session_ttl: check-policy checks pools against it
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SANDBOX_GATEWAY_", extra="forbid", frozen=True)
 
@@ -47,8 +64,7 @@ class Settings(BaseSettings):
 
     # configuration
     policy_file: Path | None = None
-    per_session_org_ids: str | None = Field(
-        default=None, validation_alias=AliasChoices("per_session_org_ids", "PER_SESSION_SANDBOX_ORG_IDS"))
+    per_session_org_ids: str | None = _per_session_org_ids()
     data_dir: Path = Path(".sandbox-gateway")
     redis_url: str | None = Field(default=None, validation_alias=AliasChoices("redis_url", "REDIS_URL"))
     redis_prefix: str = "sgw"
@@ -56,6 +72,9 @@ class Settings(BaseSettings):
     # Names this installation's Kubernetes objects (label) so two gateways never touch each other's.
     installation: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     kubeconfig: str | None = None
+    # Set by Kubernetes in every pod: without a kubeconfig, the API client uses the pod's service account.
+    kubernetes_service_host: str | None = Field(
+        default=None, validation_alias=AliasChoices("kubernetes_service_host", "KUBERNETES_SERVICE_HOST"))
     orphan_grace: float = Field(default=600.0, gt=0)
     # Local sandboxes run under bubblewrap; where it cannot run, the gateway refuses to start unless this
     # accepts sandboxes that run as the gateway's user and see the host (its files, its loopback ports).
@@ -69,13 +88,17 @@ class Settings(BaseSettings):
     # admin token, only on these ports; empty = off (the headers are then dropped and never forwarded)
     router_compat_namespaces: list[str] = []
     router_compat_ports: list[int] = [8888]
-    router_compat_api_version: Literal["v1alpha1", "v1beta1"] = "v1alpha1"
+    router_compat_api_version: Literal["v1alpha1", "v1beta1"] = "v1beta1"  # v1alpha1: agent-sandbox v0.4/v0.5
 
     # logging
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "text"] = "auto"
     access_log: bool = True
     per_org_metrics: bool = False
+    # Where prometheus-client's multiprocess mode keeps the workers' values (serve --workers sets it):
+    # /metrics then aggregates every worker.
+    prometheus_multiproc_dir: str | None = Field(
+        default=None, validation_alias=AliasChoices("prometheus_multiproc_dir", "PROMETHEUS_MULTIPROC_DIR"))
     org_label_limit: int = Field(default=100, ge=1)
 
     # sessions and lifecycle
@@ -146,6 +169,11 @@ class Settings(BaseSettings):
     @property
     def effective_auth_mode(self) -> str:
         return self.auth_mode or "trusted-headers"
+
+    @property
+    def in_cluster(self) -> bool:
+        """Running in a Kubernetes pod with no kubeconfig given: use the pod's service account."""
+        return self.kubeconfig is None and bool(self.kubernetes_service_host)
 
     @property
     def store_kind(self) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -28,6 +28,11 @@ PREFIX_KEYS = ("ses", "org", "usr", "bot", "ubt", "default")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+# A provider's check of its own section of a pool (``pools.<name>.<provider>``): the errors as
+# (field path inside the section, message) pairs, empty when the section is valid.
+OptionsCheck = Callable[[Mapping[str, Any]], list[tuple[str, str]]]
 
 
 class PolicyError(ValueError):
@@ -67,34 +72,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class KubernetesPoolOptions(_Strict):
-    """Where and how a pool's sandboxes live in Kubernetes (agent-sandbox CRs)."""
-
-    namespace: str = "default"
-    api_version: Literal["v1alpha1", "v1beta1"] = "v1alpha1"
-    mode: Literal["sandbox", "claim"] = "sandbox"
-    port: int = Field(default=8888, ge=1, le=65535)
-    # mode: sandbox
-    pod_template: dict[str, Any] | None = None
-    volume_claim_templates: list[dict[str, Any]] | None = None
-    service: bool | None = None
-    shutdown_policy: Literal["Delete", "Retain"] | None = None
-    lifetime: Duration | None = None
-    # mode: claim
-    template: str | None = None
-    warm_pool: str | None = None
-
-    @model_validator(mode="after")
-    def _mode_fields(self) -> KubernetesPoolOptions:
-        if self.mode == "sandbox" and self.pod_template is None:
-            raise ValueError("mode 'sandbox' needs pod_template")
-        if self.mode == "claim" and self.api_version == "v1alpha1" and not self.template:
-            raise ValueError("mode 'claim' with api_version v1alpha1 needs template (the SandboxTemplate name)")
-        if self.mode == "claim" and self.api_version == "v1beta1" and not self.warm_pool:
-            raise ValueError("mode 'claim' with api_version v1beta1 needs warm_pool (the SandboxWarmPool name)")
-        return self
-
-
 class PoolSpec(_Strict):
     """One pool of sandboxes and the provider that creates them."""
 
@@ -103,7 +80,9 @@ class PoolSpec(_Strict):
     idle_timeout: Duration = 1800.0
     provisioning_timeout: Duration = 120.0
     upstreams: list[str] | None = None
-    kubernetes: KubernetesPoolOptions | None = None
+    # Where the provider puts this pool's sandboxes, in its own terms: routing decides nothing from it,
+    # so the provider validates it (parse_policy's ``option_checks``; gateway/providers/kubernetes_options.py).
+    kubernetes: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _provider_fields(self) -> PoolSpec:
@@ -234,7 +213,25 @@ def _cross_references(raw: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
+def _provider_options(raw: Mapping[str, Any], checks: Mapping[str, OptionsCheck]) -> list[str]:
+    """Each pool's provider section checked by that provider, on the raw mapping like the
+    cross-references (so they are reported with every other error)."""
+    pools = raw.get("pools")
+    if not isinstance(pools, dict):
+        return []
+    errors = []
+    for name, pool in pools.items():
+        provider = pool.get("provider", "local") if isinstance(pool, dict) else None
+        check = checks.get(provider) if isinstance(provider, str) else None
+        section = pool.get(provider) if check is not None else None  # type: ignore[union-attr]
+        if check is not None and isinstance(section, dict):
+            errors += [f"pools.{name}.{provider}{'.' + path if path else ''}: {message}"
+                       for path, message in check(section)]
+    return errors
+
+
+def format_loc(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as the dotted field path an error line names."""
     return ".".join(str(part) for part in loc if not str(part).startswith(("function-", "literal[")))
 
 
@@ -260,8 +257,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def parse_policy(text: str, source: str = "<policy>", extra_per_session_orgs: Iterable[str] = ()) -> Policy:
-    """Parse and validate a policy document; raise :class:`PolicyError` listing every error."""
+def parse_policy(text: str, source: str = "<policy>", extra_per_session_orgs: Iterable[str] = (), *,
+                 option_checks: Mapping[str, OptionsCheck] | None = None) -> Policy:
+    """Parse and validate a policy document; raise :class:`PolicyError` listing every error.
+
+    ``option_checks`` maps a provider name to the check of its pools' provider section
+    (``pools.<name>.<provider>``): routing does not know what a provider needs there.
+    """
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
@@ -275,7 +277,8 @@ def parse_policy(text: str, source: str = "<policy>", extra_per_session_orgs: It
     try:
         doc = PolicyDocument.model_validate(raw)
     except ValidationError as exc:
-        errors = [f"{_format_loc(e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()]
+        errors = [f"{format_loc(e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()]
+    errors += _provider_options(raw, option_checks or {})
     errors += _cross_references(raw)
     if errors:
         raise PolicyError([f"{source}: {e}" for e in errors])

@@ -346,7 +346,9 @@ async def test_watch_timeout_and_bookmarks(fake_kube: FakeKube, api: client.Cust
 
 # --- versions and conversion ------------------------------------------------------------------------
 
-async def test_head_serves_both_versions_and_converts(api: client.CustomObjectsApi) -> None:
+async def test_head_serves_both_versions_and_converts(make_fake_kube: Any) -> None:
+    """The `head` set (the v0.5 line): v1beta1 stored, v1alpha1 still served through conversion."""
+    api = client.CustomObjectsApi(await (await make_fake_kube("head")).api_client())
     await api.create_namespaced_custom_object(SBX, "v1alpha1", NS, "sandboxes",
                                               sandbox("alpha", "v1alpha1", replicas=0))
     beta = await api.get_namespaced_custom_object(SBX, "v1beta1", NS, "sandboxes", "alpha")
@@ -369,6 +371,19 @@ async def test_head_serves_both_versions_and_converts(api: client.CustomObjectsA
         "SandboxClaim", "c-beta", "v1beta1", {"sandboxTemplateRef": {"name": "tpl"}})))
 
 
+async def test_v10_serves_v1beta1_only(fake_kube: FakeKube, api: client.CustomObjectsApi) -> None:
+    """agent-sandbox v1.0, the default: v1alpha1 and its conversion are gone from every group."""
+    assert fake_kube.crd_set == "v1.0"
+    for group, plural in ((SBX, "sandboxes"), (EXT, "sandboxclaims"), (EXT, "sandboxtemplates"),
+                          (EXT, "sandboxwarmpools")):
+        await expect_error(404, api.list_namespaced_custom_object(group, "v1alpha1", NS, plural))
+        assert (await api.list_namespaced_custom_object(group, "v1beta1", NS, plural))["items"] == []
+    await expect_error(404, api.create_namespaced_custom_object(SBX, "v1alpha1", NS, "sandboxes",
+                                                                sandbox("old", "v1alpha1", replicas=1)))
+    groups = await client.ApisApi(api.api_client).get_api_versions()
+    assert {g.name: [v.version for v in g.versions] for g in groups.groups} == {SBX: ["v1beta1"], EXT: ["v1beta1"]}
+
+
 async def test_v046_serves_v1alpha1_only(make_fake_kube: Any) -> None:
     kube = await make_fake_kube("v0.4.6")
     api = client.CustomObjectsApi(await kube.api_client())
@@ -381,10 +396,10 @@ async def test_v046_serves_v1alpha1_only(make_fake_kube: Any) -> None:
 
 # --- the simulated controller ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("fake_kube", ["head", "v0.4.6"], indirect=True)
+@pytest.mark.parametrize("fake_kube", ["v1.0", "v0.4.6"], indirect=True)
 async def test_sandbox_becomes_ready_per_version(fake_kube: FakeKube, api: client.CustomObjectsApi,
                                                  wait_for: Waiter) -> None:
-    version = "v1beta1" if fake_kube.crd_set == "head" else "v1alpha1"
+    version = "v1beta1" if fake_kube.crd_set == "v1.0" else "v1alpha1"
     await api.create_namespaced_custom_object(SBX, version, NS, "sandboxes", sandbox("rdy", version))
     obj = await wait_for(api, SBX, version, "sandboxes", "rdy", lambda o: ready(o).get("status") == "True")
     assert ready(obj)["reason"] == "DependenciesReady" and obj["status"]["podIPs"] == ["127.0.0.1"]
@@ -397,9 +412,9 @@ async def test_sandbox_becomes_ready_per_version(fake_kube: FakeKube, api: clien
     assert pod.status.pod_ip == "127.0.0.1" and pod.status.phase == "Running"
 
 
-@pytest.mark.parametrize("fake_kube", ["head", "v0.4.6"], indirect=True)
+@pytest.mark.parametrize("fake_kube", ["v1.0", "v0.4.6"], indirect=True)
 async def test_suspended_sandbox(fake_kube: FakeKube, api: client.CustomObjectsApi, wait_for: Waiter) -> None:
-    version, spec = ("v1beta1", {"operatingMode": "Suspended"}) if fake_kube.crd_set == "head" else (
+    version, spec = ("v1beta1", {"operatingMode": "Suspended"}) if fake_kube.crd_set == "v1.0" else (
         "v1alpha1", {"replicas": 0})
     await api.create_namespaced_custom_object(SBX, version, NS, "sandboxes", sandbox("zzz", version, **spec))
     obj = await wait_for(api, SBX, version, "sandboxes", "zzz", lambda o: bool(ready(o)))
@@ -408,6 +423,50 @@ async def test_suspended_sandbox(fake_kube: FakeKube, api: client.CustomObjectsA
         assert obj["status"]["replicas"] == 0
     else:
         assert ready(obj)["status"] == "False" and ready(obj)["reason"] == "SandboxSuspended"
+
+
+# How each served version says suspend and resume: (suspend, resume) spec fields.
+SUSPEND_RESUME = {"v1beta1": ({"operatingMode": "Suspended"}, {"operatingMode": "Running"}),
+                  "v1alpha1": ({"replicas": 0}, {"replicas": 1})}
+
+
+@pytest.mark.parametrize("fake_kube", [
+    pytest.param("v1.0", id="v1.0 operatingMode Suspended/Running"),
+    pytest.param("v0.4.6", id="v0.4.6 replicas 0/1"),
+], indirect=True)
+async def test_suspend_drops_the_pod_and_resume_brings_a_new_pod_ip(fake_kube: FakeKube, api: client.CustomObjectsApi,
+                                                                   wait_for: Waiter) -> None:
+    version = "v1beta1" if fake_kube.crd_set == "v1.0" else "v1alpha1"
+    suspend, resume = SUSPEND_RESUME[version]
+    core = client.CoreV1Api(api.api_client)
+    await api.create_namespaced_custom_object(SBX, version, NS, "sandboxes", sandbox("nap", version))
+    running = await wait_for(api, SBX, version, "sandboxes", "nap", lambda o: ready(o).get("status") == "True")
+    assert running["status"]["podIPs"] == ["127.0.0.1"]
+
+    await api.patch_namespaced_custom_object(SBX, version, NS, "sandboxes", "nap", {"spec": suspend},
+                                             _content_type=MERGE)
+    asleep = await wait_for(api, SBX, version, "sandboxes", "nap", lambda o: "podIPs" not in o["status"])
+    if version == "v1beta1":
+        assert ready(asleep)["status"] == "False" and ready(asleep)["reason"] == "SandboxSuspended"
+    else:  # the old controller still says Ready, with no pod: why the provider also requires a pod IP
+        assert ready(asleep)["status"] == "True" and asleep["status"]["replicas"] == 0
+    await expect_error(404, core.read_namespaced_pod("nap", NS))
+
+    fake_kube.controller.pause()  # hold the new pod at Pending to see the state in between
+    await api.patch_namespaced_custom_object(SBX, version, NS, "sandboxes", "nap", {"spec": resume},
+                                             _content_type=MERGE)
+    waking = await wait_for(api, SBX, version, "sandboxes", "nap",
+                            lambda o: ready(o).get("reason") == "DependenciesNotReady")
+    assert ready(waking)["status"] == "False" and "podIPs" not in waking["status"]
+    assert (await core.read_namespaced_pod("nap", NS)).status.phase == "Pending"
+    fake_kube.controller.resume()
+    awake = await wait_for(api, SBX, version, "sandboxes", "nap",
+                           lambda o: ready(o).get("status") == "True" and bool(o["status"].get("podIPs")))
+    assert awake["status"]["podIPs"] == ["127.0.0.2"], "a resumed Sandbox runs in a new pod, with a new IP"
+    pod = await core.read_namespaced_pod("nap", NS)
+    assert pod.status.pod_ip == "127.0.0.2" and pod.status.phase == "Running"
+    if version == "v1alpha1":
+        assert awake["status"]["replicas"] == 1
 
 
 async def test_fail_lose_pod_and_recover_hooks(fake_kube: FakeKube, api: client.CustomObjectsApi,
@@ -577,7 +636,7 @@ async def test_auth_and_discovery(fake_kube: FakeKube) -> None:
             await client.CustomObjectsApi(anonymous).list_namespaced_custom_object(SBX, "v1beta1", NS, "sandboxes")
         assert info.value.status == 401
     api_client = await fake_kube.api_client()
-    resources = await client.CustomObjectsApi(api_client).get_api_resources(EXT, "v1alpha1")
+    resources = await client.CustomObjectsApi(api_client).get_api_resources(EXT, "v1beta1")
     assert {r.name for r in resources.resources} >= {"sandboxclaims", "sandboxclaims/status", "sandboxwarmpools"}
     version = await client.VersionApi(api_client).get_code()
     assert version.major == "1"

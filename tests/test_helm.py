@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from gateway.providers.kubernetes import LOCATOR_RBAC_RULES, RBAC_RULES
+from gateway.compat_locator import LOCATOR_RBAC_RULES
+from gateway.providers.kubernetes import RBAC_RULES
 import yaml
 
 try:
@@ -37,8 +38,9 @@ except Exception as exc:
 
 from gateway.auth import KeySet, TokenAuth, issue_token
 from gateway.settings import Settings
-from routing import parse_policy
-from routing.policy import KubernetesPoolOptions, OrgRule, PolicyDocument, PoolSpec, RoutingRules
+from gateway.policy import parse_policy
+from gateway.providers.kubernetes_options import KubernetesPoolOptions, pool_options
+from routing.policy import OrgRule, PolicyDocument, PoolSpec, RoutingRules
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "sandbox-gateway"
@@ -63,16 +65,16 @@ EXPECTED_LOCATOR_RULES: frozenset[tuple[str, frozenset[str], frozenset[str]]] = 
 )
 
 # Settings the chart sets itself (flags, ports, mounts, Secret, downward API, `auth:`,
-# `routerCompat:`), so `config` must not offer them.
+# `routerCompat:`) or the platform does (Kubernetes, serve --workers), so `config` must not offer them.
 CHART_MANAGED_SETTINGS = {"host", "data_port", "control_port", "policy_file", "data_dir", "redis_url", "replica_id",
-                          "auth_mode", "auth_keys_file",
+                          "auth_mode", "auth_keys_file", "kubernetes_service_host", "prometheus_multiproc_dir",
                           "router_compat_namespaces", "router_compat_ports", "router_compat_api_version"}
 ROUTER_COMPAT_ENV = ("SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES", "SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS",
                      "SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION")
 
 # The router headers on, in a namespace that is also the default policy's pool namespace and one
 # that is not, on two ports and the other Sandbox API version.
-ROUTER_COMPAT: dict[str, Any] = {"namespaces": ["agents", NAMESPACE], "ports": [8888, 9000], "apiVersion": "v1beta1"}
+ROUTER_COMPAT: dict[str, Any] = {"namespaces": ["agents", NAMESPACE], "ports": [8888, 9000], "apiVersion": "v1alpha1"}
 
 # Where the chart mounts the keys Secret, and the key file the gateway is pointed at.
 AUTH_KEYS_DIR = "/etc/sandbox-gateway/auth"
@@ -94,7 +96,8 @@ MIXED_POLICY: dict[str, Any] = {
         "local": {"provider": "local", "idle_timeout": "10m"},
         "fleet": {"provider": "static", "upstreams": ["http://10.0.0.1:8888", "http://10.0.0.2:8888"]},
         "claims": {"provider": "kubernetes", "kubernetes": {"mode": "claim", "api_version": "v1beta1", "warm_pool": "warm"}},
-        "boxes": {"provider": "kubernetes", "kubernetes": {"namespace": "boxes", "mode": "claim", "template": "t"}},
+        "boxes": {"provider": "kubernetes",
+                  "kubernetes": {"namespace": "boxes", "api_version": "v1alpha1", "mode": "claim", "template": "t"}},
     },
     "routing": {"prefix_pools": {"ses": "local", "bot": "fleet", "org": "claims", "default": "boxes"}},
 }
@@ -560,9 +563,9 @@ def test_policy_schema_matches_the_policy_models() -> None:
 def test_policy_configmap_is_a_valid_policy_file(scenario: Rendered) -> None:
     policy = parse_policy(scenario.policy_text, "configmap:policy.yaml")
     assert policy.default_pool in policy.pools
-    for name, pool in policy.pools.items():
-        if pool.provider == "kubernetes":
-            assert pool.kubernetes is not None and pool.kubernetes.namespace != "default", name
+    kubernetes = [name for name, pool in policy.pools.items() if pool.provider == "kubernetes"]
+    for name, options in pool_options(policy, kubernetes).items():
+        assert options.namespace != "default", name
 
 
 def test_production_policy_is_the_values_policy(chart: helm_python.Chart) -> None:
@@ -702,7 +705,7 @@ def test_router_compat_env_is_json_the_gateway_settings_accept(chart: helm_pytho
     env = r.env
     assert env["SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES"] == f'["agents","{NAMESPACE}"]'
     assert env["SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS"] == "[8888,9000]"
-    assert env["SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION"] == "v1beta1"
+    assert env["SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION"] == "v1alpha1"
     assert json.loads(env["SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES"]) == ROUTER_COMPAT["namespaces"]
     assert json.loads(env["SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS"]) == ROUTER_COMPAT["ports"]
     # The gateway refuses the router headers without a key file (admin tokens): the chart always gives one.
@@ -711,13 +714,14 @@ def test_router_compat_env_is_json_the_gateway_settings_accept(chart: helm_pytho
     assert settings.auth_mode == mode and str(settings.auth_keys_file) == AUTH_KEYS_FILE
     assert settings.router_compat_namespaces == ROUTER_COMPAT["namespaces"]
     assert settings.router_compat_ports == ROUTER_COMPAT["ports"]
-    assert settings.router_compat_api_version == "v1beta1"
+    assert settings.router_compat_api_version == "v1alpha1"
     assert "Router headers" in r.notes and "ADMIN" in r.notes
     # Only namespaces given: the chart's default ports and apiVersion, which are the gateway's.
     only = render(chart, {"routerCompat": {"namespaces": ["agents"]}})
     assert only.env["SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES"] == '["agents"]'
     assert only.env["SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS"] == "[8888]"
-    assert only.env["SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION"] == "v1alpha1"
+    assert only.env["SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION"] == "v1beta1"
+    assert Settings.model_fields["router_compat_api_version"].default == "v1beta1"
 
 
 def test_router_compat_gets_a_get_only_role_per_namespace(chart: helm_python.Chart) -> None:

@@ -9,16 +9,20 @@ from pathlib import Path
 import aiohttp
 import pytest
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
-from gateway.errors import Conflict, ProvisionFailed, ProvisionTimeout
+from gateway.compat_locator import KubernetesSandboxLocator
+from gateway.errors import Conflict, NotFound, ProvisionFailed, ProvisionTimeout
 from gateway.model import Owner, SandboxRequest
 from gateway.providers.base import PoolProviders
-from gateway.providers.kubernetes import INSTALLATION, KubernetesProvider
+from gateway.providers.kubernetes import (
+    INSTALLATION, KubeApiError, KubernetesProvider, ObjectExists, ObjectMissing, WatchExpired, translated)
+from gateway.providers.kubernetes_options import KubernetesPoolOptions
 from gateway.runtime import create_app
 from gateway.sessions import SessionRouter
+from gateway.settings import Settings
 from gateway.store.memory import MemoryStore
 from routing import Identity, Isolation, parse_policy
-from routing.policy import KubernetesPoolOptions
 from tests.fakekube.fixtures import FakeKube
 
 POD_TEMPLATE = {"spec": {"containers": [{"name": "runtime", "image": "sandbox-runtime:latest"}]}}
@@ -32,15 +36,18 @@ async def runtime_port(aiohttp_server, tmp_path: Path) -> int:
     return server.port
 
 
-def pool_options(mode: str, api_version: str, port: int, **extra) -> KubernetesPoolOptions:
+def pool_options(mode: str, api_version: str | None, port: int, **extra) -> KubernetesPoolOptions:
+    """A pool's options; ``api_version=None`` leaves it out, as a policy that does not say."""
+    fields = {"namespace": "default", "mode": mode, "port": port, **extra}
+    if api_version is not None:
+        fields["api_version"] = api_version
     if mode == "sandbox":
-        return KubernetesPoolOptions(namespace="default", api_version=api_version, mode="sandbox", port=port,
-                                     pod_template=POD_TEMPLATE, **extra)
-    if api_version == "v1beta1":
-        return KubernetesPoolOptions(namespace="default", api_version=api_version, mode="claim", port=port,
-                                     warm_pool="warm", **extra)
-    return KubernetesPoolOptions(namespace="default", api_version=api_version, mode="claim", port=port,
-                                 template="tmpl", **extra)
+        fields["pod_template"] = POD_TEMPLATE
+    elif api_version == "v1alpha1":
+        fields["template"] = "tmpl"
+    else:
+        fields["warm_pool"] = "warm"
+    return KubernetesPoolOptions.model_validate(fields)
 
 
 async def seed_templates(kube: FakeKube, api_version: str, warm_replicas: int = 2) -> None:
@@ -82,7 +89,9 @@ async def routed(kube: FakeKube, options: KubernetesPoolOptions) -> tuple[Kubern
     return provider, router
 
 
-VERSIONS = [pytest.param("head", "v1beta1", id="head-v1beta1"), pytest.param("head", "v1alpha1", id="head-v1alpha1"),
+# agent-sandbox v1.0 (v1beta1 only, the default), the v0.5 line (both versions served, v1alpha1
+# converted) and v0.4.6 (v1alpha1 only).
+VERSIONS = [pytest.param("v1.0", "v1beta1", id="v1.0-v1beta1"), pytest.param("head", "v1alpha1", id="v0.5-v1alpha1"),
             pytest.param("v0.4.6", "v1alpha1", id="v0.4.6-v1alpha1")]
 
 
@@ -103,13 +112,16 @@ async def test_session_end_to_end(make_fake_kube, runtime_port, crd_set, api_ver
         obj = kube.server.get_object(kind, "default", route.sandbox_id)
         assert obj["metadata"]["labels"][INSTALLATION] == "test"
         assert obj["metadata"]["annotations"]["sandbox-gateway.io/session-id"] == "s1"
+        # Accepted by that version's schema with no field pruned.
+        assert [(c.version, c.warnings) for c in kube.server.create_calls
+                if c.name == route.sandbox_id and c.actor == "client"] == [(api_version, ())]
     finally:
         await provider.close()
 
 
 @pytest.mark.parametrize("reason", ["PodFailed", "TemplateNotFound", "ReconcilerError"])
 async def test_terminal_failure_fails_fast_and_leaves_nothing(make_fake_kube, runtime_port, reason):
-    kube = await make_fake_kube("head", ready_delay=30)
+    kube = await make_fake_kube(ready_delay=30)
     provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
     try:
         pending = asyncio.create_task(provider.ensure(request("ses-fail")))
@@ -124,7 +136,7 @@ async def test_terminal_failure_fails_fast_and_leaves_nothing(make_fake_kube, ru
 
 
 async def test_provisioning_timeout_deletes_the_object(make_fake_kube, runtime_port):
-    kube = await make_fake_kube("head", ready_delay=60)
+    kube = await make_fake_kube(ready_delay=60)
     provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
     try:
         with pytest.raises(ProvisionTimeout) as info:
@@ -136,7 +148,7 @@ async def test_provisioning_timeout_deletes_the_object(make_fake_kube, runtime_p
 
 
 async def test_dropped_watch_still_becomes_ready(make_fake_kube, runtime_port):
-    kube = await make_fake_kube("head")
+    kube = await make_fake_kube()
     kube.controller.pause()
     provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
     try:
@@ -151,7 +163,7 @@ async def test_dropped_watch_still_becomes_ready(make_fake_kube, runtime_port):
 
 
 async def test_watch_410_recovers(make_fake_kube, runtime_port):
-    kube = await make_fake_kube("head")
+    kube = await make_fake_kube()
     kube.controller.pause()
     provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
     try:
@@ -167,7 +179,7 @@ async def test_watch_410_recovers(make_fake_kube, runtime_port):
 
 async def test_already_exists_under_another_installation_is_refused(make_fake_kube, runtime_port):
     """Adopting our own object again is the provider contract's (tests/test_providers.py); this is the refusal."""
-    kube = await make_fake_kube("head")
+    kube = await make_fake_kube()
     ours = await started(kube, pool_options("sandbox", "v1beta1", runtime_port), installation="test")
     theirs = await started(kube, pool_options("sandbox", "v1beta1", runtime_port), installation="other")
     try:
@@ -182,7 +194,7 @@ async def test_already_exists_under_another_installation_is_refused(make_fake_ku
 
 
 async def test_orphan_sweep_deletes_only_this_installations_unknown_objects(make_fake_kube, runtime_port):
-    kube = await make_fake_kube("head")
+    kube = await make_fake_kube()
     ours = await started(kube, pool_options("sandbox", "v1beta1", runtime_port), installation="test")
     theirs = await started(kube, pool_options("sandbox", "v1beta1", runtime_port), installation="other")
     router = SessionRouter(MemoryStore(), PoolProviders({"small": ours, "shared": ours}), PER_SESSION, replica_id="r")
@@ -200,7 +212,7 @@ async def test_orphan_sweep_deletes_only_this_installations_unknown_objects(make
 
 
 async def test_grace_period_protects_young_orphans(make_fake_kube, runtime_port):
-    kube = await make_fake_kube("head")
+    kube = await make_fake_kube()
     provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
     router = SessionRouter(MemoryStore(), PoolProviders({"k8s": provider}),
                            parse_policy("pools: {k8s: {}}\nrouting: {prefix_pools: {default: k8s}}", "t"), replica_id="r")
@@ -212,7 +224,7 @@ async def test_grace_period_protects_young_orphans(make_fake_kube, runtime_port)
 
 
 async def test_two_hundred_concurrent_sessions_no_duplicate_creates(make_fake_kube, runtime_port):
-    kube = await make_fake_kube("head", ready_delay=0.01)
+    kube = await make_fake_kube(ready_delay=0.01)
     provider, router = await routed(kube, pool_options("sandbox", "v1beta1", runtime_port))
     identities = [Identity.parse(org_id="acme", user_id="u", session_id=f"s{i % 200}") for i in range(400)]
     try:
@@ -227,22 +239,25 @@ async def test_two_hundred_concurrent_sessions_no_duplicate_creates(make_fake_ku
         await provider.close()
 
 
-def k8s_policy(mode: str, api_version: str, port: int) -> str:
-    pool = {"provider": "kubernetes", "kubernetes": pool_options(mode, api_version, port).model_dump(exclude_none=True)}
+def k8s_policy(mode: str, api_version: str | None, port: int) -> str:
+    options = pool_options(mode, api_version, port).model_dump(exclude_none=True)
+    if api_version is None:
+        del options["api_version"]
+    pool = {"provider": "kubernetes", "kubernetes": options}
     import yaml
 
     return yaml.safe_dump({"pools": {"small": pool, "shared": pool}, "routing": {"per_session_orgs": ["iso"]}})
 
 
 @pytest.mark.parametrize(("crd_set", "api_version", "mode"), [
-    pytest.param("head", "v1beta1", "claim", id="head-v1beta1-claim"),
+    pytest.param("v1.0", None, "claim", id="v1.0-default-claim"),
     pytest.param("v0.4.6", "v1alpha1", "sandbox", id="v0.4.6-v1alpha1-sandbox"),
 ])
 async def test_through_a_real_gateway(make_fake_kube, runtime_port, tmp_path, crd_set, api_version, mode):
     from tests.gateway_process import GatewayProcess
 
     kube = await make_fake_kube(crd_set)
-    await seed_templates(kube, api_version)
+    await seed_templates(kube, api_version or "v1beta1")
     policy = tmp_path / "policy.yaml"
     policy.write_text(k8s_policy(mode, api_version, runtime_port))
     gateway = await GatewayProcess(tmp_path / "gw", "--policy", str(policy), env={
@@ -257,6 +272,8 @@ async def test_through_a_real_gateway(make_fake_kube, runtime_port, tmp_path, cr
             assert sandbox_id.startswith("ses-")
             plural = "sandboxclaims" if mode == "claim" else "sandboxes"
             assert kube.server.create_count(plural, "default", sandbox_id) == 1
+            created = [c for c in kube.server.create_calls if c.name == sandbox_id and c.actor == "client"]
+            assert [(c.version, c.warnings) for c in created] == [(api_version or "v1beta1", ())]
             deleted = await http.delete(f"{gateway.control_url}/v1/sessions/k1")
             assert deleted.status == 200
         assert kube.server.get_object(plural, "default", sandbox_id) is None
@@ -264,8 +281,40 @@ async def test_through_a_real_gateway(make_fake_kube, runtime_port, tmp_path, cr
         await gateway.stop()
 
 
+@pytest.mark.parametrize(("mode", "extra"), [
+    pytest.param("sandbox", {"service": True, "shutdown_policy": "Delete", "lifetime": 3600.0,
+                             "volume_claim_templates": [{"metadata": {"name": "work"}, "spec": {
+                                 "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]},
+                 id="sandbox with every optional field"),
+    pytest.param("claim", {"shutdown_policy": "Delete", "lifetime": 3600.0}, id="claim with a lifecycle"),
+])
+async def test_a_pool_without_api_version_creates_what_agent_sandbox_v1_accepts(make_fake_kube, runtime_port,
+                                                                               mode, extra):
+    """No api_version means v1beta1, the only version agent-sandbox v1.0 serves; the objects pass the
+    v1.0 CRD schema with no field pruned (an unknown field would come back as a warning)."""
+    kube = await make_fake_kube()
+    assert kube.crd_set == "v1.0"
+    await seed_templates(kube, "v1beta1")
+    options = pool_options(mode, None, runtime_port, **extra)
+    assert options.api_version == "v1beta1"
+    provider = await started(kube, options)
+    try:
+        endpoint = await provider.ensure(request("ses-v1"))
+        assert endpoint.port == runtime_port
+        plural = "sandboxclaims" if mode == "claim" else "sandboxes"
+        [created] = [c for c in kube.server.create_calls if c.name == "ses-v1" and c.actor == "client"]
+        assert (created.plural, created.name, created.version, created.warnings) == (plural, "ses-v1", "v1beta1", ())
+        stored = kube.server.get_object(plural, "default", "ses-v1")
+        if mode == "sandbox":
+            assert stored["spec"]["operatingMode"] == "Running" and stored["spec"]["volumeClaimTemplates"]
+        else:
+            assert stored["spec"]["warmPoolRef"] == {"name": "warm"} and stored["spec"]["lifecycle"]["shutdownTime"]
+    finally:
+        await provider.close()
+
+
 async def test_lost_pod_is_reported_and_the_sandbox_comes_back(make_fake_kube, runtime_port):
-    kube = await make_fake_kube("head")
+    kube = await make_fake_kube()
     provider, router = await routed(kube, pool_options("sandbox", "v1beta1", runtime_port))
     store = router.store
     identity = Identity.parse(org_id="acme", user_id="alice", session_id="s1")
@@ -281,3 +330,51 @@ async def test_lost_pod_is_reported_and_the_sandbox_comes_back(make_fake_kube, r
         assert kube.server.create_count("sandboxes", "default", route.sandbox_id, actor="client") == 1
     finally:
         await provider.close()
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    pytest.param(404, ObjectMissing, id="404 is a missing object (delete: done; read: None)"),
+    pytest.param(409, ObjectExists, id="409 is an existing object (create: adopt)"),
+    pytest.param(410, WatchExpired, id="410 is an expired watch version (read afresh)"),
+    pytest.param(403, KubeApiError, id="anything else is a provider failure"),
+    pytest.param(500, KubeApiError, id="a server error too"),
+])
+def test_api_errors_are_translated_by_status_and_chained(status, expected):
+    """One mapper for every API call: our error tree by status (never by message), 503
+    provision_failed for a client, the ApiException kept as the cause."""
+    original = ApiException(status=status, reason="Because")
+    with pytest.raises(expected) as excinfo, translated("creating Sandbox sbx-1", "sbx-1"):
+        raise original
+    error = excinfo.value
+    assert type(error) is expected and isinstance(error, ProvisionFailed)
+    assert error.__cause__ is original
+    assert error.status == 503 and error.sandbox_id == "sbx-1"
+    assert error.message == f"Kubernetes API error {status} Because while creating Sandbox sbx-1"
+
+
+@pytest.mark.parametrize(("crd_set", "api_version"), [
+    pytest.param("v1.0", None, id="v1.0-default"),
+    pytest.param("v0.4.6", "v1alpha1", id="v0.4.6-v1alpha1"),
+])
+async def test_router_compat_locator_per_version(make_fake_kube, crd_set, api_version):
+    """The router headers' locator reads Sandboxes at v1beta1 unless told v1alpha1 (v0.4/v0.5)."""
+    kube = await make_fake_kube(crd_set)
+    version = api_version or Settings().router_compat_api_version
+    assert version == ("v1beta1" if crd_set == "v1.0" else "v1alpha1")
+    locator = KubernetesSandboxLocator(version, api_client_=await kube.api_client())
+    await locator.start()
+    api = client.CustomObjectsApi(await kube.api_client())
+    kube.controller.pause()
+    await api.create_namespaced_custom_object("agents.x-k8s.io", version, "default", "sandboxes", {
+        "apiVersion": f"agents.x-k8s.io/{version}", "kind": "Sandbox", "metadata": {"name": "located"},
+        "spec": {"podTemplate": POD_TEMPLATE}})
+    with pytest.raises(ProvisionFailed) as pending:
+        await locator.locate("default", "located")
+    assert pending.value.code == "sandbox_not_ready"
+    kube.controller.resume()
+    await kube.server.wait_for_object("sandboxes", "default", "located",
+                                      lambda o: bool((o.get("status") or {}).get("podIPs")))
+    assert await locator.locate("default", "located") == "127.0.0.1"
+    with pytest.raises(NotFound):
+        await locator.locate("default", "nowhere")
+    await locator.close()

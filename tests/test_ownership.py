@@ -34,7 +34,8 @@ from gateway.runtime import create_app
 from gateway.sessions import RouterTuning, SessionRouter
 from gateway.store.redis import RedisStore
 from routing import Isolation, parse_policy, per_session_sandbox_id, shared_sandbox_id
-from routing.policy import KubernetesPoolOptions, PolicyError
+from gateway.providers.kubernetes_options import KubernetesPoolOptions
+from routing.policy import PolicyError
 from tests.redis_server import RedisServer
 from tests.clock import T0, FakeClock
 from tests.proxy_helpers import sandbox_http
@@ -97,7 +98,7 @@ async def stack(provider_kind: str, redis: RedisServer, tmp_path: Path, aiohttp_
         def same_sandbox(sandbox_id: str) -> Any:
             return json.loads((tmp_path / "data" / "sandboxes" / sandbox_id / "state.json").read_text())["pid"]
     else:
-        kube = await make_fake_kube("head")
+        kube = await make_fake_kube()
         options = KubernetesPoolOptions(namespace="default", api_version="v1beta1", mode="sandbox",
                                         port=runtime_port,
                                         pod_template={"spec": {"containers": [{"name": "r", "image": "r"}]}})
@@ -215,7 +216,7 @@ async def test_local_registry_entries_keep_their_owner(tmp_path: Path) -> None:
 
 
 async def test_kubernetes_adopts_only_its_owners_object(make_fake_kube, runtime_port: int) -> None:
-    kube = await make_fake_kube("head")
+    kube = await make_fake_kube()
     options = KubernetesPoolOptions(namespace="default", api_version="v1beta1", mode="sandbox", port=runtime_port,
                                     pod_template={"spec": {"containers": [{"name": "r", "image": "r"}]}})
     provider = KubernetesProvider({"small": options}, "test", api_client=await kube.api_client())

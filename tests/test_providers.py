@@ -28,7 +28,7 @@ from gateway.providers.confine import Unconfined
 from gateway.providers.local import LocalProvider
 from gateway.providers.static import StaticProvider
 from gateway.runtime import create_app
-from routing.policy import KubernetesPoolOptions
+from gateway.providers.kubernetes_options import KubernetesPoolOptions
 from tests.provider_contract import POOL, LostReports, ProviderContract, ProviderHarness, request
 
 # Runs the real runtime, except: a sandbox ID containing "held" waits for a line on its FIFO
@@ -124,7 +124,7 @@ async def static_harness(aiohttp_server, tmp_path: Path) -> AsyncIterator[Provid
 @contextlib.asynccontextmanager
 async def kubernetes_harness(make_fake_kube, aiohttp_server, tmp_path: Path) -> AsyncIterator[ProviderHarness]:
     runtime = await aiohttp_server(create_app(tmp_path / "pod", "k8s-pod"))
-    kube = await make_fake_kube("head")
+    kube = await make_fake_kube()
     options = KubernetesPoolOptions(namespace="default", api_version="v1beta1", mode="sandbox", port=runtime.port,
                                     pod_template=KUBE_POD_TEMPLATE)
     lost = LostReports()

@@ -91,19 +91,6 @@ def test_laptop_example_values() -> None:
     assert policy.per_session_orgs == frozenset({"org-a", "org-b"})
 
 
-def test_kubernetes_example_has_a_sandbox_pool_and_a_claim_pool() -> None:
-    policy = load("policy-kubernetes.yaml")
-    k8s = {name: pool.kubernetes for name, pool in policy.pools.items() if pool.provider == "kubernetes"}
-    modes = {name: opts.mode for name, opts in k8s.items() if opts is not None}
-    assert sorted(modes.values()) == ["claim", "sandbox"]
-    for opts in k8s.values():
-        assert opts is not None
-        if opts.mode == "sandbox":
-            assert opts.pod_template and opts.pod_template["spec"]["containers"]
-        else:
-            assert opts.template or opts.warm_pool
-
-
 # --------------------------------------------------------------------------------------
 # Default policy and the env merge
 # --------------------------------------------------------------------------------------
@@ -213,15 +200,6 @@ def test_pool_defaults() -> None:
 # Invalid documents: one error each, naming the source and the field path
 # --------------------------------------------------------------------------------------
 
-K8S_SANDBOX_NO_TEMPLATE = """\
-pools:
-  small:
-    provider: kubernetes
-    kubernetes: {mode: sandbox, namespace: ns}
-  shared: {}
-"""
-
-
 @pytest.mark.parametrize(
     ("text", "fragments"),
     [
@@ -276,30 +254,6 @@ pools:
             "pools:\n  small: {provider: kubernetes}\n  shared: {}\n",
             ["pools.small", "kubernetes section"],
             id="kubernetes without its section",
-        ),
-        pytest.param(
-            K8S_SANDBOX_NO_TEMPLATE, ["pools.small.kubernetes", "pod_template"], id="kubernetes mode sandbox without pod_template"
-        ),
-        pytest.param(
-            "pools:\n  small: {provider: kubernetes, kubernetes: {mode: claim}}\n  shared: {}\n",
-            ["pools.small.kubernetes", "template"],
-            id="kubernetes mode claim without template",
-        ),
-        pytest.param(
-            "pools:\n  small: {provider: kubernetes, kubernetes: {mode: claim, api_version: v1beta1, template: t}}\n"
-            "  shared: {}\n",
-            ["pools.small.kubernetes", "warm_pool"],
-            id="kubernetes v1beta1 claim without warm_pool",
-        ),
-        pytest.param(
-            "pools:\n  small: {provider: kubernetes, kubernetes: {mode: claim, template: t, api_version: v2}}\n  shared: {}\n",
-            ["pools.small.kubernetes.api_version"],
-            id="kubernetes unknown api_version",
-        ),
-        pytest.param(
-            "pools:\n  small: {provider: kubernetes, kubernetes: {mode: claim, template: t, lifetime: soon}}\n  shared: {}\n",
-            ["pools.small.kubernetes.lifetime", "duration"],
-            id="kubernetes bad lifetime",
         ),
         pytest.param(
             BASE + "routing:\n  prefix_pools: {ses: tiny, default: shared}\n",

@@ -1,6 +1,7 @@
 """Sandboxes as kubernetes-sigs/agent-sandbox objects, ready by watch.
 
-Per pool: a namespace, an API version (``v1alpha1`` or ``v1beta1``) and a mode:
+Per pool: a namespace, an API version (``v1beta1``, the only one agent-sandbox v1.0 serves and
+the default, or ``v1alpha1`` for v0.4/v0.5 controllers) and a mode:
 ``sandbox`` creates a ``Sandbox`` (agents.x-k8s.io) from the pool's pod template;
 ``claim`` creates a ``SandboxClaim`` (extensions.agents.x-k8s.io) against the
 pool's SandboxTemplate or warm pool. The object is named by the sandbox ID (52
@@ -27,9 +28,8 @@ import contextlib
 import datetime as dt
 import json
 import logging
-import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +37,10 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gateway.errors import Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout
+from gateway.errors import Conflict, ProvisionFailed, ProvisionTimeout
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from gateway.providers.base import ForeignSandbox, LostHandler
-from routing.policy import KubernetesPoolOptions
+from gateway.providers.kubernetes_options import KubernetesPoolOptions, pool_options
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,6 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
      "verbs": ["get", "list", "watch", "create", "delete"]},
 )
 
-# What SandboxLocator (the router headers, gateway/compat.py) calls in each router_compat_namespaces entry.
-LOCATOR_RBAC_RULES: tuple[dict[str, Any], ...] = (
-    {"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"], "verbs": ["get"]},
-)
-
-
 @dataclass(frozen=True, slots=True)
 class _Kind:
     group: str
@@ -80,6 +74,51 @@ class _Kind:
         if pool.mode == "claim":
             return cls("extensions.agents.x-k8s.io", pool.api_version, "sandboxclaims", "SandboxClaim")
         return cls("agents.x-k8s.io", pool.api_version, "sandboxes", "Sandbox")
+
+
+def sandbox_kind(api_version: str) -> _Kind:
+    """The ``Sandbox`` resource (agents.x-k8s.io) at one API version."""
+    return _Kind("agents.x-k8s.io", api_version, "sandboxes", "Sandbox")
+
+
+class KubeApiError(ProvisionFailed):
+    """A Kubernetes API call failed: 503 ``provision_failed`` like any provider failure. The
+    statuses a caller acts on have their own classes, so no caller looks at a status code."""
+
+
+class ObjectMissing(KubeApiError):
+    """404: no object of that name (a delete treats it as done, a read as None)."""
+
+
+class ObjectExists(KubeApiError):
+    """409: an object of that name exists already (a create adopts it)."""
+
+
+class WatchExpired(KubeApiError):
+    """410 Gone: the resourceVersion fell out of the watch cache; read afresh and watch again."""
+
+
+_BY_STATUS: dict[int, type[KubeApiError]] = {404: ObjectMissing, 409: ObjectExists, 410: WatchExpired}
+
+
+@contextlib.contextmanager
+def translated(doing: str, sandbox_id: str | None = None) -> Iterator[None]:
+    """Every ``ApiException`` raised inside becomes a ``KubeApiError`` (by status, never by message)
+    saying what we were ``doing``, raised from it."""
+    try:
+        yield
+    except ApiException as exc:
+        error = _BY_STATUS.get(exc.status or 0, KubeApiError)
+        raise error(f"Kubernetes API error {exc.status} {exc.reason} while {doing}", sandbox_id=sandbox_id) from exc
+
+
+async def read_object(api: client.CustomObjectsApi, kind: _Kind, namespace: str, name: str) -> dict[str, Any] | None:
+    """The object, or None when there is none of that name."""
+    try:
+        with translated(f"reading {kind.kind} {namespace}/{name}", name):
+            return await api.get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name)
+    except ObjectMissing:
+        return None
 
 
 def _ready_condition(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -99,6 +138,11 @@ def _pod_ips(obj: Mapping[str, Any]) -> list[str]:
 def routable(obj: Mapping[str, Any]) -> bool:
     ready = _ready_condition(obj)
     return ready is not None and ready.get("status") == "True" and bool(_pod_ips(obj))
+
+
+def routable_pod_ip(obj: Mapping[str, Any]) -> str | None:
+    """The address to route to: the first pod IP of a routable object, else None."""
+    return _pod_ips(obj)[0] if routable(obj) else None
 
 
 def terminal_failure(obj: Mapping[str, Any]) -> str | None:
@@ -131,61 +175,25 @@ async def _events(api: client.CustomObjectsApi, kind: _Kind, namespace: str,
         response.release()
 
 
-async def api_client(kubeconfig: str | None) -> client.ApiClient:
-    """An API client: in-cluster when running in a pod and no kubeconfig is given, else from the kubeconfig."""
+async def api_client(kubeconfig: str | None, *, in_cluster: bool = False) -> client.ApiClient:
+    """An API client: the pod's service account when ``in_cluster`` (``Settings.in_cluster``: in a
+    pod, no kubeconfig given), else from the kubeconfig."""
     configuration = client.Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if in_cluster and kubeconfig is None:
         config.load_incluster_config(client_configuration=configuration)
     else:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     return client.ApiClient(configuration)
 
 
-class SandboxLocator:
-    """The pod IP of a ``Sandbox`` by namespace and name, read from the API (for ``gateway.compat``).
-
-    Only ``get`` on sandboxes (``LOCATOR_RBAC_RULES``), in the namespaces the caller allows;
-    the Helm chart grants exactly that in each ``router_compat_namespaces`` entry.
-    """
-
-    def __init__(self, api_version: str, *, kubeconfig: str | None = None,
-                 api_client_: client.ApiClient | None = None) -> None:
-        self._kind = _Kind("agents.x-k8s.io", api_version, "sandboxes", "Sandbox")
-        self._kubeconfig = kubeconfig
-        self._api_client = api_client_
-        self._owns_client = api_client_ is None
-
-    async def start(self) -> None:
-        if self._api_client is None:
-            self._api_client = await api_client(self._kubeconfig)
-
-    async def close(self) -> None:
-        if self._owns_client and self._api_client is not None:
-            await self._api_client.close()
-
-    async def locate(self, namespace: str, name: str) -> str:
-        """The Sandbox's pod IP; ``NotFound`` when there is no such Sandbox, 503 while it is not routable."""
-        assert self._api_client is not None, "start() first"
-        kind = self._kind
-        try:
-            obj = await client.CustomObjectsApi(self._api_client).get_namespaced_custom_object(
-                kind.group, kind.version, namespace, kind.plural, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise NotFound(f"no Sandbox {name!r} in namespace {namespace!r}", code="sandbox_not_found") from None
-            raise _provision_error(exc, f"reading Sandbox {namespace}/{name}", name) from exc
-        if not routable(obj):
-            raise ProvisionFailed(f"Sandbox {namespace}/{name} is not ready (no Ready condition with a pod IP)",
-                                  code="sandbox_not_ready", sandbox_id=name, retry_after=1.0)
-        return _pod_ips(obj)[0]
-
-
 class KubernetesProvider:
     def __init__(self, pools: Mapping[str, KubernetesPoolOptions], installation: str, *,
-                 kubeconfig: str | None = None, api_client: client.ApiClient | None = None) -> None:
+                 kubeconfig: str | None = None, in_cluster: bool = False,
+                 api_client: client.ApiClient | None = None) -> None:
         self._pools = dict(pools)
         self._installation = installation
         self._kubeconfig = kubeconfig
+        self._in_cluster = in_cluster
         self._api_client = api_client
         self._owns_client = api_client is None
         self._tasks: list[asyncio.Task[None]] = []
@@ -196,8 +204,8 @@ class KubernetesProvider:
 
     @classmethod
     def from_policy(cls, settings: Any, policy: Any, pool_names: Sequence[str]) -> KubernetesProvider:
-        pools = {name: policy.pools[name].kubernetes for name in pool_names}
-        return cls(pools, settings.installation, kubeconfig=settings.kubeconfig)
+        return cls(pool_options(policy, pool_names), settings.installation, kubeconfig=settings.kubeconfig,
+                   in_cluster=settings.in_cluster)
 
     @property
     def _api(self) -> client.CustomObjectsApi:
@@ -206,7 +214,7 @@ class KubernetesProvider:
 
     async def start(self, on_lost: LostHandler) -> None:
         if self._api_client is None:
-            self._api_client = await api_client(self._kubeconfig)
+            self._api_client = await api_client(self._kubeconfig, in_cluster=self._in_cluster)
         targets = {(o.namespace, _Kind.of(o)) for o in self._pools.values()}
         for namespace, kind in sorted(targets, key=str):
             self._tasks.append(asyncio.create_task(self._watch_managed(namespace, kind, on_lost)))
@@ -241,11 +249,11 @@ class KubernetesProvider:
                                request: SandboxRequest) -> dict[str, Any]:
         body = self._manifest(pool, kind, request)
         try:
-            return await self._api.create_namespaced_custom_object(
-                kind.group, kind.version, pool.namespace, kind.plural, body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise _provision_error(exc, f"creating {kind.kind} {request.sandbox_id}", request.sandbox_id) from exc
+            with translated(f"creating {kind.kind} {request.sandbox_id}", request.sandbox_id):
+                return await self._api.create_namespaced_custom_object(
+                    kind.group, kind.version, pool.namespace, kind.plural, body)
+        except ObjectExists:
+            pass  # created before, by us on any replica or by someone else: adopt it only if it is ours
         existing = await self._get(pool, kind, request.sandbox_id)
         labels = (existing or {}).get("metadata", {}).get("labels") or {}
         if existing is None or labels.get(INSTALLATION) != self._installation:
@@ -265,21 +273,20 @@ class KubernetesProvider:
             if routable(obj):
                 return obj
             try:
-                async for event in _events(self._api, kind, pool.namespace, field_selector=f"metadata.name={name}",
-                                           resource_version=version, timeout_seconds=300):
-                    if event["type"] == "DELETED":
-                        raise ProvisionFailed(f"{kind.kind} {name} was deleted while starting", sandbox_id=name)
-                    if event["type"] == "BOOKMARK":
-                        version = event["object"]["metadata"].get("resourceVersion", version)
-                        continue
-                    obj = event["object"]
-                    version = obj["metadata"].get("resourceVersion", version)
-                    if routable(obj) or terminal_failure(obj):
-                        break
-            except ApiException as exc:
-                if exc.status != 410:
-                    raise _provision_error(exc, f"watching {kind.kind} {name}", name) from exc
-                # 410 Gone: our version fell out of the watch cache; start over from a fresh read.
+                with translated(f"watching {kind.kind} {name}", name):
+                    async for event in _events(self._api, kind, pool.namespace, field_selector=f"metadata.name={name}",
+                                               resource_version=version, timeout_seconds=300):
+                        if event["type"] == "DELETED":
+                            raise ProvisionFailed(f"{kind.kind} {name} was deleted while starting", sandbox_id=name)
+                        if event["type"] == "BOOKMARK":
+                            version = event["object"]["metadata"].get("resourceVersion", version)
+                            continue
+                        obj = event["object"]
+                        version = obj["metadata"].get("resourceVersion", version)
+                        if routable(obj) or terminal_failure(obj):
+                            break
+            except WatchExpired:
+                # Our version fell out of the watch cache: start over from a fresh read.
                 fresh = await self._get(pool, kind, name)
                 if fresh is None:
                     raise ProvisionFailed(f"{kind.kind} {name} disappeared while starting", sandbox_id=name) from None
@@ -336,12 +343,12 @@ class KubernetesProvider:
         kind = _Kind.of(options)
         self._routable.discard(sandbox_id)
         try:
-            await self._api.delete_namespaced_custom_object(
-                kind.group, kind.version, options.namespace, kind.plural, sandbox_id,
-                body=client.V1DeleteOptions(propagation_policy="Background"))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise _provision_error(exc, f"deleting {kind.kind} {sandbox_id}", sandbox_id) from exc
+            with translated(f"deleting {kind.kind} {sandbox_id}", sandbox_id):
+                await self._api.delete_namespaced_custom_object(
+                    kind.group, kind.version, options.namespace, kind.plural, sandbox_id,
+                    body=client.V1DeleteOptions(propagation_policy="Background"))
+        except ObjectMissing:
+            pass  # deleted already
 
     async def list_managed(self) -> list[ManagedSandbox]:
         found: list[ManagedSandbox] = []
@@ -352,11 +359,9 @@ class KubernetesProvider:
                 continue
             seen.add(target)
             kind = target[1]
-            try:
+            with translated(f"listing {kind.plural} in {options.namespace}"):
                 listing = await self._api.list_namespaced_custom_object(
                     kind.group, kind.version, options.namespace, kind.plural, label_selector=self._selector())
-            except ApiException as exc:
-                raise _provision_error(exc, f"listing {kind.plural} in {options.namespace}", None) from exc
             for item in listing.get("items", ()):
                 meta = item["metadata"]
                 created = meta.get("creationTimestamp")
@@ -370,33 +375,33 @@ class KubernetesProvider:
         version: str | None = None
         while True:
             try:
-                if version is None:
-                    listing = await self._api.list_namespaced_custom_object(
-                        kind.group, kind.version, namespace, kind.plural, label_selector=self._selector())
-                    version = listing["metadata"].get("resourceVersion")
-                    self._routable.update(item["metadata"]["name"] for item in listing.get("items", ())
-                                          if routable(item))
-                async for event in _events(self._api, kind, namespace, label_selector=self._selector(),
-                                           resource_version=version, timeout_seconds=300):
-                    obj = event["object"]
-                    version = obj["metadata"].get("resourceVersion", version)
-                    if event["type"] == "BOOKMARK":
-                        continue
-                    name = obj["metadata"]["name"]
-                    if event["type"] == "DELETED" or not routable(obj):
-                        if name in self._routable:
-                            self._routable.discard(name)
-                            on_lost(name)
-                    else:
-                        self._routable.add(name)
+                with translated(f"watching {kind.plural} in {namespace}"):
+                    if version is None:
+                        listing = await self._api.list_namespaced_custom_object(
+                            kind.group, kind.version, namespace, kind.plural, label_selector=self._selector())
+                        version = listing["metadata"].get("resourceVersion")
+                        self._routable.update(item["metadata"]["name"] for item in listing.get("items", ())
+                                              if routable(item))
+                    async for event in _events(self._api, kind, namespace, label_selector=self._selector(),
+                                               resource_version=version, timeout_seconds=300):
+                        obj = event["object"]
+                        version = obj["metadata"].get("resourceVersion", version)
+                        if event["type"] == "BOOKMARK":
+                            continue
+                        name = obj["metadata"]["name"]
+                        if event["type"] == "DELETED" or not routable(obj):
+                            if name in self._routable:
+                                self._routable.discard(name)
+                                on_lost(name)
+                        else:
+                            self._routable.add(name)
             except asyncio.CancelledError:
                 raise
-            except ApiException as exc:
-                if exc.status == 410:
-                    version = None  # relist
-                else:
-                    log.warning("watching %s in %s failed (%s); retrying", kind.plural, namespace, exc.status)
-                    await asyncio.sleep(1.0)
+            except WatchExpired:
+                version = None  # relist
+            except KubeApiError as exc:
+                log.warning("%s; retrying", exc.message)
+                await asyncio.sleep(1.0)
             except Exception as exc:  # the stream dropped or the API server is away: back off, resume
                 log.warning("watch on %s in %s dropped: %s", kind.plural, namespace, exc)
                 await asyncio.sleep(1.0)
@@ -412,13 +417,7 @@ class KubernetesProvider:
         return options
 
     async def _get(self, pool: KubernetesPoolOptions, kind: _Kind, name: str) -> dict[str, Any] | None:
-        try:
-            return await self._api.get_namespaced_custom_object(kind.group, kind.version, pool.namespace,
-                                                                kind.plural, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise _provision_error(exc, f"reading {kind.kind} {name}", name) from exc
+        return await read_object(self._api, kind, pool.namespace, name)
 
     def describe(self) -> str:
         return ", ".join(f"{name}: {o.mode} {o.api_version} in {o.namespace}" for name, o in self._pools.items())
@@ -441,6 +440,3 @@ def _check_owner(request: SandboxRequest, obj: Mapping[str, Any]) -> None:
     if not request.may_claim(owner, made_at):
         raise ForeignSandbox(request.sandbox_id)
 
-
-def _provision_error(exc: ApiException, doing: str, sandbox_id: str | None) -> GatewayError:
-    return ProvisionFailed(f"Kubernetes API error {exc.status} {exc.reason} while {doing}", sandbox_id=sandbox_id)

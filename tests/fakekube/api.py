@@ -55,7 +55,8 @@ def rfc3339(when: datetime) -> str:
 
 @dataclass(frozen=True)
 class CreateRecord:
-    """One accepted create: `plural`, `namespace`, `name` (generated names resolved), `actor`."""
+    """One accepted create: `plural`, `namespace`, `name` (generated names resolved), `actor`, and the
+    warnings it was answered with (`unknown field "spec.x"`: a field the schema pruned)."""
 
     plural: str
     namespace: str
@@ -63,6 +64,7 @@ class CreateRecord:
     version: str
     actor: str  # "client" (HTTP), "controller", ...
     resource_version: int
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -166,7 +168,8 @@ class Api:
         if dry_run:
             return Written(from_storage(res, stored, version), warnings, 201)
         event = self.store.put(res.key, stored)
-        self.create_log.append(CreateRecord(res.plural, namespace, meta["name"], version, actor, event.rv))
+        self.create_log.append(CreateRecord(res.plural, namespace, meta["name"], version, actor, event.rv,
+                                            tuple(warnings)))
         return Written(from_storage(res, event.obj, version), warnings, 201)
 
     def _generate_name(self, res: ResourceInfo, namespace: str, prefix: str) -> str:

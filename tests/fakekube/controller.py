@@ -4,11 +4,16 @@ reconciles them one at a time through the same request pipeline as HTTP clients 
 are schema-validated and produce watch events). Delays are timers (`loop.call_later`), never sleeps.
 
 Sandbox: Ready=False/DependenciesNotReady, then after `ready_delay` Ready=True/DependenciesReady
-with podIPs=[pod_ip_for(ns, name)], service, serviceFQDN, selector (+ replicas at v1alpha1
-storage, nodeName at v1beta1). Suspended (replicas 0 / operatingMode Suspended): Ready=False
-SandboxSuspended, or, with `ready_when_suspended` (old controllers, default for v0.4.6),
-Ready=True with no podIPs. shutdownTime reached: Ready=False SandboxExpired, deleted if
-shutdownPolicy is Delete. A simulated core/v1 Pod (name = sandbox name) follows the sandbox.
+with podIPs=[the pod's IP], service, serviceFQDN, selector (+ replicas at v1alpha1 storage,
+nodeName at v1beta1). The first pod of a Sandbox gets `pod_ip_for(ns, name)`; every later pod of
+the same Sandbox (after a suspend, `lose_pod` + `recover`, a failure) gets the next address after
+its predecessor's, as a pod IP changes in a cluster (127.0.0.1, then 127.0.0.2, ...: all loopback).
+Suspend (`spec.operatingMode: Suspended` at v1beta1, `spec.replicas: 0` at v1alpha1): the pod is
+deleted, Ready=False SandboxSuspended, no podIPs, or, with `ready_when_suspended` (old
+controllers, default for v0.4.6), Ready=True with no podIPs. Resume (`Running` / `replicas: 1`):
+a new pod, Ready=False while it is pending, then Ready=True with the new pod's IP.
+shutdownTime reached: Ready=False SandboxExpired, deleted if shutdownPolicy is Delete. A
+simulated core/v1 Pod (name = sandbox name) follows the sandbox.
 
 SandboxWarmPool: keeps spec.replicas Sandboxes (generateName "<pool>-") owned by the pool.
 SandboxClaim: adopts a pool sandbox (re-owned by the claim) or creates a Sandbox named like the
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import ipaddress
 import logging
 import re
 from collections.abc import Callable
@@ -73,6 +79,7 @@ class PodState:
     ip: str | None = None
     lost: bool = False
     failed: tuple[str, str] | None = None
+    incarnation: int = 0  # how many pods this Sandbox had before this one
 
 
 class FakeController:
@@ -90,6 +97,7 @@ class FakeController:
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
         self._pods: dict[str, PodState] = {}  # by sandbox uid
+        self._pods_started: dict[str, int] = {}  # by sandbox uid: pods created so far (the next incarnation)
         self._timers: dict[Any, asyncio.TimerHandle] = {}
         self._held: list[tuple[str, Key]] = []
         self._paused = False
@@ -282,7 +290,9 @@ class FakeController:
             status.update(conditions=conditions, replicas=0 if alpha else None)
         else:
             if state is None:
-                state = self._pods[uid] = PodState()
+                incarnation = self._pods_started.get(uid, 0)
+                self._pods_started[uid] = incarnation + 1
+                state = self._pods[uid] = PodState(incarnation=incarnation)
                 self._create_pod(sandbox)
                 self._timer(("ready", uid), self.ready_delay, lambda: self._mark_ready(uid, key))
             if state.lost:
@@ -303,9 +313,13 @@ class FakeController:
         if self._paused:
             self._held.append((uid, key))
             return
-        state.ready, state.ip = True, self.pod_ip_for(key[1], key[2])
+        state.ready, state.ip = True, self._pod_ip(key[1], key[2], state.incarnation)
         self._pod_status(uid, key[1], key[2], "Running", state.ip)
         self._enqueue(key)
+
+    def _pod_ip(self, namespace: str, name: str, incarnation: int) -> str:
+        """The first pod's IP is `pod_ip_for`'s; each later pod of the Sandbox gets the next address."""
+        return str(ipaddress.ip_address(self.pod_ip_for(namespace, name)) + incarnation)
 
     def _create_pod(self, sandbox: Obj) -> None:
         meta = sandbox["metadata"]

@@ -1,13 +1,17 @@
 """The resources the fake apiserver serves, loaded from the vendored agent-sandbox CRD YAMLs.
 
-`load_crd_set("head")` reads tests/fakekube/crds/head (v1beta1 storage, v1alpha1 served);
-`load_crd_set("v0.4.6")` reads tests/fakekube/crds/v0.4.6 (v1alpha1 only). The folder can be
-overridden with the FAKEKUBE_CRD_DIR environment variable (read at call time, never at import).
+`load_crd_set("v1.0")` is agent-sandbox v1.0 (2026-08-28): the CRDs of tests/fakekube/crds/head
+with only v1beta1 served (v1.0 removed v1alpha1 and its conversion webhook); the default.
+`load_crd_set("head")` reads tests/fakekube/crds/head as is (v1beta1 storage, v1alpha1 served
+and converted: the v0.5 line); `load_crd_set("v0.4.6")` reads tests/fakekube/crds/v0.4.6
+(v1alpha1 only). The folder can be overridden with the FAKEKUBE_CRD_DIR environment variable
+(read at call time, never at import).
 A built-in, schemaless core/v1 `pods` resource is added so simulated pods can be listed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass, field
@@ -16,7 +20,10 @@ from typing import Any
 
 import yaml
 
-CRD_SETS = ("head", "v0.4.6")
+CRD_SETS = ("v1.0", "head", "v0.4.6")
+DEFAULT_CRD_SET = "v1.0"
+# A CRD set that is a vendored folder with fewer versions served: name -> (folder, versions served).
+_SERVING_ONLY = {"v1.0": ("head", frozenset({"v1beta1"}))}
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 30x faster on the 8000-line CRDs
 # Vendored, unmodified copies of the upstream CRDs (see crds/README.md), so a fresh clone tests offline.
 _DEFAULT_CRD_ROOT = Path(__file__).resolve().parent / "crds"
@@ -138,8 +145,23 @@ def _load(folder: str) -> CrdSet:
     return CrdSet(path.name, resources)
 
 
+def _serving_only(crds: CrdSet, name: str, served: frozenset[str]) -> CrdSet:
+    """``crds`` with every custom resource version outside ``served`` no longer served."""
+    resources = {}
+    for key, res in crds.resources.items():
+        if res is PODS:
+            resources[key] = res
+            continue
+        versions = {v: dataclasses.replace(info, served=info.served and v in served) for v, info in res.versions.items()}
+        resources[key] = dataclasses.replace(res, versions=versions)
+    return CrdSet(name, resources)
+
+
 def load_crd_set(name: str) -> CrdSet:
-    """The parsed CRDs of one vendored folder (cached; treat the result as read-only)."""
+    """The parsed CRDs of one set (cached; treat the result as read-only)."""
     if name not in CRD_SETS:
         raise ValueError(f"crd_set must be one of {CRD_SETS}, got {name!r}")
+    if name in _SERVING_ONLY:
+        folder, served = _SERVING_ONLY[name]
+        return _serving_only(_load(str(crd_root() / folder)), name, served)
     return _load(str(crd_root() / name))

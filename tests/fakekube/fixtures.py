@@ -2,9 +2,10 @@
 
     from tests.fakekube.fixtures import fake_kube, make_fake_kube  # noqa: F401
 
-`make_fake_kube(crd_set="head", **options)` is a factory fixture (several servers per test are
-fine); `fake_kube` is one started server with its controller, for `crd_set="head"` unless the test
-parametrizes it indirectly: `@pytest.mark.parametrize("fake_kube", ["head", "v0.4.6"], indirect=True)`.
+`make_fake_kube(crd_set="v1.0", **options)` is a factory fixture (several servers per test are
+fine); `fake_kube` is one started server with its controller, for `crd_set="v1.0"` (agent-sandbox
+v1.0: v1beta1 only) unless the test parametrizes it indirectly:
+`@pytest.mark.parametrize("fake_kube", ["v1.0", "v0.4.6"], indirect=True)`.
 Everything is stopped at teardown, and a failure inside the simulated controller fails the test.
 """
 
@@ -21,6 +22,7 @@ import yaml
 from kubernetes_asyncio import client, config
 
 from .controller import FakeController
+from .crds import DEFAULT_CRD_SET
 from .server import FakeKubeServer
 
 TOKEN = "fakekube-token"
@@ -70,7 +72,7 @@ def write_kubeconfig(path: Path, url: str, token: str, namespace: str = "default
     return path
 
 
-async def start_fake_kube(tmp_path: Path, crd_set: str = "head", *, namespaces: tuple[str, ...] = ("default",),
+async def start_fake_kube(tmp_path: Path, crd_set: str = DEFAULT_CRD_SET, *, namespaces: tuple[str, ...] = ("default",),
                           history_size: int = 1000, ready_delay: float = 0.05,
                           pod_ip_for: Callable[[str, str], str] | None = None,
                           ready_when_suspended: bool | None = None, token: str = TOKEN,
@@ -93,7 +95,7 @@ async def make_fake_kube(tmp_path: Path) -> AsyncIterator[MakeFakeKube]:
     """Factory: `kube = await make_fake_kube(crd_set="v0.4.6", ready_delay=0, namespaces=("a", "b"))`."""
     started: list[FakeKube] = []
 
-    async def make(crd_set: str = "head", **options: Any) -> FakeKube:
+    async def make(crd_set: str = DEFAULT_CRD_SET, **options: Any) -> FakeKube:
         kube = await start_fake_kube(tmp_path, crd_set, **options)
         started.append(kube)
         return kube
@@ -107,5 +109,5 @@ async def make_fake_kube(tmp_path: Path) -> AsyncIterator[MakeFakeKube]:
 
 @pytest_asyncio.fixture
 async def fake_kube(request: pytest.FixtureRequest, make_fake_kube: MakeFakeKube) -> FakeKube:
-    """One started fake apiserver + controller; crd_set "head" unless parametrized indirectly."""
-    return await make_fake_kube(getattr(request, "param", "head"))
+    """One started fake apiserver + controller; crd_set "v1.0" unless parametrized indirectly."""
+    return await make_fake_kube(getattr(request, "param", DEFAULT_CRD_SET))

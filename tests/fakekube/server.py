@@ -28,7 +28,7 @@ from aiohttp import web
 
 from .api import Api, CreateRecord, rfc3339, utcnow
 from .convert import from_storage
-from .crds import PODS, ResourceInfo, load_crd_set
+from .crds import DEFAULT_CRD_SET, PODS, ResourceInfo, load_crd_set
 from .errors import ApiError
 from .selectors import Selector
 from .store import DROP, END, Bookmark, Event, Store
@@ -47,7 +47,7 @@ def _json(body: Any, status: int = 200, warnings: list[str] | None = None) -> we
 class FakeKubeServer:
     """Store + request pipeline + aiohttp app. `start()` binds 127.0.0.1 on a free port."""
 
-    def __init__(self, crd_set: str = "head", *, history_size: int = 1000, namespaces: tuple[str, ...] = ("default",),
+    def __init__(self, crd_set: str = DEFAULT_CRD_SET, *, history_size: int = 1000, namespaces: tuple[str, ...] = ("default",),
                  token: str | None = None, clock: Callable[[], datetime] = utcnow,
                  name_rules: dict[str, str] | None = None):
         self.crd_set = crd_set

@@ -84,13 +84,13 @@ pools:
     max_sandboxes: 100
     idle_timeout: 10m
     provisioning_timeout: 60s
-    kubernetes: {mode: claim, template: small, port: 8888}
+    kubernetes: {mode: claim, warm_pool: small, port: 8888}
   shared:
     provider: kubernetes
     max_sandboxes: 50
     idle_timeout: 30m
     provisioning_timeout: 2m
-    kubernetes: {mode: claim, template: standard, port: 8888}
+    kubernetes: {mode: claim, warm_pool: standard, port: 8888}
 routing:
   per_session_orgs: []
   prefix_pools: {ses: small, default: shared}

@@ -1,0 +1,42 @@
+"""The policy as the gateway reads it: routing's parse, plus each provider's check of its own options.
+
+``serve`` (and its hot reload), ``route`` and ``check-policy`` all parse through
+here, so a Kubernetes pool's options are checked the same way everywhere and
+their errors come with every other error in the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gateway.providers import kubernetes_options
+from gateway.settings import SESSION_TTL_SETTING, Settings
+from routing import Policy, PolicyError, default_policy, parse_org_list
+from routing import parse_policy as parse_routing_policy
+from routing.policy import OptionsCheck
+
+OPTION_CHECKS: dict[str, OptionsCheck] = {"kubernetes": kubernetes_options.option_errors}
+
+
+def parse_policy(text: str, source: str = "<policy>", extra_per_session_orgs: Iterable[str] = ()) -> Policy:
+    """Parse and validate a policy document; raise ``PolicyError`` listing every error."""
+    return parse_routing_policy(text, source, extra_per_session_orgs, option_checks=OPTION_CHECKS)
+
+
+def load_policy(settings: Settings) -> Policy:
+    """The policy file if one is configured, else the built-in default; env orgs merged in.
+
+    Checked against ``session_ttl`` at startup and on every reload: a binding must not expire
+    while its sandbox may still run (it could then be claimed by another caller)."""
+    extra = parse_org_list(settings.per_session_org_ids)
+    if settings.policy_file is None:
+        policy = default_policy(extra)
+    else:
+        path = settings.policy_file
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PolicyError([f"{path}: cannot read the policy file: {exc.strerror}"]) from None
+        policy = parse_policy(text, str(path), extra)
+    policy.check_session_ttl(settings.session_ttl, SESSION_TTL_SETTING)
+    return policy
