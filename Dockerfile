@@ -1,13 +1,21 @@
 # syntax=docker/dockerfile:1
-# sandbox-gateway image: build wheels in one stage, install them into a clean slim image.
+# sandbox-gateway image: install into a virtualenv in one stage, copy the virtualenv into a
+# clean image of the same base.
 #
-#   docker build -t ghcr.io/example/sandbox-gateway:0.1.0 .
-#   docker run --rm -p 8080:8080 -p 8081:8081 ghcr.io/example/sandbox-gateway:0.1.0
+#   scripts/build-image                     # docker or podman build, base python:3.11-slim
+#   scripts/build-image --base-rootfs       # offline base: a Debian rootfs made with debootstrap
+#   scripts/smoke-image                     # run it read-only and non-root, serve one request
+#
+# PYTHON_IMAGE is any Debian-based image with python3 (>= 3.11) and its venv module: the
+# official python:3.11-slim by default, or the local base scripts/build-image --base-rootfs
+# imports. A virtualenv (not the base's site-packages) because it is the same in both: Debian's
+# own python3 refuses `pip install` outside a virtualenv (PEP 668), and the runtime stage then
+# needs no pip at all.
 #
 # Runs as uid/gid 10001 (numeric, so Kubernetes' runAsNonRoot can verify it) and works with a
 # read-only root filesystem as long as /tmp and the data dir are writable (the Helm chart
-# mounts emptyDirs there). Ports: 8080 data plane, 8081 control API + /healthz /readyz
-# /metrics, 50051 gRPC (reserved, not served yet).
+# mounts emptyDirs there; scripts/smoke-image mounts tmpfs). Ports: 8080 data plane, 8081
+# control API + /healthz /readyz /metrics, 50051 gRPC (reserved, not served yet).
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -19,28 +27,32 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY routing ./routing
 COPY gateway ./gateway
-# The project's wheel plus a wheel for every runtime dependency (all ship manylinux wheels,
-# so no compiler is needed).
-RUN pip wheel . --wheel-dir /wheels
+# Every runtime dependency ships manylinux wheels, so no compiler is needed. pip and setuptools
+# leave the virtualenv once it is built: the running gateway installs nothing. Behind a
+# TLS-inspecting proxy, pass its CA bundle as the build secret pip-ca (scripts/build-image
+# --ca-bundle FILE): a secret is mounted for this step only and never lands in a layer.
+RUN --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+ && python3 -m venv /opt/sandbox-gateway \
+ && /opt/sandbox-gateway/bin/pip install . \
+ && /opt/sandbox-gateway/bin/pip uninstall --yes pip setuptools \
+ && /opt/sandbox-gateway/bin/sandbox-gateway --help >/dev/null
 
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/sandbox-gateway/bin:$PATH \
     SANDBOX_GATEWAY_DATA_DIR=/var/lib/sandbox-gateway
-RUN groupadd --system --gid 10001 sandbox-gateway \
- && useradd --system --uid 10001 --gid 10001 --no-create-home \
+RUN groupadd --gid 10001 sandbox-gateway \
+ && useradd --uid 10001 --gid 10001 --no-create-home \
       --home-dir /var/lib/sandbox-gateway --shell /usr/sbin/nologin sandbox-gateway \
  && install -d -o 10001 -g 10001 -m 0750 /var/lib/sandbox-gateway /etc/sandbox-gateway
-# Install from the builder's wheels only (no index): the image gets exactly what was built.
-RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels sandbox-gateway \
- && sandbox-gateway --help >/dev/null
+# Same base image, same python3 path: the virtualenv's interpreter links stay valid.
+COPY --from=builder /opt/sandbox-gateway /opt/sandbox-gateway
 WORKDIR /var/lib/sandbox-gateway
 USER 10001:10001
 EXPOSE 8080 8081 50051
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8081/healthz', timeout=2)"]
+  CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8081/healthz', timeout=2)"]
 ENTRYPOINT ["sandbox-gateway"]
 CMD ["serve", "--host", "0.0.0.0"]

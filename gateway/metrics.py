@@ -23,6 +23,10 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 _PROVISION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 _STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1)
 _STATUS_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
+# The reasons SessionRouter reports, exported at zero from the start: a labelled counter has no
+# series until first used, so a dashboard panel said "No data" (not 0) until the first reap or sweep.
+REAP_REASONS = ("idle", "session_deleted")
+ORPHAN_SWEEP_REASONS = ("no_store_record",)
 
 
 def status_class(status: int) -> str:
@@ -64,6 +68,10 @@ class Metrics:
                                   multiprocess_mode="livesum")
         self.security_denials = Counter("sgw_security_denials_total", "Requests denied for isolation or auth",
                                         ["reason"], registry=r)
+        for reason in REAP_REASONS:
+            self.reaps.labels(reason)
+        for reason in ORPHAN_SWEEP_REASONS:
+            self.sweeps.labels(reason)
         # Resolved once: the cache counters are bumped on every data-plane request.
         self._cache_hit = self.route_cache_lookups.labels("hit")
         self._cache_miss = self.route_cache_lookups.labels("miss")

@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from routing.ids import WILDCARD
 
@@ -110,18 +110,36 @@ class PoolSpec(_Strict):
         return self.idle_timeout, "idle_timeout"
 
 
+# Validation context key: parse_policy has checked the prefix keys on the raw mapping.
+_PREFIX_KEYS_CHECKED = "prefix_keys_checked"
+
+
 class RoutingRules(_Strict):
     per_session_orgs: list[str] = Field(default_factory=list)
     prefix_pools: dict[str, str] = Field(default_factory=lambda: {"ses": "small", "default": "shared"})
 
     @model_validator(mode="after")
-    def _prefix_keys(self) -> RoutingRules:
-        unknown = sorted(set(self.prefix_pools) - set(PREFIX_KEYS))
-        if unknown:
-            raise ValueError(f"unknown prefix {unknown[0]!r} in prefix_pools (allowed: {', '.join(PREFIX_KEYS)})")
-        if "default" not in self.prefix_pools:
-            raise ValueError("prefix_pools needs a 'default' entry")
+    def _prefix_keys(self, info: ValidationInfo) -> RoutingRules:
+        # parse_policy checks the raw mapping itself (with the field errors, all at once) and
+        # says so in the context; a model built any other way is checked here.
+        if info.context and info.context.get(_PREFIX_KEYS_CHECKED):
+            return self
+        if errors := _prefix_key_errors(self.prefix_pools):
+            raise ValueError("; ".join(errors))
         return self
+
+
+def _prefix_key_errors(prefix_pools: Mapping[Any, Any]) -> list[str]:
+    """Every unknown prefix and a missing ``default``, one ``path: message`` each.
+
+    Works on the raw mapping too: keys that are not strings are left to the schema's errors.
+    """
+    allowed = ", ".join(PREFIX_KEYS)
+    errors = [f"routing.prefix_pools.{key}: unknown prefix {key!r} (allowed: {allowed})"
+              for key in prefix_pools if isinstance(key, str) and key not in PREFIX_KEYS]
+    if "default" not in prefix_pools:
+        errors.append("routing.prefix_pools: needs a 'default' entry (the pool for every prefix not listed)")
+    return errors
 
 
 class OrgRule(_Strict):
@@ -189,24 +207,24 @@ class Policy:
 
 
 def _cross_references(raw: Mapping[str, Any]) -> list[str]:
-    """Pool references checked on the raw mapping, so they are reported even when
-    other fields fail validation (every error at once). Shapes the schema rejects
-    are skipped here: the schema errors already name them."""
+    """Routing-level checks on the raw mapping: prefix keys and pool references. Here, not
+    in the models, so they are reported even when other fields fail validation (every
+    error at once). Shapes the schema rejects are skipped here: the schema errors already
+    name them."""
     pools = raw.get("pools")
-    if not isinstance(pools, dict):
-        return []
     errors = []
     routing = raw.get("routing", {})
-    prefix_pools = routing.get("prefix_pools", RoutingRules().prefix_pools) if isinstance(routing, dict) else {}
+    prefix_pools = routing.get("prefix_pools", RoutingRules().prefix_pools) if isinstance(routing, dict) else None
     if isinstance(prefix_pools, dict):
+        errors += _prefix_key_errors(prefix_pools)
         for prefix, pool in prefix_pools.items():
-            if isinstance(pool, str) and pool not in pools:
+            if isinstance(pool, str) and isinstance(pools, dict) and pool not in pools:
                 errors.append(f"routing.prefix_pools.{prefix}: pool {pool!r} is not defined under pools")
     orgs = raw.get("orgs", {})
     if isinstance(orgs, dict):
         for org, rule in orgs.items():
             pool = rule.get("pool") if isinstance(rule, dict) else None
-            if isinstance(pool, str) and pool not in pools:
+            if isinstance(pool, str) and isinstance(pools, dict) and pool not in pools:
                 errors.append(f"orgs.{org}.pool: pool {pool!r} is not defined under pools")
         if WILDCARD in orgs:
             errors.append(f"orgs.{WILDCARD}: '*' is only meaningful in routing.per_session_orgs")
@@ -275,7 +293,7 @@ def parse_policy(text: str, source: str = "<policy>", extra_per_session_orgs: It
     errors: list[str] = []
     doc = None
     try:
-        doc = PolicyDocument.model_validate(raw)
+        doc = PolicyDocument.model_validate(raw, context={_PREFIX_KEYS_CHECKED: True})
     except ValidationError as exc:
         errors = [f"{format_loc(e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()]
     errors += _provider_options(raw, option_checks or {})

@@ -11,10 +11,15 @@ fi
 stamp=".venv/.installed${extra:+-$extra}"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-    echo "setup: installing sandbox-gateway${extra:+[$extra]} into .venv" >&2
+    started=$SECONDS
+    echo "setup: upgrading pip" >&2
     .venv/bin/python -m pip install --quiet --upgrade pip >&2
+    echo "setup: installing sandbox-gateway${extra:+[$extra]} and its dependencies into .venv" \
+         "(about a minute the first time, seconds from pip's cache)" >&2
     .venv/bin/python -m pip install --quiet -e ".${extra:+[$extra]}" >&2
     echo "$want" > "$stamp"
+    echo "setup: done in $((SECONDS - started)) s; the CLI is .venv/bin/sandbox-gateway" \
+         "(source .venv/bin/activate to have sandbox-gateway on PATH)" >&2
 fi
 
 # apt_install COMMAND PACKAGE: install PACKAGE with apt when COMMAND is missing (apt-get update once).

@@ -8,6 +8,7 @@ text of a live ``/metrics`` scrape.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import Metrics, status_class
+from gateway.metrics import REAP_REASONS, Metrics, status_class
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "helm" / "sandbox-gateway" / "dashboards" / "sandbox-gateway.json"
 METRIC_NAME = re.compile(r"\bsgw_[a-z_]+\b")
@@ -168,3 +169,32 @@ def test_per_org_row_is_collapsed_and_explains_itself(dashboard: dict[str, Any])
     assert "per_org_metrics" in row["description"]
     top_level = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     assert not any("sgw_org_requests_total" in e for e in top_level)
+
+
+def sample_values(exposition: str, name: str) -> dict[str, float]:
+    """``reason`` label -> value of one counter's samples."""
+    return {s.labels["reason"]: s.value for f in text_string_to_metric_families(exposition)
+            for s in f.samples if s.name == name}
+
+
+def test_reap_and_sweep_panels_show_zero_before_the_first_event() -> None:
+    """A labelled counter has no series until used, so "Orphans swept" said "No data" until the
+    first sweep; the known reasons are exported at zero from the start."""
+    metrics = Metrics()
+    body = metrics.exposition()[0].decode()
+    assert sample_values(body, "sgw_reaps_total") == dict.fromkeys(REAP_REASONS, 0.0)
+    assert sample_values(body, "sgw_orphan_sweeps_total") == {"no_store_record": 0.0}
+    for reason in ("orphan", "idle", "session_deleted"):
+        metrics.reaped(reason)
+    body = metrics.exposition()[0].decode()
+    assert sample_values(body, "sgw_reaps_total") == dict.fromkeys(REAP_REASONS, 1.0), "no new series"
+    assert sample_values(body, "sgw_orphan_sweeps_total") == {"no_store_record": 1.0}
+
+
+def test_the_router_reports_only_known_reap_reasons() -> None:
+    """Every reason SessionRouter passes to events.reaped() has its zero series (orphan is the sweep's)."""
+    source = (Path(__file__).resolve().parents[1] / "gateway" / "sessions.py").read_text(encoding="utf-8")
+    reasons = {node.args[0].value for node in ast.walk(ast.parse(source))
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "reaped"
+               and node.args and isinstance(node.args[0], ast.Constant)}
+    assert reasons == {*REAP_REASONS, "orphan"}

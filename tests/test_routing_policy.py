@@ -8,9 +8,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from routing import Policy, PolicyError, PoolSpec, default_policy, parse_org_list, parse_policy
-from routing.policy import Isolation, parse_duration
+from routing.policy import Isolation, RoutingRules, parse_duration
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SOURCE = "policies/test.yaml"
@@ -376,3 +377,36 @@ def test_schema_and_cross_reference_errors_reported_at_once() -> None:
     )
     assert any(f"{SOURCE}: pools.small.idle_timeout:" in line for line in errors), errors
     assert any(f"{SOURCE}: orgs.acme.pool:" in line for line in errors), errors
+
+
+def test_routing_level_and_field_errors_reported_at_once() -> None:
+    """Unknown prefixes and a missing default come with the field errors, not after them
+    (a routing section with a bad field, or one bad prefix, hid the rest)."""
+    errors = errors_of(
+        """\
+        pools:
+          small: {max_sandboxes: 0}
+        routing:
+          per_session_orgs: org-a
+          prefix_pools: {sess: small, bots: small, ses: nope}
+        """
+    )
+    assert errors == [
+        f"{SOURCE}: pools.small.max_sandboxes: Input should be greater than or equal to 1",
+        f"{SOURCE}: routing.per_session_orgs: Input should be a valid list",
+        f"{SOURCE}: routing.prefix_pools.sess: unknown prefix 'sess' (allowed: ses, org, usr, bot, ubt, default)",
+        f"{SOURCE}: routing.prefix_pools.bots: unknown prefix 'bots' (allowed: ses, org, usr, bot, ubt, default)",
+        f"{SOURCE}: routing.prefix_pools: needs a 'default' entry (the pool for every prefix not listed)",
+        f"{SOURCE}: routing.prefix_pools.ses: pool 'nope' is not defined under pools",
+    ]
+
+
+def test_prefix_keys_checked_without_pools() -> None:
+    errors = errors_of("routing: {prefix_pools: {xyz: a}}\n")
+    assert [line.split(": ")[1] for line in errors] == ["pools", "routing.prefix_pools.xyz", "routing.prefix_pools"]
+
+
+def test_routing_rules_built_directly_are_checked_too() -> None:
+    """Only parse_policy hands the prefix checks to its raw pass; a model built in code checks itself."""
+    with pytest.raises(ValidationError, match=r"unknown prefix 'xyz'.*needs a 'default' entry"):
+        RoutingRules(prefix_pools={"xyz": "small"})
