@@ -8,6 +8,7 @@ import pytest
 
 from gateway.app import Gateway
 from gateway.metrics import Metrics
+from gateway.providers.base import PoolProviders
 from gateway.settings import Settings
 from gateway.store.memory import MemoryStore
 from routing import default_policy
@@ -83,7 +84,9 @@ class RecordingStore(MemoryStore):
 
 def fake_gateway(tmp_path, events: list[str], **provider) -> Gateway:
     settings = Settings(data_dir=tmp_path / "data", drain_timeout=0)
-    return Gateway(settings, default_policy(), RecordingStore(events), FakeProvider(events, **provider), Metrics())
+    fake = FakeProvider(events, **provider)
+    policy = default_policy()
+    return Gateway(settings, policy, RecordingStore(events), PoolProviders({name: fake for name in policy.pools}), Metrics())
 
 
 async def refuses_connections(address: tuple[str, int]) -> bool:
