@@ -116,6 +116,7 @@ class Gateway:
             self.compat = RouterCompat(settings.router_compat_namespaces, settings.router_compat_ports, self.admin,
                                        self._locator)
         self.data_plane: Any = None
+        self.grpc_front: Any = None  # a gateway.grpcfront.GrpcFront when start() is given a gRPC socket
         self._control_runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._policy_mtime: float | None = None
@@ -123,6 +124,7 @@ class Gateway:
         self._request_series: dict[tuple[str | None, str, int], tuple[Any, Any]] = {}
         self.data_address: tuple[str, int] | None = None
         self.control_address: tuple[str, int] | None = None
+        self.grpc_address: tuple[str, int] | None = None
 
     @classmethod
     def create(cls, settings: Settings) -> Gateway:
@@ -131,7 +133,8 @@ class Gateway:
         store = InstrumentedStore(build_store(settings), metrics)
         return cls(settings, policy, store, build_providers(settings, policy), metrics)
 
-    async def start(self, data_sock: socket.socket, control_sock: socket.socket) -> None:
+    async def start(self, data_sock: socket.socket, control_sock: socket.socket,
+                    grpc_sock: socket.socket | None = None) -> None:
         from gateway.proxy import DataPlane
 
         await self.provider.start(self.router.sandbox_lost)
@@ -148,6 +151,14 @@ class Gateway:
         self.data_address = data_sock.getsockname()[:2]
         self.control_address = control_sock.getsockname()[:2]
         self._access = access_log() if self.settings.access_log else None
+        if grpc_sock is not None:
+            from gateway.grpcfront import GrpcFront, GrpcMetrics
+
+            self.grpc_front = GrpcFront(self.router, self.settings, authenticator=self.authenticator,
+                                        limits=self.data_plane.limits, metrics=GrpcMetrics(self.metrics.registry),
+                                        access=self._access)
+            await self.grpc_front.start(grpc_sock)
+            self.grpc_address = self.grpc_front.address
         if self._access is not None:
             self._every(ACCESS_LOG_FLUSH_INTERVAL, self._flush_access_log)
         self._every(self.settings.activity_flush_interval, self.router.flush_activity)
@@ -159,8 +170,12 @@ class Gateway:
 
     async def stop(self) -> None:
         """Drain: stop accepting, let in-flight requests finish (bounded), leave sandboxes alive."""
+        if self.grpc_front is not None:  # drains alongside the data plane's drain below
+            grpc_stopped = asyncio.create_task(self.grpc_front.stop(self.settings.drain_timeout))
         if self.data_plane is not None:
             await self.data_plane.stop(self.settings.drain_timeout)
+        if self.grpc_front is not None:
+            await grpc_stopped
         if self._control_runner is not None:
             await self._control_runner.cleanup()
         for task in self._tasks:

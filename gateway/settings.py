@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     data_port: int = Field(default=8080, ge=0, le=65535)
     control_port: int = Field(default=8081, ge=0, le=65535)
+    grpc_port: int = Field(default=50051, ge=0, le=65535)  # the gRPC front (gateway/grpcfront); 0 = any free port
     workers: int = Field(default=1, ge=1, le=64)
 
     # configuration

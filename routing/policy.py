@@ -104,6 +104,8 @@ class PoolSpec(_Strict):
     provisioning_timeout: Duration = 120.0
     upstreams: list[str] | None = None
     kubernetes: KubernetesPoolOptions | None = None
+    # Where the pool's sandboxes answer gRPC (the gRPC front forwards there, on the sandbox's host).
+    grpc_port: int = Field(default=50051, ge=1, le=65535)
 
     @model_validator(mode="after")
     def _provider_fields(self) -> PoolSpec:

@@ -18,6 +18,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -150,11 +151,13 @@ def create_app(
     return app
 
 
-async def serve(host: str, port: int, root: Path, sandbox_id: str = "") -> None:
+async def serve(host: str, port: int, root: Path, sandbox_id: str = "", grpc_port: int | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then drain briefly and return.
 
     Prints ``LISTENING <host> <port>`` once bound (the real port when 0 was
     asked for): the local provider reads that line to learn where we are.
+    With ``grpc_port`` the gRPC service (``grpc_service``) serves too, and
+    ``GRPC_LISTENING <host> <port>`` follows.
     """
     app = create_app(root, sandbox_id)
     runner = web.AppRunner(
@@ -171,16 +174,30 @@ async def serve(host: str, port: int, root: Path, sandbox_id: str = "") -> None:
         await site.start()
         bound_port = runner.addresses[0][1]
         print(f"LISTENING {host} {bound_port}", flush=True)
+        grpc = await _start_grpc(host, grpc_port, app[CONFIG]) if grpc_port is not None else None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
+        if grpc is not None:
+            grpc.close()
+            await grpc.wait_closed()
     finally:
         await runner.cleanup()
 
 
-def run(host: str, port: int, root: Path, sandbox_id: str = "") -> None:
+async def _start_grpc(host: str, port: int, config: RuntimeConfig) -> Any:
+    from .grpc_service import create_server
+
+    server = create_server(config.root, config.sandbox_id, config.max_output_bytes)
+    await server.start(host, port)
+    bound = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # grpclib keeps the asyncio server
+    print(f"GRPC_LISTENING {host} {bound}", flush=True)
+    return server
+
+
+def run(host: str, port: int, root: Path, sandbox_id: str = "", grpc_port: int | None = None) -> None:
     """Blocking entry point for the CLI; uses uvloop when it is installed."""
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
@@ -190,4 +207,4 @@ def run(host: str, port: int, root: Path, sandbox_id: str = "") -> None:
     else:
         loop_factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(serve(host, port, root, sandbox_id))
+        runner.run(serve(host, port, root, sandbox_id, grpc_port))
