@@ -110,11 +110,31 @@ class EchoSandbox:
         }
 
 
+class _ClosingServer(Server):
+    """grpclib's Server leaves accepted connections to their peers to close; a test ends them itself,
+    so that a client that closes lazily (grpcio closes from its own thread) leaves no transport behind."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.protocols: list[Any] = []
+
+    def _protocol_factory(self) -> Any:
+        protocol = super()._protocol_factory()
+        self.protocols.append(protocol)
+        return protocol
+
+    def close(self) -> None:
+        super().close()
+        for protocol in self.protocols:
+            if hasattr(protocol, "connection"):
+                protocol.connection.close()
+
+
 @asynccontextmanager
 async def echo_server(host: str = "127.0.0.1", port: int = 0, name: str = "sandbox"
                       ) -> AsyncIterator[tuple[EchoSandbox, int]]:
     service = EchoSandbox(name)
-    server = Server([service], codec=RawCodec())
+    server = _ClosingServer([service], codec=RawCodec())
     await server.start(host, port)
     try:
         yield service, server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

@@ -146,10 +146,16 @@ async def test_the_deadline_is_propagated_to_the_sandbox(channels, sandbox):
     assert json.loads(got["messages"][0])["deadline"] is False
 
 
-async def test_no_identity_is_unauthenticated_or_invalid(channels):
+async def test_no_identity_is_unauthenticated(channels):
     _, front = channels
     got = await run_call(front, "/test.Echo/Unary", UNARY, [b"x"], metadata={"x-custom": "1"})
-    assert got["status"] is Status.INVALID_ARGUMENT and "x-user-id" in got["message"].lower()
+    assert got["status"] is Status.UNAUTHENTICATED and "x-user-id" in got["message"]
+
+
+async def test_a_partial_identity_is_invalid_argument_naming_the_key(channels):
+    _, front = channels
+    got = await run_call(front, "/test.Echo/Unary", UNARY, [b"x"], metadata={"x-user-id": "u1"})
+    assert got["status"] is Status.INVALID_ARGUMENT and "X-Session-Id" in got["message"]
 
 
 async def test_sandbox_down_is_unavailable(tmp_path):

@@ -16,6 +16,7 @@ from grpclib.protocol import AbstractHandler, H2Protocol, Stream
 from h2.config import H2Configuration
 
 from gateway.auth import Authenticator, TrustedHeaders
+from gateway.errors import Unauthorized
 from gateway.grpcfront.call import Call
 from gateway.grpcfront.metrics import GrpcMetrics
 from gateway.grpcfront.upstream import UpstreamChannels
@@ -69,6 +70,9 @@ class _ServerSide(AbstractHandler):
                metadata.get("x-bot-id"), metadata.get("authorization"))
         authenticator = self.front.authenticator
         if key != self.ident_key or not authenticator.memoizable:
+            if key[1] is None and key[4] is None:
+                raise Unauthorized("no identity: send x-user-id and x-session-id metadata (x-org-id, x-bot-id "
+                                   "optional), or authorization: Bearer <token> with x-session-id")
             self.identity = authenticator.identify(*key)
             self.ident_key = key
         call.org_id = self.identity.org_id
