@@ -64,7 +64,7 @@ EXPECTED_LOCATOR_RULES: frozenset[tuple[str, frozenset[str], frozenset[str]]] = 
 
 # Settings the chart sets itself (flags, ports, mounts, Secret, downward API, `auth:`,
 # `routerCompat:`), so `config` must not offer them.
-CHART_MANAGED_SETTINGS = {"host", "data_port", "control_port", "policy_file", "data_dir", "redis_url", "replica_id",
+CHART_MANAGED_SETTINGS = {"host", "data_port", "control_port", "grpc_port", "policy_file", "data_dir", "redis_url", "replica_id",
                           "auth_mode", "auth_keys_file",
                           "router_compat_namespaces", "router_compat_ports", "router_compat_api_version"}
 ROUTER_COMPAT_ENV = ("SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES", "SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS",
