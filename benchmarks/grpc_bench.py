@@ -66,9 +66,8 @@ def start_gateway(workdir: Path, sandbox_port: int) -> tuple[subprocess.Popen[st
                       f"  small: {{provider: static, upstreams: ['http://127.0.0.1:9'], grpc_port: {sandbox_port}}}\n"
                       f"  shared: {{provider: static, upstreams: ['http://127.0.0.1:9'], grpc_port: {sandbox_port}}}\n")
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--data-port", "0", "--control-port", "0",
-                             "--grpc-port", "0", "--policy", str(policy), "--log-format", "text", "--log-level",
-                             "warning"], cwd=workdir, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "SANDBOX_GATEWAY_ACCESS_LOG": "true", "SANDBOX_GATEWAY_LOG_LEVEL": "info"})
+                             "--grpc-port", "0", "--policy", str(policy), "--log-format", "text"], cwd=workdir,
+                            stderr=subprocess.PIPE, text=True)  # access log on, as served by default
     assert proc.stderr is not None
     for line in proc.stderr:
         match = re.search(r"gRPC front \(worker \d+\): h2c://(\S+):(\d+)", line)

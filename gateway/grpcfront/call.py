@@ -70,30 +70,57 @@ class _Side:
 
 
 async def relay(src: Stream, dst: Stream) -> int:
-    """Copy length-prefixed messages from ``src`` to ``dst`` until ``src`` ends; returns how many."""
+    """Copy length-prefixed messages from ``src`` to ``dst`` until ``src`` ends; returns how many.
+
+    Messages already received are batched into one write (up to CHUNK bytes): a stream of small
+    messages costs one DATA frame per batch rather than one per message. A message whose bytes are
+    not all here yet is never waited for while others are held: the batch is sent first.
+    """
     read = src.recv_data
     send = dst.send_data
+    buffer = src.buffer  # grpclib's Buffer: _acked_size = bytes readable without waiting
     count = 0
+    batch: list[bytes] = []
+    batched = 0
     while True:
+        if batch and buffer._acked_size < 5:
+            await send(b"".join(batch))
+            batch.clear()
+            batched = 0
         prefix = await read(5)
         if not prefix:
+            if batch:
+                await send(b"".join(batch))
             return count
         size = int.from_bytes(prefix[1:], "big")
+        count += 1
         if size <= CHUNK:
+            if batch and buffer._acked_size < size:
+                await send(b"".join(batch))
+                batch.clear()
+                batched = 0
             body = await read(size) if size else b""
             if len(body) != size:
                 raise _Truncated
-            await send(prefix + body)
-        else:
-            await send(prefix)
-            left = size
-            while left:
-                piece = await read(min(left, CHUNK))
-                if not piece:
-                    raise _Truncated
-                await send(piece)
-                left -= len(piece)
-        count += 1
+            batch += (prefix, body)
+            batched += size + 5
+            if batched >= CHUNK:
+                await send(b"".join(batch))
+                batch.clear()
+                batched = 0
+            continue
+        if batch:
+            await send(b"".join(batch))
+            batch.clear()
+            batched = 0
+        await send(prefix)
+        left = size
+        while left:
+            piece = await read(min(left, CHUNK))
+            if not piece:
+                raise _Truncated
+            await send(piece)
+            left -= len(piece)
 
 
 def status_of(headers: list[tuple[str, str]]) -> int | None:
