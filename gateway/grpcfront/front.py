@@ -48,7 +48,10 @@ class CallLog:
 
 
 class _ServerSide(AbstractHandler):
-    """One client connection: starts a Call per stream; remembers the last identity (trusted metadata)."""
+    """One client connection: starts a Call per stream; remembers the last identity it checked.
+
+    Each call keeps its own identity (``Call.identity``): calls on one connection may carry different ones.
+    """
 
     def __init__(self, front: GrpcFront) -> None:
         self.front = front
@@ -65,17 +68,19 @@ class _ServerSide(AbstractHandler):
     def close(self) -> None:
         pass  # every open stream was terminated through its wrapper
 
-    def identify(self, call: Call, metadata: dict[str, str]) -> None:
+    def identify(self, metadata: dict[str, str]) -> Identity:
+        """The caller's identity; the last one is reused while the metadata is the same (trusted metadata only)."""
         key = (metadata.get("x-org-id"), metadata.get("x-user-id"), metadata.get("x-session-id"),
                metadata.get("x-bot-id"), metadata.get("authorization"))
         authenticator = self.front.authenticator
-        if key != self.ident_key or not authenticator.memoizable:
-            if key[1] is None and key[4] is None:
-                raise Unauthorized("no identity: send x-user-id and x-session-id metadata (x-org-id, x-bot-id "
-                                   "optional), or authorization: Bearer <token> with x-session-id")
-            self.identity = authenticator.identify(*key)
-            self.ident_key = key
-        call.org_id = self.identity.org_id
+        if key == self.ident_key and authenticator.memoizable:
+            return self.identity
+        if key[1] is None and key[4] is None:
+            raise Unauthorized("no identity: send x-user-id and x-session-id metadata (x-org-id, x-bot-id "
+                               "optional), or authorization: Bearer <token> with x-session-id")
+        identity = authenticator.identify(*key)
+        self.ident_key, self.identity = key, identity
+        return identity
 
 
 class GrpcFront:
