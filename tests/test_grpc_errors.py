@@ -32,3 +32,12 @@ def test_the_contract_statuses(cls, status):
 
 def test_status_names_match_grpclib():
     assert all(status_name(s.value) == s.name for s in Status)
+
+
+def test_a_tls_certificate_needs_its_key(tmp_path):
+    from pydantic import ValidationError
+
+    from gateway.settings import Settings
+
+    with pytest.raises(ValidationError, match="grpc_tls_cert_file and grpc_tls_key_file go together"):
+        Settings(grpc_tls_cert_file=tmp_path / "grpc.crt")

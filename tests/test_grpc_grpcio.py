@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -138,3 +139,43 @@ async def test_sandbox_down_is_unavailable(tmp_path):
         async with grpc.aio.insecure_channel("%s:%d" % gw.grpc_address) as front:
             got = await call_kind(front, "unary", "/test.Echo/Unary", [b"x"])
     assert got["code"] == grpc.StatusCode.UNAVAILABLE and "upstream_unreachable" in got["details"]
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made with cryptography (a PyJWT[crypto] dependency)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandbox-gateway test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = directory / "grpc.crt", directory / "grpc.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
+async def test_tls_when_a_certificate_is_configured(sandbox, tmp_path):
+    _, port = sandbox
+    cert, key = _self_signed(tmp_path)
+    policy = static_policy(tmp_path / "p.yaml", ["127.0.0.1"], port)
+    async with grpc_gateway(tmp_path, policy, grpc_tls_cert_file=cert, grpc_tls_key_file=key) as gw:
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        async with grpc.aio.secure_channel("127.0.0.1:%d" % gw.grpc_address[1], credentials) as front:
+            got = await call_kind(front, "bidi", "/test.Echo/Bidi", [b"over", b"tls"])
+        async with grpc.aio.insecure_channel("127.0.0.1:%d" % gw.grpc_address[1]) as plain:
+            refused = await call_kind(plain, "unary", "/test.Echo/Unary", [b"x"], timeout=2)
+    assert got["code"] == grpc.StatusCode.OK and got["messages"] == [b"revo", b"slt"]
+    assert refused["code"] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

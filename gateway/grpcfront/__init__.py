@@ -26,7 +26,9 @@ window only as the application reads, ``send_data`` that waits for the peer's
 window and the transport's buffer, and stream termination reported through a
 per-stream hook. That gives end-to-end flow control with about 300 lines here
 and no second HTTP/2 implementation; raw ``h2`` would mean rewriting exactly
-that layer. TLS (``ssl=`` on the listener) is a follow-up: h2c only for now.
+that layer. The listener speaks h2c (prior knowledge), or TLS with ALPN ``h2``
+when ``grpc_tls_cert_file`` and ``grpc_tls_key_file`` are set; connections to
+sandboxes are h2c.
 
 Modules: ``front`` (listener, connections, draining, access log), ``call`` (one
 call: admission, relay, endings), ``upstream`` (connections to sandboxes and

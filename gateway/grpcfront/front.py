@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -109,8 +110,19 @@ class GrpcFront:
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, sock=sock, backlog=2048)
+        self._server = await loop.create_server(self._protocol, sock=sock, backlog=2048, ssl=self._tls())
         self.address = sock.getsockname()[:2]
+
+    def _tls(self) -> ssl.SSLContext | None:
+        """TLS with ALPN h2 when a certificate is configured; h2c (prior knowledge) otherwise."""
+        cert, key = self.settings.grpc_tls_cert_file, self.settings.grpc_tls_key_file
+        if cert is None or key is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(cert, key)
+        context.set_alpn_protocols(["h2"])
+        return context
 
     def _protocol(self) -> H2Protocol:
         protocol = _TrackedProtocol(self, _ServerSide(self), self._config, self._h2)
