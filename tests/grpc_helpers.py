@@ -44,6 +44,7 @@ class EchoSandbox:
         self.cancelled = asyncio.Event()   # Slow was cancelled (the client left, a deadline, a reset)
         self.slow_started = asyncio.Event()
         self.seen: list[dict[str, str]] = []  # request metadata of every call, in order
+        self.flooded = 0                      # messages Flood has handed to grpclib so far
 
     def _note(self, stream: Stream[Any, Any]) -> dict[str, str]:
         metadata = {k: v for k, v in (stream.metadata or {}).items() if isinstance(v, str)}
@@ -82,6 +83,15 @@ class EchoSandbox:
             self.cancelled.set()
             raise
 
+    async def flood(self, stream: Stream[bytes, bytes]) -> None:
+        """Up to 2,000 messages of 64 KiB (128 MiB), as fast as the client lets it."""
+        self._note(stream)
+        await stream.recv_message()
+        chunk = b"f" * 65536
+        for _ in range(2000):
+            await stream.send_message(chunk)
+            self.flooded += 1
+
     async def meta(self, stream: Stream[bytes, bytes]) -> None:
         """Answers with what it received; initial metadata, trailers and the status the request asks for."""
         metadata = self._note(stream)
@@ -107,6 +117,7 @@ class EchoSandbox:
             "/test.Echo/Slow": Handler(self.slow, UNARY, bytes, bytes),
             "/test.Echo/Meta": Handler(self.meta, UNARY, bytes, bytes),
             "/test.Echo/Fail": Handler(self.fail, UNARY, bytes, bytes),
+            "/test.Echo/Flood": Handler(self.flood, SERVER_STREAM, bytes, bytes),
         }
 
 

@@ -235,3 +235,20 @@ async def test_a_client_reset_mid_stream_is_not_an_error_for_the_front(channels,
         assert len(await stream.recv_message()) == 1024
         await stream.cancel()
     assert (await run_call(front, "/test.Echo/Unary", UNARY, [b"y"]))["messages"] == [b"y"]
+
+
+async def test_a_slow_reader_pauses_the_sandbox(channels, sandbox):
+    """Flow control end to end: while the client reads nothing, the sandbox cannot get far ahead of it
+    (HTTP/2 windows of a few MiB per hop), and the gateway holds no more than its window in between."""
+    service, _ = sandbox
+    _, front = channels
+    async with front.request("/test.Echo/Flood", SERVER_STREAM, bytes, bytes, metadata=ident()) as stream:
+        await stream.send_message(b"go", end=True)
+        assert len(await stream.recv_message()) == 65536
+        await asyncio.sleep(1.0)  # a stall cannot be awaited as an event: give the sandbox time to run ahead
+        stalled_at = service.flooded
+        assert stalled_at * 65536 < 32 * 1024 * 1024, f"the sandbox sent {stalled_at} messages to a client reading none"
+        received = 1
+        async for _ in stream:  # reading resumes the sandbox, to the end
+            received += 1
+    assert received == 2000 and service.flooded == 2000
