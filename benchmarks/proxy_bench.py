@@ -78,7 +78,7 @@ def launch_gateway(backend_port: int, workers: int, *, fast_path: bool = True,
         with open(serve_dir / f"serve-{port}.log", "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "serve", "--workers", str(workers), "--policy", str(policy),
-                 "--data-port", str(port), "--control-port", "0", "--log-format", "json", *redis],
+                 "--data-port", str(port), "--control-port", "0", "--grpc-port", "0", "--log-format", "json", *redis],
                 cwd=serve_dir, stderr=log)
         wait_port(port)
         time.sleep(0.2 * workers)

@@ -146,6 +146,7 @@ class Gateway:
             self.compat = RouterCompat(settings.router_compat_namespaces, settings.router_compat_ports, self.admin,
                                        self._locator)
         self.data_plane: Any = None
+        self.grpc_front: Any = None  # a gateway.grpcfront.GrpcFront when start() is given a gRPC socket
         self._control_runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._policy_mtime: float | None = None
@@ -153,6 +154,7 @@ class Gateway:
         self._on_request = self._request_callback(RequestMetrics(metrics))
         self.data_address: tuple[str, int] | None = None
         self.control_address: tuple[str, int] | None = None
+        self.grpc_address: tuple[str, int] | None = None
 
     @classmethod
     def create(cls, settings: Settings, access: AccessLog | None = None) -> Gateway:
@@ -163,24 +165,25 @@ class Gateway:
         store = InstrumentedStore(build_store(settings), metrics)
         return cls(settings, policy, store, build_providers(settings, policy), metrics, access)
 
-    async def start(self, data_sock: socket.socket, control_sock: socket.socket) -> None:
+    async def start(self, data_sock: socket.socket, control_sock: socket.socket,
+                    grpc_sock: socket.socket | None = None) -> None:
         """Bring every part up; if one fails, the parts already up are stopped again before the error
         propagates (no provider watch or background loop outlives a failed start)."""
         try:
-            await self._start(self._teardown, data_sock, control_sock)
+            await self._start(self._teardown, data_sock, control_sock, grpc_sock)
         except BaseException:
             await self._teardown.aclose()
             raise
 
     async def _start(self, undo: contextlib.AsyncExitStack, data_sock: socket.socket,
-                     control_sock: socket.socket) -> None:
+                     control_sock: socket.socket, grpc_sock: socket.socket | None) -> None:
         from gateway.limits import OrgLimits
         from gateway.proxy import DataPlane, NoRouterHeaders, PlaneOptions
 
         # The store is closed last (pushed in __init__), then, in the reverse of this order: the
         # locator, the provider, what is left in the access log and the activity batch, the
-        # background loops (they keep beating activity while requests drain), the data plane
-        # (drained), the control API.
+        # background loops (they keep beating activity while requests drain), the data plane and
+        # the gRPC front (drained together), the control API.
         if self._locator is not None:
             await self._locator.start()
             undo.push_async_callback(self._locator.close)
@@ -196,7 +199,15 @@ class Gateway:
                                     limits=OrgLimits.from_settings(self.settings),
                                     compat=self.compat if self.compat is not None else NoRouterHeaders())
         await self.data_plane.start(data_sock)
-        undo.push_async_callback(self.data_plane.stop, self.settings.drain_timeout)
+        undo.push_async_callback(self._drain_fronts)
+        if grpc_sock is not None:
+            from gateway.grpcfront import GrpcFront, GrpcMetrics
+
+            self.grpc_front = GrpcFront(self.router, self.settings, authenticator=self.authenticator,
+                                        limits=self.data_plane.limits, metrics=GrpcMetrics(self.metrics.registry),
+                                        access=self._access)
+            await self.grpc_front.start(grpc_sock)
+            self.grpc_address = self.grpc_front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
                                      warnings=self._provider_warnings())
         self._control_runner = ControlRunner(control, access_log=None, handle_signals=False)
@@ -212,6 +223,16 @@ class Gateway:
         Every part is stopped even if stopping another fails; the first such failure is raised
         once all are done."""
         await self._teardown.aclose()
+
+    async def _drain_fronts(self) -> None:
+        """The data plane and the gRPC front drain at the same time, each within ``drain_timeout``."""
+        drains = [self.data_plane.stop(self.settings.drain_timeout)]
+        if self.grpc_front is not None:
+            drains.append(self.grpc_front.stop(self.settings.drain_timeout))
+        results = await asyncio.gather(*drains, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     def _start_background_loops(self) -> None:
         if self._access is not None:

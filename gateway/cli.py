@@ -91,7 +91,8 @@ def _cmd_check_policy(args: argparse.Namespace) -> int:
 
 
 _SERVE_FLAGS: dict[str, str] = {
-    "host": "host", "data_port": "data_port", "control_port": "control_port", "workers": "workers",
+    "host": "host", "data_port": "data_port", "control_port": "control_port", "grpc_port": "grpc_port",
+    "workers": "workers",
     "policy": "policy_file", "data_dir": "data_dir", "redis_url": "redis_url", "log_level": "log_level",
     "log_format": "log_format", "access_log": "access_log", "auth_mode": "auth_mode", "auth_keys": "auth_keys_file",
 }
@@ -162,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--data-port", type=int, help="data-plane port (default 8080; 0 = any free port)")
     serve.add_argument("--control-port", type=int, help="control API port (default 8081; 0 = any free port)")
+    serve.add_argument("--grpc-port", type=int, help="gRPC front port, h2c (default 50051; 0 = any free port)")
     serve.add_argument("--workers", type=int, help="worker processes sharing the ports (default 1; >1 needs REDIS_URL)")
     serve.add_argument("--policy", help="policy YAML file (default: built-in two local pools)")
     serve.add_argument("--data-dir", help="where local sandboxes keep their files (default .sandbox-gateway)")

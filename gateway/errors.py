@@ -2,25 +2,27 @@
 
 ::
 
-    GatewayError                      500 internal (never for bad input)
-    ├── BadRequest                    400 bad_request / invalid_identity / invalid_json
-    ├── Unauthorized                  401 unauthorized
-    ├── Forbidden                     403 forbidden
-    ├── NotFound                      404 not_found
-    ├── Conflict                      409 conflict
-    ├── PayloadTooLarge               413 payload_too_large
-    ├── UnsupportedMediaType          415 unsupported_media_type
-    ├── CapacityExceeded              429 capacity_exceeded (+ Retry-After)
-    ├── StoreUnavailable              503 store_unavailable (+ Retry-After)
-    ├── ProvisionFailed               503 provision_failed
-    │   └── ProvisionTimeout          504 provision_timeout
-    └── UpstreamError                 502 upstream_error
-        ├── UpstreamConnectError      502 upstream_unreachable
-        └── UpstreamTimeout           504 upstream_timeout
+    GatewayError                      500 internal                     gRPC INTERNAL
+    ├── BadRequest                    400 bad_request / invalid_identity    INVALID_ARGUMENT
+    ├── Unauthorized                  401 unauthorized                      UNAUTHENTICATED
+    ├── Forbidden                     403 forbidden                         PERMISSION_DENIED
+    ├── NotFound                      404 not_found                         NOT_FOUND
+    ├── Conflict                      409 conflict                          ABORTED
+    ├── PayloadTooLarge               413 payload_too_large                 RESOURCE_EXHAUSTED
+    ├── UnsupportedMediaType          415 unsupported_media_type            INVALID_ARGUMENT
+    ├── CapacityExceeded              429 capacity_exceeded (+ Retry-After) RESOURCE_EXHAUSTED (+ retry-after)
+    ├── StoreUnavailable              503 store_unavailable (+ Retry-After) UNAVAILABLE (+ retry-after)
+    ├── ProvisionFailed               503 provision_failed                  UNAVAILABLE
+    │   └── ProvisionTimeout          504 provision_timeout                 UNAVAILABLE (retry: it is still coming)
+    └── UpstreamError                 502 upstream_error                    UNAVAILABLE
+        ├── UpstreamConnectError      502 upstream_unreachable              UNAVAILABLE
+        └── UpstreamTimeout           504 upstream_timeout                  DEADLINE_EXCEEDED
 
 Code that calls aiohttp, redis or kubernetes wraps their errors into these
 (``raise ... from exc``) so that handlers never classify foreign exceptions,
 and :func:`error_body` is the only place an error becomes a response body.
+The gRPC front (``gateway.grpcfront``) reads ``grpc_status`` beside ``status``:
+one tree, two wire mappings, both in the table above.
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+from grpclib.const import Status
+
 
 class GatewayError(Exception):
     """Base of every error the gateway reports to a client."""
 
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal"
+    grpc_status: ClassVar[Status] = Status.INTERNAL
 
     def __init__(self, message: str, *, code: str | None = None, retry_after: float | None = None,
                  sandbox_id: str | None = None) -> None:
@@ -53,41 +58,49 @@ class GatewayError(Exception):
 class BadRequest(GatewayError):
     status = 400
     code = "bad_request"
+    grpc_status = Status.INVALID_ARGUMENT
 
 
 class Unauthorized(GatewayError):
     status = 401
     code = "unauthorized"
+    grpc_status = Status.UNAUTHENTICATED
 
 
 class Forbidden(GatewayError):
     status = 403
     code = "forbidden"
+    grpc_status = Status.PERMISSION_DENIED
 
 
 class NotFound(GatewayError):
     status = 404
     code = "not_found"
+    grpc_status = Status.NOT_FOUND
 
 
 class Conflict(GatewayError):
     status = 409
     code = "conflict"
+    grpc_status = Status.ABORTED
 
 
 class PayloadTooLarge(GatewayError):
     status = 413
     code = "payload_too_large"
+    grpc_status = Status.RESOURCE_EXHAUSTED
 
 
 class UnsupportedMediaType(GatewayError):
     status = 415
     code = "unsupported_media_type"
+    grpc_status = Status.INVALID_ARGUMENT
 
 
 class CapacityExceeded(GatewayError):
     status = 429
     code = "capacity_exceeded"
+    grpc_status = Status.RESOURCE_EXHAUSTED
 
     def __init__(self, message: str, *, scope: str, retry_after: float = 30.0) -> None:
         super().__init__(message, retry_after=retry_after)
@@ -97,6 +110,7 @@ class CapacityExceeded(GatewayError):
 class StoreUnavailable(GatewayError):
     status = 503
     code = "store_unavailable"
+    grpc_status = Status.UNAVAILABLE
 
     def __init__(self, message: str, *, retry_after: float = 5.0) -> None:
         super().__init__(message, retry_after=retry_after)
@@ -105,26 +119,31 @@ class StoreUnavailable(GatewayError):
 class ProvisionFailed(GatewayError):
     status = 503
     code = "provision_failed"
+    grpc_status = Status.UNAVAILABLE
 
 
 class ProvisionTimeout(ProvisionFailed):
     status = 504
     code = "provision_timeout"
+    grpc_status = Status.UNAVAILABLE
 
 
 class UpstreamError(GatewayError):
     status = 502
     code = "upstream_error"
+    grpc_status = Status.UNAVAILABLE
 
 
 class UpstreamConnectError(UpstreamError):
     status = 502
     code = "upstream_unreachable"
+    grpc_status = Status.UNAVAILABLE
 
 
 class UpstreamTimeout(UpstreamError):
     status = 504
     code = "upstream_timeout"
+    grpc_status = Status.DEADLINE_EXCEEDED
 
 
 def error_body(exc: GatewayError) -> bytes:

@@ -57,7 +57,7 @@ def _use_uvloop() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def _serve_one(settings: Settings, data_port: int, control_port: int, worker: int,
+async def _serve_one(settings: Settings, data_port: int, control_port: int, worker: int, grpc_port: int,
                      access: AccessLog | None) -> None:
     gateway = Gateway.create(settings, access)
     stop = asyncio.Event()
@@ -66,12 +66,15 @@ async def _serve_one(settings: Settings, data_port: int, control_port: int, work
         loop.add_signal_handler(sig, stop.set)
     data_sock = bind(settings.host, data_port, listen=True)
     control_sock = bind(settings.host, control_port, listen=True)
-    await gateway.start(data_sock, control_sock)
+    grpc_sock = bind(settings.host, grpc_port, listen=True)
+    await gateway.start(data_sock, control_sock, grpc_sock)
     if worker == 0:
         for line in gateway.describe():
             log.info(line)
     dh, dp = gateway.data_address or ("?", 0)
     ch, cp = gateway.control_address or ("?", 0)
+    gh, gp = gateway.grpc_address or ("?", 0)
+    log.info("gRPC front (worker %d): h2c://%s:%d", worker, gh, gp)  # before "serving", which tests wait for
     log.info("serving (worker %d, pid %d): data plane http://%s:%d, control API http://%s:%d",
              worker, os.getpid(), dh, dp, ch, cp)
     await stop.wait()
@@ -97,11 +100,11 @@ def _keep_fds_from_children() -> None:
                 os.set_inheritable(fd, False)
 
 
-def _worker_main(settings: Settings, data_port: int, control_port: int, worker: int) -> None:
+def _worker_main(settings: Settings, data_port: int, control_port: int, worker: int, grpc_port: int) -> None:
     _keep_fds_from_children()
     access = configure_logging(settings.log_level, settings.log_format)
     _use_uvloop()
-    asyncio.run(_serve_one(settings, data_port, control_port, worker, access))
+    asyncio.run(_serve_one(settings, data_port, control_port, worker, grpc_port, access))
 
 
 def serve(settings: Settings) -> int:
@@ -111,7 +114,8 @@ def serve(settings: Settings) -> int:
         log.error("--workers %d needs REDIS_URL: with the memory store every worker would keep "
                   "its own session map and sandboxes could be created twice", settings.workers)
         return 2
-    busy = [port for port in (settings.data_port, settings.control_port) if port and _in_use(settings.host, port)]
+    busy = [port for port in (settings.data_port, settings.control_port, settings.grpc_port)
+            if port and _in_use(settings.host, port)]
     if busy:
         log.error("port %d on %s is already in use (another sandbox-gateway?); SO_REUSEPORT would otherwise "
                   "share it silently with a gateway that has its own sessions", busy[0], settings.host)
@@ -123,19 +127,22 @@ def serve(settings: Settings) -> int:
     # Reserve the ports (and resolve port 0) before any worker starts.
     data_reserve = bind(settings.host, settings.data_port, listen=False)
     control_reserve = bind(settings.host, settings.control_port, listen=False)
+    grpc_reserve = bind(settings.host, settings.grpc_port, listen=False)
     data_port, control_port = data_reserve.getsockname()[1], control_reserve.getsockname()[1]
+    grpc_port = grpc_reserve.getsockname()[1]
     try:
         if settings.workers == 1:
             _use_uvloop()
-            asyncio.run(_serve_one(settings, data_port, control_port, 0, access))
+            asyncio.run(_serve_one(settings, data_port, control_port, 0, grpc_port, access))
             return 0
-        return _supervise(settings, data_port, control_port)
+        return _supervise(settings, data_port, control_port, grpc_port)
     finally:
         data_reserve.close()
         control_reserve.close()
+        grpc_reserve.close()
 
 
-def _supervise(settings: Settings, data_port: int, control_port: int) -> int:
+def _supervise(settings: Settings, data_port: int, control_port: int, grpc_port: int) -> int:
     """Run N workers; forward SIGTERM/SIGINT; restart a worker that dies unexpectedly."""
     metrics_dir = tempfile.mkdtemp(prefix="sgw-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by prometheus-client in each worker
@@ -144,7 +151,7 @@ def _supervise(settings: Settings, data_port: int, control_port: int) -> int:
     stopping = False
 
     def start(index: int) -> multiprocessing.process.BaseProcess:
-        proc = ctx.Process(target=_worker_main, args=(settings, data_port, control_port, index),
+        proc = ctx.Process(target=_worker_main, args=(settings, data_port, control_port, index, grpc_port),
                            name=f"sandbox-gateway-worker-{index}")
         proc.start()
         return proc

@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     data_port: int = Field(default=8080, ge=0, le=65535)
     control_port: int = Field(default=8081, ge=0, le=65535)
+    grpc_port: int = Field(default=50051, ge=0, le=65535)  # the gRPC front (gateway/grpcfront); 0 = any free port
+    grpc_tls_cert_file: Path | None = None  # with grpc_tls_key_file: the gRPC front speaks TLS (ALPN h2), not h2c
+    grpc_tls_key_file: Path | None = None
     workers: int = Field(default=1, ge=1, le=64)
 
     # configuration
@@ -145,6 +148,8 @@ class Settings(BaseSettings):
                 f"listening on {self.host} needs auth_keys_file: without keys the control API (binding and "
                 "deleting sessions) is open to anyone who reaches it; admin tokens come from that file "
                 "(see examples/auth/keys.yaml)")
+        if (self.grpc_tls_cert_file is None) != (self.grpc_tls_key_file is None):
+            raise ValueError("grpc_tls_cert_file and grpc_tls_key_file go together (a PEM certificate chain and its key)")
         if self.router_compat_namespaces and self.auth_keys_file is None:
             raise ValueError("router_compat_namespaces needs auth_keys_file: the router headers are honoured "
                              "only with an admin token")

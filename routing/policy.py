@@ -83,6 +83,8 @@ class PoolSpec(_Strict):
     # Where the provider puts this pool's sandboxes, in its own terms: routing decides nothing from it,
     # so the provider validates it (parse_policy's ``option_checks``; gateway/providers/kubernetes_options.py).
     kubernetes: dict[str, Any] | None = None
+    # Where the pool's sandboxes answer gRPC (the gRPC front forwards there, on the sandbox's host).
+    grpc_port: int = Field(default=50051, ge=1, le=65535)
 
     @model_validator(mode="after")
     def _provider_fields(self) -> PoolSpec:

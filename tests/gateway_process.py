@@ -10,16 +10,18 @@ import sys
 from pathlib import Path
 
 _SERVING = re.compile(r"serving \(worker \d+, pid \d+\): data plane (http://\S+), control API (http://\S+)")
+_GRPC = re.compile(r"gRPC front \(worker \d+\): h2c://(\S+)")
 
 
 class GatewayProcess:
     def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.workdir = workdir
-        self.args = ["serve", "--data-port", "0", "--control-port", "0", "--log-format", "text", *args]
+        self.args = ["serve", "--data-port", "0", "--control-port", "0", "--grpc-port", "0", "--log-format", "text", *args]
         self.env = {**os.environ, **(env or {})}
         self.proc: asyncio.subprocess.Process | None = None
         self.data_url = ""
         self.control_url = ""
+        self.grpc_address = ""  # host:port of the gRPC front
         self.log: list[str] = []
         self._reader: asyncio.Task[None] | None = None
 
@@ -38,6 +40,9 @@ class GatewayProcess:
         while line := await self.proc.stderr.readline():
             text = line.decode(errors="replace").rstrip()
             self.log.append(text)
+            grpc = _GRPC.search(text)
+            if grpc and not self.grpc_address:
+                self.grpc_address = grpc.group(1)
             match = _SERVING.search(text)
             if match and not serving.done():
                 serving.set_result((match.group(1), match.group(2)))

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.grpcfront import GrpcMetrics
 from gateway.metrics import REAP_REASONS, Metrics, status_class
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "helm" / "sandbox-gateway" / "dashboards" / "sandbox-gateway.json"
@@ -32,7 +33,8 @@ DATASOURCE_VAR = "${datasource}"
 def touched_metrics() -> Metrics:
     """A registry with one sample in every family (labelled metrics have no samples until used)."""
     metrics = Metrics(per_org=True)
-    for metric in vars(metrics).values():
+    grpc = GrpcMetrics(metrics.registry)  # the gRPC front's series, on the same registry as in app.py
+    for metric in [*vars(metrics).values(), *vars(grpc).values()]:
         if not isinstance(metric, MetricWrapperBase) or metric._labelvalues:  # skip bound children
             continue
         child = metric.labels(*["x"] * len(metric._labelnames)) if metric._labelnames else metric

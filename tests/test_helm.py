@@ -66,9 +66,12 @@ EXPECTED_LOCATOR_RULES: frozenset[tuple[str, frozenset[str], frozenset[str]]] = 
 
 # Settings the chart sets itself (flags, ports, mounts, Secret, downward API, `auth:`,
 # `routerCompat:`) or the platform does (Kubernetes, serve --workers), so `config` must not offer them.
-CHART_MANAGED_SETTINGS = {"host", "data_port", "control_port", "policy_file", "data_dir", "redis_url", "replica_id",
-                          "auth_mode", "auth_keys_file", "kubernetes_service_host", "prometheus_multiproc_dir",
-                          "router_compat_namespaces", "router_compat_ports", "router_compat_api_version"}
+CHART_MANAGED_SETTINGS = {"host", "data_port", "control_port", "grpc_port", "policy_file", "data_dir", "redis_url",
+                          "replica_id", "auth_mode", "auth_keys_file", "kubernetes_service_host",
+                          "prometheus_multiproc_dir",
+                          "router_compat_namespaces", "router_compat_ports", "router_compat_api_version",
+                          # not offered yet: they need the chart to mount a TLS Secret (a follow-up)
+                          "grpc_tls_cert_file", "grpc_tls_key_file"}
 ROUTER_COMPAT_ENV = ("SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES", "SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS",
                      "SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION")
 

@@ -127,6 +127,9 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             return
         except HttpParserError as exc:
             self.up_out.clear()
+            if data.startswith(w.H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
+                self._malformed(w.h2_refusal(self.plane.options.grpc_port), h2=True)
+                return
             self._malformed(BadRequest(f"malformed HTTP request: {exc}", code="bad_request"))
             return
         out = self.up_out
@@ -505,8 +508,11 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             ex.reject = exc  # pipelined behind the current request: answered in turn, then closed
             self.pause(PAUSE_DISCARD)
 
-    def _malformed(self, exc: GatewayError) -> None:
-        """Bytes that are not HTTP: answer 400 if nothing is in flight, then close."""
+    def _malformed(self, exc: GatewayError, h2: bool = False) -> None:
+        """Bytes that are not HTTP: answer 400 if nothing is in flight, then close.
+
+        ``h2``: the client spoke HTTP/2 (prior knowledge); it gets the error in HTTP/2 frames it can read.
+        """
         self.parsing = None
         ex = self.current
         if ex is not None and ex.state != DONE:
@@ -522,8 +528,12 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
         bad.status = exc.status
         bad.state = RESOLVING
         self.plane.inflight += 1
-        self._send(w.error_response(exc, bad.request_id, close=True))
-        self.close()
+        if h2:
+            self._send(w.h2_goaway(exc))
+            self.linger()  # the client is still sending its request: a plain close could reset our answer away
+        else:
+            self._send(w.error_response(exc, bad.request_id, close=True))
+            self.close()
         self.plane.finished(bad)
 
     def finish(self, ex: Exchange, close: bool) -> None:

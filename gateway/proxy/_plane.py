@@ -50,6 +50,7 @@ class PlaneOptions:
     upstream_pool_size: int = 256
     upstream_keepalive_timeout: float = 30.0
     stream_idle_timeout: float = 300.0
+    grpc_port: int = 50051  # named in the answer to an HTTP/2 preface
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PlaneOptions:

@@ -13,7 +13,7 @@ import re
 import secrets
 from http import HTTPStatus
 
-from gateway.errors import GatewayError, error_body
+from gateway.errors import BadRequest, GatewayError, error_body
 
 # -- request headers ----------------------------------------------------------
 # Lower-cased names with a meaning to the proxy; every other header passes through.
@@ -229,6 +229,25 @@ def error_response(exc: GatewayError, request_id: bytes, *, close: bool, keep_al
     parts.append(CRLF)
     parts.append(body)
     return b"".join(parts)
+
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n"
+
+
+def h2_refusal(grpc_port: int) -> BadRequest:
+    """The answer to an HTTP/2 prior-knowledge preface: this port speaks HTTP/1.1; gRPC has its own port."""
+    where = f"port {grpc_port}" if grpc_port else "the gRPC port (settings.grpc_port)"
+    return BadRequest(f"this is the HTTP/1.1 data plane (WebSocket and SSE included); HTTP/2 with prior knowledge "
+                      f"and gRPC go to the gateway's gRPC front on {where} (h2c)", code="http2_not_supported")
+
+
+def h2_goaway(exc: GatewayError) -> bytes:
+    """An HTTP/2 server preface (empty SETTINGS) and GOAWAY HTTP_1_1_REQUIRED carrying the JSON error as its
+    debug data, which HTTP/2 and gRPC clients show (grpcio: "GOAWAY received ... debug data")."""
+    body = error_body(exc)
+    settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    goaway = (len(body) + 8).to_bytes(3, "big") + b"\x07\x00\x00\x00\x00\x00" + b"\x00\x00\x00\x00\x00\x00\x00\x0d"
+    return settings + goaway + body
 
 
 sane_request_id = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}").fullmatch

@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "passes a Unix socket only the gateway can reach)")
     parser.add_argument("--root", type=Path, required=True, help="the sandbox's working directory (created if missing)")
     parser.add_argument("--sandbox-id", default="", help="reported by / and in X-Runtime-Sandbox-Id")
+    parser.add_argument("--grpc-port", type=_port, default=None,
+                        help="also serve the gRPC service (runtime.proto) on this port; 0 picks a free one")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        run(args.host, args.port, args.root, args.sandbox_id, listen_fd=args.listen_fd)
+        run(args.host, args.port, args.root, args.sandbox_id, listen_fd=args.listen_fd, grpc_port=args.grpc_port)
     except OSError as exc:  # cannot bind, cannot create root: one line, not a traceback
         print(f"sandbox runtime: {exc}", file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -151,12 +152,15 @@ def create_app(
     return app
 
 
-async def serve(host: str, port: int, root: Path, sandbox_id: str = "", *, listen_fd: int | None = None) -> None:
+async def serve(host: str, port: int, root: Path, sandbox_id: str = "", *, listen_fd: int | None = None,
+                grpc_port: int | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then drain briefly and return.
 
     Prints ``LISTENING <host> <port>`` once bound (the real port when 0 was
     asked for), or ``LISTENING fd <n>`` when serving an inherited socket
     (``listen_fd``): the local provider reads that line to know we started.
+    With ``grpc_port`` the gRPC service (``grpc_service``) serves too, and
+    ``GRPC_LISTENING <host> <port>`` follows.
     """
     app = create_app(root, sandbox_id)
     runner = web.AppRunner(
@@ -175,16 +179,31 @@ async def serve(host: str, port: int, root: Path, sandbox_id: str = "", *, liste
         else:
             await web.TCPSite(runner, host, port).start()
             print(f"LISTENING {host} {runner.addresses[0][1]}", flush=True)
+        grpc = await _start_grpc(host, grpc_port, app[CONFIG]) if grpc_port is not None else None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
+        if grpc is not None:
+            grpc.close()
+            await grpc.wait_closed()
     finally:
         await runner.cleanup()
 
 
-def run(host: str, port: int, root: Path, sandbox_id: str = "", *, listen_fd: int | None = None) -> None:
+async def _start_grpc(host: str, port: int, config: RuntimeConfig) -> Any:
+    from .grpc_service import create_server
+
+    server = create_server(config.root, config.sandbox_id, config.max_output_bytes)
+    await server.start(host, port)
+    bound = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # grpclib keeps the asyncio server
+    print(f"GRPC_LISTENING {host} {bound}", flush=True)
+    return server
+
+
+def run(host: str, port: int, root: Path, sandbox_id: str = "", *, listen_fd: int | None = None,
+        grpc_port: int | None = None) -> None:
     """Blocking entry point for the CLI.
 
     The standard asyncio loop, not uvloop: uvloop's subprocesses inherited the runtime's own
@@ -192,4 +211,4 @@ def run(host: str, port: int, root: Path, sandbox_id: str = "", *, listen_fd: in
     the runtime open and ``/execute`` waited for it until the timeout. The stdlib closes them.
     """
     with asyncio.Runner() as runner:
-        runner.run(serve(host, port, root, sandbox_id, listen_fd=listen_fd))
+        runner.run(serve(host, port, root, sandbox_id, listen_fd=listen_fd, grpc_port=grpc_port))

@@ -79,7 +79,7 @@ DATA_CASES: list[Any] = [
     pytest.param(lambda s: b"GET /\r\n\r\n", bad_identity("X-User-Id", "is required"), id="http-0.9-request"),
     pytest.param(lambda s: b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(32)), MALFORMED,
                  id="tls-client-hello"),
-    pytest.param(lambda s: b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", MALFORMED, id="http2-preface"),
+    # The HTTP/2 preface is answered in HTTP/2 (GOAWAY naming the gRPC port): tests/test_grpc_h2_refusal.py
     pytest.param(lambda s: b"HELLO\r\n\r\n", MALFORMED, id="garbage-request-line"),
     pytest.param(lambda s: b"SSH-2.0-OpenSSH_9.6\r\n", MALFORMED, id="ssh-banner"),
     pytest.param(lambda s: b"FOOBAR / HTTP/1.1\r\n" + ident(s) + b"\r\n", MALFORMED, id="absurd-method"),

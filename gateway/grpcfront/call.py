@@ -1,0 +1,401 @@
+"""One gRPC call through the front: admit it, open a stream to the sandbox, relay both ways.
+
+Messages are relayed as the bytes of their length-prefixed frames (compression
+flag included), read from one HTTP/2 stream's receive buffer and written to the
+other's. grpclib's protocol layer acknowledges received DATA (opens the HTTP/2
+window) only when a frame is read out of the buffer, and ``send_data`` waits
+for the peer's window and for the transport's write buffer: so a slow reader on
+either side stops the writer on the other, end to end, and what the gateway
+holds per call is bounded by the HTTP/2 windows plus one relay chunk. A large
+message is relayed in ``CHUNK`` pieces and is never held whole.
+
+Termination is reported by grpclib through a stream's ``wrapper``: the call
+installs a :class:`_Side` for each of its two streams, which records which side
+ended (the client reset or left, the sandbox reset or its connection dropped)
+and cancels the call's task; the task then settles the other side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+from typing import TYPE_CHECKING
+
+from grpclib.metadata import decode_timeout, encode_grpc_message
+from grpclib.protocol import Stream
+from h2.errors import ErrorCodes
+from h2.exceptions import H2Error
+
+from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, UpstreamError
+from gateway.grpcfront.upstream import grpc_target
+from gateway.limits import limit_key
+
+if TYPE_CHECKING:
+    from gateway.grpcfront.front import GrpcFront, _ServerSide
+    from routing import Identity
+
+log = logging.getLogger("gateway.grpc")
+
+CHUNK = 64 * 1024
+IDENTITY_METADATA = ("x-org-id", "x-user-id", "x-session-id", "x-bot-id", "authorization")
+# Not forwarded: hop-by-hop headers (invalid in HTTP/2 anyway), and grpc-timeout, which is re-sent as the
+# time left. Every x-sandbox-* key is dropped too (the gateway sets x-sandbox-id itself).
+_DROPPED = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host",
+                      "grpc-timeout", "proxy-authorization"))
+# A proto service and method name: also what keeps the access log and metric labels free of odd bytes.
+_METHOD_PATH = re.compile(r"/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+").fullmatch
+_CANCELLED = 1
+_DEADLINE_EXCEEDED = 4
+_INTERNAL = 13
+_UNAVAILABLE = 14
+
+
+class _Truncated(Exception):
+    """A stream ended in the middle of a message."""
+
+
+class _Side:
+    """Stands in for grpclib's ``Wrapper`` on one of the call's streams."""
+
+    __slots__ = ("call", "name")
+
+    def __init__(self, call: Call, name: str) -> None:
+        self.call = call
+        self.name = name
+
+    def cancel(self, error: Exception) -> None:
+        self.call.terminated(self.name)
+
+    def upstream_reset(self) -> None:
+        self.call.sandbox_reset = True
+
+
+async def relay(src: Stream, dst: Stream) -> int:
+    """Copy length-prefixed messages from ``src`` to ``dst`` until ``src`` ends; returns how many.
+
+    Messages already received are batched into one write (up to CHUNK bytes): a stream of small
+    messages costs one DATA frame per batch rather than one per message. A message whose bytes are
+    not all here yet is never waited for while others are held: the batch is sent first.
+    """
+    read = src.recv_data
+    send = dst.send_data
+    buffer = src.buffer  # grpclib's Buffer: _acked_size = bytes readable without waiting
+    count = 0
+    batch: list[bytes] = []
+    batched = 0
+    while True:
+        if batch and buffer._acked_size < 5:
+            await send(b"".join(batch))
+            batch.clear()
+            batched = 0
+        prefix = await read(5)
+        if not prefix:
+            if batch:
+                await send(b"".join(batch))
+            return count
+        size = int.from_bytes(prefix[1:], "big")
+        count += 1
+        if size <= CHUNK:
+            if batch and buffer._acked_size < size:
+                await send(b"".join(batch))
+                batch.clear()
+                batched = 0
+            body = await read(size) if size else b""
+            if len(body) != size:
+                raise _Truncated
+            batch += (prefix, body)
+            batched += size + 5
+            if batched >= CHUNK:
+                await send(b"".join(batch))
+                batch.clear()
+                batched = 0
+            continue
+        if batch:
+            await send(b"".join(batch))
+            batch.clear()
+            batched = 0
+        await send(prefix)
+        left = size
+        while left:
+            piece = await read(min(left, CHUNK))
+            if not piece:
+                raise _Truncated
+            await send(piece)
+            left -= len(piece)
+
+
+def status_of(headers: list[tuple[str, str]]) -> int | None:
+    for name, value in headers:
+        if name == "grpc-status":
+            return int(value) if value.isdigit() else _INTERNAL
+    return None
+
+
+def encode_timeout_ms(seconds: float) -> str:
+    """A grpc-timeout value (at most 8 digits) for ``seconds``, rounded up so it never shortens to 0."""
+    millis = max(1, math.ceil(seconds * 1000))
+    return f"{millis}m" if millis < 100_000_000 else f"{min(99_999_999, math.ceil(seconds))}S"
+
+
+class Call:
+    __slots__ = ("front", "conn", "down", "headers", "release", "task", "up", "release_up", "pump", "side",
+                 "sandbox_reset", "head_sent", "done", "status", "path", "t0", "route", "deadline", "stream_key",
+                 "to_sandbox", "to_client", "org_id", "refused", "running", "identity")
+
+    def __init__(self, front: GrpcFront, conn: _ServerSide, down: Stream, headers: list[tuple[str, str]],
+                 release: object) -> None:
+        self.front = front
+        self.conn = conn
+        self.down = down
+        self.headers = headers
+        self.release = release
+        self.task: asyncio.Task[None] | None = None
+        self.up: Stream | None = None
+        self.release_up: object = None
+        self.pump: asyncio.Task[None] | None = None
+        self.side: str | None = None        # who ended the call early: "client", "sandbox", "stopping"
+        self.sandbox_reset = False          # the sandbox reset its stream (rather than its connection dropping)
+        self.head_sent = False
+        self.done = False                   # the client has its final status (or is gone)
+        self.status = _INTERNAL
+        self.path = "-"
+        self.t0 = time.perf_counter()
+        self.route = None
+        self.deadline: float | None = None
+        self.stream_key: str | None = None
+        self.to_sandbox = 0
+        self.to_client = 0
+        self.org_id: str | None = None
+        self.refused: str | None = None
+        self.identity: Identity | None = None
+        self.running = False                # run() has begun (a task cancelled before it starts never runs)
+        down.wrapper = _Side(self, "client")  # type: ignore[assignment]
+
+    # -- termination reported by grpclib -------------------------------------------
+    def terminated(self, side: str) -> None:
+        if self.done or self.side is not None:
+            return
+        if side == "sandbox" and self._sandbox_answered():
+            return  # the sandbox reset after its final status: the call is complete as far as it goes
+        self.side = side
+        if self.running and self.task is not None:
+            self.task.cancel()
+
+    def _sandbox_answered(self) -> bool:
+        up = self.up
+        return up is not None and (up.trailers is not None or (up.headers is not None and
+                                                                 status_of(up.headers) is not None))
+
+    # -- the call -----------------------------------------------------------------
+    async def run(self) -> None:
+        self.running = True
+        try:
+            if self.side is not None:  # ended before it began (the client reset at once, or we are draining)
+                await self._ended_early()
+                return
+            await self._serve()
+        except asyncio.CancelledError:
+            if self.side is None:
+                self.side = "stopping"
+            self.task.uncancel()  # type: ignore[union-attr]
+            await self._ended_early()
+        except TimeoutError:
+            self._reset_up()
+            await self._answer(_DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
+        except GatewayError as exc:
+            self._reset_up()
+            self.refused = getattr(exc, "scope", None)
+            await self._refuse(exc)
+        except _Truncated:
+            self._reset_up()
+            await self._answer(_INTERNAL, "the sandbox's stream ended in the middle of a message")
+        except (H2Error, ConnectionError) as exc:
+            self._reset_up()
+            log.info("gRPC call %s: %s", self.path, exc)
+            await self._answer(_UNAVAILABLE, "the connection to the sandbox failed")
+        except Exception:
+            log.exception("gRPC call %s failed", self.path)
+            self._reset_up()
+            await self._answer(_INTERNAL, "internal error in the gateway")
+        finally:
+            self._cleanup()
+
+    async def _serve(self) -> None:
+        out = self._admit_headers()
+        if self.deadline is None:
+            await self._forward(out)
+            return
+        async with asyncio.timeout_at(self.deadline):
+            await self._forward(out)
+
+    def _admit_headers(self) -> list[tuple[str, str]]:
+        """Validate the request head; take the identity metadata out; returns the headers to forward."""
+        method = path = content_type = timeout = None
+        ident: dict[str, str] = {}
+        out: list[tuple[str, str]] = []
+        for name, value in self.headers:
+            if name[0] == ":":
+                if name == ":path":
+                    path = value
+                elif name == ":method":
+                    method = value
+                continue
+            if name in IDENTITY_METADATA:
+                if name in ident:
+                    raise BadRequest(f"{name}: must be given once", code="invalid_identity")
+                ident[name] = value
+                continue
+            if name in _DROPPED or name.startswith("x-sandbox-"):
+                if name == "grpc-timeout":
+                    timeout = value
+                continue
+            if name == "content-type":
+                content_type = value
+            out.append((name, value))
+        if method != "POST":
+            raise BadRequest(f":method must be POST for gRPC, got {method!r}")
+        if content_type is None or not content_type.startswith("application/grpc"):
+            raise UnsupportedMediaType(f"content-type must be application/grpc[+codec], got {content_type!r}")
+        if path is None or len(path) > 512 or not _METHOD_PATH(path):
+            raise BadRequest(f":path must be /package.Service/Method, got {path[:100] if path else path!r}")
+        self.path = path
+        if timeout is not None:
+            try:
+                self.deadline = asyncio.get_running_loop().time() + decode_timeout(timeout)
+            except ValueError:
+                raise BadRequest(f"grpc-timeout: {timeout!r} is not a gRPC timeout (such as 100m or 5S)") from None
+        self.identity = self.conn.identify(ident)
+        self.org_id = self.identity.org_id
+        return out
+
+    async def _forward(self, out: list[tuple[str, str]]) -> None:
+        front = self.front
+        identity = self.identity
+        limits = front.limits
+        if limits.active:
+            key = limit_key(identity)
+            limits.admit(key)
+            if limits.caps_streams:
+                limits.open_stream(key)
+                self.stream_key = key
+        route = self.route = await front.router.resolve(identity)
+        front.router.stream_opened(route.sandbox_id)
+        host, port = target = grpc_target(route, front.router.policy.pools.get(route.pool))
+        protocol = await front.channels.connection(target)
+        head = [(":method", "POST"), (":scheme", "http"), (":path", self.path),
+                (":authority", f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"), *out,
+                ("x-sandbox-id", route.sandbox_id)]
+        if self.deadline is not None:
+            head.append(("grpc-timeout", encode_timeout_ms(self.deadline - asyncio.get_running_loop().time())))
+        up = self.up = protocol.connection.create_stream(wrapper=_Side(self, "sandbox"))  # type: ignore[arg-type]
+        self.release_up = await up.send_request(head, _processor=protocol.processor)
+        self.pump = asyncio.create_task(self._pump_request(up))
+        response = await up.recv_headers()
+        status = status_of(response)
+        if status is not None:  # trailers-only: the whole answer is this one HEADERS frame
+            await self.down.send_headers(response, end_stream=True)
+            self._settled(status)
+            return
+        code = next((value for name, value in response if name == ":status"), "")
+        if code != "200":
+            raise UpstreamError(f"the sandbox answered HTTP {code or '?'} without a gRPC status", sandbox_id=route.sandbox_id)
+        await self.down.send_headers(response)
+        self.head_sent = True
+        self.to_client = await relay(up, self.down)
+        trailers = up.trailers
+        if trailers is None:
+            raise UpstreamError("the sandbox ended its response without a gRPC status", sandbox_id=route.sandbox_id)
+        await self.down.send_headers(trailers, end_stream=True)
+        self._settled(status_of(trailers) or 0)
+
+    async def _pump_request(self, up: Stream) -> None:
+        try:
+            self.to_sandbox = await relay(self.down, up)
+            await up.end()
+        except asyncio.CancelledError:
+            raise
+        except (H2Error, ConnectionError):
+            pass  # the sandbox's stream is closed already: it answered, or it is gone (the response side says which)
+        except _Truncated:
+            self.terminated("client")
+
+    def _settled(self, status: int) -> None:
+        """The client has its final status. A client still sending is told to stop (RST_STREAM NO_ERROR)."""
+        self.status = status
+        self.done = True
+        pump = self.pump
+        if pump is not None and not pump.done():
+            pump.cancel()
+            if self.down.closable:
+                self.down.reset_nowait()
+
+    # -- endings --------------------------------------------------------------------
+    async def _ended_early(self) -> None:
+        side = self.side
+        if side == "client":
+            self.status = _CANCELLED
+            self.done = True
+            self._reset_up()
+        elif side == "sandbox" and self.sandbox_reset:
+            self.status = _CANCELLED
+            self.done = True
+            if self.down.closable:
+                self.down.reset_nowait(ErrorCodes.CANCEL)
+        elif side == "sandbox":
+            await self._answer(_UNAVAILABLE, "the connection to the sandbox was lost")
+        else:
+            self._reset_up()
+            await self._answer(_UNAVAILABLE, "the gateway is shutting down; retry")
+
+    async def _refuse(self, exc: GatewayError) -> None:
+        extra: list[tuple[str, str]] = []
+        if exc.retry_after is not None:
+            seconds = max(1, round(exc.retry_after))
+            extra = [("retry-after", str(seconds)), ("grpc-retry-pushback-ms", str(seconds * 1000))]
+        if exc.sandbox_id:
+            extra.append(("x-sandbox-id", exc.sandbox_id))
+        await self._answer(int(exc.grpc_status.value), f"{exc.code}: {exc.message}", extra)
+
+    async def _answer(self, status: int, message: str, extra: list[tuple[str, str]] | None = None) -> None:
+        """The call's final status from the gateway itself: trailers, or a trailers-only response."""
+        self.status = status
+        if self.done:
+            return
+        self.done = True
+        down = self.down
+        if not down.closable:
+            return
+        head = [] if self.head_sent else [(":status", "200"), ("content-type", "application/grpc")]
+        head += [("grpc-status", str(status)), ("grpc-message", encode_grpc_message(message))]
+        if extra:
+            head += extra
+        try:
+            await down.send_headers(head, end_stream=True)
+        except H2Error:
+            return
+        if down.closable:
+            down.reset_nowait()
+
+    def _reset_up(self) -> None:
+        """Close our end of the sandbox's stream: CANCEL unless the sandbox has answered (then NO_ERROR)."""
+        up = self.up
+        if up is not None and up.id is not None and up.closable:
+            up.reset_nowait(ErrorCodes.NO_ERROR if self._sandbox_answered() else ErrorCodes.CANCEL)
+
+    def _cleanup(self) -> None:
+        pump = self.pump
+        if pump is not None and not pump.done():
+            pump.cancel()
+        self._reset_up()
+        if self.release_up is not None:
+            self.release_up()  # type: ignore[operator]
+        self.release()  # type: ignore[operator]
+        front = self.front
+        if self.stream_key is not None:
+            front.limits.close_stream(self.stream_key)
+        if self.route is not None:
+            front.router.stream_closed(self.route.sandbox_id)
+        front.finished(self)

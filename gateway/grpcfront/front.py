@@ -1,0 +1,185 @@
+"""GrpcFront: the listener on :50051 and the per-connection handler that starts calls."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import secrets
+import socket
+import ssl
+import time
+from typing import Any
+
+from grpclib.config import Configuration
+from grpclib.protocol import AbstractHandler, H2Protocol, Stream
+from h2.config import H2Configuration
+
+from gateway.auth import Authenticator, TrustedHeaders
+from gateway.errors import Unauthorized
+from gateway.grpcfront.call import Call
+from gateway.grpcfront.metrics import GrpcMetrics
+from gateway.grpcfront.upstream import UpstreamChannels
+from gateway.limits import OrgLimits
+from gateway.sessions import SessionRouter
+from gateway.settings import Settings
+from routing import Identity
+
+log = logging.getLogger("gateway.grpc")
+
+
+class CallLog:
+    """An access-log entry for one call (the fields ``gateway.logs.AccessLog`` reads); ``status`` is the gRPC code."""
+
+    __slots__ = ("method", "pool", "sandbox_id", "status", "duration", "protocol", "request_id", "org_id")
+
+    def __init__(self, call: Call, request_id: str) -> None:
+        # The path is written unescaped: it passed Call's check (two slashes, no space); quotes and
+        # backslashes are replaced so a JSON line stays valid.
+        self.method = "POST " + call.path.replace('"', "%22").replace("\\", "%5C")
+        route = call.route
+        self.pool = route.pool if route is not None else None
+        self.sandbox_id = route.sandbox_id if route is not None else None
+        self.status = call.status
+        self.duration = time.perf_counter() - call.t0
+        self.protocol = "grpc"
+        self.request_id = request_id
+        self.org_id = call.org_id
+
+
+class _ServerSide(AbstractHandler):
+    """One client connection: starts a Call per stream; remembers the last identity it checked.
+
+    Each call keeps its own identity (``Call.identity``): calls on one connection may carry different ones.
+    """
+
+    def __init__(self, front: GrpcFront) -> None:
+        self.front = front
+        self.ident_key: tuple[str | None, ...] | None = None
+        self.identity: Identity = None  # type: ignore[assignment]  # set by identify() before it is read
+
+    def accept(self, stream: Stream, headers: Any, release_stream: Any) -> None:
+        call = Call(self.front, self, stream, headers, release_stream)
+        self.front.begin(call)
+
+    def cancel(self, stream: Stream) -> None:
+        pass  # the stream's wrapper (call._Side) was told already
+
+    def close(self) -> None:
+        pass  # every open stream was terminated through its wrapper
+
+    def identify(self, metadata: dict[str, str]) -> Identity:
+        """The caller's identity; the last one is reused while the metadata is the same (trusted metadata only)."""
+        key = (metadata.get("x-org-id"), metadata.get("x-user-id"), metadata.get("x-session-id"),
+               metadata.get("x-bot-id"), metadata.get("authorization"))
+        authenticator = self.front.authenticator
+        if key == self.ident_key and authenticator.memoizable:
+            return self.identity
+        if key[1] is None and key[4] is None:
+            raise Unauthorized("no identity: send x-user-id and x-session-id metadata (x-org-id, x-bot-id "
+                               "optional), or authorization: Bearer <token> with x-session-id")
+        identity = authenticator.identify(*key)
+        self.ident_key, self.identity = key, identity
+        return identity
+
+
+class GrpcFront:
+    """Forwards any gRPC call to the caller's sandbox; see the package docstring."""
+
+    def __init__(self, router: SessionRouter, settings: Settings, *, authenticator: Authenticator = TrustedHeaders(),
+                 limits: OrgLimits | None = None, metrics: GrpcMetrics | None = None, access: Any = None) -> None:
+        self.router = router
+        self.settings = settings
+        self.authenticator = authenticator
+        self.limits = limits if limits is not None else OrgLimits.from_settings(settings)
+        self.metrics = metrics
+        self.access = access  # a gateway.logs.AccessLog, or None
+        self.channels = UpstreamChannels(connect_timeout=settings.upstream_connect_timeout)
+        self.calls: set[Call] = set()
+        self.connections: set[H2Protocol] = set()
+        self.address: tuple[str, int] | None = None
+        self._server: asyncio.Server | None = None
+        self._draining = False
+        self._ids = itertools.count(1)
+        self._id_prefix = f"g{secrets.token_hex(4)}{os.getpid():x}-"
+        self._h2 = H2Configuration(client_side=False, header_encoding="ascii", validate_inbound_headers=False,
+                                   validate_outbound_headers=False, normalize_inbound_headers=False,
+                                   normalize_outbound_headers=False)
+        self._config = Configuration().__for_server__()
+
+    async def start(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._protocol, sock=sock, backlog=2048, ssl=self._tls())
+        self.address = sock.getsockname()[:2]
+
+    def _tls(self) -> ssl.SSLContext | None:
+        """TLS with ALPN h2 when a certificate is configured; h2c (prior knowledge) otherwise."""
+        cert, key = self.settings.grpc_tls_cert_file, self.settings.grpc_tls_key_file
+        if cert is None or key is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(cert, key)
+        context.set_alpn_protocols(["h2"])
+        return context
+
+    def _protocol(self) -> H2Protocol:
+        protocol = _TrackedProtocol(self, _ServerSide(self), self._config, self._h2)
+        return protocol
+
+    def begin(self, call: Call) -> None:
+        if self._draining:
+            call.side = "stopping"
+        self.calls.add(call)
+        if self.metrics is not None:
+            self.metrics.open_calls.inc()
+        call.task = asyncio.get_running_loop().create_task(call.run())
+
+    def finished(self, call: Call) -> None:
+        self.calls.discard(call)
+        metrics = self.metrics
+        duration = time.perf_counter() - call.t0
+        if metrics is not None:
+            metrics.open_calls.dec()
+            metrics.observe(call.path, call.status, duration, call.to_sandbox, call.to_client)
+        if self.access is not None:
+            self.access.log(CallLog(call, f"{self._id_prefix}{next(self._ids):x}"))
+
+    async def stop(self, drain_timeout: float) -> None:
+        """Stop accepting, let calls finish (up to ``drain_timeout``), then end the rest with UNAVAILABLE."""
+        if self._server is None:
+            return
+        self._draining = True
+        self._server.close()
+        tasks = [call.task for call in self.calls if call.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=drain_timeout)
+            for call in list(self.calls):
+                if call.task is not None and not call.task.done():
+                    call.side = "stopping"
+                    call.task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=2.0)
+        for protocol in list(self.connections):
+            protocol.processor.close("gateway stopping")
+        self.channels.close()
+        await self._server.wait_closed()
+        self._server = None
+
+
+class _TrackedProtocol(H2Protocol):
+    """grpclib's server protocol, registered with the front so that stop() can close idle connections."""
+
+    def __init__(self, front: GrpcFront, handler: AbstractHandler, config: Configuration,
+                 h2_config: H2Configuration) -> None:
+        super().__init__(handler, config, h2_config)
+        self._front = front
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._front.connections.add(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._front.connections.discard(self)
+        super().connection_lost(exc)

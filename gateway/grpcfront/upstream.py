@@ -1,0 +1,114 @@
+"""HTTP/2 connections to sandboxes' gRPC servers: one multiplexed connection per target.
+
+A gRPC server takes many concurrent streams on one connection, so the front
+keeps one client connection per (host, port) and opens a stream on it per call;
+a connection that was lost is replaced on the next call. Connecting is bounded
+by ``upstream_connect_timeout`` and failures become ``UpstreamConnectError``
+(UNAVAILABLE at the client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from grpclib.config import Configuration
+from grpclib.protocol import AbstractHandler, H2Protocol, Stream
+from h2.config import H2Configuration
+
+from gateway.errors import UpstreamConnectError
+
+if TYPE_CHECKING:
+    from gateway.model import Route
+    from routing.policy import PoolSpec
+
+log = logging.getLogger("gateway.grpc")
+
+Target = tuple[str, int]
+
+
+def grpc_target(route: Route, pool: PoolSpec | None) -> Target:
+    """Where the sandbox behind ``route`` answers gRPC: its endpoint's host, its pool's ``grpc_port``.
+
+    The one place that picks the address. A confined local sandbox is reached only over its
+    Unix socket, which carries HTTP alone: it has no gRPC address yet (say so, don't dial a name).
+    """
+    if route.endpoint.unix is not None:
+        raise UpstreamConnectError(f"sandbox {route.sandbox_id} is a local sandbox, reached over a Unix socket "
+                                   "that serves HTTP only; gRPC reaches Kubernetes and static pools",
+                                   sandbox_id=route.sandbox_id)
+    return route.endpoint.host, pool.grpc_port if pool is not None else 50051
+
+
+class _ClientSide(AbstractHandler):
+    """The client end of a connection never accepts streams; it only notes that it was lost."""
+
+    def __init__(self) -> None:
+        self.lost = False
+
+    def accept(self, stream: Stream, headers: object, release_stream: object) -> None:
+        raise NotImplementedError("a sandbox cannot open streams towards the gateway")
+
+    def cancel(self, stream: Stream) -> None:
+        wrapper = stream.wrapper
+        if wrapper is not None and hasattr(wrapper, "upstream_reset"):
+            wrapper.upstream_reset()
+
+    def close(self) -> None:
+        self.lost = True
+
+
+class UpstreamChannels:
+    """Client HTTP/2 connections to sandboxes, keyed by target."""
+
+    def __init__(self, *, connect_timeout: float) -> None:
+        self._connect_timeout = connect_timeout
+        self._connections: dict[Target, H2Protocol] = {}
+        self._connecting: dict[Target, asyncio.Future[H2Protocol]] = {}
+        self._h2 = H2Configuration(client_side=True, header_encoding="ascii", validate_inbound_headers=False,
+                                   validate_outbound_headers=False, normalize_inbound_headers=False,
+                                   normalize_outbound_headers=False)
+        self._config = Configuration().__for_client__()
+
+    async def connection(self, target: Target) -> H2Protocol:
+        protocol = self._connections.get(target)
+        if protocol is not None and not protocol.handler.lost:  # type: ignore[attr-defined]
+            return protocol
+        pending = self._connecting.get(target)
+        if pending is not None:  # concurrent first calls share one connection attempt
+            return await asyncio.shield(pending)
+        future: asyncio.Future[H2Protocol] = asyncio.get_running_loop().create_future()
+        self._connecting[target] = future
+        try:
+            protocol = await self._connect(target)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a failure nobody else waited for must not warn
+            raise
+        finally:
+            del self._connecting[target]
+        future.set_result(protocol)
+        self._connections[target] = protocol
+        return protocol
+
+    async def _connect(self, target: Target) -> H2Protocol:
+        host, port = target
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, protocol = await loop.create_connection(
+                    lambda: H2Protocol(_ClientSide(), self._config, self._h2), host, port)
+        except TimeoutError:
+            raise UpstreamConnectError(
+                f"the sandbox's gRPC server at {host}:{port} did not accept a connection within "
+                f"{self._connect_timeout:g}s") from None
+        except OSError as exc:
+            raise UpstreamConnectError(
+                f"the sandbox's gRPC server at {host}:{port} is unreachable: {exc.strerror or exc}") from None
+        return protocol
+
+    def close(self) -> None:
+        for protocol in self._connections.values():
+            protocol.processor.close("gateway stopping")
+        self._connections.clear()
