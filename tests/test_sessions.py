@@ -121,7 +121,7 @@ async def test_failed_creation_is_shared_and_leaves_nothing(router, counting_pro
     results = await asyncio.gather(*(router.resolve(ident("s1")) for _ in range(5)), return_exceptions=True)
     assert all(isinstance(r, ProvisionFailed) and "image pull failed" in r.message for r in results)
     assert sum(counting_provider.created.values()) == 1
-    assert await router.store.list_sandboxes() == []
+    assert (await router.sandboxes()).records == []
     assert await router.store.get_binding("s1") is None
 
 

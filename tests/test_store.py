@@ -320,7 +320,7 @@ async def test_nothing_is_half_written_when_redis_refuses(redis_server_factory: 
             await store.put_binding(binding("s1"))
         assert await store.get_binding("s1") is None
         assert await store.sessions_of("org-1") == []
-        assert await store.idle_sessions(float("inf")) == []
+        assert await store.idle_sessions(float("inf"), 10) == []
     finally:
         await store.close()
 

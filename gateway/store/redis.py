@@ -15,10 +15,14 @@ is cluster-safe)::
     {P}:sandbox:<sandbox_id>        hash    none           the record: see redis_scripts (rec, state, endpoint,
                                                            lease_until, gen, pool, org); rec carries the owner
                                                            as ["org", "user", "bot"] (Owner.compact)
-    {P}:sandboxes                   zset    none           sandbox_id -> last_active, one entry per record
+    {P}:sandboxes                   zset    none           sandbox_id -> last_active, one entry per record: the
+                                                           index that listing and reaping page through
+                                                           (scan_sandboxes: INDEX_PAGE, bounded per call)
     {P}:sandbox-sessions:<id>       set     none           session IDs bound to the sandbox
     {P}:count:pool                  hash    none           pool -> live (creating + ready) records
     {P}:count:org                   hash    none           org_id -> live (creating + ready) records
+    {P}:count:state                 hash    none           "<state>:<pool>" -> live records (the gauges)
+    {P}:count:sessions              hash    none           pool -> bindings (the gauges)
     {P}:streams:<sandbox_id>        hash    none (deleted  replica_id -> streams open on that replica
                                             on release)
     {P}:replica:<replica_id>        string  heartbeat_ttl  heartbeat (refreshed every heartbeat_interval);
@@ -69,7 +73,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 from redis import exceptions as redis_errors
@@ -81,7 +85,8 @@ from gateway.errors import StoreUnavailable
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store import redis_scripts as lua
 from gateway.store.base import (
-    Caps, CapScope, Invalidation, NotReserved, Reservation, Reserved, Settled, Settlement, SettleTimeout,
+    ANY_SANDBOX, Caps, CapScope, FleetCounts, Invalidation, NotReserved, Position, Reservation, Reserved,
+    SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
 )
 from gateway.store.redis_listener import RedisListener
 from gateway.store.redis_scripts import RedisKeys
@@ -202,6 +207,7 @@ class RedisStore:
         self._mark_ready = self._redis.register_script(lua.MARK_READY)
         self._release = self._redis.register_script(lua.RELEASE_SANDBOX)
         self._acquire_lease = self._redis.register_script(lua.ACQUIRE_LEASE)
+        self._index_page = self._redis.register_script(lua.INDEX_PAGE)
         self._origin = uuid.uuid4().hex  # tells this instance's invalidations from other replicas'
         self._listener = RedisListener(self._redis, self.keys, self._origin, connect_timeout=connect_timeout,
                                        on_remote_release=self._forget_streams)
@@ -230,8 +236,8 @@ class RedisStore:
         self._listener.start()
         stored = await self._put_binding(
             keys=[self.keys.binding(binding.session_id), self.keys.session_seen,
-                  self.keys.sandbox_sessions(binding.sandbox_id)],
-            args=[self.binding_json(binding), binding.session_id, _num(binding.created_at)],
+                  self.keys.sandbox_sessions(binding.sandbox_id), self.keys.count_sessions],
+            args=[self.binding_json(binding), binding.session_id, _num(binding.created_at), binding.pool],
         )
         return binding if stored is None else Binding.from_dict(json.loads(stored))
 
@@ -243,10 +249,11 @@ class RedisStore:
             raw = await self._redis.get(key)
             if raw is None:
                 return None
-            sandbox_id = json.loads(raw)["sandbox_id"]
+            read = json.loads(raw)
             deleted = await self._delete_binding(
-                keys=[key, self.keys.session_seen, self.keys.sandbox_sessions(sandbox_id)],
-                args=[session_id, raw, self.keys.invalidate, message],
+                keys=[key, self.keys.session_seen, self.keys.sandbox_sessions(read["sandbox_id"]),
+                      self.keys.count_sessions],
+                args=[session_id, raw, self.keys.invalidate, message, read["pool"]],
             )
             if deleted is None:
                 return None
@@ -266,8 +273,50 @@ class RedisStore:
         return None if found is None else found[0]
 
     @_translated("list sandboxes")
-    async def list_sandboxes(self) -> list[SandboxRecord]:
-        return await self._read_many(await self._redis.zrange(self.keys.sandboxes, 0, -1))
+    async def scan_sandboxes(self, after: Position | None, *, limit: int, scan: int,
+                             before: float = math.inf, where: SandboxFilter = ANY_SANDBOX) -> SandboxPage:
+        flat = await self._index_page(
+            keys=[self.keys.sandboxes],
+            args=["" if after is None else _num(after.last_active), "" if after is None else after.sandbox_id,
+                  _num(before), scan])
+        entries = [Position(float(flat[i + 1]), flat[i]) for i in range(0, len(flat), 2)]
+        more = len(entries) > scan
+        entries = entries[:scan]
+        records = await self._read_many(e.sandbox_id for e in entries)
+        by_id = {r.sandbox_id: r for r in records}
+        found: list[SandboxRecord] = []
+        for index, entry in enumerate(entries):
+            record = by_id.get(entry.sandbox_id)  # released between the two reads: skipped
+            if record is not None and where.matches(record):
+                found.append(record)
+                if len(found) == limit:
+                    more = more or index + 1 < len(entries)
+                    entries = entries[:index + 1]
+                    break
+        return SandboxPage(found, entries[-1] if more and entries else None)
+
+    @_translated("look up sandboxes")
+    async def existing_sandboxes(self, sandbox_ids: Sequence[str]) -> set[str]:
+        if not sandbox_ids:
+            return set()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for sandbox_id in sandbox_ids:
+                pipe.exists(self.keys.sandbox(sandbox_id))
+            found = await pipe.execute()
+        return {sandbox_id for sandbox_id, exists in zip(sandbox_ids, found, strict=True) if exists}
+
+    @_translated("count sandboxes")
+    async def fleet_counts(self) -> FleetCounts:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.keys.count_state)
+            pipe.hgetall(self.keys.count_sessions)
+            by_state, by_pool = await pipe.execute()
+        sandboxes: dict[tuple[str, SandboxState], int] = {}
+        for name, count in by_state.items():
+            state, _, pool = name.partition(":")
+            if state in SandboxState.__members__.values() and int(count) > 0:
+                sandboxes[pool, SandboxState(state)] = int(count)
+        return FleetCounts(sandboxes, {pool: int(n) for pool, n in by_pool.items() if int(n) > 0})
 
     @_translated("reserve a sandbox")
     async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
@@ -277,7 +326,7 @@ class RedisStore:
         static = {name: value for name, value in record.to_dict().items() if name in _STATIC_FIELDS}
         result = await self._reserve(
             keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
-                  self.keys.sandbox_sessions(sandbox_id)],
+                  self.keys.sandbox_sessions(sandbox_id), self.keys.count_state],
             args=[_num(now), sandbox_id, record.pool, record.org_id or "", "0" if record.org_id is None else "1",
                   "" if caps.pool_max is None else str(caps.pool_max),
                   "" if caps.org_max is None else str(caps.org_max),
@@ -295,7 +344,7 @@ class RedisStore:
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
         view = await self._mark_ready(
             keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
-                  self.keys.sandbox_sessions(sandbox_id)],
+                  self.keys.sandbox_sessions(sandbox_id), self.keys.count_state],
             args=[sandbox_id, _dumps({"host": endpoint.host, "port": endpoint.port, "scheme": endpoint.scheme}),
                   self.keys.settled],
         )
@@ -308,7 +357,8 @@ class RedisStore:
         async with self._streams_lock:
             view = await self._release(
                 keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
-                      self.keys.sandbox_sessions(sandbox_id), self.keys.streams(sandbox_id)],
+                      self.keys.sandbox_sessions(sandbox_id), self.keys.streams(sandbox_id),
+                      self.keys.count_state],
                 args=[sandbox_id, error or "", self.keys.settled,
                       self.keys.invalidate, self._invalidation("sandbox", sandbox_id)],
             )
@@ -361,15 +411,9 @@ class RedisStore:
                 pipe.zadd(self.keys.session_seen, dict(sessions), xx=True, gt=True)
             await pipe.execute()
 
-    @_translated("list idle sandboxes")
-    async def idle_sandboxes(self, pool: str, before: float) -> list[SandboxRecord]:
-        ids = await self._redis.zrangebyscore(self.keys.sandboxes, "-inf", f"({_num(before)}")
-        return [r for r in await self._read_many(ids)
-                if r.pool == pool and r.state is SandboxState.READY and r.last_active < before]
-
     @_translated("list idle sessions")
-    async def idle_sessions(self, before: float) -> list[str]:
-        return await self._redis.zrangebyscore(self.keys.session_seen, "-inf", f"({_num(before)}")
+    async def idle_sessions(self, before: float, limit: int) -> list[str]:
+        return await self._redis.zrangebyscore(self.keys.session_seen, "-inf", f"({_num(before)}", start=0, num=limit)
 
     @_translated("count open streams")
     async def add_streams(self, deltas: Mapping[str, int]) -> None:

@@ -29,11 +29,12 @@ from __future__ import annotations
 class RedisKeys:
     """Every key and channel name of one installation (the table is in ``gateway.store.redis``)."""
 
-    __slots__ = ("_base", "session_seen", "sandboxes", "count_pool", "count_org", "settled", "invalidate")
+    __slots__ = ("_base", "session_seen", "sandboxes", "count_pool", "count_org", "count_state", "count_sessions",
+                 "settled", "invalidate")
 
     # Fixed parts of the variable keys; kept prefix-free (tests check it).
     VARIABLE = ("binding:", "sandbox:", "sandbox-sessions:", "streams:", "replica:", "lease:")
-    FIXED = ("session-seen", "sandboxes", "count:pool", "count:org")
+    FIXED = ("session-seen", "sandboxes", "count:pool", "count:org", "count:state", "count:sessions")
 
     def __init__(self, prefix: str) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
@@ -43,6 +44,8 @@ class RedisKeys:
         self.sandboxes = self._base + "sandboxes"
         self.count_pool = self._base + "count:pool"
         self.count_org = self._base + "count:org"
+        self.count_state = self._base + "count:state"
+        self.count_sessions = self._base + "count:sessions"
         self.settled = self._base + "settled"
         self.invalidate = self._base + "invalidate"
 
@@ -80,6 +83,12 @@ end
 local function is_live(state)
   return state == 'creating' or state == 'ready'
 end
+-- count:state fields are '<state>:<pool>' (states hold no ':'): the gauges read one small hash
+local function restate(key, pool, from, to)
+  if not pool then return end
+  if from and is_live(from) then uncount(key, from .. ':' .. pool) end
+  if to then redis.call('HINCRBY', key, to .. ':' .. pool, 1) end
+end
 """
 
 # A "view" (what the get/reserve/mark/release scripts return for a record) is
@@ -94,20 +103,23 @@ return view(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
 
 PUT_BINDING = """
 -- KEYS[1] binding string  KEYS[2] session-seen zset  KEYS[3] sandbox-sessions set of the binding's sandbox
--- ARGV[1] binding JSON  ARGV[2] session id  ARGV[3] created_at (first "seen" time)
+-- KEYS[4] count:sessions hash
+-- ARGV[1] binding JSON  ARGV[2] session id  ARGV[3] created_at (first "seen" time)  ARGV[4] the binding's pool
 -- returns the binding already stored (JSON): it wins; false (nil) when ARGV[1] was stored
 local current = redis.call('GET', KEYS[1])
 if current then return current end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 redis.call('SADD', KEYS[3], ARGV[2])
+redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
 return false
 """
 
-DELETE_BINDING = """
+DELETE_BINDING = _HELPERS + """
 -- KEYS[1] binding string  KEYS[2] session-seen zset  KEYS[3] sandbox-sessions set of the sandbox named in ARGV[2]
--- ARGV[1] session id  ARGV[2] the binding JSON the caller read (KEYS[3] was derived from it)
--- ARGV[3] invalidate channel  ARGV[4] invalidate message
+-- KEYS[4] count:sessions hash
+-- ARGV[1] session id  ARGV[2] the binding JSON the caller read (KEYS[3] and ARGV[5] were derived from it)
+-- ARGV[3] invalidate channel  ARGV[4] invalidate message  ARGV[5] the binding's pool
 -- returns the deleted binding JSON; false (nil) when there was none;
 --         0 when the binding changed since the caller read it (read again and retry)
 local current = redis.call('GET', KEYS[1])
@@ -119,13 +131,14 @@ if current ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[1])
+uncount(KEYS[4], ARGV[5])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return current
 """
 
 RESERVE_SANDBOX = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes zset  KEYS[3] count:pool hash  KEYS[4] count:org hash
--- KEYS[5] sandbox-sessions set
+-- KEYS[5] sandbox-sessions set  KEYS[6] count:state hash
 -- ARGV[1] now  ARGV[2] sandbox id  ARGV[3] pool  ARGV[4] org id ('' when none)  ARGV[5] '1' when there is an org
 -- ARGV[6] pool cap ('' = none)  ARGV[7] org cap ('' = none)  ARGV[8] record JSON (static fields)
 -- ARGV[9] lease_until  ARGV[10] last_active  ARGV[11] reservation token (gen)
@@ -134,7 +147,7 @@ RESERVE_SANDBOX = _HELPERS + """
 local state = redis.call('HGET', KEYS[1], 'state')
 local stale = false
 if state then
-  local cur = redis.call('HMGET', KEYS[1], 'lease_until', 'gen', 'pool', 'org')
+  local cur = redis.call('HMGET', KEYS[1], 'lease_until', 'gen', 'pool', 'org', 'state')
   if state == 'creating' and cur[2] == ARGV[11] then
     -- our own reservation: this call is a retry of one that succeeded
     local v = view(KEYS[1], KEYS[2], KEYS[5], ARGV[2])
@@ -160,11 +173,13 @@ if has_org and ARGV[7] ~= '' and org_live >= tonumber(ARGV[7]) then return {'cap
 if stale then
   if stale[3] then uncount(KEYS[3], stale[3]) end
   if stale[4] then uncount(KEYS[4], stale[4]) end
+  restate(KEYS[6], stale[3], stale[5], nil)
   redis.call('DEL', KEYS[1])
 end
 redis.call('HSET', KEYS[1], 'rec', ARGV[8], 'state', 'creating', 'endpoint', '',
            'lease_until', ARGV[9], 'gen', ARGV[11], 'pool', ARGV[3])
 redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+restate(KEYS[6], ARGV[3], nil, 'creating')
 if has_org then
   redis.call('HSET', KEYS[1], 'org', ARGV[4])
   redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
@@ -178,7 +193,7 @@ return {'created', unpack(v)}
 
 MARK_READY = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes zset  KEYS[3] count:pool hash  KEYS[4] count:org hash
--- KEYS[5] sandbox-sessions set
+-- KEYS[5] sandbox-sessions set  KEYS[6] count:state hash
 -- ARGV[1] sandbox id  ARGV[2] endpoint JSON  ARGV[3] settled channel
 -- returns the ready record's view; false (nil) when there is no record
 local cur = redis.call('HMGET', KEYS[1], 'state', 'pool', 'org', 'gen')
@@ -187,6 +202,7 @@ if not is_live(cur[1]) then
   if cur[2] then redis.call('HINCRBY', KEYS[3], cur[2], 1) end
   if cur[3] then redis.call('HINCRBY', KEYS[4], cur[3], 1) end
 end
+restate(KEYS[6], cur[2], cur[1], 'ready')
 redis.call('HSET', KEYS[1], 'state', 'ready', 'endpoint', ARGV[2], 'lease_until', '0')
 redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = cur[4] or '', state = 'ready'}))
 return view(KEYS[1], KEYS[2], KEYS[5], ARGV[1])
@@ -194,7 +210,7 @@ return view(KEYS[1], KEYS[2], KEYS[5], ARGV[1])
 
 RELEASE_SANDBOX = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes zset  KEYS[3] count:pool hash  KEYS[4] count:org hash
--- KEYS[5] sandbox-sessions set  KEYS[6] streams hash
+-- KEYS[5] sandbox-sessions set  KEYS[6] streams hash  KEYS[7] count:state hash
 -- ARGV[1] sandbox id  ARGV[2] error for the waiters  ARGV[3] settled channel
 -- ARGV[4] invalidate channel  ARGV[5] invalidate message
 -- returns the removed record's view; false (nil) when there was no record (waiters are woken either way)
@@ -206,6 +222,7 @@ if found then
     if cur[2] then uncount(KEYS[3], cur[2]) end
     if cur[3] then uncount(KEYS[4], cur[3]) end
   end
+  restate(KEYS[7], cur[2], cur[1], nil)
   gen = cur[4] or ''
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], ARGV[1])
@@ -214,6 +231,40 @@ end
 redis.call('DEL', KEYS[6])
 redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = gen, state = 'removed', error = ARGV[2]}))
 return found
+"""
+
+INDEX_PAGE = """
+-- KEYS[1] sandboxes zset (sandbox id -> last_active)
+-- ARGV[1] the cursor's last_active ('' = from the start)  ARGV[2] the cursor's sandbox id
+-- ARGV[3] before (exclusive upper bound on last_active)  ARGV[4] how many entries at most
+-- returns {id, score, id, score, ...}: the entries after the cursor in (score, id) order with
+-- score < before, at most ARGV[4] of them plus one more (which tells the caller whether more follow).
+-- Bounded whatever the index size: ZSCORE/ZRANK/ZCOUNT and one ZRANGE by rank, all O(log n + count).
+local start = 0
+if ARGV[1] ~= '' then
+  local at = tonumber(ARGV[1])
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[2])
+  if score and tonumber(score) == at then
+    start = redis.call('ZRANK', KEYS[1], ARGV[2]) + 1
+  else
+    -- the cursor's entry moved or went: start at its score, after the ties ordered before its id
+    start = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[1])
+    while true do
+      local tie = redis.call('ZRANGE', KEYS[1], start, start, 'WITHSCORES')
+      if #tie == 0 or tonumber(tie[2]) ~= at or tie[1] > ARGV[2] then break end
+      start = start + 1
+    end
+  end
+end
+local entries = redis.call('ZRANGE', KEYS[1], start, start + tonumber(ARGV[4]), 'WITHSCORES')
+local before = tonumber(ARGV[3])
+local out = {}
+for i = 1, #entries, 2 do
+  if tonumber(entries[i + 1]) >= before then break end
+  out[#out + 1] = entries[i]
+  out[#out + 1] = entries[i + 1]
+end
+return out
 """
 
 ACQUIRE_LEASE = """
