@@ -15,7 +15,7 @@ from gateway.model import Owner, SandboxRequest
 from gateway.providers.base import PoolProviders
 from gateway.providers.kubernetes import INSTALLATION, KubernetesProvider
 from gateway.runtime import create_app
-from gateway.sessions import SessionRouter
+from gateway.sessions import RouterTuning, SessionRouter
 from gateway.store.memory import MemoryStore
 from routing import Identity, Isolation, parse_policy
 from routing.policy import KubernetesPoolOptions
@@ -217,6 +217,26 @@ async def test_orphan_sweep_deletes_only_this_installations_unknown_objects(make
     finally:
         await ours.close()
         await theirs.close()
+
+
+async def test_orphan_sweep_pages_through_the_objects_across_passes(make_fake_kube, runtime_port):
+    """Each pass checks one API page (limit/continue) against the store; the passes add up to all."""
+    kube = await make_fake_kube("head")
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    router = SessionRouter(MemoryStore(), PoolProviders({"small": provider, "shared": provider}), PER_SESSION,
+                           replica_id="r", tuning=RouterTuning(sweep_batch=2))
+    try:
+        known = await router.resolve(Identity.parse(org_id="acme", user_id="alice", session_id="known"))
+        orphans = [f"ses-orphan-{i}" for i in range(4)]
+        for name in orphans:
+            await provider.ensure(request(name, pool="small"))
+        swept = [await router.sweep_orphans(grace=0.0) for _ in range(3)]
+        assert all(len(one) <= 2 for one in swept)  # bounded: never more than a page per pass
+        assert sorted(sum(swept, [])) == orphans
+        names = {o["metadata"]["name"] for o in kube.server.list_objects("sandboxes", "default")}
+        assert names == {known.sandbox_id}
+    finally:
+        await provider.close()
 
 
 async def test_grace_period_protects_young_orphans(make_fake_kube, runtime_port):
