@@ -128,6 +128,14 @@ class Settled(StrEnum):
     ABANDONED = "abandoned"    # the creator's lease expired: reserve again (and take it over)
 
 
+class Released(StrEnum):
+    """The outcome of ``release_unreachable``: whether this caller took the record away."""
+
+    RELEASED = "released"      # it was ready at that endpoint and is gone now: the caller re-creates (create-once)
+    CHANGED = "changed"        # it is not that ready incarnation any more (re-created, moved, being created)
+    ABSENT = "absent"          # there was no record
+
+
 @dataclass(frozen=True, slots=True)
 class Settlement:
     """The outcome of a creation: the ready record, or the creator's error."""
@@ -239,6 +247,9 @@ class SessionStore(Protocol):
         """Raise ``NotReserved`` when there is no record to complete."""
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         """Remove the record (freeing capacity) and wake waiters: FAILED with ``error``, else REMOVED."""
+    async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint, error: str) -> Released:
+        """``release_sandbox``, but only while the record is ready at ``endpoint``: of many replicas
+        that found the same incarnation dead, exactly one releases it (the rest get CHANGED/ABSENT)."""
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
         """Wait until the record is not ``creating``; raise ``SettleTimeout`` past ``timeout``."""
 

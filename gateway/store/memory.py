@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store.base import (
-    ANY_SANDBOX, Caps, FleetCounts, Invalidation, NotReserved, Position, Reservation, Reserved, SandboxFilter,
+    ANY_SANDBOX, Caps, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved, SandboxFilter,
     SandboxPage, Settled, Settlement, SettleTimeout,
 )
 
@@ -138,6 +138,15 @@ class MemoryStore:
             self._count(record, -1)
             self._publish(sandbox_id)
         return record
+
+    async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint, error: str) -> Released:
+        record = self._sandboxes.get(sandbox_id)
+        if record is None:
+            return Released.ABSENT
+        if record.state is not SandboxState.READY or record.endpoint != endpoint:
+            return Released.CHANGED
+        await self.release_sandbox(sandbox_id, error)
+        return Released.RELEASED
 
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
         record = self._sandboxes.get(sandbox_id)

@@ -82,20 +82,19 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from gateway.errors import StoreUnavailable
-from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
+from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxState
 from gateway.store import redis_scripts as lua
 from gateway.store.base import (
-    ANY_SANDBOX, Caps, CapScope, FleetCounts, Invalidation, NotReserved, Position, Reservation, Reserved,
+    ANY_SANDBOX, Caps, CapScope, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved,
     SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
 )
 from gateway.store.redis_listener import RedisListener
 from gateway.store.redis_scripts import RedisKeys
+from routing import Isolation, per_session_sandbox_id, shared_sandbox_id
 
 __all__ = ["RedisKeys", "RedisStore", "unavailable"]
 
 log = logging.getLogger(__name__)
-
-_STATIC_FIELDS = ("sandbox_id", "pool", "org_id", "created_at", "meta", "owner")
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -143,13 +142,65 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
-def _record(view: list[Any]) -> tuple[SandboxRecord, str]:
+def _record(sandbox_id: str, view: list[Any]) -> tuple[SandboxRecord, str]:
     """A record (and its reservation token) from a script's view (see redis_scripts)."""
-    rec, state, endpoint, lease_until, last_active, sessions, gen = view
-    data = json.loads(rec)
-    data.update(state=state, endpoint=json.loads(endpoint) if endpoint else None,
-                lease_until=float(lease_until), last_active=float(last_active), sessions=int(sessions))
-    return SandboxRecord.from_dict(data), gen
+    state, pool, org, created, endpoint, lease_until, gen, user, bot, owner_org, meta, sessions, last_active = view
+    owner = None
+    if user is not None:
+        owner = Owner(org if owner_org is None else json.loads(owner_org)[0], user, bot)
+    record = SandboxRecord(
+        sandbox_id, pool, org, SandboxState(state), created_at=float(created or 0.0),
+        endpoint=_endpoint(endpoint) if endpoint else None, last_active=float(last_active),
+        sessions=int(sessions or 0), lease_until=float(lease_until or 0.0),
+        meta=json.loads(meta) if meta else {}, owner=owner)
+    return record, gen or ""
+
+
+def _static_fields(record: SandboxRecord) -> list[str]:
+    """The fields written once at reservation, as field, value pairs (absent ones left out)."""
+    pairs = ["c", _num(record.created_at)]
+    owner = record.owner
+    if owner is not None:
+        pairs += ["u", owner.user_id]
+        if owner.bot_id is not None:
+            pairs += ["b", owner.bot_id]
+        if owner.org_id != record.org_id:
+            pairs += ["v", _dumps([owner.org_id])]
+    if record.meta:
+        pairs += ["m", _dumps(record.meta)]
+    return pairs
+
+
+def _endpoint_text(endpoint: Endpoint) -> str:
+    return f"{endpoint.scheme} {endpoint.host} {endpoint.port}"  # hosts are addresses or DNS names: no spaces
+
+
+def _endpoint(text: str) -> Endpoint:
+    scheme, host, port = text.split(" ")
+    return Endpoint(host, int(port), scheme)
+
+
+def binding_value(binding: Binding) -> str:
+    """A binding as stored: ``[pool, isolation, created_at, org, user, bot]``, plus the sandbox ID
+    only where it is not the one the binding itself derives (a session ID or an owner hashes to it)."""
+    data: list[Any] = [binding.pool, binding.isolation.value, binding.created_at, *binding.owner.compact()]
+    if binding.sandbox_id != _derived(binding.session_id, binding.isolation, binding.owner):
+        data.append(binding.sandbox_id)
+    return _dumps(data)
+
+
+def _binding(session_id: str, raw: str) -> Binding:
+    pool, isolation, created_at, org, user, bot, *sandbox = json.loads(raw)
+    owner = Owner(org, user, bot)
+    kind = Isolation(isolation)
+    return Binding(session_id, sandbox[0] if sandbox else _derived(session_id, kind, owner), pool, kind, owner,
+                   float(created_at))
+
+
+def _derived(session_id: str, isolation: Isolation, owner: Owner) -> str:
+    if isolation is Isolation.PER_SESSION:
+        return per_session_sandbox_id(session_id)
+    return shared_sandbox_id(owner.org_id, owner.user_id, owner.bot_id)
 
 
 class RedisStore:
@@ -220,26 +271,26 @@ class RedisStore:
         self._closed = False
 
     @staticmethod
-    def binding_json(binding: Binding) -> str:
+    def binding_value(binding: Binding) -> str:
         """A binding as stored (public so that bulk loaders write exactly what ``put_binding`` does)."""
-        return _dumps(binding.to_dict())
+        return binding_value(binding)
 
     # bindings ------------------------------------------------------------
     @_translated("look up a session")
     async def get_binding(self, session_id: str) -> Binding | None:
         self._listener.start()
         raw = await self._redis.get(self.keys.binding(session_id))
-        return None if raw is None else Binding.from_dict(json.loads(raw))
+        return None if raw is None else _binding(session_id, raw)
 
     @_translated("bind a session")
     async def put_binding(self, binding: Binding) -> Binding:
         self._listener.start()
         stored = await self._put_binding(
             keys=[self.keys.binding(binding.session_id), self.keys.session_seen,
-                  self.keys.sandbox_sessions(binding.sandbox_id), self.keys.count_sessions],
-            args=[self.binding_json(binding), binding.session_id, _num(binding.created_at), binding.pool],
+                  self.keys.sandbox(binding.sandbox_id), self.keys.count_sessions],
+            args=[binding_value(binding), binding.session_id, _num(binding.created_at), binding.pool],
         )
-        return binding if stored is None else Binding.from_dict(json.loads(stored))
+        return binding if stored is None else _binding(binding.session_id, stored)
 
     @_translated("delete a session")
     async def delete_binding(self, session_id: str) -> Binding | None:
@@ -249,22 +300,22 @@ class RedisStore:
             raw = await self._redis.get(key)
             if raw is None:
                 return None
-            read = json.loads(raw)
+            read = _binding(session_id, raw)
             deleted = await self._delete_binding(
-                keys=[key, self.keys.session_seen, self.keys.sandbox_sessions(read["sandbox_id"]),
-                      self.keys.count_sessions],
-                args=[session_id, raw, self.keys.invalidate, message, read["pool"]],
+                keys=[key, self.keys.session_seen, self.keys.sandbox(read.sandbox_id), self.keys.count_sessions],
+                args=[session_id, raw, self.keys.invalidate, message, read.pool],
             )
             if deleted is None:
                 return None
             if deleted != 0:
                 self._listener.notify(session_id)
-                return Binding.from_dict(json.loads(deleted))
+                return _binding(session_id, deleted)
         raise StoreUnavailable(f"session {session_id!r} kept changing while being deleted; retry", retry_after=1.0)
 
     @_translated("list a sandbox's sessions")
     async def sessions_of(self, sandbox_id: str) -> list[str]:
-        return sorted(await self._redis.smembers(self.keys.sandbox_sessions(sandbox_id)))
+        fields = await self._redis.hkeys(self.keys.sandbox(sandbox_id))
+        return sorted(name[1:] for name in fields if name.startswith("+"))
 
     # sandboxes -----------------------------------------------------------
     @_translated("look up a sandbox")
@@ -323,51 +374,60 @@ class RedisStore:
         self._listener.start()
         now = self._clock()
         sandbox_id = record.sandbox_id
-        static = {name: value for name, value in record.to_dict().items() if name in _STATIC_FIELDS}
         result = await self._reserve(
             keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
-                  self.keys.sandbox_sessions(sandbox_id), self.keys.count_state],
+                  self.keys.count_state],
             args=[_num(now), sandbox_id, record.pool, record.org_id or "", "0" if record.org_id is None else "1",
                   "" if caps.pool_max is None else str(caps.pool_max),
                   "" if caps.org_max is None else str(caps.org_max),
-                  _dumps(static), _num(now + lease_seconds), _num(max(record.last_active, record.created_at)),
-                  uuid.uuid4().hex, self.keys.invalidate, self._invalidation("sandbox", sandbox_id)],
+                  _num(now + lease_seconds), _num(max(record.last_active, record.created_at)),
+                  uuid.uuid4().hex[:12], self.keys.invalidate, self._invalidation("sandbox", sandbox_id),
+                  *_static_fields(record)],
         )
         if result[0] == "cap":
             raise caps.exceeded(record, CapScope(result[1]))
         outcome = Reserved(result[0])
         if outcome is Reserved.TAKEN_OVER:
             self._listener.notify(sandbox_id)
-        return Reservation(_record(result[1:])[0], outcome)
+        return Reservation(_record(sandbox_id, result[1:])[0], outcome)
 
     @_translated("mark a sandbox ready")
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
         view = await self._mark_ready(
-            keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
-                  self.keys.sandbox_sessions(sandbox_id), self.keys.count_state],
-            args=[sandbox_id, _dumps({"host": endpoint.host, "port": endpoint.port, "scheme": endpoint.scheme}),
-                  self.keys.settled],
+            keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_state],
+            args=[sandbox_id, _endpoint_text(endpoint), self.keys.settled],
         )
         if view is None:
             raise NotReserved(sandbox_id)
-        return _record(view)[0]
+        return _record(sandbox_id, view)[0]
 
     @_translated("release a sandbox")
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
+        view = await self._release_record(sandbox_id, error, only_endpoint=None)
+        return None if view is None else _record(sandbox_id, view)[0]
+
+    @_translated("release a sandbox")
+    async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint, error: str) -> Released:
+        view = await self._release_record(sandbox_id, error, only_endpoint=endpoint)
+        if view == 0:
+            return Released.CHANGED
+        return Released.ABSENT if view is None else Released.RELEASED
+
+    async def _release_record(self, sandbox_id: str, error: str | None, only_endpoint: Endpoint | None) -> Any:
         async with self._streams_lock:
             view = await self._release(
                 keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
-                      self.keys.sandbox_sessions(sandbox_id), self.keys.streams(sandbox_id),
-                      self.keys.count_state],
-                args=[sandbox_id, error or "", self.keys.settled,
-                      self.keys.invalidate, self._invalidation("sandbox", sandbox_id)],
+                      self.keys.streams(sandbox_id), self.keys.count_state],
+                args=[sandbox_id, error or "", self.keys.settled, self.keys.invalidate,
+                      self._invalidation("sandbox", sandbox_id),
+                      "" if only_endpoint is None else _endpoint_text(only_endpoint)],
             )
-            self._streams.pop(sandbox_id, None)
-            self._unsynced.discard(sandbox_id)
-        if view is None:
-            return None
-        self._listener.notify(sandbox_id)
-        return _record(view)[0]
+            if view != 0:
+                self._streams.pop(sandbox_id, None)
+                self._unsynced.discard(sandbox_id)
+        if view is not None and view != 0:
+            self._listener.notify(sandbox_id)
+        return view
 
     @_translated("wait for a sandbox")
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
@@ -490,11 +550,8 @@ class RedisStore:
 
     # internals ----------------------------------------------------------
     async def _read_sandbox(self, sandbox_id: str) -> tuple[SandboxRecord, str] | None:
-        view = await self._get_sandbox(
-            keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.sandbox_sessions(sandbox_id)],
-            args=[sandbox_id],
-        )
-        return None if view is None else _record(view)
+        view = await self._get_sandbox(keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes], args=[sandbox_id])
+        return None if view is None else _record(sandbox_id, view)
 
     async def _read_many(self, sandbox_ids: Iterable[str]) -> list[SandboxRecord]:
         ids = list(sandbox_ids)
@@ -502,13 +559,10 @@ class RedisStore:
             return []
         async with self._redis.pipeline(transaction=False) as pipe:
             for sandbox_id in ids:
-                await self._get_sandbox(
-                    keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes,
-                          self.keys.sandbox_sessions(sandbox_id)],
-                    args=[sandbox_id], client=pipe,
-                )
+                await self._get_sandbox(keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes],
+                                        args=[sandbox_id], client=pipe)
             views = await pipe.execute()
-        return [_record(view)[0] for view in views if view is not None]
+        return [_record(sandbox_id, view)[0] for sandbox_id, view in zip(ids, views, strict=True) if view is not None]
 
     async def _sync_streams(self) -> None:
         """Write the heartbeat and every unsynced stream count, in one MULTI."""
