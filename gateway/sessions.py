@@ -25,10 +25,10 @@ from typing import Protocol
 
 from gateway.errors import CapacityExceeded, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
 from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxRequest, SandboxState, may_claim
-from gateway.providers.base import ForeignSandbox, SandboxProvider
+from gateway.providers.base import ForeignSandbox, Probe, SandboxProvider
 from gateway.store.base import (
-    ANY_SANDBOX, INVALIDATE_ALL, Caps, FleetCounts, NotReserved, Position, SandboxFilter, SandboxPage, SessionStore,
-    Settled, SettleTimeout,
+    ANY_SANDBOX, INVALIDATE_ALL, Caps, FleetCounts, NotReserved, Position, Released, SandboxFilter, SandboxPage,
+    SessionStore, Settled, SettleTimeout,
 )
 from routing import Identity, Isolation, Placement, Policy, place
 
@@ -128,6 +128,7 @@ class SessionRouter:
         # Per sandbox *and* owner: a foreign claimant never shares (nor spoils) the owner's creation.
         self._inflight: dict[tuple[str, Owner], asyncio.Task[SandboxRecord]] = {}
         self._resolving: dict[tuple[str, str | None, str, str | None], asyncio.Future[Route]] = {}
+        self._healing: dict[tuple[str, Endpoint], asyncio.Task[None]] = {}
         self.activity = ActivityLog()
         # Where the next reaper pass and orphan sweep resume: each pass does a bounded share.
         self._reap_from: Position | None = None
@@ -361,6 +362,36 @@ class SessionRouter:
             for session_id in await self.store.sessions_of(record.sandbox_id):
                 await self.store.delete_binding(session_id)
         await self.store.release_sandbox(record.sandbox_id, error=f"sandbox destroyed: {reason}")
+
+    async def unreachable(self, route: Route) -> None:
+        """The data plane could not connect to ``route`` (after its retries): forget the cached route
+        and, when the provider says the sandbox is gone, release its record so that the next resolve
+        re-creates it through create-once, on whichever replica finds it first.
+
+        Any replica heals any sandbox: the provider's own view (the local registry and process, the
+        Kubernetes object) decides, not the memory of the replica that created it. Only the dead
+        incarnation (ready at that endpoint) is released, once across every replica; one probe per
+        sandbox runs at a time in this process, and the callers that pile up share it.
+        """
+        self.invalidate(route.session_id)
+        key = (route.sandbox_id, route.endpoint)
+        task = self._healing.get(key)
+        if task is None:
+            task = asyncio.create_task(self._heal(route))
+            self._healing[key] = task
+            task.add_done_callback(lambda _t: self._healing.pop(key, None))
+        await asyncio.shield(task)
+
+    async def _heal(self, route: Route) -> None:
+        probe = await self.provider.probe(route.sandbox_id, route.pool)
+        if probe is not Probe.GONE:
+            return  # alive (a transient failure) or unknowable: never re-create on a guess
+        outcome = await self.store.release_unreachable(route.sandbox_id, route.endpoint)
+        self.invalidate(route.sandbox_id)
+        if outcome is Released.RELEASED:
+            log.warning("sandbox %s (pool %s) is gone at its provider; it will be re-created on its next request",
+                        route.sandbox_id, route.pool)
+            self.events.reaped("gone")
 
     def sandbox_lost(self, sandbox_id: str) -> None:
         """Provider callback: a sandbox died; forget it so the next request re-creates it."""

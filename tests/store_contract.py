@@ -19,10 +19,10 @@ import pytest
 from gateway.errors import CapacityExceeded
 from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxState
 from gateway.store.base import (
-    Caps, CapScope, FleetCounts, NotReserved, Position, Reserved, SandboxFilter, SessionStore, Settled, Settlement,
-    SettleTimeout,
+    Caps, CapScope, FleetCounts, NotReserved, Position, Released, Reserved, SandboxFilter, SessionStore, Settled,
+    Settlement, SettleTimeout,
 )
-from routing import Isolation
+from routing import Isolation, per_session_sandbox_id, shared_sandbox_id
 
 T0 = 1_700_000_000.0
 SETTLE = 0.1  # how long a waiter is watched to check that it does *not* return early
@@ -286,6 +286,47 @@ class StoreContract:
         assert await all_sandboxes(store) == []
         assert invalidated == ["org-1"]
         assert await store.get_binding("s1") == binding("s1", "org-1")  # bindings outlive a released sandbox
+
+    async def test_release_unreachable_takes_only_that_ready_incarnation_once(self, store: SessionStore) -> None:
+        assert await store.release_unreachable("org-1", ENDPOINT) is Released.ABSENT
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        assert await store.release_unreachable("org-1", ENDPOINT) is Released.CHANGED  # still being created
+        await store.mark_ready("org-1", ENDPOINT)
+        assert await store.release_unreachable("org-1", Endpoint("10.0.0.8", 8080)) is Released.CHANGED  # moved
+        outcomes = await asyncio.gather(*(store.release_unreachable("org-1", ENDPOINT) for _ in range(5)))
+        assert sorted(outcomes) == sorted([Released.RELEASED] + [Released.ABSENT] * 4)
+        assert await store.get_sandbox("org-1") is None
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        await store.mark_ready("org-1", ENDPOINT)  # a new incarnation, at the same address even
+        assert (await store.get_sandbox("org-1")) is not None
+        assert await store.fleet_counts() == FleetCounts({("shared", SandboxState.READY): 1}, {})
+
+    async def test_sessions_outlive_their_sandbox_record(self, store: SessionStore) -> None:
+        await store.put_binding(binding("s1", "org-1"))
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        await store.release_sandbox("org-1")
+        assert await store.sessions_of("org-1") == ["s1"]
+        again = await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        assert again.record.sessions == 1
+        await store.delete_binding("s1")
+        await store.release_sandbox("org-1")
+        assert await store.sessions_of("org-1") == []
+
+    @pytest.mark.parametrize("stored", [
+        pytest.param(Binding("agent_1", per_session_sandbox_id("agent_1"), "small", Isolation.PER_SESSION,
+                             Owner("acme", "alice", None), T0 + 0.125), id="per-session: the ID derives"),
+        pytest.param(Binding("agent_2", shared_sandbox_id(None, "bob", "bot-7"), "shared", Isolation.SHARED,
+                             Owner(None, "bob", "bot-7"), T0), id="shared: the ID derives from the owner"),
+        pytest.param(Binding("agent_3", "legacy__id", "shared", Isolation.SHARED, Owner("", "carol", None), T0),
+                     id="legacy ID, empty org"),
+        pytest.param(Binding("agent_4", per_session_sandbox_id("other"), "small", Isolation.PER_SESSION,
+                             Owner("acme", "dave", None), T0), id="a ses- ID of another session"),
+    ])
+    async def test_binding_round_trips(self, store: SessionStore, stored: Binding) -> None:
+        await store.put_binding(stored)
+        assert await store.get_binding(stored.session_id) == stored
+        assert await store.sessions_of(stored.sandbox_id) == [stored.session_id]
+        assert await store.delete_binding(stored.session_id) == stored
 
     # activity and streams -------------------------------------------------
     async def test_touch_moves_activity_forward_only(self, store: SessionStore) -> None:

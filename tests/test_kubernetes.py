@@ -12,7 +12,7 @@ from kubernetes_asyncio import client
 
 from gateway.errors import Conflict, ProvisionFailed, ProvisionTimeout
 from gateway.model import Owner, SandboxRequest
-from gateway.providers.base import PoolProviders
+from gateway.providers.base import PoolProviders, Probe
 from gateway.providers.kubernetes import INSTALLATION, KubernetesProvider
 from gateway.runtime import create_app
 from gateway.sessions import RouterTuning, SessionRouter
@@ -197,6 +197,33 @@ async def test_deleted_behind_our_back_is_recreated(make_fake_kube, runtime_port
         again = await router.resolve(identity)
         assert again.sandbox_id == route.sandbox_id
         assert kube.server.create_count("sandboxes", "default", route.sandbox_id) == 2
+    finally:
+        await provider.close()
+
+
+async def test_deleted_behind_our_back_is_healed_by_a_replica_whose_watch_never_told_it(make_fake_kube,
+                                                                                     runtime_port):
+    """The data plane found the sandbox unreachable; the provider's GET says the object is gone: the
+    record is released once and the next resolve re-creates it. While the object exists, nothing is."""
+    kube = await make_fake_kube("head")
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))  # losses go to a list
+    router = SessionRouter(MemoryStore(), PoolProviders({"small": provider, "shared": provider}), PER_SESSION,
+                           replica_id="r")
+    identity = Identity.parse(org_id="acme", user_id="alice", session_id="s1")
+    try:
+        route = await router.resolve(identity)
+        await router.unreachable(route)  # a transient failure: the object is there and routable
+        assert await router.store.get_sandbox(route.sandbox_id) is not None
+        assert await provider.probe(route.sandbox_id, "small") is Probe.ALIVE
+        api = client.CustomObjectsApi(await kube.api_client())
+        await api.delete_namespaced_custom_object("agents.x-k8s.io", "v1beta1", "default", "sandboxes", route.sandbox_id)
+        assert kube.server.get_object("sandboxes", "default", route.sandbox_id) is None
+        assert await provider.probe(route.sandbox_id, "small") is Probe.GONE
+        await asyncio.gather(*(router.unreachable(route) for _ in range(10)))
+        assert await router.store.get_sandbox(route.sandbox_id) is None
+        again = await router.resolve(identity)
+        assert again.sandbox_id == route.sandbox_id
+        assert kube.server.create_count("sandboxes", "default", route.sandbox_id) == 2  # re-created once
     finally:
         await provider.close()
 

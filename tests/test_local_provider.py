@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import select
+import signal
 import sys
 from pathlib import Path
 
@@ -9,6 +13,7 @@ import pytest
 
 from gateway.errors import ProvisionFailed
 from gateway.model import Isolation, Owner, SandboxRequest
+from gateway.providers.base import Probe
 from gateway.providers.local import LocalProvider
 
 # A stand-in for `python -m gateway.runtime`: says LISTENING on a port it binds, then either
@@ -53,7 +58,7 @@ async def provider_for(tmp_path):
     async def make(mode: str) -> LocalProvider:
         provider = LocalProvider(tmp_path / f"data-{mode}", stop_on_close=True, python=stand_in(tmp_path, mode))
 
-        async def lost(sandbox_id: str) -> None:
+        def lost(sandbox_id: str) -> None:  # a LostHandler is called, not awaited
             return None
 
         await provider.start(lost)
@@ -75,3 +80,20 @@ async def test_a_runtime_that_exits_after_listening_fails_at_once(provider_for):
     provider = await provider_for("dead")
     with pytest.raises(ProvisionFailed, match="exited before answering its health check"):
         await provider.ensure(request("ses-dead"))
+
+
+async def test_probe_reads_the_registry_and_the_process(provider_for, tmp_path):
+    """What any replica of this host can tell about a sandbox it cannot reach, whoever started it."""
+    provider = await provider_for("slow")
+    assert await provider.probe("ses-never", "small") is Probe.GONE  # no registry entry
+    await provider.ensure(request("ses-probe"))
+    assert await provider.probe("ses-probe", "small") is Probe.ALIVE
+    other = LocalProvider(tmp_path / "data-slow", stop_on_close=False)  # another replica, same registry
+    state = json.loads((tmp_path / "data-slow" / "sandboxes" / "ses-probe" / "state.json").read_text())
+    fd = os.pidfd_open(state["pid"])
+    try:
+        os.kill(state["pid"], signal.SIGKILL)
+        assert select.select([fd], [], [], 10)[0]  # exited
+    finally:
+        os.close(fd)
+    assert await other.probe("ses-probe", "small") is Probe.GONE

@@ -44,6 +44,8 @@ class RouteResolver(Protocol):
 
     def invalidate(self, key: str) -> None: ...
 
+    async def unreachable(self, route: Route) -> None: ...
+
     def stream_opened(self, sandbox_id: str) -> None: ...
 
     def stream_closed(self, sandbox_id: str) -> None: ...
@@ -158,7 +160,7 @@ class DataPlane:
             if identity is None:
                 self.compat.forget(ex.compat)  # type: ignore[union-attr]
                 raise
-            resolver.invalidate(identity.session_id)
+            await resolver.unreachable(route)  # forgets the route; a sandbox gone is re-created by resolve
             again = await resolver.resolve(identity)
             if again.endpoint == route.endpoint:
                 raise

@@ -247,7 +247,7 @@ class SessionStore(Protocol):
         """Raise ``NotReserved`` when there is no record to complete."""
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         """Remove the record (freeing capacity) and wake waiters: FAILED with ``error``, else REMOVED."""
-    async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint, error: str) -> Released:
+    async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint) -> Released:
         """``release_sandbox``, but only while the record is ready at ``endpoint``: of many replicas
         that found the same incarnation dead, exactly one releases it (the rest get CHANGED/ABSENT)."""
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:

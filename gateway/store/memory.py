@@ -112,7 +112,8 @@ class MemoryStore:
                              last_active=max(record.last_active, record.created_at))
         self._sandboxes[record.sandbox_id] = fresh
         self._count(fresh, 1)
-        return Reservation(fresh, Reserved.CREATED if existing is None else Reserved.TAKEN_OVER)
+        return Reservation(self._with_sessions(fresh),  # type: ignore[arg-type]
+                           Reserved.CREATED if existing is None else Reserved.TAKEN_OVER)
 
     def _count(self, record: SandboxRecord, delta: int) -> None:
         self._per_pool[record.pool] += delta
@@ -127,6 +128,7 @@ class MemoryStore:
         self._count(current, -1)
         self._sandboxes[sandbox_id] = ready
         self._count(ready, 1)
+        ready = self._with_sessions(ready)  # type: ignore[assignment]
         self._settle(sandbox_id, Settlement(Settled.READY, ready))
         return ready
 
@@ -139,13 +141,13 @@ class MemoryStore:
             self._publish(sandbox_id)
         return record
 
-    async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint, error: str) -> Released:
+    async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint) -> Released:
         record = self._sandboxes.get(sandbox_id)
         if record is None:
             return Released.ABSENT
         if record.state is not SandboxState.READY or record.endpoint != endpoint:
             return Released.CHANGED
-        await self.release_sandbox(sandbox_id, error)
+        await self.release_sandbox(sandbox_id)  # no error: a waiter reserves again
         return Released.RELEASED
 
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:

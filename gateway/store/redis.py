@@ -407,11 +407,11 @@ class RedisStore:
         return None if view is None else _record(sandbox_id, view)[0]
 
     @_translated("release a sandbox")
-    async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint, error: str) -> Released:
-        view = await self._release_record(sandbox_id, error, only_endpoint=endpoint)
+    async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint) -> Released:
+        view = await self._release_record(sandbox_id, None, only_endpoint=endpoint)
         if view == 0:
             return Released.CHANGED
-        return Released.ABSENT if view is None else Released.RELEASED
+        return Released.ABSENT if view == -1 else Released.RELEASED
 
     async def _release_record(self, sandbox_id: str, error: str | None, only_endpoint: Endpoint | None) -> Any:
         async with self._streams_lock:
@@ -422,10 +422,10 @@ class RedisStore:
                       self._invalidation("sandbox", sandbox_id),
                       "" if only_endpoint is None else _endpoint_text(only_endpoint)],
             )
-            if view != 0:
+            if isinstance(view, list) or view is None:  # released (or nothing to release)
                 self._streams.pop(sandbox_id, None)
                 self._unsynced.discard(sandbox_id)
-        if view is not None and view != 0:
+        if isinstance(view, list):
             self._listener.notify(sandbox_id)
         return view
 

@@ -213,9 +213,12 @@ RELEASE_SANDBOX = _HELPERS + """
 -- ARGV[4] invalidate channel  ARGV[5] invalidate message
 -- ARGV[6] only this endpoint ('' = any): release a ready record only while it still has that endpoint
 -- returns the removed record's view; false (nil) when there was no record (waiters are woken either way);
---         0 when ARGV[6] did not match (nothing changed, nobody woken)
+--         with ARGV[6] (nothing changed, nobody woken): 0 when the record does not match, -1 when there is none
 local found = view(KEYS[1], KEYS[2], ARGV[1])
-if ARGV[6] ~= '' and not (found and found[1] == 'ready' and found[5] == ARGV[6]) then return 0 end
+if ARGV[6] ~= '' then
+  if not found then return -1 end
+  if not (found[1] == 'ready' and found[5] == ARGV[6]) then return 0 end
+end
 local gen = ''
 if found then
   local state, pool, org = found[1], found[2], found[3]
