@@ -2,13 +2,15 @@
 
     .venv/bin/python benchmarks/fleet_bench.py [--sandboxes 100000] [--seconds 30] [--url redis://...]
 
-1. Fills a Redis with ``--sandboxes`` per-session sandboxes (ready records, each with its one
-   binding) through the store's own public calls (``put_binding``, ``reserve_sandbox``,
-   ``mark_ready``), many in flight at once: exactly the layout a running gateway writes.
+1. Fills a Redis with ``--sandboxes`` sessions, each bound to its own ready sandbox, through the
+   store's own scripts (``RedisStore.load_ready``: ``put_binding``, ``reserve_sandbox`` and
+   ``mark_ready`` pipelined; versions without it: those public calls, many in flight), so the
+   layout is exactly what a running gateway writes; prints Redis ``used_memory`` per session.
 2. Starts a real ``sandbox-gateway serve`` on that Redis (default policy, local provider, no
    traffic) and reads its CPU time from ``/proc/<pid>/stat`` over ``--seconds``: the idle cost of
    gauges, reaping and orphan sweeps at that size. Target: under 2% at 100,000.
-3. ``GET /v1/sandboxes?limit=100`` on that replica: the median of ``--requests`` requests (the
+3. Route resolution on a cache miss (``get_binding`` + ``get_sandbox``), median of 2,000.
+   ``GET /v1/sandboxes?limit=100`` on that replica: the median of ``--requests`` requests (the
    first one alone on versions without paging, which answer everything). Target: under 50 ms.
 4. One reaper pass (``reap_once`` + ``sweep_orphans``, what a replica runs every
    ``reap_interval``) in this process with nothing idle (the steady state), then with every
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+from redis.asyncio import Redis
 
 if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -45,6 +48,7 @@ INFLIGHT = 256
 
 
 def per_session(i: int) -> tuple[Binding, SandboxRecord]:
+    """Session ``i`` bound to its own ``ses-`` sandbox; realistic lengths (UUID orgs and users)."""
     session_id = f"agent_{i:08d}-5453-4ae3-a51f-a8d2274a7b56"
     sandbox_id = "ses-" + hashlib.sha256(session_id.encode()).hexdigest()[:48]
     owner = Owner(f"{i % 977:08d}-5453-4ae3-a51f-a8d2274a7b56", f"{i:08d}-63c2-4d14-84b3-60d6ac3b592f", None)
@@ -54,10 +58,13 @@ def per_session(i: int) -> tuple[Binding, SandboxRecord]:
                                   owner=owner)
 
 
-async def fill(url: str, count: int) -> float:
-    store = RedisStore(url, PREFIX, "bench-loader", max_connections=INFLIGHT, socket_timeout=30.0)
+async def fill(url: str, count: int) -> tuple[float, float]:
+    """Seconds to load ``count`` sessions, and Redis bytes per session (``used_memory`` delta)."""
+    store = RedisStore(url, PREFIX, "bench-loader", max_connections=INFLIGHT, socket_timeout=60.0)
     started = time.perf_counter()
     endpoint = Endpoint("127.0.0.1", 9)
+    client = Redis.from_url(url)
+    used = (await client.info("memory"))["used_memory"]
 
     async def one(i: int) -> None:
         binding, record = per_session(i)
@@ -66,11 +73,18 @@ async def fill(url: str, count: int) -> float:
         await store.mark_ready(record.sandbox_id, endpoint)
 
     try:
-        for start in range(0, count, INFLIGHT):
-            await asyncio.gather(*(one(i) for i in range(start, min(count, start + INFLIGHT))))
+        if hasattr(store, "load_ready"):  # the bulk path: the same scripts, pipelined
+            for start in range(0, count, 2000):
+                await store.load_ready([(*per_session(i), endpoint) for i in range(start, min(count, start + 2000))])
+        else:
+            for start in range(0, count, INFLIGHT):
+                await asyncio.gather(*(one(i) for i in range(start, min(count, start + INFLIGHT))))
+        elapsed = time.perf_counter() - started
+        per = ((await client.info("memory"))["used_memory"] - used) / count
     finally:
         await store.close()
-    return time.perf_counter() - started
+        await client.aclose()
+    return elapsed, per
 
 
 def cpu_seconds(pid: int) -> float:
@@ -108,6 +122,24 @@ async def idle_cpu_and_listing(url: str, seconds: float, requests: int, workdir:
         await gateway.stop()
 
 
+async def route_resolution(url: str, count: int, lookups: int = 2000) -> float:
+    """Median ms of what a replica does on a route-cache miss (``get_binding`` then ``get_sandbox``)."""
+    import random
+
+    store = RedisStore(url, PREFIX, "bench-lookups")
+    try:
+        timings = []
+        for i in random.Random(7).sample(range(count), min(lookups, count)):
+            binding, _ = per_session(i)
+            started = time.perf_counter()
+            found = await store.get_binding(binding.session_id)
+            assert found is not None and await store.get_sandbox(found.sandbox_id) is not None
+            timings.append(time.perf_counter() - started)
+        return statistics.median(timings) * 1000
+    finally:
+        await store.close()
+
+
 async def reap_pass(url: str, workdir: Path, *, idle: bool) -> tuple[float, int]:
     from gateway.providers.base import PoolProviders
     from gateway.providers.local import LocalProvider
@@ -135,12 +167,15 @@ async def reap_pass(url: str, workdir: Path, *, idle: bool) -> tuple[float, int]
 async def run(args: argparse.Namespace, url: str) -> None:
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         if args.fill:
-            loaded = await fill(url, args.sandboxes)
-            print(f"filled {args.sandboxes:,} sandboxes + bindings in {loaded:.1f} s", flush=True)
+            loaded, per_session_bytes = await fill(url, args.sandboxes)
+            print(f"filled {args.sandboxes:,} sessions, each with its own ready sandbox, in {loaded:.1f} s: "
+                  f"{per_session_bytes:,.0f} B of redis used_memory per session", flush=True)
         cpu, list_ms, listed = await idle_cpu_and_listing(url, args.seconds, args.requests, Path(tmp) / "serve")
         print(f"idle CPU {cpu:.2f}%, listing {list_ms:.1f} ms ({listed})", flush=True)
+        lookup_ms = await route_resolution(url, args.sandboxes)
         steady_ms, _ = await reap_pass(url, Path(tmp) / "reaper", idle=False)
         rows = [
+            ("route resolution, cache miss (p50)", f"{lookup_ms:.2f} ms", ""),
             ("replica idle CPU", f"{cpu:.2f}%", "< 2%"),
             ("GET /v1/sandboxes?limit=100", f"{list_ms:.1f} ms ({listed})", "< 50 ms"),
             ("reaper pass + sweep, nothing idle", f"{steady_ms:.1f} ms", ""),

@@ -68,12 +68,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 from redis import exceptions as redis_errors
@@ -82,15 +81,15 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from gateway.errors import StoreUnavailable
-from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxState
+from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store import redis_scripts as lua
 from gateway.store.base import (
     ANY_SANDBOX, Caps, CapScope, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved,
     SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
 )
 from gateway.store.redis_listener import RedisListener
+from gateway.store import redis_codec as codec
 from gateway.store.redis_scripts import RedisKeys
-from routing import Isolation, per_session_sandbox_id, shared_sandbox_id
 
 __all__ = ["RedisKeys", "RedisStore", "unavailable"]
 
@@ -132,75 +131,6 @@ def unavailable(action: str, exc: redis_errors.RedisError) -> StoreUnavailable:
         reason, retry_after = f"it refused the command ({type(exc).__name__})", 5.0
     return StoreUnavailable(f"the session store (redis) could not {action}: {reason}; retry shortly",
                             retry_after=retry_after)
-
-
-def _dumps(data: Any) -> str:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-
-
-def _num(value: float) -> str:
-    return repr(float(value))
-
-
-def _record(sandbox_id: str, view: list[Any]) -> tuple[SandboxRecord, str]:
-    """A record (and its reservation token) from a script's view (see redis_scripts)."""
-    state, pool, org, created, endpoint, lease_until, gen, user, bot, owner_org, meta, sessions, last_active = view
-    owner = None
-    if user is not None:
-        owner = Owner(org if owner_org is None else json.loads(owner_org)[0], user, bot)
-    record = SandboxRecord(
-        sandbox_id, pool, org, SandboxState(state), created_at=float(created or 0.0),
-        endpoint=_endpoint(endpoint) if endpoint else None, last_active=float(last_active),
-        sessions=int(sessions or 0), lease_until=float(lease_until or 0.0),
-        meta=json.loads(meta) if meta else {}, owner=owner)
-    return record, gen or ""
-
-
-def _static_fields(record: SandboxRecord) -> list[str]:
-    """The fields written once at reservation, as field, value pairs (absent ones left out)."""
-    pairs = ["c", _num(record.created_at)]
-    owner = record.owner
-    if owner is not None:
-        pairs += ["u", owner.user_id]
-        if owner.bot_id is not None:
-            pairs += ["b", owner.bot_id]
-        if owner.org_id != record.org_id:
-            pairs += ["v", _dumps([owner.org_id])]
-    if record.meta:
-        pairs += ["m", _dumps(record.meta)]
-    return pairs
-
-
-def _endpoint_text(endpoint: Endpoint) -> str:
-    return f"{endpoint.scheme} {endpoint.host} {endpoint.port}"  # hosts are addresses or DNS names: no spaces
-
-
-def _endpoint(text: str) -> Endpoint:
-    scheme, host, port = text.split(" ")
-    return Endpoint(host, int(port), scheme)
-
-
-def binding_value(binding: Binding) -> str:
-    """A binding as stored: ``[pool, isolation, created_at, org, user, bot]``, plus the sandbox ID
-    only where it is not the one the binding itself derives (a session ID or an owner hashes to it)."""
-    data: list[Any] = [binding.pool, binding.isolation.value, binding.created_at, *binding.owner.compact()]
-    if binding.sandbox_id != _derived(binding.session_id, binding.isolation, binding.owner):
-        data.append(binding.sandbox_id)
-    return _dumps(data)
-
-
-def _binding(session_id: str, raw: str) -> Binding:
-    pool, isolation, created_at, org, user, bot, *sandbox = json.loads(raw)
-    owner = Owner(org, user, bot)
-    kind = Isolation(isolation)
-    return Binding(session_id, sandbox[0] if sandbox else _derived(session_id, kind, owner), pool, kind, owner,
-                   float(created_at))
-
-
-def _derived(session_id: str, isolation: Isolation, owner: Owner) -> str:
-    if isolation is Isolation.PER_SESSION:
-        return per_session_sandbox_id(session_id)
-    return shared_sandbox_id(owner.org_id, owner.user_id, owner.bot_id)
 
 
 class RedisStore:
@@ -259,6 +189,7 @@ class RedisStore:
         self._release = self._redis.register_script(lua.RELEASE_SANDBOX)
         self._acquire_lease = self._redis.register_script(lua.ACQUIRE_LEASE)
         self._index_page = self._redis.register_script(lua.INDEX_PAGE)
+        self._read_records = self._redis.register_script(lua.READ_RECORDS)
         self._origin = uuid.uuid4().hex  # tells this instance's invalidations from other replicas'
         self._listener = RedisListener(self._redis, self.keys, self._origin, connect_timeout=connect_timeout,
                                        on_remote_release=self._forget_streams)
@@ -273,24 +204,20 @@ class RedisStore:
     @staticmethod
     def binding_value(binding: Binding) -> str:
         """A binding as stored (public so that bulk loaders write exactly what ``put_binding`` does)."""
-        return binding_value(binding)
+        return codec.binding_value(binding)
 
     # bindings ------------------------------------------------------------
     @_translated("look up a session")
     async def get_binding(self, session_id: str) -> Binding | None:
         self._listener.start()
         raw = await self._redis.get(self.keys.binding(session_id))
-        return None if raw is None else _binding(session_id, raw)
+        return None if raw is None else codec.binding_of(session_id, raw)
 
     @_translated("bind a session")
     async def put_binding(self, binding: Binding) -> Binding:
         self._listener.start()
-        stored = await self._put_binding(
-            keys=[self.keys.binding(binding.session_id), self.keys.session_seen,
-                  self.keys.sandbox(binding.sandbox_id), self.keys.count_sessions],
-            args=[binding_value(binding), binding.session_id, _num(binding.created_at), binding.pool],
-        )
-        return binding if stored is None else _binding(binding.session_id, stored)
+        stored = await self._put_binding(**self._put_binding_call(binding))
+        return binding if stored is None else codec.binding_of(binding.session_id, stored)
 
     @_translated("delete a session")
     async def delete_binding(self, session_id: str) -> Binding | None:
@@ -300,7 +227,7 @@ class RedisStore:
             raw = await self._redis.get(key)
             if raw is None:
                 return None
-            read = _binding(session_id, raw)
+            read = codec.binding_of(session_id, raw)
             deleted = await self._delete_binding(
                 keys=[key, self.keys.session_seen, self.keys.sandbox(read.sandbox_id), self.keys.count_sessions],
                 args=[session_id, raw, self.keys.invalidate, message, read.pool],
@@ -309,7 +236,7 @@ class RedisStore:
                 return None
             if deleted != 0:
                 self._listener.notify(session_id)
-                return _binding(session_id, deleted)
+                return codec.binding_of(session_id, deleted)
         raise StoreUnavailable(f"session {session_id!r} kept changing while being deleted; retry", retry_after=1.0)
 
     @_translated("list a sandbox's sessions")
@@ -328,13 +255,12 @@ class RedisStore:
                              before: float = math.inf, where: SandboxFilter = ANY_SANDBOX) -> SandboxPage:
         flat = await self._index_page(
             keys=[self.keys.sandboxes],
-            args=["" if after is None else _num(after.last_active), "" if after is None else after.sandbox_id,
-                  _num(before), scan])
+            args=["" if after is None else codec.num(after.last_active), "" if after is None else after.sandbox_id,
+                  codec.num(before), scan])
         entries = [Position(float(flat[i + 1]), flat[i]) for i in range(0, len(flat), 2)]
         more = len(entries) > scan
         entries = entries[:scan]
-        records = await self._read_many(e.sandbox_id for e in entries)
-        by_id = {r.sandbox_id: r for r in records}
+        by_id = {r.sandbox_id: r for r in await self._read_many(entries)}
         found: list[SandboxRecord] = []
         for index, entry in enumerate(entries):
             record = by_id.get(entry.sandbox_id)  # released between the two reads: skipped
@@ -374,37 +300,25 @@ class RedisStore:
         self._listener.start()
         now = self._clock()
         sandbox_id = record.sandbox_id
-        result = await self._reserve(
-            keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
-                  self.keys.count_state],
-            args=[_num(now), sandbox_id, record.pool, record.org_id or "", "0" if record.org_id is None else "1",
-                  "" if caps.pool_max is None else str(caps.pool_max),
-                  "" if caps.org_max is None else str(caps.org_max),
-                  _num(now + lease_seconds), _num(max(record.last_active, record.created_at)),
-                  uuid.uuid4().hex[:12], self.keys.invalidate, self._invalidation("sandbox", sandbox_id),
-                  *_static_fields(record)],
-        )
+        result = await self._reserve(**self._reserve_call(record, caps, now, lease_seconds))
         if result[0] == "cap":
             raise caps.exceeded(record, CapScope(result[1]))
         outcome = Reserved(result[0])
         if outcome is Reserved.TAKEN_OVER:
             self._listener.notify(sandbox_id)
-        return Reservation(_record(sandbox_id, result[1:])[0], outcome)
+        return Reservation(codec.record_of(sandbox_id, result[1:])[0], outcome)
 
     @_translated("mark a sandbox ready")
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
-        view = await self._mark_ready(
-            keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_state],
-            args=[sandbox_id, _endpoint_text(endpoint), self.keys.settled],
-        )
+        view = await self._mark_ready(**self._mark_ready_call(sandbox_id, endpoint))
         if view is None:
             raise NotReserved(sandbox_id)
-        return _record(sandbox_id, view)[0]
+        return codec.record_of(sandbox_id, view)[0]
 
     @_translated("release a sandbox")
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         view = await self._release_record(sandbox_id, error, only_endpoint=None)
-        return None if view is None else _record(sandbox_id, view)[0]
+        return None if view is None else codec.record_of(sandbox_id, view)[0]
 
     @_translated("release a sandbox")
     async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint) -> Released:
@@ -420,7 +334,7 @@ class RedisStore:
                       self.keys.streams(sandbox_id), self.keys.count_state],
                 args=[sandbox_id, error or "", self.keys.settled, self.keys.invalidate,
                       self._invalidation("sandbox", sandbox_id),
-                      "" if only_endpoint is None else _endpoint_text(only_endpoint)],
+                      "" if only_endpoint is None else codec.endpoint_text(only_endpoint)],
             )
             if isinstance(view, list) or view is None:  # released (or nothing to release)
                 self._streams.pop(sandbox_id, None)
@@ -473,7 +387,43 @@ class RedisStore:
 
     @_translated("list idle sessions")
     async def idle_sessions(self, before: float, limit: int) -> list[str]:
-        return await self._redis.zrangebyscore(self.keys.session_seen, "-inf", f"({_num(before)}", start=0, num=limit)
+        return await self._redis.zrangebyscore(self.keys.session_seen, "-inf", f"({codec.num(before)}",
+                                               start=0, num=limit)
+
+    @_translated("load sessions")
+    async def load_ready(self, sessions: Sequence[tuple[Binding, SandboxRecord, Endpoint]]) -> None:
+        """Bind each session and make its sandbox ready, many per round trip (one pipeline of the
+        very scripts ``put_binding``, ``reserve_sandbox`` and ``mark_ready`` run): for benchmarks and
+        bulk loaders, so what they build is exactly what a running gateway writes."""
+        now = self._clock()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for binding, record, endpoint in sessions:
+                await self._put_binding(**self._put_binding_call(binding), client=pipe)
+                await self._reserve(**self._reserve_call(record, Caps(), now, 60.0), client=pipe)
+                await self._mark_ready(**self._mark_ready_call(record.sandbox_id, endpoint), client=pipe)
+            await pipe.execute()
+
+    # the scripts' keys and arguments, built in one place for the single and the bulk calls
+    def _put_binding_call(self, binding: Binding) -> dict[str, list[str]]:
+        return {"keys": [self.keys.binding(binding.session_id), self.keys.session_seen,
+                         self.keys.sandbox(binding.sandbox_id), self.keys.count_sessions],
+                "args": [codec.binding_value(binding), binding.session_id, codec.num(binding.created_at), binding.pool]}
+
+    def _reserve_call(self, record: SandboxRecord, caps: Caps, now: float, lease_seconds: float) -> dict[str, list[str]]:
+        sandbox_id = record.sandbox_id
+        return {"keys": [self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool,
+                         self.keys.count_org, self.keys.count_state],
+                "args": [codec.num(now), sandbox_id, record.pool, record.org_id or "",
+                         "0" if record.org_id is None else "1",
+                         "" if caps.pool_max is None else str(caps.pool_max),
+                         "" if caps.org_max is None else str(caps.org_max),
+                         codec.num(now + lease_seconds), codec.num(max(record.last_active, record.created_at)),
+                         uuid.uuid4().hex[:12], self.keys.invalidate, self._invalidation("sandbox", sandbox_id),
+                         *codec.static_fields(record)]}
+
+    def _mark_ready_call(self, sandbox_id: str, endpoint: Endpoint) -> dict[str, list[str]]:
+        return {"keys": [self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_state],
+                "args": [sandbox_id, codec.endpoint_text(endpoint), self.keys.settled]}
 
     @_translated("count open streams")
     async def add_streams(self, deltas: Mapping[str, int]) -> None:
@@ -503,7 +453,7 @@ class RedisStore:
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> bool:
         now = self._clock()
         held = await self._acquire_lease(keys=[self.keys.lease(name)],
-                                         args=[holder, _num(now), _num(now + ttl), max(1, math.ceil(ttl * 1000))])
+                                         args=[holder, codec.num(now), codec.num(now + ttl), max(1, math.ceil(ttl * 1000))])
         return held == 1
 
     def subscribe(self, callback: Invalidation) -> None:
@@ -551,18 +501,16 @@ class RedisStore:
     # internals ----------------------------------------------------------
     async def _read_sandbox(self, sandbox_id: str) -> tuple[SandboxRecord, str] | None:
         view = await self._get_sandbox(keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes], args=[sandbox_id])
-        return None if view is None else _record(sandbox_id, view)
+        return None if view is None else codec.record_of(sandbox_id, view)
 
-    async def _read_many(self, sandbox_ids: Iterable[str]) -> list[SandboxRecord]:
-        ids = list(sandbox_ids)
-        if not ids:
+    async def _read_many(self, entries: list[Position]) -> list[SandboxRecord]:
+        """The records of index entries, in one script call (the index gave the last activity
+        already); a record released in between is left out."""
+        if not entries:
             return []
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for sandbox_id in ids:
-                await self._get_sandbox(keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes],
-                                        args=[sandbox_id], client=pipe)
-            views = await pipe.execute()
-        return [_record(sandbox_id, view)[0] for sandbox_id, view in zip(ids, views, strict=True) if view is not None]
+        fields = await self._read_records(keys=[self.keys.sandbox(entry.sandbox_id) for entry in entries])
+        return [codec.record_of(entry.sandbox_id, [*view, codec.num(entry.last_active)])[0]
+                for entry, view in zip(entries, fields, strict=True) if view[0] is not None]
 
     async def _sync_streams(self) -> None:
         """Write the heartbeat and every unsynced stream count, in one MULTI."""
@@ -583,7 +531,7 @@ class RedisStore:
         self._unsynced.difference_update(pending)
 
     def _invalidation(self, kind: str, key: str) -> str:
-        return _dumps([self._origin, kind, key])
+        return codec.dumps([self._origin, kind, key])
 
     def _start_heartbeat(self) -> None:
         if self._heartbeat is None and not self._closed:

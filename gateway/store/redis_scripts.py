@@ -271,6 +271,17 @@ end
 return out
 """
 
+READ_RECORDS = """
+-- KEYS[1..n] sandbox hashes
+-- returns, per key, its record fields {s, p, o, c, e, l, g, u, b, v, m, n} (s nil: no record);
+-- one reply for a whole page, where a pipeline would cost a reply (and its parsing) per sandbox
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('HMGET', key, 's', 'p', 'o', 'c', 'e', 'l', 'g', 'u', 'b', 'v', 'm', 'n')
+end
+return out
+"""
+
 ACQUIRE_LEASE = """
 -- KEYS[1] lease hash {holder, until}
 -- ARGV[1] holder  ARGV[2] now (the store's clock)  ARGV[3] until = now + ttl  ARGV[4] ttl in milliseconds
