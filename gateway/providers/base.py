@@ -6,7 +6,11 @@ replica) never makes a second sandbox. It adopts only a sandbox of the same
 owner (``SandboxRequest.may_claim``); another owner's sandbox raises
 ``ForeignSandbox``, never an endpoint. Providers report sandboxes that died
 through the ``on_lost`` callback given to ``start``; the router then forgets
-the route and the next request re-creates the sandbox.
+the route and the next request re-creates the sandbox. A replica that was not
+told (it did not start the sandbox, its watch lagged) and cannot reach it asks
+``probe``, which answers from the provider's own view, never from memory of who
+created what, so that any replica can heal any sandbox. ``managed_page`` lists
+this installation's objects a bounded page at a time, for the orphan sweep.
 """
 
 from __future__ import annotations
