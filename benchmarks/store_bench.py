@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -50,16 +49,18 @@ BATCH = 500  # bindings per bulk-load script call
 
 BULK_PUT_BINDINGS = """
 -- PUT_BINDING (gateway/store/redis_scripts.py) for many bindings in one call, same writes.
--- KEYS[1] session-seen zset, then per binding: KEYS[2i] binding string, KEYS[2i+1] sandbox-sessions set
--- ARGV per binding: binding JSON, session id, created_at (3 each)
+-- KEYS[1] seen zset, KEYS[2] count:sessions hash, then per binding: KEYS[2i+1] binding string,
+-- KEYS[2i+2] the sandbox hash
+-- ARGV per binding: binding (compact), session id, created_at, pool (4 each)
 -- returns the number of bindings stored (an existing binding wins and is skipped)
 local stored = 0
-for i = 1, #ARGV / 3 do
-  local key, sessions = KEYS[2 * i], KEYS[2 * i + 1]
-  local json, session_id, created_at = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
-  if redis.call('SET', key, json, 'NX') then
+for i = 1, #ARGV / 4 do
+  local key, sandbox = KEYS[2 * i + 1], KEYS[2 * i + 2]
+  local value, session_id, created_at, pool = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1], ARGV[4 * i]
+  if redis.call('SET', key, value, 'NX') then
     redis.call('ZADD', KEYS[1], created_at, session_id)
-    redis.call('SADD', sessions, session_id)
+    if redis.call('HSETNX', sandbox, '+' .. session_id, '') == 1 then redis.call('HINCRBY', sandbox, 'n', 1) end
+    redis.call('HINCRBY', KEYS[2], pool, 1)
     stored = stored + 1
   end
 end
@@ -83,27 +84,12 @@ def make_binding(i: int, per_sandbox: int, now: float) -> Binding:
 
 
 def fast_bindings(start: int, stop: int, per_sandbox: int, now: float) -> list[tuple[str, str, str]]:
-    """(session ID, sandbox ID, stored JSON) of ``make_binding(i)`` for i in [start, stop), quickly.
-
-    ``Binding.to_dict`` (dataclasses.asdict) dominates a million-binding load, so the
-    JSON is built by hand here and checked against ``RedisStore.binding_json``.
-    """
+    """(session ID, sandbox ID, stored value) of ``make_binding(i)`` for i in [start, stop), written by
+    ``RedisStore.binding_value``: exactly what ``put_binding`` stores."""
     rows = []
-    group = None
     for i in range(start, stop):
-        if group is None or i % per_sandbox == 0:
-            sample = make_binding(i, per_sandbox, now)
-            owner = sample.owner
-            group = (sample.sandbox_id, owner.org_id, owner.user_id)
-        sandbox_id, org, user = group
-        session_id = f"agent_{uuid.UUID(int=i)}"
-        data = json.dumps({"session_id": session_id, "sandbox_id": sandbox_id, "pool": "shared",
-                           "isolation": Isolation.SHARED.value,
-                           "owner": {"org_id": org, "user_id": user, "bot_id": None}, "created_at": now},
-                          separators=(",", ":"), ensure_ascii=False)
-        rows.append((session_id, sandbox_id, data))
-    expected = RedisStore.binding_json(make_binding(start, per_sandbox, now))
-    assert rows[0][2] == expected, f"the bench writes {rows[0][2]}, the store {expected}"
+        binding = make_binding(i, per_sandbox, now)
+        rows.append((binding.session_id, binding.sandbox_id, RedisStore.binding_value(binding)))
     return rows
 
 
@@ -196,12 +182,12 @@ async def bench_memory(url: str, sessions: int, per_sandbox: int,
         pending: list[Awaitable[int]] = []
         for start in range(0, sessions, BATCH):
             rows = fast_bindings(start, min(sessions, start + BATCH), per_sandbox, now)
-            batch_keys = [keys.session_seen]
+            batch_keys = [keys.session_seen, keys.count_sessions]
             args = []
             for session_id, sandbox_id, data in rows:
                 json_bytes += len(data.encode())
-                batch_keys += [keys.binding(session_id), keys.sandbox_sessions(sandbox_id)]
-                args += [data, session_id, created]
+                batch_keys += [keys.binding(session_id), keys.sandbox(sandbox_id)]
+                args += [data, session_id, created, "shared"]
             pending.append(bulk(keys=batch_keys, args=args))
             if len(pending) >= 8:  # a few calls in flight: the client encodes while redis runs
                 stored += sum(await asyncio.gather(*pending))
@@ -213,7 +199,7 @@ async def bench_memory(url: str, sessions: int, per_sandbox: int,
         per_session = (after - before) / sessions
         return [
             Row(f"redis memory per session ({sessions:,} bindings)", f"{per_session:,.0f} B",
-                f"{json_bytes / sessions:,.0f} B (binding JSON)", f"{per_session / (json_bytes / sessions):.2f}"),
+                f"{json_bytes / sessions:,.0f} B (binding value)", f"{per_session / (json_bytes / sessions):.2f}"),
             Row("bulk load (Lua, PUT_BINDING's writes)", f"{sessions / elapsed:,.0f} bindings/s"),
             Row("redis used_memory after load", f"{after / 2**20:,.1f} MiB"),
         ]

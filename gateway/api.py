@@ -24,8 +24,9 @@ from aiohttp.http_exceptions import LineTooLong
 from gateway.auth import AdminCheck, AllowAll, parse_headers
 from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, error_body
 from gateway.metrics import Metrics
-from gateway.model import Binding, SandboxRecord
+from gateway.model import Binding, SandboxRecord, SandboxState
 from gateway.sessions import SessionRouter
+from gateway.store.base import Position, SandboxFilter
 from routing import Identity, InvalidIdentity
 
 log = logging.getLogger(__name__)
@@ -173,13 +174,53 @@ async def delete_session(request: web.Request) -> web.Response:
     return web.json_response({"session_id": session_id, "sandbox_id": binding.sandbox_id, "deleted": True})
 
 
+LIST_DEFAULT_LIMIT = 100
+LIST_MAX_LIMIT = 1000
+_LIST_PARAMETERS = ("limit", "cursor", "pool", "state", "org")
+
+
 async def list_sandboxes(request: web.Request) -> web.Response:
-    records = await request.app[ROUTER].sandboxes()
-    return web.json_response({"sandboxes": [
-        {"sandbox_id": r.sandbox_id, "pool": r.pool, "state": r.state.value, "sessions": r.sessions,
-         "last_activity": r.last_active, "created_at": r.created_at}
-        for r in sorted(records, key=lambda r: r.created_at)
-    ], "warnings": request.app[WARNINGS]})
+    """One page, oldest activity first; ``next_cursor`` (null at the end) fetches the next one.
+
+    Bounded whatever the fleet size: a page examines ``limit`` index entries unfiltered, and at
+    most ``FILTERED_SCAN`` with a filter, so a filtered page may be short (even empty) while
+    ``next_cursor`` is not null. A sandbox used while a client pages may appear again later.
+    """
+    query = _single_valued(request, _LIST_PARAMETERS)
+    limit = _limit(query.get("limit"))
+    after = Position.decode(query["cursor"]) if "cursor" in query else None
+    state = query.get("state")
+    if state is not None and state not in SandboxState.__members__.values():
+        raise BadRequest(f"state {state!r} is not a sandbox state (one of: {', '.join(SandboxState)})")
+    where = SandboxFilter(pool=query.get("pool"), state=None if state is None else SandboxState(state),
+                          org_id=query.get("org"))
+    page = await request.app[ROUTER].sandboxes(after, limit=limit, where=where)
+    return web.json_response({
+        "sandboxes": [
+            {"sandbox_id": r.sandbox_id, "pool": r.pool, "org_id": r.org_id, "state": r.state.value,
+             "sessions": r.sessions, "last_activity": r.last_active, "created_at": r.created_at}
+            for r in page.records],
+        "next_cursor": None if page.next is None else page.next.encode(),
+        "warnings": request.app[WARNINGS],
+    })
+
+
+def _single_valued(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:
+    unknown = sorted(set(request.query) - set(allowed))
+    if unknown:
+        raise BadRequest(f"unknown query parameter {unknown[0]!r} (allowed: {', '.join(allowed)})")
+    repeated = sorted(name for name in set(request.query) if len(request.query.getall(name)) > 1)
+    if repeated:
+        raise BadRequest(f"query parameter {repeated[0]!r} is given more than once")
+    return dict(request.query)
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return LIST_DEFAULT_LIMIT
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= LIST_MAX_LIMIT:
+        raise BadRequest(f"limit must be a whole number from 1 to {LIST_MAX_LIMIT} (got {raw[:40]!r})")
+    return int(raw)
 
 
 async def route_dry_run(request: web.Request) -> web.Response:

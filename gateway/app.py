@@ -319,16 +319,11 @@ class Gateway:
         m = self.metrics
         m.in_flight.set(self.data_plane.in_flight)
         m.open_streams.set(self.data_plane.open_streams)
-        sandboxes: dict[tuple[str, str], int] = {}
-        sessions: dict[str, int] = {}
-        for record in await self.store.list_sandboxes():
-            key = (record.pool, record.state.value)
-            sandboxes[key] = sandboxes.get(key, 0) + 1
-            sessions[record.pool] = sessions.get(record.pool, 0) + record.sessions
+        counts = await self.router.fleet_counts()  # kept by the store as it changes: no scan
         for name in self.router.policy.pools:
-            m.sessions.labels(name).set(sessions.get(name, 0))
+            m.sessions.labels(name).set(counts.sessions.get(name, 0))
             for state in SandboxState:
-                m.sandboxes.labels(name, state.value).set(sandboxes.get((name, state.value), 0))
+                m.sandboxes.labels(name, state.value).set(counts.sandboxes.get((name, state), 0))
 
     async def _reload_policy(self) -> None:
         """Hot reload: a changed file replaces the policy for new sessions; a bad one is refused."""

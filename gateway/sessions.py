@@ -17,20 +17,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.errors import CapacityExceeded, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
-from gateway.model import Binding, Owner, Route, SandboxRecord, SandboxRequest, SandboxState, may_claim
-from gateway.providers.base import ForeignSandbox, SandboxProvider
-from gateway.store.base import INVALIDATE_ALL, Caps, NotReserved, SessionStore, Settled, SettleTimeout
+from gateway.model import Binding, Endpoint, Owner, Route, SandboxRecord, SandboxRequest, SandboxState, may_claim
+from gateway.providers.base import ForeignSandbox, Probe, SandboxProvider
+from gateway.store.base import (
+    ANY_SANDBOX, INVALIDATE_ALL, Caps, FleetCounts, NotReserved, Position, Released, SandboxFilter, SandboxPage,
+    SessionStore, Settled, SettleTimeout,
+)
 from routing import Identity, Isolation, Placement, Policy, place
 
 log = logging.getLogger(__name__)
 
 REAPER_LEASE = "reaper"
+FILTERED_SCAN = 2_000  # index entries a filtered listing examines per page at most
 
 
 class RouterEvents(Protocol):
@@ -68,6 +73,8 @@ class RouterTuning:
     lease_seconds: float = 180.0     # creation lease; renewed by nothing, so > any provisioning timeout
     session_ttl: float = 86_400.0    # a binding idle this long is forgotten
     reaper_lease_ttl: float = 60.0   # must exceed the reap interval so the holder keeps it
+    reap_batch: int = 500            # index entries (and sessions) one reaper pass examines at most
+    sweep_batch: int = 500           # provider objects one orphan sweep checks at most
 
 
 class ActivityLog:
@@ -110,7 +117,11 @@ class SessionRouter:
         # Per sandbox *and* owner: a foreign claimant never shares (nor spoils) the owner's creation.
         self._inflight: dict[tuple[str, Owner], asyncio.Task[SandboxRecord]] = {}
         self._resolving: dict[tuple[str, str | None, str, str | None], asyncio.Future[Route]] = {}
+        self._healing: dict[tuple[str, Endpoint], asyncio.Task[None]] = {}
         self.activity = ActivityLog()
+        # Where the next reaper pass and orphan sweep resume: each pass does a bounded share.
+        self._reap_from: Position | None = None
+        self._sweep_from: str | None = None
         store.subscribe(self.invalidate)
 
     # hot path ---------------------------------------------------------------
@@ -235,8 +246,15 @@ class SessionRouter:
         """The record of a binding's sandbox, or None while it has none (released, not yet created)."""
         return await self.store.get_sandbox(binding.sandbox_id)
 
-    async def sandboxes(self) -> list[SandboxRecord]:
-        return await self.store.list_sandboxes()
+    async def sandboxes(self, after: Position | None = None, *, limit: int = 100,
+                        where: SandboxFilter = ANY_SANDBOX) -> SandboxPage:
+        """One page of sandboxes, oldest activity first. A filtered page examines at most
+        ``FILTERED_SCAN`` index entries, so it may be short (even empty) with a next position."""
+        scan = limit if where.any else max(limit, FILTERED_SCAN)
+        return await self.store.scan_sandboxes(after, limit=limit, scan=scan, where=where)
+
+    async def fleet_counts(self) -> FleetCounts:
+        return await self.store.fleet_counts()
 
     # create once ------------------------------------------------------------
     async def ensure_sandbox(self, binding: Binding) -> SandboxRecord:
@@ -334,6 +352,36 @@ class SessionRouter:
                 await self.store.delete_binding(session_id)
         await self.store.release_sandbox(record.sandbox_id, error=f"sandbox destroyed: {reason}")
 
+    async def unreachable(self, route: Route) -> None:
+        """The data plane could not connect to ``route`` (after its retries): forget the cached route
+        and, when the provider says the sandbox is gone, release its record so that the next resolve
+        re-creates it through create-once, on whichever replica finds it first.
+
+        Any replica heals any sandbox: the provider's own view (the local registry and process, the
+        Kubernetes object) decides, not the memory of the replica that created it. Only the dead
+        incarnation (ready at that endpoint) is released, once across every replica; one probe per
+        sandbox runs at a time in this process, and the callers that pile up share it.
+        """
+        self.invalidate(route.session_id)
+        key = (route.sandbox_id, route.endpoint)
+        task = self._healing.get(key)
+        if task is None:
+            task = asyncio.create_task(self._heal(route))
+            self._healing[key] = task
+            task.add_done_callback(lambda _t: self._healing.pop(key, None))
+        await asyncio.shield(task)
+
+    async def _heal(self, route: Route) -> None:
+        probe = await self.provider.probe(route.sandbox_id, route.pool)
+        if probe is not Probe.GONE:
+            return  # alive (a transient failure) or unknowable: never re-create on a guess
+        outcome = await self.store.release_unreachable(route.sandbox_id, route.endpoint)
+        self.invalidate(route.sandbox_id)
+        if outcome is Released.RELEASED:
+            log.warning("sandbox %s (pool %s) is gone at its provider; it will be re-created on its next request",
+                        route.sandbox_id, route.pool)
+            self.events.reaped("gone")
+
     def sandbox_lost(self, sandbox_id: str) -> None:
         """Provider callback: a sandbox died; forget it so the next request re-creates it."""
         self.invalidate(sandbox_id)
@@ -346,35 +394,52 @@ class SessionRouter:
             await self.store.release_sandbox(sandbox_id, error="sandbox died")
 
     async def reap_once(self) -> list[str]:
-        """One reaper pass, only on the replica holding the reaper lease. Returns reaped IDs."""
+        """One reaper pass, only on the replica holding the reaper lease. Returns reaped IDs.
+
+        Bounded: it examines at most ``reap_batch`` entries of the activity index (idle ones,
+        oldest first, resuming where the previous pass stopped) and ``reap_batch`` idle sessions,
+        whatever the fleet size.
+        """
         now = self._clock()
         if not await self.store.acquire_lease(REAPER_LEASE, self.replica_id, ttl=self.tuning.reaper_lease_ttl):
             return []
         reaped = []
-        for name, pool in self.policy.pools.items():
-            for record in await self.store.idle_sandboxes(name, now - pool.idle_timeout):
+        cutoffs = {name: now - pool.idle_timeout for name, pool in self.policy.pools.items()}
+        if cutoffs:
+            batch = self.tuning.reap_batch
+            page = await self.store.scan_sandboxes(self._reap_from, limit=batch, scan=batch,
+                                                   before=max(cutoffs.values()),
+                                                   where=SandboxFilter(state=SandboxState.READY))
+            self._reap_from = page.next
+            for record in page.records:
+                if record.last_active >= cutoffs.get(record.pool, -math.inf):
+                    continue  # a pool with a longer idle_timeout (or one no longer in the policy)
                 if await self.store.open_streams(record.sandbox_id) > 0:
                     await self.store.touch({record.sandbox_id: now}, {})
                     continue
                 await self.destroy(record, reason="idle")
                 self.events.reaped("idle")
                 reaped.append(record.sandbox_id)
-        for session_id in await self.store.idle_sessions(now - self.tuning.session_ttl):
+        for session_id in await self.store.idle_sessions(now - self.tuning.session_ttl, self.tuning.reap_batch):
             await self.store.delete_binding(session_id)
         return reaped
 
     async def sweep_orphans(self, grace: float) -> list[str]:
         """Delete provider objects of this installation that the store does not know (lease holder only).
 
-        ``grace`` protects objects whose creation is in flight on a replica that
-        has not written its record yet, and objects of a store that was just reset.
+        Incremental: each pass checks one page of the provider's objects (``sweep_batch``) against
+        the store in one batched lookup, and the next pass resumes after it. ``grace`` protects
+        objects whose creation is in flight on a replica that has not written its record yet, and
+        objects of a store that was just reset.
         """
         if not await self.store.acquire_lease(REAPER_LEASE, self.replica_id, ttl=self.tuning.reaper_lease_ttl):
             return []
-        known = {record.sandbox_id for record in await self.store.list_sandboxes()}
+        page = await self.provider.managed_page(self._sweep_from, self.tuning.sweep_batch)
+        self._sweep_from = page.next
+        known = await self.store.existing_sandboxes([managed.sandbox_id for managed in page.items])
         cutoff = self._clock() - grace
         swept = []
-        for managed in await self.provider.list_managed():
+        for managed in page.items:
             if managed.sandbox_id not in known and managed.created_at < cutoff:
                 log.info("sweeping orphaned sandbox %s (pool %s)", managed.sandbox_id, managed.pool)
                 await self.provider.delete(managed.sandbox_id, managed.pool)

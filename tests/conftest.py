@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
-from gateway.providers.base import LostHandler
+from gateway.providers.base import LostHandler, ManagedPage, Probe
 from tests.fakekube.fixtures import fake_kube, make_fake_kube  # noqa: F401  (fixtures)
 from tests.redis_server import redis_process, redis_server, redis_server_factory  # noqa: F401  (fixtures)
 
@@ -57,6 +57,12 @@ class CountingProvider:
 
     async def list_managed(self) -> list[ManagedSandbox]:
         return []
+
+    async def managed_page(self, cursor: str | None, limit: int) -> ManagedPage:
+        return ManagedPage([], None)
+
+    async def probe(self, sandbox_id: str, pool: str) -> Probe:
+        return Probe.UNKNOWN
 
     async def close(self) -> None:
         return None

@@ -85,6 +85,9 @@ class FakeResolver:
         if key in self.moves:
             self.endpoints[key] = self.moves.pop(key)
 
+    async def unreachable(self, route: Route) -> None:
+        self.invalidate(route.session_id)
+
     def stream_opened(self, sandbox_id: str) -> None:
         self.opened[sandbox_id] += 1
 
@@ -353,6 +356,7 @@ class Fixed:
         return Route(identity.session_id, "ses-mem", "small", self.endpoint, Owner.of(identity))
     def cached_route(self, identity): return None
     def invalidate(self, key): pass
+    async def unreachable(self, route): pass
     def stream_opened(self, sandbox_id): pass
     def stream_closed(self, sandbox_id): pass
 

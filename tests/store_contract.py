@@ -19,9 +19,10 @@ import pytest
 from gateway.errors import CapacityExceeded
 from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxState
 from gateway.store.base import (
-    Caps, CapScope, NotReserved, Reserved, SessionStore, Settled, Settlement, SettleTimeout,
+    Caps, CapScope, FleetCounts, NotReserved, Position, Released, Reserved, SandboxFilter, SessionStore, Settled,
+    Settlement, SettleTimeout,
 )
-from routing import Isolation
+from routing import Isolation, per_session_sandbox_id, shared_sandbox_id
 from tests.clock import T0, FakeClock
 
 SETTLE = 0.1  # how long a waiter is watched to check that it does *not* return early
@@ -45,6 +46,26 @@ async def still_waiting(*tasks: asyncio.Task[Settlement]) -> bool:
     """True when none of ``tasks`` returns within ``SETTLE`` (they are blocked waiting)."""
     done, _ = await asyncio.wait(tasks, timeout=SETTLE)
     return not done
+
+
+async def ready_at(store: SessionStore, last_active: Mapping[str, float]) -> None:
+    """Ready records with these last activity times."""
+    for sandbox_id, at in last_active.items():
+        await store.reserve_sandbox(record(sandbox_id, created_at=T0 - 10), Caps(), 30)
+        await store.mark_ready(sandbox_id, ENDPOINT)
+    await store.touch(last_active, {})
+
+
+async def all_sandboxes(store: SessionStore) -> list[SandboxRecord]:
+    """Every record, page by page (what a client of GET /v1/sandboxes does)."""
+    found: list[SandboxRecord] = []
+    after: Position | None = None
+    while True:
+        page = await store.scan_sandboxes(after, limit=100, scan=100)
+        found += page.records
+        if page.next is None:
+            return found
+        after = page.next
 
 
 class StoreContract:
@@ -84,7 +105,7 @@ class StoreContract:
         assert await store.sessions_of("org-1") == [session_id]
         assert await store.delete_binding(session_id) == ours
         assert await store.get_binding(session_id + ":1") == neighbour
-        assert await store.idle_sessions(T0 + 1) == [session_id + ":1"]
+        assert await store.idle_sessions(T0 + 1, 10) == [session_id + ":1"]
 
     async def test_delete_binding_returns_it_and_unbinds(self, store: SessionStore) -> None:
         await store.put_binding(binding("s1"))
@@ -92,7 +113,7 @@ class StoreContract:
         assert await store.delete_binding("s1") == binding("s1")
         assert await store.get_binding("s1") is None
         assert await store.sessions_of("org-1") == ["s2"]
-        assert await store.idle_sessions(T0 + 1) == ["s2"]
+        assert await store.idle_sessions(T0 + 1, 10) == ["s2"]
         assert await store.delete_binding("s1") is None
 
     async def test_delete_binding_invalidates_the_session(self, store: SessionStore) -> None:
@@ -186,7 +207,7 @@ class StoreContract:
         await store.mark_ready("ses-1", ENDPOINT)
         fetched = await store.get_sandbox("ses-1")
         assert fetched is not None and fetched.owner == owner
-        assert [r.owner for r in await store.list_sandboxes()] == [owner]
+        assert [r.owner for r in await all_sandboxes(store)] == [owner]
         again = await store.reserve_sandbox(record("ses-1").with_(owner=Owner("other", "eve", None)), Caps(), 30)
         assert again.outcome is Reserved.EXISTING and again.record.owner == owner  # the first owner stays
 
@@ -249,9 +270,50 @@ class StoreContract:
         released = await store.release_sandbox("org-1", error="idle")
         assert released is not None and released.endpoint == ENDPOINT
         assert await store.get_sandbox("org-1") is None
-        assert await store.list_sandboxes() == []
+        assert await all_sandboxes(store) == []
         assert invalidated == ["org-1"]
         assert await store.get_binding("s1") == binding("s1", "org-1")  # bindings outlive a released sandbox
+
+    async def test_release_unreachable_takes_only_that_ready_incarnation_once(self, store: SessionStore) -> None:
+        assert await store.release_unreachable("org-1", ENDPOINT) is Released.ABSENT
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        assert await store.release_unreachable("org-1", ENDPOINT) is Released.CHANGED  # still being created
+        await store.mark_ready("org-1", ENDPOINT)
+        assert await store.release_unreachable("org-1", Endpoint("10.0.0.8", 8080)) is Released.CHANGED  # moved
+        outcomes = await asyncio.gather(*(store.release_unreachable("org-1", ENDPOINT) for _ in range(5)))
+        assert sorted(outcomes) == sorted([Released.RELEASED] + [Released.ABSENT] * 4)
+        assert await store.get_sandbox("org-1") is None
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        await store.mark_ready("org-1", ENDPOINT)  # a new incarnation, at the same address even
+        assert (await store.get_sandbox("org-1")) is not None
+        assert await store.fleet_counts() == FleetCounts({("shared", SandboxState.READY): 1}, {})
+
+    async def test_sessions_outlive_their_sandbox_record(self, store: SessionStore) -> None:
+        await store.put_binding(binding("s1", "org-1"))
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        await store.release_sandbox("org-1")
+        assert await store.sessions_of("org-1") == ["s1"]
+        again = await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        assert again.record.sessions == 1
+        await store.delete_binding("s1")
+        await store.release_sandbox("org-1")
+        assert await store.sessions_of("org-1") == []
+
+    @pytest.mark.parametrize("stored", [
+        pytest.param(Binding("agent_1", per_session_sandbox_id("agent_1"), "small", Isolation.PER_SESSION,
+                             Owner("acme", "alice", None), T0 + 0.125), id="per-session: the ID derives"),
+        pytest.param(Binding("agent_2", shared_sandbox_id(None, "bob", "bot-7"), "shared", Isolation.SHARED,
+                             Owner(None, "bob", "bot-7"), T0), id="shared: the ID derives from the owner"),
+        pytest.param(Binding("agent_3", "legacy__id", "shared", Isolation.SHARED, Owner("", "carol", None), T0),
+                     id="legacy ID, empty org"),
+        pytest.param(Binding("agent_4", per_session_sandbox_id("other"), "small", Isolation.PER_SESSION,
+                             Owner("acme", "dave", None), T0), id="a ses- ID of another session"),
+    ])
+    async def test_binding_round_trips(self, store: SessionStore, stored: Binding) -> None:
+        await store.put_binding(stored)
+        assert await store.get_binding(stored.session_id) == stored
+        assert await store.sessions_of(stored.sandbox_id) == [stored.session_id]
+        assert await store.delete_binding(stored.session_id) == stored
 
     # activity and streams -------------------------------------------------
     async def test_touch_moves_activity_forward_only(self, store: SessionStore) -> None:
@@ -262,28 +324,98 @@ class StoreContract:
         sandbox = await store.get_sandbox("org-1")
         assert sandbox is not None and sandbox.last_active == T0 + 50
         assert await store.get_sandbox("unknown") is None
-        assert await store.idle_sessions(T0 + 40) == []
-        assert await store.idle_sessions(T0 + 41) == ["s1"]  # "ghost" was never bound
+        assert await store.idle_sessions(T0 + 40, 10) == []
+        assert await store.idle_sessions(T0 + 41, 10) == ["s1"]  # "ghost" was never bound
         await store.touch({}, {})
 
-    async def test_idle_sandboxes_are_ready_in_the_pool_and_idle_before(self, store: SessionStore) -> None:
-        for sandbox_id, pool in (("org-1", "shared"), ("org-2", "shared"), ("ses-1", "small"), ("org-3", "shared")):
-            await store.reserve_sandbox(record(sandbox_id, pool=pool), Caps(), 30)
-        for sandbox_id in ("org-1", "org-2", "ses-1"):  # org-3 stays creating: never idle
-            await store.mark_ready(sandbox_id, ENDPOINT)
-        await store.touch({"org-2": T0 + 100}, {})
-        idle = await store.idle_sandboxes("shared", before=T0 + 50)
-        assert [r.sandbox_id for r in idle] == ["org-1"]
-        assert {r.sandbox_id for r in await store.idle_sandboxes("shared", before=T0 + 101)} == {"org-1", "org-2"}
-        assert [r.sandbox_id for r in await store.idle_sandboxes("small", before=T0 + 1)] == ["ses-1"]
-        assert await store.idle_sandboxes("shared", before=T0) == []  # strictly before
-
-    async def test_idle_sessions(self, store: SessionStore) -> None:
-        await store.put_binding(binding("old", created_at=T0))
+    async def test_idle_sessions_oldest_first_and_bounded(self, store: SessionStore) -> None:
         await store.put_binding(binding("new", created_at=T0 + 100))
-        assert await store.idle_sessions(T0 + 50) == ["old"]
-        assert sorted(await store.idle_sessions(T0 + 101)) == ["new", "old"]
-        assert await store.idle_sessions(T0) == []
+        await store.put_binding(binding("old", created_at=T0))
+        await store.put_binding(binding("mid", created_at=T0 + 50))
+        assert await store.idle_sessions(T0 + 50, 10) == ["old"]
+        assert await store.idle_sessions(T0 + 101, 10) == ["old", "mid", "new"]
+        assert await store.idle_sessions(T0 + 101, 2) == ["old", "mid"]
+        assert await store.idle_sessions(T0, 10) == []
+
+    # the activity index: listing and reaping page through it ----------------
+    async def test_scan_pages_oldest_activity_first(self, store: SessionStore) -> None:
+        await ready_at(store, {"org-c": T0 + 1, "org-a": T0 + 3, "org-b": T0 + 2, "org-d": T0 + 3})
+        first = await store.scan_sandboxes(None, limit=2, scan=2)
+        assert [r.sandbox_id for r in first.records] == ["org-c", "org-b"]
+        assert first.next is not None
+        second = await store.scan_sandboxes(first.next, limit=2, scan=2)
+        assert [r.sandbox_id for r in second.records] == ["org-a", "org-d"]  # a tie: by ID
+        assert second.next is None  # nothing follows: no empty last page
+        assert second.records[0].last_active == T0 + 3 and second.records[0].state is SandboxState.READY
+
+    async def test_scan_never_skips_an_entry_touched_or_released_while_paging(self, store: SessionStore) -> None:
+        await ready_at(store, {f"org-{i}": T0 + i for i in range(6)})
+        first = await store.scan_sandboxes(None, limit=2, scan=2)
+        await store.touch({"org-0": T0 + 100, "org-3": T0 + 100}, {})  # one behind the cursor, one ahead
+        await store.release_sandbox("org-1")  # the cursor's own entry goes
+        seen = [r.sandbox_id for r in first.records]
+        after = first.next
+        while after is not None:
+            page = await store.scan_sandboxes(after, limit=2, scan=2)
+            seen += [r.sandbox_id for r in page.records]
+            after = page.next
+        assert seen == ["org-0", "org-1", "org-2", "org-4", "org-5", "org-0", "org-3"]
+
+    async def test_scan_stops_before(self, store: SessionStore) -> None:
+        await ready_at(store, {"org-1": T0 + 1, "org-2": T0 + 2, "org-3": T0 + 3})
+        page = await store.scan_sandboxes(None, limit=10, scan=10, before=T0 + 2)
+        assert ([r.sandbox_id for r in page.records], page.next) == (["org-1"], None)
+        bounded = await store.scan_sandboxes(None, limit=10, scan=1, before=T0 + 3)
+        assert [r.sandbox_id for r in bounded.records] == ["org-1"] and bounded.next == Position(T0 + 1, "org-1")
+
+    @pytest.mark.parametrize(("where", "expected"), [
+        pytest.param(SandboxFilter(pool="small"), ["ses-1"], id="by pool"),
+        pytest.param(SandboxFilter(state=SandboxState.CREATING), ["org-3"], id="by state"),
+        pytest.param(SandboxFilter(org_id="acme", state=SandboxState.READY), ["org-1", "org-2"], id="by org and state"),
+        pytest.param(SandboxFilter(org_id="nobody"), [], id="no match"),
+    ])
+    async def test_scan_filters(self, store: SessionStore, where: SandboxFilter, expected: list[str]) -> None:
+        for sandbox_id, pool, org in (("org-1", "shared", "acme"), ("org-2", "shared", "acme"),
+                                      ("ses-1", "small", None), ("org-3", "shared", "acme")):
+            await store.reserve_sandbox(record(sandbox_id, pool=pool, org_id=org), Caps(), 30)
+        for sandbox_id in ("org-1", "org-2", "ses-1"):  # org-3 stays creating
+            await store.mark_ready(sandbox_id, ENDPOINT)
+        await store.touch({"org-1": T0 + 1, "org-2": T0 + 2, "ses-1": T0 + 3, "org-3": T0 + 4}, {})
+        page = await store.scan_sandboxes(None, limit=10, scan=10, where=where)
+        assert [r.sandbox_id for r in page.records] == expected
+        short = await store.scan_sandboxes(None, limit=10, scan=1, where=where)  # bounded: may come back short
+        assert [r.sandbox_id for r in short.records] == [s for s in expected if s == "org-1"]
+        assert short.next == Position(T0 + 1, "org-1")
+
+    async def test_existing_sandboxes(self, store: SessionStore) -> None:
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        await store.reserve_sandbox(record("org-2"), Caps(), 30)
+        await store.release_sandbox("org-2")
+        assert await store.existing_sandboxes(["org-1", "org-2", "org-3"]) == {"org-1"}
+        assert await store.existing_sandboxes([]) == set()
+
+    async def test_fleet_counts_follow_every_transition(self, store: SessionStore, clock: FakeClock) -> None:
+        assert await store.fleet_counts() == FleetCounts()
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        await store.reserve_sandbox(record("ses-1", pool="small"), Caps(), 30)
+        await store.reserve_sandbox(record("ses-2", pool="small"), Caps(), 30)
+        await store.mark_ready("org-1", ENDPOINT)
+        await store.mark_ready("org-1", ENDPOINT)  # again: counted once
+        for session_id, sandbox_id, pool in (("s1", "org-1", "shared"), ("s2", "org-1", "shared"),
+                                             ("s3", "ses-1", "small")):
+            await store.put_binding(binding(session_id, sandbox_id, pool=pool))
+        await store.put_binding(binding("s1", "org-9"))  # exists: not counted again
+        assert await store.fleet_counts() == FleetCounts(
+            {("shared", SandboxState.READY): 1, ("small", SandboxState.CREATING): 2}, {"shared": 2, "small": 1})
+        clock.advance(31)
+        taken = await store.reserve_sandbox(record("ses-2", pool="small"), Caps(), 30)  # a takeover
+        assert taken.outcome is Reserved.TAKEN_OVER
+        await store.release_sandbox("ses-1")
+        await store.release_sandbox("ses-1")
+        await store.delete_binding("s1")
+        await store.delete_binding("s1")
+        assert await store.fleet_counts() == FleetCounts(
+            {("shared", SandboxState.READY): 1, ("small", SandboxState.CREATING): 1}, {"shared": 1, "small": 1})
 
     @pytest.mark.parametrize(("batches", "expected"), [
         pytest.param([{"a": 2, "b": 1}], {"a": 2, "b": 1, "c": 0}, id="counts per sandbox"),
@@ -323,7 +455,7 @@ class StoreContract:
         for session_id in ("s1", "s2"):
             await store.put_binding(binding(session_id, "org-1"))
         await store.put_binding(binding("s3", "ses-1"))
-        listed = {r.sandbox_id: r for r in await store.list_sandboxes()}
+        listed = {r.sandbox_id: r for r in await all_sandboxes(store)}
         assert {k: (r.pool, r.org_id, r.state, r.sessions) for k, r in listed.items()} == {
             "org-1": ("shared", "acme", SandboxState.READY, 2),
             "ses-1": ("small", None, SandboxState.CREATING, 1),

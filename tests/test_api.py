@@ -13,9 +13,11 @@ import pytest
 
 from gateway.api import create_control_app
 from gateway.metrics import Metrics
+from gateway.model import Endpoint, Owner, SandboxRecord, SandboxState
 from gateway.providers.base import PoolProviders
 from gateway.providers.local import LocalProvider
 from gateway.sessions import SessionRouter
+from gateway.store.base import Caps
 from gateway.store.memory import MemoryStore
 from routing import default_policy
 from tests.proxy_helpers import sandbox_http
@@ -176,3 +178,46 @@ def test_local_sandboxes_outlive_the_gateway_only_with_a_shared_store(redis_url,
     local = build_providers(settings, default_policy()).for_pool("shared")
     assert settings.store_kind == ("memory" if stops else "redis")
     assert local._stop_on_close is stops
+
+
+async def test_sandbox_listing_pages_with_a_cursor_and_filters(api, stack):
+    router, _ = stack
+    # Records straight through the store: listing is about the index, not about processes.
+    for i in range(5):
+        record = SandboxRecord(f"org-{i}", "shared" if i % 2 else "small", "acme" if i < 3 else None,
+                               SandboxState.CREATING, created_at=1.0, owner=Owner("acme", "u", None))
+        await router.store.reserve_sandbox(record, Caps(), 30)
+        if i != 4:
+            await router.store.mark_ready(record.sandbox_id, Endpoint("127.0.0.1", 9))
+        await router.store.touch({record.sandbox_id: 10.0 + i}, {})
+    seen, cursor = [], None
+    while True:
+        params = {"limit": "2"} if cursor is None else {"limit": "2", "cursor": cursor}
+        body = await (await api.get("/v1/sandboxes", params=params)).json()
+        assert len(body["sandboxes"]) <= 2
+        seen += [s["sandbox_id"] for s in body["sandboxes"]]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [f"org-{i}" for i in range(5)]
+    filtered = await (await api.get("/v1/sandboxes", params={"pool": "small", "state": "ready", "org": "acme"})).json()
+    assert [s["sandbox_id"] for s in filtered["sandboxes"]] == ["org-0", "org-2"]
+    assert filtered["next_cursor"] is None and filtered["sandboxes"][0]["org_id"] == "acme"
+
+
+@pytest.mark.parametrize(("query", "names"), [
+    pytest.param("limit=0", "limit", id="limit zero"),
+    pytest.param("limit=1001", "limit", id="limit over the max"),
+    pytest.param("limit=ten", "limit", id="limit not a number"),
+    pytest.param("limit=%C2%B2", "limit", id="limit a unicode digit"),
+    pytest.param("cursor=not-a-cursor", "cursor", id="cursor garbage"),
+    pytest.param("cursor=WzEsMl0", "cursor", id="cursor of the wrong shape"),
+    pytest.param("state=asleep", "state", id="unknown state"),
+    pytest.param("limit=1&limit=2", "limit", id="repeated"),
+    pytest.param("sort=name", "sort", id="unknown parameter"),
+])
+async def test_sandbox_listing_refuses_bad_parameters(api, query, names):
+    response = await api.get(f"/v1/sandboxes?{query}")
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert error["code"] == "bad_request" and names in error["message"]

@@ -8,10 +8,12 @@ import pytest
 
 from gateway.app import Gateway
 from gateway.metrics import Metrics
+from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxState
 from gateway.providers.base import PoolProviders
 from gateway.settings import Settings
+from gateway.store.base import Caps
 from gateway.store.memory import MemoryStore
-from routing import default_policy
+from routing import Isolation, default_policy
 from tests.proxy_helpers import listening_socket
 
 
@@ -133,3 +135,24 @@ async def test_stop_without_start_closes_the_store_only(tmp_path):
     events: list[str] = []
     await fake_gateway(tmp_path, events).stop()
     assert events == ["store closed"]
+
+
+async def test_gauges_come_from_the_stores_counts(tmp_path):
+    """The sandbox and session gauges read counts the store keeps as it changes (no listing)."""
+    gateway = Gateway.create(Settings(data_dir=tmp_path / "data"))
+    await gateway.start(listening_socket(), listening_socket())
+    try:
+        store, owner = gateway.store, Owner("acme", "alice", None)
+        for sandbox_id in ("ses-a", "ses-b"):
+            await store.reserve_sandbox(SandboxRecord(sandbox_id, "small", "acme", SandboxState.CREATING,
+                                                      created_at=1.0, owner=owner), Caps(), 60)
+            await store.put_binding(Binding(sandbox_id, sandbox_id, "small", Isolation.PER_SESSION, owner, 1.0))
+        await store.mark_ready("ses-a", Endpoint("127.0.0.1", 9))
+        await gateway._refresh_gauges()
+        text = gateway.metrics.exposition()[0].decode()
+        assert 'sgw_sandboxes{pool="small",state="ready"} 1.0' in text
+        assert 'sgw_sandboxes{pool="small",state="creating"} 1.0' in text
+        assert 'sgw_sandboxes{pool="shared",state="ready"} 0.0' in text
+        assert 'sgw_sessions{pool="small"} 2.0' in text
+    finally:
+        await gateway.stop()

@@ -14,12 +14,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gateway.compat_locator import KubernetesSandboxLocator
 from gateway.errors import Conflict, NotFound, ProvisionFailed, ProvisionTimeout
 from gateway.model import Owner, SandboxRequest
-from gateway.providers.base import PoolProviders
+from gateway.providers.base import PoolProviders, Probe
 from gateway.providers.kubernetes import (
     INSTALLATION, KubeApiError, KubernetesProvider, ObjectExists, ObjectMissing, WatchExpired, translated)
 from gateway.providers.kubernetes_options import KubernetesPoolOptions
 from gateway.runtime import create_app
-from gateway.sessions import SessionRouter
+from gateway.sessions import RouterTuning, SessionRouter
 from gateway.settings import Settings
 from gateway.store.memory import MemoryStore
 from routing import Identity, Isolation, parse_policy
@@ -193,6 +193,33 @@ async def test_already_exists_under_another_installation_is_refused(make_fake_ku
         await theirs.close()
 
 
+async def test_deleted_behind_our_back_is_healed_by_a_replica_whose_watch_never_told_it(make_fake_kube,
+                                                                                     runtime_port):
+    """The data plane found the sandbox unreachable; the provider's GET says the object is gone: the
+    record is released once and the next resolve re-creates it. While the object exists, nothing is."""
+    kube = await make_fake_kube()
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))  # losses go to a list
+    router = SessionRouter(MemoryStore(), PoolProviders({"small": provider, "shared": provider}), PER_SESSION,
+                           replica_id="r")
+    identity = Identity.parse(org_id="acme", user_id="alice", session_id="s1")
+    try:
+        route = await router.resolve(identity)
+        await router.unreachable(route)  # a transient failure: the object is there and routable
+        assert await router.store.get_sandbox(route.sandbox_id) is not None
+        assert await provider.probe(route.sandbox_id, "small") is Probe.ALIVE
+        api = client.CustomObjectsApi(await kube.api_client())
+        await api.delete_namespaced_custom_object("agents.x-k8s.io", "v1beta1", "default", "sandboxes", route.sandbox_id)
+        assert kube.server.get_object("sandboxes", "default", route.sandbox_id) is None
+        assert await provider.probe(route.sandbox_id, "small") is Probe.GONE
+        await asyncio.gather(*(router.unreachable(route) for _ in range(10)))
+        assert await router.store.get_sandbox(route.sandbox_id) is None
+        again = await router.resolve(identity)
+        assert again.sandbox_id == route.sandbox_id
+        assert kube.server.create_count("sandboxes", "default", route.sandbox_id) == 2  # re-created once
+    finally:
+        await provider.close()
+
+
 async def test_orphan_sweep_deletes_only_this_installations_unknown_objects(make_fake_kube, runtime_port):
     kube = await make_fake_kube()
     ours = await started(kube, pool_options("sandbox", "v1beta1", runtime_port), installation="test")
@@ -209,6 +236,26 @@ async def test_orphan_sweep_deletes_only_this_installations_unknown_objects(make
     finally:
         await ours.close()
         await theirs.close()
+
+
+async def test_orphan_sweep_pages_through_the_objects_across_passes(make_fake_kube, runtime_port):
+    """Each pass checks one API page (limit/continue) against the store; the passes add up to all."""
+    kube = await make_fake_kube("head")
+    provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
+    router = SessionRouter(MemoryStore(), PoolProviders({"small": provider, "shared": provider}), PER_SESSION,
+                           replica_id="r", tuning=RouterTuning(sweep_batch=2))
+    try:
+        known = await router.resolve(Identity.parse(org_id="acme", user_id="alice", session_id="known"))
+        orphans = [f"ses-orphan-{i}" for i in range(4)]
+        for name in orphans:
+            await provider.ensure(request(name, pool="small"))
+        swept = [await router.sweep_orphans(grace=0.0) for _ in range(3)]
+        assert all(len(one) <= 2 for one in swept)  # bounded: never more than a page per pass
+        assert sorted(sum(swept, [])) == orphans
+        names = {o["metadata"]["name"] for o in kube.server.list_objects("sandboxes", "default")}
+        assert names == {known.sandbox_id}
+    finally:
+        await provider.close()
 
 
 async def test_grace_period_protects_young_orphans(make_fake_kube, runtime_port):

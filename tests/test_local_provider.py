@@ -3,6 +3,10 @@ the handshake is the same under bubblewrap, which tests/test_confinement.py cove
 
 from __future__ import annotations
 
+import json
+import os
+import select
+import signal
 import sys
 from pathlib import Path
 
@@ -10,6 +14,7 @@ import pytest
 
 from gateway.errors import ProvisionFailed
 from gateway.model import Isolation, Owner, SandboxRequest
+from gateway.providers.base import Probe
 from gateway.providers.confine import Unconfined
 from gateway.providers.local import LocalProvider
 
@@ -54,7 +59,7 @@ async def provider_for(tmp_path):
         provider = LocalProvider(tmp_path / f"data-{mode}", stop_on_close=True,
                                  confinement=Unconfined(stand_in(tmp_path, mode)))
 
-        async def lost(sandbox_id: str) -> None:
+        def lost(sandbox_id: str) -> None:  # a LostHandler is called, not awaited
             return None
 
         await provider.start(lost)
@@ -89,3 +94,20 @@ async def test_a_data_dir_too_long_for_socket_paths_puts_the_sockets_in_the_runt
         await provider.close()
     assert endpoint.unix is not None and len(endpoint.unix) <= 107
     assert not Path(endpoint.unix).exists()  # closing a memory-store gateway's provider stopped the sandbox
+
+
+async def test_probe_reads_the_registry_and_the_process(provider_for, tmp_path):
+    """What any replica of this host can tell about a sandbox it cannot reach, whoever started it."""
+    provider = await provider_for("slow")
+    assert await provider.probe("ses-never", "small") is Probe.GONE  # no registry entry
+    await provider.ensure(request("ses-probe"))
+    assert await provider.probe("ses-probe", "small") is Probe.ALIVE
+    other = LocalProvider(tmp_path / "data-slow", stop_on_close=False)  # another replica, same registry
+    state = json.loads((tmp_path / "data-slow" / "sandboxes" / "ses-probe" / "state.json").read_text())
+    fd = os.pidfd_open(state["pid"])
+    try:
+        os.kill(state["pid"], signal.SIGKILL)
+        assert select.select([fd], [], [], 10)[0]  # exited
+    finally:
+        os.close(fd)
+    assert await other.probe("ses-probe", "small") is Probe.GONE

@@ -141,7 +141,7 @@ async def lose_binding_by_ttl(stack: Stack, redis: RedisServer) -> None:
     await stack.router.reap_once()
     with pytest.raises(NotFound):
         await stack.router.lookup("S")
-    assert await stack.router.sandboxes()  # the sandbox record lives on
+    assert (await stack.router.sandboxes()).records  # the sandbox record lives on
 
 
 @pytest.mark.parametrize("lose_binding", [

@@ -193,3 +193,60 @@ async def test_workers_metrics_add_up_in_every_scrape(tmp_path: Path, redis_serv
     finally:
         await process.stop()
         kill_sandboxes(tmp_path)
+
+
+def _wait_dead(pid: int, timeout: float = 10.0) -> None:
+    """Until ``pid`` has exited (its pidfd turns readable), whoever its parent is."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        assert select.select([fd], [], [], timeout)[0], f"process {pid} did not exit"
+    finally:
+        os.close(fd)
+
+
+async def test_a_dead_sandbox_is_healed_by_a_replica_that_did_not_create_it(replicas_factory,
+                                                                            redis_server: RedisServer, tmp_path):
+    """Its creator is down and its process died: the survivor, which never watched that process,
+    finds it unreachable, asks the provider (the shared registry: the process is gone), releases the
+    dead incarnation once and re-creates it once, however many requests race for it."""
+    shared = tmp_path / "shared-data"  # the replicas of one host share the local registry
+    creator, survivor = await replicas_factory(redis_server.url, 2, "--data-dir", str(shared))
+    registry = shared / "sandboxes"
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            status, sandbox = await whoami(http, creator, who("iso", "heal-1"))
+            assert status == 200 and sandbox is not None
+            first_pid = json.loads((registry / sandbox / "state.json").read_text())["pid"]
+            creator.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+            await creator.proc.wait()  # type: ignore[union-attr]
+            os.killpg(first_pid, signal.SIGKILL)
+            _wait_dead(first_pid)
+            results = await asyncio.gather(*(whoami(http, survivor, who("iso", "heal-1")) for _ in range(20)))
+            assert results == [(200, sandbox)] * 20
+            again = await whoami(http, survivor, who("iso", "heal-1"))
+            assert again == (200, sandbox)
+            listing = await (await http.get(f"{survivor.control_url}/v1/sandboxes")).json()
+        new_pid = json.loads((registry / sandbox / "state.json").read_text())["pid"]
+        assert new_pid != first_pid
+        assert [d.name for d in registry.iterdir()] == [sandbox]  # exactly one sandbox, re-created in place
+        assert [(s["sandbox_id"], s["state"], s["sessions"]) for s in listing["sandboxes"]] == [(sandbox, "ready", 1)]
+        runtimes = [p for p in os.listdir("/proc") if p.isdigit() and _is_runtime_of(int(p), sandbox)]
+        assert runtimes == [str(new_pid)]  # one process: the heal ran once, not once per request
+    finally:
+        for state in registry.glob("*/state.json"):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(json.loads(state.read_text())["pid"], signal.SIGKILL)
+
+
+def _is_runtime_of(pid: int, sandbox_id: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"gateway.runtime" in argv and sandbox_id.encode() in argv

@@ -114,7 +114,7 @@ async def test_failed_creation_is_shared_and_leaves_nothing(router, counting_pro
     results = await asyncio.gather(*(router.resolve(ident("s1")) for _ in range(5)), return_exceptions=True)
     assert all(isinstance(r, ProvisionFailed) and "image pull failed" in r.message for r in results)
     assert sum(counting_provider.created.values()) == 1
-    assert await router.store.list_sandboxes() == []
+    assert (await router.sandboxes()).records == []
     assert await router.store.get_binding("s1") is None
 
 
@@ -190,3 +190,36 @@ def test_dry_run_creates_nothing(router, counting_provider):
     placement = router.dry_run(ident("s1", org="capped"))
     assert placement.isolation is Isolation.PER_SESSION
     assert counting_provider.created == {}
+
+
+async def test_reaping_is_bounded_per_pass_and_resumes(counting_provider, clock):
+    """A pass examines at most reap_batch index entries; shared sandboxes idle past small's
+    timeout but not their own are stepped over, never blocking small ones behind them."""
+    store = MemoryStore(clock=clock)
+    provider = PoolProviders({"small": counting_provider, "shared": counting_provider})
+    router = SessionRouter(store, provider, parse_policy(POLICY, "test"), replica_id="r1", clock=clock,
+                           tuning=RouterTuning(reap_batch=2))
+    shared = [await router.resolve(ident(f"o{i}", org="open", user=f"u{i}")) for i in range(3)]
+    clock.now += 1
+    small = [await router.resolve(ident(f"s{i}")) for i in range(3)]
+    await router.flush_activity()
+    clock.now += 61  # small's 60s passed for all of them, shared's 120s for none
+    reaped: list[str] = []
+    for _ in range(4):
+        reaped += await router.reap_once()
+    assert sorted(reaped) == sorted(r.sandbox_id for r in small)
+    assert [await store.get_sandbox(r.sandbox_id) is not None for r in shared] == [True] * 3
+
+
+async def test_idle_sessions_are_forgotten_a_batch_per_pass(counting_provider, clock):
+    store = MemoryStore(clock=clock)
+    router = SessionRouter(store, PoolProviders({"small": counting_provider, "shared": counting_provider}),
+                           parse_policy(POLICY, "test"), replica_id="r1", clock=clock,
+                           tuning=RouterTuning(reap_batch=2, session_ttl=100))
+    for i in range(3):
+        await router.bind(ident(f"o{i}", org="open"))
+    clock.now += 101
+    await router.reap_once()
+    assert [await store.get_binding(f"o{i}") is None for i in range(3)] == [True, True, False]
+    await router.reap_once()
+    assert await store.get_binding("o2") is None

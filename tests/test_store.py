@@ -78,13 +78,14 @@ def test_key_kinds_are_prefix_free() -> None:
                 assert not b.startswith(a), f"{a!r} is a prefix of {b!r}: keys could collide"
 
 
-_KINDS = ("binding", "sandbox", "sandbox_sessions", "streams", "replica", "lease")
+_KINDS = ("binding", "sandbox", "streams", "replica", "lease")
 
 
 @given(st.sampled_from(_KINDS), st.text(max_size=40), st.sampled_from(_KINDS), st.text(max_size=40))
 def test_keys_never_collide(kind_a: str, id_a: str, kind_b: str, id_b: str) -> None:
     keys = RedisKeys("gw")
-    fixed = {keys.session_seen, keys.sandboxes, keys.count_pool, keys.count_org}
+    fixed = {keys.session_seen, keys.sandboxes, keys.count_pool, keys.count_org, keys.count_state,
+             keys.count_sessions, keys.settled, keys.invalidate}
     key_a, key_b = getattr(keys, kind_a)(id_a), getattr(keys, kind_b)(id_b)
     assert (key_a == key_b) == ((kind_a, id_a) == (kind_b, id_b))
     assert key_a not in fixed
@@ -321,7 +322,7 @@ async def test_nothing_is_half_written_when_redis_refuses(redis_server_factory: 
             await store.put_binding(binding("s1"))
         assert await store.get_binding("s1") is None
         assert await store.sessions_of("org-1") == []
-        assert await store.idle_sessions(float("inf")) == []
+        assert await store.idle_sessions(float("inf"), 10) == []
     finally:
         await store.close()
 

@@ -6,12 +6,19 @@ replica) never makes a second sandbox. It adopts only a sandbox of the same
 owner (``SandboxRequest.may_claim``); another owner's sandbox raises
 ``ForeignSandbox``, never an endpoint. Providers report sandboxes that died
 through the ``on_lost`` callback given to ``start``; the router then forgets
-the route and the next request re-creates the sandbox.
+the route and the next request re-creates the sandbox. A replica that was not
+told (it did not start the sandbox, its watch lagged) and cannot reach it asks
+``probe``, which answers from the provider's own view, never from memory of who
+created what, so that any replica can heal any sandbox. ``managed_page`` lists
+this installation's objects a bounded page at a time, for the orphan sweep.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 from gateway.errors import ProvisionFailed
@@ -30,6 +37,22 @@ class ForeignSandbox(Exception):
         self.sandbox_id = sandbox_id
 
 
+@dataclass(frozen=True, slots=True)
+class ManagedPage:
+    """One bounded page of a provider's objects, and the opaque cursor of the next (None: the end)."""
+
+    items: list[ManagedSandbox]
+    next: str | None
+
+
+class Probe(StrEnum):
+    """What a provider can tell about a sandbox a request could not reach."""
+
+    ALIVE = "alive"        # it exists and answers: the failure was transient
+    GONE = "gone"          # it does not exist (or its process died): it may be re-created
+    UNKNOWN = "unknown"    # the provider cannot tell (static hosts, an API that did not answer)
+
+
 class SandboxProvider(Protocol):
     async def start(self, on_lost: LostHandler) -> None: ...
     async def ensure(self, request: SandboxRequest) -> Endpoint:
@@ -37,6 +60,10 @@ class SandboxProvider(Protocol):
     async def delete(self, sandbox_id: str, pool: str) -> None:
         """Destroy the sandbox; one that does not exist counts as deleted."""
     async def list_managed(self) -> list[ManagedSandbox]: ...
+    async def managed_page(self, cursor: str | None, limit: int) -> ManagedPage:
+        """At most ``limit`` of this installation's objects after ``cursor`` (None: from the start)."""
+    async def probe(self, sandbox_id: str, pool: str) -> Probe:
+        """Whether the sandbox still exists, by the provider's own view (for healing, any replica)."""
     async def close(self) -> None:
         """Release clients; sandboxes stay alive (shutdown drains, it does not destroy)."""
     def describe(self) -> str:
@@ -72,6 +99,20 @@ class PoolProviders:
         for provider in self._distinct:
             found.extend(await provider.list_managed())
         return found
+
+    async def managed_page(self, cursor: str | None, limit: int) -> ManagedPage:
+        # The cursor is [provider index, that provider's cursor]: one provider's page per call.
+        index, inner = json.loads(cursor) if cursor else (0, None)
+        if index >= len(self._distinct):
+            return ManagedPage([], None)
+        page = await self._distinct[index].managed_page(inner, limit)
+        if page.next is not None:
+            return ManagedPage(page.items, json.dumps([index, page.next]))
+        following = index + 1
+        return ManagedPage(page.items, json.dumps([following, None]) if following < len(self._distinct) else None)
+
+    async def probe(self, sandbox_id: str, pool: str) -> Probe:
+        return await self.for_pool(pool).probe(sandbox_id, pool)
 
     async def close(self) -> None:
         for provider in self._distinct:

@@ -39,7 +39,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gateway.errors import Conflict, ProvisionFailed, ProvisionTimeout
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
-from gateway.providers.base import ForeignSandbox, LostHandler
+from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.kubernetes_options import KubernetesPoolOptions, pool_options
 
 log = logging.getLogger(__name__)
@@ -369,6 +369,42 @@ class KubernetesProvider:
                 found.append(ManagedSandbox(meta["name"], (meta.get("labels") or {}).get(POOL, ""), at))
         return found
 
+    async def managed_page(self, cursor: str | None, limit: int) -> ManagedPage:
+        """One API page (``limit``/``continue``) of one (namespace, kind) at a time; the cursor is
+        [target index, continue token]. An expired token (410) restarts that target's listing."""
+        targets = sorted({(o.namespace, _Kind.of(o)) for o in self._pools.values()}, key=str)
+        index, token = json.loads(cursor) if cursor else (0, None)
+        if index >= len(targets):
+            return ManagedPage([], None)
+        namespace, kind = targets[index]
+        try:
+            with translated(f"listing {kind.plural} in {namespace}"):
+                listing = await self._api.list_namespaced_custom_object(
+                    kind.group, kind.version, namespace, kind.plural, label_selector=self._selector(),
+                    limit=limit, _continue=token or None)
+        except WatchExpired:  # 410: the continue token expired
+            if token:
+                return ManagedPage([], json.dumps([index, None]))
+            raise
+        items = [_managed(item) for item in listing.get("items", ())]
+        following = listing.get("metadata", {}).get("continue")
+        if following:
+            return ManagedPage(items, json.dumps([index, following]))
+        return ManagedPage(items, json.dumps([index + 1, None]) if index + 1 < len(targets) else None)
+
+    async def probe(self, sandbox_id: str, pool: str) -> Probe:
+        """GONE when the object is not there (deleted behind our back), ALIVE when it is routable."""
+        options = self._pools.get(pool)
+        if options is None:
+            return Probe.UNKNOWN
+        try:
+            obj = await self._get(options, _Kind.of(options), sandbox_id)
+        except KubeApiError:
+            return Probe.UNKNOWN  # the API server did not answer: never re-create on a guess
+        if obj is None:
+            return Probe.GONE
+        return Probe.ALIVE if routable(obj) else Probe.UNKNOWN
+
     # lost sandboxes -------------------------------------------------------
     async def _watch_managed(self, namespace: str, kind: _Kind, on_lost: LostHandler) -> None:
         """Report objects of ours that are deleted or stop being routable; reconnect forever."""
@@ -421,6 +457,13 @@ class KubernetesProvider:
 
     def describe(self) -> str:
         return ", ".join(f"{name}: {o.mode} {o.api_version} in {o.namespace}" for name, o in self._pools.items())
+
+
+def _managed(item: Mapping[str, Any]) -> ManagedSandbox:
+    meta = item["metadata"]
+    created = meta.get("creationTimestamp")
+    at = dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else time.time()
+    return ManagedSandbox(meta["name"], (meta.get("labels") or {}).get(POOL, ""), at)
 
 
 def _check_owner(request: SandboxRequest, obj: Mapping[str, Any]) -> None:

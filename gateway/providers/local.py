@@ -40,7 +40,7 @@ import aiohttp
 
 from gateway.errors import ProvisionFailed, ProvisionTimeout
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
-from gateway.providers.base import ForeignSandbox, LostHandler
+from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.confine import LISTEN_FD, Bubblewrap, Launch
 
 log = logging.getLogger(__name__)
@@ -215,6 +215,27 @@ class LocalProvider:
 
     async def list_managed(self) -> list[ManagedSandbox]:
         return [ManagedSandbox(sid, s.get("pool", ""), float(s.get("created_at", 0.0))) for sid, s in self._states()]
+
+    async def managed_page(self, cursor: str | None, limit: int) -> ManagedPage:
+        """Sandbox directories in name order after ``cursor``; only the page's registries are read."""
+        try:
+            names = sorted(n for n in os.listdir(self._dir) if cursor is None or n > cursor)
+        except FileNotFoundError:
+            names = []
+        items = []
+        for name in names[:limit]:
+            state = _read_state(self._dir / name)
+            if state is not None:
+                items.append(ManagedSandbox(name, state.get("pool", ""), float(state.get("created_at", 0.0))))
+        return ManagedPage(items, names[limit - 1] if len(names) > limit else None)
+
+    async def probe(self, sandbox_id: str, pool: str) -> Probe:
+        """GONE when the registry has no live runtime for the sandbox (whoever started it), ALIVE
+        when it answers its health check, UNKNOWN when it runs but does not answer (busy, starting)."""
+        state = _read_state(self._dir / sandbox_id)
+        if state is None or not _alive(state["pid"], sandbox_id):
+            return Probe.GONE
+        return Probe.ALIVE if await self._healthy(state["port"]) else Probe.UNKNOWN
 
     async def close(self) -> None:
         if self._stop_on_close:

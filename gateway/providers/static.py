@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from gateway.errors import ProvisionFailed
 from gateway.model import Endpoint, ManagedSandbox, SandboxRequest
-from gateway.providers.base import LostHandler
+from gateway.providers.base import LostHandler, ManagedPage, Probe
 from routing import RendezvousRing
 
 
@@ -44,6 +44,12 @@ class StaticProvider:
     async def list_managed(self) -> list[ManagedSandbox]:
         # Static hosts are not created by us, so there is never an orphan to sweep.
         return []
+
+    async def managed_page(self, cursor: str | None, limit: int) -> ManagedPage:
+        return ManagedPage([], None)
+
+    async def probe(self, sandbox_id: str, pool: str) -> Probe:
+        return Probe.UNKNOWN  # a static host is not ours to judge or re-create
 
     async def close(self) -> None:
         return None

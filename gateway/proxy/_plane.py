@@ -68,6 +68,8 @@ class RouteResolver(Protocol):
 
     def invalidate(self, key: str) -> None: ...
 
+    async def unreachable(self, route: Route) -> None: ...
+
     def stream_opened(self, sandbox_id: str) -> None: ...
 
     def stream_closed(self, sandbox_id: str) -> None: ...
@@ -210,7 +212,7 @@ class DataPlane:
             if identity is None:
                 self.compat.forget(ex.compat)
                 raise
-            resolver.invalidate(identity.session_id)
+            await resolver.unreachable(route)  # forgets the route; a sandbox gone is re-created by resolve
             again = await resolver.resolve(identity)
             if again.endpoint == route.endpoint:
                 raise

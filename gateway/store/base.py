@@ -27,13 +27,17 @@ States beyond ``creating``/``ready`` (suspend and resume) extend
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import base64
+import binascii
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from gateway.errors import CapacityExceeded
-from gateway.model import Binding, Endpoint, SandboxRecord
+from gateway.errors import BadRequest, CapacityExceeded
+from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 
 Invalidation = Callable[[str], None]
 """Called with a session ID or sandbox ID whose cached route is no longer valid."""
@@ -124,6 +128,14 @@ class Settled(StrEnum):
     ABANDONED = "abandoned"    # the creator's lease expired: reserve again (and take it over)
 
 
+class Released(StrEnum):
+    """The outcome of ``release_unreachable``: whether this caller took the record away."""
+
+    RELEASED = "released"      # it was ready at that endpoint and is gone now: the caller re-creates (create-once)
+    CHANGED = "changed"        # it is not that ready incarnation any more (re-created, moved, being created)
+    ABSENT = "absent"          # there was no record
+
+
 @dataclass(frozen=True, slots=True)
 class Settlement:
     """The outcome of a creation: the ready record, or the creator's error."""
@@ -138,6 +150,79 @@ class Settlement:
         return cls(Settled.FAILED, error=error) if error else cls(Settled.REMOVED)
 
 
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A place in the sandbox index, ordered by (last activity, sandbox ID), oldest first.
+
+    Paging by it never skips a sandbox that exists throughout: activity only moves an entry
+    forward (towards pages not yet read), so an entry touched while a caller pages may come
+    again on a later page, but none can move behind the caller.
+    """
+
+    last_active: float
+    sandbox_id: str
+
+    def encode(self) -> str:
+        """The opaque cursor a client is handed (``next_cursor``)."""
+        raw = json.dumps([repr(self.last_active), self.sandbox_id], separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, cursor: str, parameter: str = "cursor") -> Position:
+        """The position of ``encode()``; ``BadRequest`` naming ``parameter`` for anything else."""
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+            last_active, sandbox_id = json.loads(raw)
+            if isinstance(last_active, str) and isinstance(sandbox_id, str) and sandbox_id:
+                position = cls(float(last_active), sandbox_id)
+                if math.isfinite(position.last_active):
+                    return position
+        except (binascii.Error, ValueError, TypeError):  # UnicodeDecodeError is a ValueError
+            pass
+        raise BadRequest(f"{parameter} is not a cursor this gateway handed out; "
+                         f"pass the next_cursor of the previous page, or omit {parameter} to start over")
+
+    def key(self) -> tuple[float, str]:
+        return (self.last_active, self.sandbox_id)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxFilter:
+    """Which records a scan returns (None: any)."""
+
+    pool: str | None = None
+    state: SandboxState | None = None
+    org_id: str | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.pool is None and self.state is None and self.org_id is None
+
+    def matches(self, record: SandboxRecord) -> bool:
+        return ((self.pool is None or record.pool == self.pool)
+                and (self.state is None or record.state is self.state)
+                and (self.org_id is None or record.org_id == self.org_id))
+
+
+ANY_SANDBOX = SandboxFilter()
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxPage:
+    """Records of one bounded scan, and where the next scan starts (None: the index is exhausted)."""
+
+    records: list[SandboxRecord]
+    next: Position | None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetCounts:
+    """What the gauges report, kept incrementally by the store (never counted by a scan)."""
+
+    sandboxes: Mapping[tuple[str, SandboxState], int] = field(default_factory=dict)  # (pool, state) -> live
+    sessions: Mapping[str, int] = field(default_factory=dict)  # pool -> bound sessions
+
+
 class SessionStore(Protocol):
     # bindings
     async def get_binding(self, session_id: str) -> Binding | None: ...
@@ -148,20 +233,30 @@ class SessionStore(Protocol):
 
     # sandboxes and create-once
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None: ...
-    async def list_sandboxes(self) -> list[SandboxRecord]: ...
+    async def scan_sandboxes(self, after: Position | None, *, limit: int, scan: int,
+                             before: float = float("inf"), where: SandboxFilter = ANY_SANDBOX) -> SandboxPage:
+        """Records in (last activity, ID) order after ``after`` whose last activity is < ``before``:
+        at most ``limit`` matching ``where``, having examined at most ``scan`` index entries. Bounded
+        work whatever the fleet size; a filtered page may be short (even empty) with a ``next``."""
+    async def existing_sandboxes(self, sandbox_ids: Sequence[str]) -> set[str]:
+        """Those of ``sandbox_ids`` that have a record (one batched check)."""
+    async def fleet_counts(self) -> FleetCounts: ...
     async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
         """Raise ``caps.exceeded(...)`` (``CapacityExceeded``) when a cap is reached."""
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
         """Raise ``NotReserved`` when there is no record to complete."""
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         """Remove the record (freeing capacity) and wake waiters: FAILED with ``error``, else REMOVED."""
+    async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint) -> Released:
+        """``release_sandbox``, but only while the record is ready at ``endpoint``: of many replicas
+        that found the same incarnation dead, exactly one releases it (the rest get CHANGED/ABSENT)."""
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
         """Wait until the record is not ``creating``; raise ``SettleTimeout`` past ``timeout``."""
 
     # activity and streams
     async def touch(self, sandboxes: Mapping[str, float], sessions: Mapping[str, float]) -> None: ...
-    async def idle_sandboxes(self, pool: str, before: float) -> list[SandboxRecord]: ...
-    async def idle_sessions(self, before: float) -> list[str]: ...
+    async def idle_sessions(self, before: float, limit: int) -> list[str]:
+        """Up to ``limit`` sessions last seen before ``before``, least recently seen first."""
     async def add_streams(self, deltas: Mapping[str, int]) -> None: ...
     async def open_streams(self, sandbox_id: str) -> int: ...
 

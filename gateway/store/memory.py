@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+import bisect
+from collections.abc import Callable, Mapping, Sequence
 
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store.base import (
-    Caps, Invalidation, NotReserved, Reservation, Reserved, Settled, Settlement, SettleTimeout,
+    ANY_SANDBOX, Caps, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved, SandboxFilter,
+    SandboxPage, Settled, Settlement, SettleTimeout,
 )
 
 class MemoryStore:
@@ -28,6 +30,8 @@ class MemoryStore:
         # Records per pool and per org, kept with _sandboxes: a cap check costs no scan.
         self._per_pool: Counter[str] = Counter()
         self._per_org: Counter[str | None] = Counter()
+        self._per_state: Counter[tuple[str, SandboxState]] = Counter()  # the gauges, kept like the caps
+        self._sessions_per_pool: Counter[str] = Counter()
         self._sandbox_sessions: dict[str, set[str]] = defaultdict(set)
         self._streams: dict[str, int] = defaultdict(int)
         self._leases: dict[str, tuple[str, float]] = {}
@@ -42,6 +46,7 @@ class MemoryStore:
         stored = self._bindings.setdefault(binding.session_id, binding)
         if stored is binding:
             self._session_seen[binding.session_id] = binding.created_at
+            self._sessions_per_pool[binding.pool] += 1
             self._sandbox_sessions[binding.sandbox_id].add(binding.session_id)
         return stored
 
@@ -49,6 +54,7 @@ class MemoryStore:
         binding = self._bindings.pop(session_id, None)
         self._session_seen.pop(session_id, None)
         if binding is not None:
+            self._sessions_per_pool[binding.pool] -= 1
             sessions = self._sandbox_sessions.get(binding.sandbox_id)
             if sessions is not None:
                 sessions.discard(session_id)
@@ -64,8 +70,29 @@ class MemoryStore:
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
         return self._with_sessions(self._sandboxes.get(sandbox_id))
 
-    async def list_sandboxes(self) -> list[SandboxRecord]:
-        return [self._with_sessions(r) for r in self._sandboxes.values()]  # type: ignore[misc]
+    async def scan_sandboxes(self, after: Position | None, *, limit: int, scan: int,
+                             before: float = float("inf"), where: SandboxFilter = ANY_SANDBOX) -> SandboxPage:
+        # One process, a few sandboxes: sorting per call is the simple way to the same order as Redis.
+        order = sorted((r.last_active, r.sandbox_id) for r in self._sandboxes.values())
+        start = 0 if after is None else bisect.bisect_right(order, after.key())
+        stop = min(start + scan, bisect.bisect_left(order, (before, "")))
+        found: list[SandboxRecord] = []
+        for index in range(start, stop):
+            record = self._sandboxes[order[index][1]]
+            if where.matches(record):
+                found.append(self._with_sessions(record))  # type: ignore[arg-type]
+                if len(found) == limit:
+                    stop = index + 1
+                    break
+        more = stop < len(order) and order[stop][0] < before
+        return SandboxPage(found, Position(*order[stop - 1]) if more and stop > start else None)
+
+    async def existing_sandboxes(self, sandbox_ids: Sequence[str]) -> set[str]:
+        return {sandbox_id for sandbox_id in sandbox_ids if sandbox_id in self._sandboxes}
+
+    async def fleet_counts(self) -> FleetCounts:
+        return FleetCounts({k: v for k, v in self._per_state.items() if v},
+                           {k: v for k, v in self._sessions_per_pool.items() if v})
 
     async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
         now = self._clock()
@@ -85,18 +112,23 @@ class MemoryStore:
                              last_active=max(record.last_active, record.created_at))
         self._sandboxes[record.sandbox_id] = fresh
         self._count(fresh, 1)
-        return Reservation(fresh, Reserved.CREATED if existing is None else Reserved.TAKEN_OVER)
+        return Reservation(self._with_sessions(fresh),  # type: ignore[arg-type]
+                           Reserved.CREATED if existing is None else Reserved.TAKEN_OVER)
 
     def _count(self, record: SandboxRecord, delta: int) -> None:
         self._per_pool[record.pool] += delta
         self._per_org[record.org_id] += delta
+        self._per_state[record.pool, record.state] += delta
 
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
         current = self._sandboxes.get(sandbox_id)
         if current is None:
             raise NotReserved(sandbox_id)
         ready = current.with_(state=SandboxState.READY, endpoint=endpoint, lease_until=0.0)
+        self._count(current, -1)
         self._sandboxes[sandbox_id] = ready
+        self._count(ready, 1)
+        ready = self._with_sessions(ready)  # type: ignore[assignment]
         self._settle(sandbox_id, Settlement(Settled.READY, ready))
         return ready
 
@@ -108,6 +140,15 @@ class MemoryStore:
             self._count(record, -1)
             self._publish(sandbox_id)
         return record
+
+    async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint) -> Released:
+        record = self._sandboxes.get(sandbox_id)
+        if record is None:
+            return Released.ABSENT
+        if record.state is not SandboxState.READY or record.endpoint != endpoint:
+            return Released.CHANGED
+        await self.release_sandbox(sandbox_id)  # no error: a waiter reserves again
+        return Released.RELEASED
 
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
         record = self._sandboxes.get(sandbox_id)
@@ -137,14 +178,9 @@ class MemoryStore:
             if session_id in self._session_seen and at > self._session_seen[session_id]:
                 self._session_seen[session_id] = at
 
-    async def idle_sandboxes(self, pool: str, before: float) -> list[SandboxRecord]:
-        return [
-            r for r in self._sandboxes.values()
-            if r.pool == pool and r.state is SandboxState.READY and r.last_active < before
-        ]
-
-    async def idle_sessions(self, before: float) -> list[str]:
-        return [s for s, seen in self._session_seen.items() if seen < before]
+    async def idle_sessions(self, before: float, limit: int) -> list[str]:
+        idle = sorted((seen, s) for s, seen in self._session_seen.items() if seen < before)
+        return [s for _seen, s in idle[:limit]]
 
     async def add_streams(self, deltas: Mapping[str, int]) -> None:
         for sandbox_id, delta in deltas.items():

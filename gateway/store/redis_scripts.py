@@ -7,20 +7,25 @@ fails fails before writing anything. Numbers cross the boundary as strings
 written by Python (``repr(float)``): Lua compares them with ``tonumber`` but never
 formats one, because Lua would print only 14 significant digits.
 
-A sandbox is a hash with these fields (the record JSON holds only the fields
-that never change after a reservation):
+A sandbox is one small hash (``s:<id>``), kept compact: one-letter fields, each
+value short enough (at most 64 bytes for ordinary IDs) that Redis keeps the hash
+as a listpack, and no per-sandbox set. It holds the record, while there is one,
+and the sessions bound to the sandbox, while there are any (so the key lives as
+long as either):
 
-``rec``          JSON of ``sandbox_id``, ``pool``, ``org_id``, ``created_at``, ``meta``, ``owner``
-                 (``[org, user, bot]``; absent in records of versions before owners were kept)
-``state``        ``creating`` | ``ready`` (``failed``/``deleting`` are never stored)
-``endpoint``     Endpoint JSON, or ``""`` while creating
-``lease_until``  creation lease deadline (the store's clock), ``0`` once ready
-``gen``          a token per reservation: tells one incarnation from the next
-``pool``, ``org`` what the capacity counters count by (``org`` absent: no org)
+``s``  state: ``creating`` | ``ready`` (``failed``/``deleting`` are never stored); present iff a record is
+``p``  pool        ``o``  org the caps count by (absent: no org)        ``c``  created_at
+``e``  endpoint ``"<scheme> <host> <port>"`` (absent while creating)
+``l``  creation lease deadline (the store's clock), ``0`` once ready
+``g``  a token per reservation: tells one incarnation from the next
+``u``, ``b``  the owner's user and bot (``u`` absent: a record of a version that kept no owner);
+``v``  the owner's org as a JSON ``[org]``, only where it differs from ``o``
+``m``  meta JSON (absent when empty)
+``n``  how many sessions are bound (absent: none)      ``+<session_id>``  one field per bound session
 
 A record in state ``creating`` or ``ready`` is *live* and counted once in
-``count:pool[pool]`` and (when it has an org) ``count:org[org]``; every script
-that changes a state keeps that true.
+``count:pool[pool]``, (when it has an org) ``count:org[org]`` and
+``count:state["<state>:<pool>"]``; every script that changes a state keeps that true.
 """
 
 from __future__ import annotations
@@ -29,31 +34,32 @@ from __future__ import annotations
 class RedisKeys:
     """Every key and channel name of one installation (the table is in ``gateway.store.redis``)."""
 
-    __slots__ = ("_base", "session_seen", "sandboxes", "count_pool", "count_org", "settled", "invalidate")
+    __slots__ = ("_base", "session_seen", "sandboxes", "count_pool", "count_org", "count_state", "count_sessions",
+                 "settled", "invalidate")
 
-    # Fixed parts of the variable keys; kept prefix-free (tests check it).
-    VARIABLE = ("binding:", "sandbox:", "sandbox-sessions:", "streams:", "replica:", "lease:")
-    FIXED = ("session-seen", "sandboxes", "count:pool", "count:org")
+    # Fixed parts of the variable keys; kept prefix-free (tests check it). Short on purpose:
+    # a key name is paid for once per session or sandbox.
+    VARIABLE = ("b:", "s:", "streams:", "replica:", "lease:")
+    FIXED = ("seen", "idx", "count:pool", "count:org", "count:state", "count:sessions")
 
     def __init__(self, prefix: str) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
             raise ValueError(f"redis key prefix {prefix!r} must be non-empty and contain no braces")
         self._base = "{" + prefix + "}:"
-        self.session_seen = self._base + "session-seen"
-        self.sandboxes = self._base + "sandboxes"
+        self.session_seen = self._base + "seen"
+        self.sandboxes = self._base + "idx"
         self.count_pool = self._base + "count:pool"
         self.count_org = self._base + "count:org"
+        self.count_state = self._base + "count:state"
+        self.count_sessions = self._base + "count:sessions"
         self.settled = self._base + "settled"
         self.invalidate = self._base + "invalidate"
 
     def binding(self, session_id: str) -> str:
-        return self._base + "binding:" + session_id
+        return self._base + "b:" + session_id
 
     def sandbox(self, sandbox_id: str) -> str:
-        return self._base + "sandbox:" + sandbox_id
-
-    def sandbox_sessions(self, sandbox_id: str) -> str:
-        return self._base + "sandbox-sessions:" + sandbox_id
+        return self._base + "s:" + sandbox_id
 
     def streams(self, sandbox_id: str) -> str:
         return self._base + "streams:" + sandbox_id
@@ -67,12 +73,16 @@ class RedisKeys:
 
 # Shared helpers, prepended to the scripts that need them.
 _HELPERS = """
-local function view(sandbox_key, index_key, sessions_key, sandbox_id)
-  local h = redis.call('HMGET', sandbox_key, 'rec', 'state', 'endpoint', 'lease_until', 'gen')
+local RECORD = {'s', 'p', 'o', 'c', 'e', 'l', 'g', 'u', 'b', 'v', 'm'}
+local function view(sandbox_key, index_key, sandbox_id)
+  local h = redis.call('HMGET', sandbox_key, 's', 'p', 'o', 'c', 'e', 'l', 'g', 'u', 'b', 'v', 'm', 'n')
   if not h[1] then return false end
-  return {h[1], h[2], h[3] or '', h[4] or '0',
-          redis.call('ZSCORE', index_key, sandbox_id) or '0',
-          redis.call('SCARD', sessions_key), h[5] or ''}
+  h[13] = redis.call('ZSCORE', index_key, sandbox_id) or '0'
+  return h
+end
+-- forget the record, keep the sessions bound to the sandbox (the key goes with its last field)
+local function drop_record(sandbox_key)
+  redis.call('HDEL', sandbox_key, unpack(RECORD))
 end
 local function uncount(key, field)
   if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
@@ -80,35 +90,42 @@ end
 local function is_live(state)
   return state == 'creating' or state == 'ready'
 end
+-- count:state fields are '<state>:<pool>' (states hold no ':'): the gauges read one small hash
+local function restate(key, pool, from, to)
+  if not pool then return end
+  if from and is_live(from) then uncount(key, from .. ':' .. pool) end
+  if to then redis.call('HINCRBY', key, to .. ':' .. pool, 1) end
+end
 """
 
-# A "view" (what the get/reserve/mark/release scripts return for a record) is
-# {rec JSON, state, endpoint JSON or '', lease_until, last_active, sessions, gen}.
+# A "view" (what the get/reserve/mark/release scripts return for a record) is the HMGET of
+# {s, p, o, c, e, l, g, u, b, v, m, n} (nil where absent) followed by last_active from the index.
 
 GET_SANDBOX = _HELPERS + """
--- KEYS[1] sandbox hash  KEYS[2] sandboxes zset  KEYS[3] sandbox-sessions set
+-- KEYS[1] sandbox hash  KEYS[2] sandboxes index (zset)
 -- ARGV[1] sandbox id
 -- returns the record's view, or false (nil) when there is no record
-return view(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
+return view(KEYS[1], KEYS[2], ARGV[1])
 """
 
 PUT_BINDING = """
--- KEYS[1] binding string  KEYS[2] session-seen zset  KEYS[3] sandbox-sessions set of the binding's sandbox
--- ARGV[1] binding JSON  ARGV[2] session id  ARGV[3] created_at (first "seen" time)
--- returns the binding already stored (JSON): it wins; false (nil) when ARGV[1] was stored
+-- KEYS[1] binding string  KEYS[2] seen zset  KEYS[3] the binding's sandbox hash  KEYS[4] count:sessions hash
+-- ARGV[1] binding (compact)  ARGV[2] session id  ARGV[3] created_at (first "seen" time)  ARGV[4] the binding's pool
+-- returns the binding already stored: it wins; false (nil) when ARGV[1] was stored
 local current = redis.call('GET', KEYS[1])
 if current then return current end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
-redis.call('SADD', KEYS[3], ARGV[2])
+if redis.call('HSETNX', KEYS[3], '+' .. ARGV[2], '') == 1 then redis.call('HINCRBY', KEYS[3], 'n', 1) end
+redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
 return false
 """
 
-DELETE_BINDING = """
--- KEYS[1] binding string  KEYS[2] session-seen zset  KEYS[3] sandbox-sessions set of the sandbox named in ARGV[2]
--- ARGV[1] session id  ARGV[2] the binding JSON the caller read (KEYS[3] was derived from it)
--- ARGV[3] invalidate channel  ARGV[4] invalidate message
--- returns the deleted binding JSON; false (nil) when there was none;
+DELETE_BINDING = _HELPERS + """
+-- KEYS[1] binding string  KEYS[2] seen zset  KEYS[3] the sandbox hash named in ARGV[2]  KEYS[4] count:sessions hash
+-- ARGV[1] session id  ARGV[2] the binding the caller read (KEYS[3] and ARGV[5] were derived from it)
+-- ARGV[3] invalidate channel  ARGV[4] invalidate message  ARGV[5] the binding's pool
+-- returns the deleted binding; false (nil) when there was none;
 --         0 when the binding changed since the caller read it (read again and retry)
 local current = redis.call('GET', KEYS[1])
 if not current then
@@ -118,31 +135,30 @@ end
 if current ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('SREM', KEYS[3], ARGV[1])
+if redis.call('HDEL', KEYS[3], '+' .. ARGV[1]) == 1 then uncount(KEYS[3], 'n') end
+uncount(KEYS[4], ARGV[5])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return current
 """
 
 RESERVE_SANDBOX = _HELPERS + """
--- KEYS[1] sandbox hash  KEYS[2] sandboxes zset  KEYS[3] count:pool hash  KEYS[4] count:org hash
--- KEYS[5] sandbox-sessions set
+-- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:pool hash  KEYS[4] count:org hash
+-- KEYS[5] count:state hash
 -- ARGV[1] now  ARGV[2] sandbox id  ARGV[3] pool  ARGV[4] org id ('' when none)  ARGV[5] '1' when there is an org
--- ARGV[6] pool cap ('' = none)  ARGV[7] org cap ('' = none)  ARGV[8] record JSON (static fields)
--- ARGV[9] lease_until  ARGV[10] last_active  ARGV[11] reservation token (gen)
--- ARGV[12] invalidate channel  ARGV[13] invalidate message (published on a takeover)
+-- ARGV[6] pool cap ('' = none)  ARGV[7] org cap ('' = none)  ARGV[8] lease_until  ARGV[9] last_active
+-- ARGV[10] reservation token (gen)  ARGV[11] invalidate channel  ARGV[12] invalidate message (on a takeover)
+-- ARGV[13..] the record's other fields as field, value pairs (c, u, b, v, m: those present)
 -- returns {'created' | 'taken' | 'existing', view...}, or {'cap', 'pool' | 'org'} when a cap is reached
-local state = redis.call('HGET', KEYS[1], 'state')
+local cur = redis.call('HMGET', KEYS[1], 's', 'l', 'g', 'p', 'o')
+local state = cur[1]
 local stale = false
 if state then
-  local cur = redis.call('HMGET', KEYS[1], 'lease_until', 'gen', 'pool', 'org')
-  if state == 'creating' and cur[2] == ARGV[11] then
+  if state == 'creating' and cur[3] == ARGV[10] then
     -- our own reservation: this call is a retry of one that succeeded
-    local v = view(KEYS[1], KEYS[2], KEYS[5], ARGV[2])
-    return {'created', unpack(v)}
+    return {'created', unpack(view(KEYS[1], KEYS[2], ARGV[2]))}
   end
-  if not (state == 'creating' and tonumber(cur[1]) < tonumber(ARGV[1])) then
-    local v = view(KEYS[1], KEYS[2], KEYS[5], ARGV[2])
-    return {'existing', unpack(v)}
+  if not (state == 'creating' and tonumber(cur[2]) < tonumber(ARGV[1])) then
+    return {'existing', unpack(view(KEYS[1], KEYS[2], ARGV[2]))}
   end
   stale = cur  -- a creation whose creator's lease expired: take it over
 end
@@ -152,68 +168,118 @@ local org_live = 0
 if has_org then org_live = tonumber(redis.call('HGET', KEYS[4], ARGV[4]) or '0') end
 if stale then
   -- the stale record is live and counted, but it does not count against its own takeover
-  if stale[3] == ARGV[3] then pool_live = pool_live - 1 end
-  if has_org and stale[4] == ARGV[4] then org_live = org_live - 1 end
+  if stale[4] == ARGV[3] then pool_live = pool_live - 1 end
+  if has_org and stale[5] == ARGV[4] then org_live = org_live - 1 end
 end
 if ARGV[6] ~= '' and pool_live >= tonumber(ARGV[6]) then return {'cap', 'pool'} end
 if has_org and ARGV[7] ~= '' and org_live >= tonumber(ARGV[7]) then return {'cap', 'org'} end
 if stale then
-  if stale[3] then uncount(KEYS[3], stale[3]) end
-  if stale[4] then uncount(KEYS[4], stale[4]) end
-  redis.call('DEL', KEYS[1])
+  if stale[4] then uncount(KEYS[3], stale[4]) end
+  if stale[5] then uncount(KEYS[4], stale[5]) end
+  restate(KEYS[5], stale[4], stale[1], nil)
+  drop_record(KEYS[1])
 end
-redis.call('HSET', KEYS[1], 'rec', ARGV[8], 'state', 'creating', 'endpoint', '',
-           'lease_until', ARGV[9], 'gen', ARGV[11], 'pool', ARGV[3])
+redis.call('HSET', KEYS[1], 's', 'creating', 'l', ARGV[8], 'g', ARGV[10], 'p', ARGV[3])
+if #ARGV > 12 then redis.call('HSET', KEYS[1], unpack(ARGV, 13)) end
 redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+restate(KEYS[5], ARGV[3], nil, 'creating')
 if has_org then
-  redis.call('HSET', KEYS[1], 'org', ARGV[4])
+  redis.call('HSET', KEYS[1], 'o', ARGV[4])
   redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
 end
-redis.call('ZADD', KEYS[2], ARGV[10], ARGV[2])
-if stale then redis.call('PUBLISH', ARGV[12], ARGV[13]) end
-local v = view(KEYS[1], KEYS[2], KEYS[5], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[9], ARGV[2])
+if stale then redis.call('PUBLISH', ARGV[11], ARGV[12]) end
+local v = view(KEYS[1], KEYS[2], ARGV[2])
 if stale then return {'taken', unpack(v)} end
 return {'created', unpack(v)}
 """
 
 MARK_READY = _HELPERS + """
--- KEYS[1] sandbox hash  KEYS[2] sandboxes zset  KEYS[3] count:pool hash  KEYS[4] count:org hash
--- KEYS[5] sandbox-sessions set
--- ARGV[1] sandbox id  ARGV[2] endpoint JSON  ARGV[3] settled channel
+-- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:state hash
+-- ARGV[1] sandbox id  ARGV[2] endpoint ("<scheme> <host> <port>")  ARGV[3] settled channel
 -- returns the ready record's view; false (nil) when there is no record
-local cur = redis.call('HMGET', KEYS[1], 'state', 'pool', 'org', 'gen')
+local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'g')
 if not cur[1] then return false end
-if not is_live(cur[1]) then
-  if cur[2] then redis.call('HINCRBY', KEYS[3], cur[2], 1) end
-  if cur[3] then redis.call('HINCRBY', KEYS[4], cur[3], 1) end
-end
-redis.call('HSET', KEYS[1], 'state', 'ready', 'endpoint', ARGV[2], 'lease_until', '0')
-redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = cur[4] or '', state = 'ready'}))
-return view(KEYS[1], KEYS[2], KEYS[5], ARGV[1])
+restate(KEYS[3], cur[2], cur[1], 'ready')
+redis.call('HSET', KEYS[1], 's', 'ready', 'e', ARGV[2], 'l', '0')
+redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = cur[3] or '', state = 'ready'}))
+return view(KEYS[1], KEYS[2], ARGV[1])
 """
 
 RELEASE_SANDBOX = _HELPERS + """
--- KEYS[1] sandbox hash  KEYS[2] sandboxes zset  KEYS[3] count:pool hash  KEYS[4] count:org hash
--- KEYS[5] sandbox-sessions set  KEYS[6] streams hash
+-- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:pool hash  KEYS[4] count:org hash
+-- KEYS[5] streams hash  KEYS[6] count:state hash
 -- ARGV[1] sandbox id  ARGV[2] error for the waiters  ARGV[3] settled channel
 -- ARGV[4] invalidate channel  ARGV[5] invalidate message
--- returns the removed record's view; false (nil) when there was no record (waiters are woken either way)
-local found = view(KEYS[1], KEYS[2], KEYS[5], ARGV[1])
+-- ARGV[6] only this endpoint ('' = any): release a ready record only while it still has that endpoint
+-- returns the removed record's view; false (nil) when there was no record (waiters are woken either way);
+--         with ARGV[6] (nothing changed, nobody woken): 0 when the record does not match, -1 when there is none
+local found = view(KEYS[1], KEYS[2], ARGV[1])
+if ARGV[6] ~= '' then
+  if not found then return -1 end
+  if not (found[1] == 'ready' and found[5] == ARGV[6]) then return 0 end
+end
 local gen = ''
 if found then
-  local cur = redis.call('HMGET', KEYS[1], 'state', 'pool', 'org', 'gen')
-  if is_live(cur[1]) then
-    if cur[2] then uncount(KEYS[3], cur[2]) end
-    if cur[3] then uncount(KEYS[4], cur[3]) end
+  local state, pool, org = found[1], found[2], found[3]
+  if is_live(state) then
+    if pool then uncount(KEYS[3], pool) end
+    if org then uncount(KEYS[4], org) end
   end
-  gen = cur[4] or ''
-  redis.call('DEL', KEYS[1])
+  restate(KEYS[6], pool, state, nil)
+  gen = found[7] or ''
+  drop_record(KEYS[1])
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
-redis.call('DEL', KEYS[6])
+redis.call('DEL', KEYS[5])
 redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = gen, state = 'removed', error = ARGV[2]}))
 return found
+"""
+
+INDEX_PAGE = """
+-- KEYS[1] sandboxes zset (sandbox id -> last_active)
+-- ARGV[1] the cursor's last_active ('' = from the start)  ARGV[2] the cursor's sandbox id
+-- ARGV[3] before (exclusive upper bound on last_active)  ARGV[4] how many entries at most
+-- returns {id, score, id, score, ...}: the entries after the cursor in (score, id) order with
+-- score < before, at most ARGV[4] of them plus one more (which tells the caller whether more follow).
+-- Bounded whatever the index size: ZSCORE/ZRANK/ZCOUNT and one ZRANGE by rank, all O(log n + count).
+local start = 0
+if ARGV[1] ~= '' then
+  local at = tonumber(ARGV[1])
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[2])
+  if score and tonumber(score) == at then
+    start = redis.call('ZRANK', KEYS[1], ARGV[2]) + 1
+  else
+    -- the cursor's entry moved or went: start at its score, after the ties ordered before its id
+    start = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[1])
+    while true do
+      local tie = redis.call('ZRANGE', KEYS[1], start, start, 'WITHSCORES')
+      if #tie == 0 or tonumber(tie[2]) ~= at or tie[1] > ARGV[2] then break end
+      start = start + 1
+    end
+  end
+end
+local entries = redis.call('ZRANGE', KEYS[1], start, start + tonumber(ARGV[4]), 'WITHSCORES')
+local before = tonumber(ARGV[3])
+local out = {}
+for i = 1, #entries, 2 do
+  if tonumber(entries[i + 1]) >= before then break end
+  out[#out + 1] = entries[i]
+  out[#out + 1] = entries[i + 1]
+end
+return out
+"""
+
+READ_RECORDS = """
+-- KEYS[1..n] sandbox hashes
+-- returns, per key, its record fields {s, p, o, c, e, l, g, u, b, v, m, n} (s nil: no record);
+-- one reply for a whole page, where a pipeline would cost a reply (and its parsing) per sandbox
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('HMGET', key, 's', 'p', 'o', 'c', 'e', 'l', 'g', 'u', 'b', 'v', 'm', 'n')
+end
+return out
 """
 
 ACQUIRE_LEASE = """
