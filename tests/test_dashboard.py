@@ -186,7 +186,7 @@ def test_reap_and_sweep_panels_show_zero_before_the_first_event() -> None:
     body = metrics.exposition()[0].decode()
     assert sample_values(body, "sgw_reaps_total") == dict.fromkeys(REAP_REASONS, 0.0)
     assert sample_values(body, "sgw_orphan_sweeps_total") == {"no_store_record": 0.0}
-    for reason in ("orphan", "idle", "session_deleted"):
+    for reason in ("orphan", *REAP_REASONS):
         metrics.reaped(reason)
     body = metrics.exposition()[0].decode()
     assert sample_values(body, "sgw_reaps_total") == dict.fromkeys(REAP_REASONS, 1.0), "no new series"

@@ -236,11 +236,20 @@ async def test_a_dead_sandbox_is_healed_by_a_replica_that_did_not_create_it(repl
         assert [d.name for d in registry.iterdir()] == [sandbox]  # exactly one sandbox, re-created in place
         assert [(s["sandbox_id"], s["state"], s["sessions"]) for s in listing["sandboxes"]] == [(sandbox, "ready", 1)]
         runtimes = [p for p in os.listdir("/proc") if p.isdigit() and _is_runtime_of(int(p), sandbox)]
-        assert runtimes == [str(new_pid)]  # one process: the heal ran once, not once per request
+        # One sandbox started: every runtime process (bubblewrap, its launcher, the runtime) is of the
+        # session the new pid leads (posix_spawn with setsid): the heal ran once, not once per request.
+        assert str(new_pid) in runtimes and {_session_of(int(p)) for p in runtimes} == {new_pid}
     finally:
         for state in registry.glob("*/state.json"):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(json.loads(state.read_text())["pid"], signal.SIGKILL)
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def _is_runtime_of(pid: int, sandbox_id: str) -> bool:

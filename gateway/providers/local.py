@@ -235,7 +235,7 @@ class LocalProvider:
         state = _read_state(self._dir / sandbox_id)
         if state is None or not _alive(state["pid"], sandbox_id):
             return Probe.GONE
-        return Probe.ALIVE if await self._healthy(state["port"]) else Probe.UNKNOWN
+        return Probe.ALIVE if await self._healthy(state["socket"]) else Probe.UNKNOWN
 
     async def close(self) -> None:
         if self._stop_on_close:
