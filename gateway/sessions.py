@@ -19,9 +19,9 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Hashable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from gateway.errors import CapacityExceeded, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
 from gateway.model import Binding, Endpoint, Owner, Route, SandboxRecord, SandboxRequest, SandboxState, may_claim
@@ -33,6 +33,9 @@ from gateway.store.base import (
 from routing import Identity, Isolation, Placement, Policy, place
 
 log = logging.getLogger(__name__)
+
+_K = TypeVar("_K", bound=Hashable)
+_T = TypeVar("_T")
 
 REAPER_LEASE = "reaper"
 FILTERED_SCAN = 2_000  # index entries a filtered listing examines per page at most
@@ -261,12 +264,7 @@ class SessionRouter:
         """The binding's ready sandbox, created once; ``NotFound`` when it is another identity's."""
         record = await self.store.get_sandbox(binding.sandbox_id)
         if record is None or record.state is not SandboxState.READY:
-            key = (binding.sandbox_id, binding.owner)
-            task = self._inflight.get(key)
-            if task is None:
-                task = asyncio.create_task(self._ensure_once(binding))
-                self._inflight[key] = task
-                task.add_done_callback(lambda _t: self._inflight.pop(key, None))
+            task = _shared(self._inflight, (binding.sandbox_id, binding.owner), lambda: self._ensure_once(binding))
             # Shielded: one caller giving up must not abort a creation others wait for.
             record = await asyncio.shield(task)
         if not may_claim(record.sandbox_id, record.owner, record.created_at, binding.owner, binding.created_at):
@@ -363,13 +361,7 @@ class SessionRouter:
         sandbox runs at a time in this process, and the callers that pile up share it.
         """
         self.invalidate(route.session_id)
-        key = (route.sandbox_id, route.endpoint)
-        task = self._healing.get(key)
-        if task is None:
-            task = asyncio.create_task(self._heal(route))
-            self._healing[key] = task
-            task.add_done_callback(lambda _t: self._healing.pop(key, None))
-        await asyncio.shield(task)
+        await asyncio.shield(_shared(self._healing, (route.sandbox_id, route.endpoint), lambda: self._heal(route)))
 
     async def _heal(self, route: Route) -> None:
         probe = await self.provider.probe(route.sandbox_id, route.pool)
@@ -482,6 +474,16 @@ class SessionRouter:
 
     def cached_route_count(self) -> int:
         return len(self._cache)
+
+
+def _shared(tasks: dict[_K, asyncio.Task[_T]], key: _K, start: Callable[[], Coroutine[Any, Any, _T]]) -> asyncio.Task[_T]:
+    """The task in flight for ``key``, else a new one from ``start``: concurrent callers share one
+    piece of work, and the entry goes when the task ends."""
+    task = tasks.get(key)
+    if task is None:
+        task = tasks[key] = asyncio.create_task(start())
+        task.add_done_callback(lambda _t: tasks.pop(key, None))
+    return task
 
 
 def _unknown_session() -> NotFound:
