@@ -95,6 +95,18 @@ class KubernetesPoolOptions(_Strict):
         return self
 
 
+class LocalPoolOptions(_Strict):
+    """How a local pool's sandboxes run (gateway/providers/local.py, confine.py).
+
+    ``network``: ``none`` (the default) gives each sandbox a network namespace with loopback only;
+    ``outbound`` adds user-mode networking (slirp4netns) to addresses off the host: never the
+    host's own addresses (its loopback and the gateway's ports included), link-local addresses
+    or another sandbox. See SECURITY.md for what outbound exposes.
+    """
+
+    network: Literal["none", "outbound"] = "none"
+
+
 class PoolSpec(_Strict):
     """One pool of sandboxes and the provider that creates them."""
 
@@ -104,6 +116,7 @@ class PoolSpec(_Strict):
     provisioning_timeout: Duration = 120.0
     upstreams: list[str] | None = None
     kubernetes: KubernetesPoolOptions | None = None
+    local: LocalPoolOptions | None = None
 
     @model_validator(mode="after")
     def _provider_fields(self) -> PoolSpec:
@@ -121,6 +134,8 @@ class PoolSpec(_Strict):
             raise ValueError("provider 'kubernetes' needs a kubernetes section")
         if self.provider != "kubernetes" and self.kubernetes is not None:
             raise ValueError(f"kubernetes only applies to provider 'kubernetes', not {self.provider!r}")
+        if self.provider != "local" and self.local is not None:
+            raise ValueError(f"local only applies to provider 'local', not {self.provider!r}")
         return self
 
     def sandbox_outlives_activity(self) -> tuple[float, str]:
@@ -129,6 +144,11 @@ class PoolSpec(_Strict):
         ``idle_timeout`` today; suspended sandboxes kept for ``retention`` add it here when it lands.
         """
         return self.idle_timeout, "idle_timeout"
+
+    @property
+    def network(self) -> str:
+        """A local pool's network (``none`` or ``outbound``); ``none`` for other providers."""
+        return self.local.network if self.local is not None else "none"
 
 
 class RoutingRules(_Strict):
