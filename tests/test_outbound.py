@@ -14,6 +14,7 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.app import Gateway, confinement_problem, load_policy
+from gateway.app import Gateway, load_policy
 from gateway.metrics import Metrics
 from gateway.providers import outbound
 from gateway.providers.base import PoolProviders
@@ -34,6 +35,7 @@ from gateway.settings import Settings
 from gateway.store.instrumented import InstrumentedStore
 from gateway.store.memory import MemoryStore
 from routing.policy import PolicyError, parse_policy
+from tests.gateway_process import GatewayProcess
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None or shutil.which("slirp4netns") is None,
@@ -275,20 +277,41 @@ def test_outbound_is_a_local_pool_setting_checked_by_name(tmp_path):
     assert parse_policy("pools:\n  small: {}\n  shared: {}\n").pools["small"].network == "none"
 
 
-def test_a_host_without_slirp4netns_refuses_an_outbound_pool_by_name(tmp_path):
+async def test_serve_refuses_an_outbound_pool_on_a_host_without_slirp4netns(tmp_path):
     (tmp_path / "policy.yaml").write_text(POLICY)
-    settings = Settings(data_dir=tmp_path / "data", policy_file=tmp_path / "policy.yaml")
-    assert confinement_problem(settings) is None
-    path = os.environ["PATH"]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("bwrap", "ip", "true", "prlimit", "setpriv"):
+    for tool in ("bwrap", "ip", "true", "prlimit", "setpriv"):  # everything but slirp4netns
         (bin_dir / tool).symlink_to(shutil.which(tool) or tool)
-    os.environ["PATH"] = str(bin_dir)  # slirp4netns is not on it
-    try:
-        problem = confinement_problem(settings)
-    finally:
-        os.environ["PATH"] = path
-    assert problem is not None
-    assert f"{tmp_path / 'policy.yaml'}: pools.online.local.network" in problem
-    assert "slirp4netns is not installed" in problem
+    refused = GatewayProcess(tmp_path / "gw", "--policy", str(tmp_path / "policy.yaml"), env={"PATH": str(bin_dir)})
+    with pytest.raises(RuntimeError, match="gateway exited before serving"):
+        await refused.start()
+    assert await refused.stop() == 2
+    assert any(f"{tmp_path / 'policy.yaml'}: pools.online.local.network" in line
+               and "slirp4netns is not installed" in line for line in refused.log), refused.log
+
+
+async def test_a_sandbox_and_its_network_outlive_the_gateway_process(tmp_path, peer):
+    """SIGKILL the gateway (no shutdown at all): the sandbox and its helper stay, and the next
+    gateway on the same data dir hands the owner the same sandbox, still online."""
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    args = ("--policy", str(tmp_path / "policy.yaml"), "--data-dir", str(tmp_path / "data"))
+    headers = {"X-Org-Id": "org-a", "X-User-Id": "u", "X-Session-Id": "long"}
+    probe = {"command": f"{sys.executable} -c {shlex.quote(PROBE)} "
+                        + shlex.quote(json.dumps({"peer": [peer.address, peer.port]})), "timeout_seconds": 30}
+    first = await GatewayProcess(tmp_path / "gw1", *args).start()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{first.data_url}/execute", headers=headers, json=probe) as response:
+            assert json.loads((await response.json())["stdout"]) == {"peer": "peer-ok"}
+        [state_file] = (tmp_path / "data" / "sandboxes").glob("*/state.json")
+        state = json.loads(state_file.read_text())
+        await first.stop(signal.SIGKILL)
+        assert outbound.helper_alive(state["helper"])
+        second = await GatewayProcess(tmp_path / "gw2", *args).start()
+        try:
+            async with http.post(f"{second.data_url}/execute", headers=headers, json=probe) as response:
+                assert json.loads((await response.json())["stdout"]) == {"peer": "peer-ok"}
+            assert json.loads(state_file.read_text())["helper"] == state["helper"]  # the same one, not a new one
+        finally:
+            assert await second.stop() == 0  # the memory store's gateway stops its sandboxes on exit
+    assert not outbound.helper_alive(state["helper"])
