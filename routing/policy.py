@@ -221,7 +221,9 @@ class Policy:
         lines = [f"policy {self.source}: {len(self.pools)} pool(s)"]
         for name, pool in self.pools.items():
             cap = pool.max_sandboxes if pool.max_sandboxes is not None else "unlimited"
-            lines.append(f"  pool {name}: provider={pool.provider} max_sandboxes={cap} idle_timeout={pool.idle_timeout:g}s")
+            network = f" network={pool.network}" if pool.provider == "local" else ""
+            lines.append(f"  pool {name}: provider={pool.provider} max_sandboxes={cap} idle_timeout={pool.idle_timeout:g}s"
+                         f"{network}")
         orgs = ", ".join(sorted(self.per_session_orgs)) or "(none)"
         lines.append(f"  per-session orgs: {orgs}")
         lines.append("  prefix pools: " + ", ".join(f"{k}->{v}" for k, v in self.prefix_pools.items()))

@@ -274,7 +274,9 @@ def test_outbound_is_a_local_pool_setting_checked_by_name(tmp_path):
         parse_policy("pools:\n  p: {provider: static, upstreams: ['http://a'], local: {network: outbound}}\n",
                      "policy.yaml")
     assert "local only applies to provider 'local'" in str(wrong_provider.value)
-    assert parse_policy("pools:\n  small: {}\n  shared: {}\n").pools["small"].network == "none"
+    policy = parse_policy("pools:\n  small: {}\n  shared: {local: {network: outbound}}\n")
+    assert policy.pools["small"].network == "none"  # the default
+    assert "pool shared: provider=local" in policy.summary() and "network=outbound" in policy.summary()
 
 
 async def test_serve_refuses_an_outbound_pool_on_a_host_without_slirp4netns(tmp_path):
