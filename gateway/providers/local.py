@@ -152,7 +152,11 @@ class LocalProvider:
                 _unlink(state["socket"])
                 await _stop_helper(state)
             network = self._networks.get(request.pool, "none")
-            launch = await asyncio.to_thread(self._confinement.prepare, box, request.sandbox_id, network)
+            try:
+                launch = await asyncio.to_thread(self._confinement.prepare, box, request.sandbox_id, network)
+            except (OSError, RuntimeError) as exc:
+                raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be prepared: {exc}",
+                                      sandbox_id=request.sandbox_id) from None
             pid, path, helper = await self._spawn(request, box, launch)
             _write_state(box, {"pid": pid, "socket": path, "cgroups": launch.cgroups, "pool": request.pool,
                                "created_at": time.time(), "owner": request.owner.compact(), "helper": helper})

@@ -10,7 +10,8 @@ What the sandbox can NOT reach, and why:
 * the host's loopback: ``--disable-host-loopback`` (slirp's 10.0.2.2 would otherwise map to
   the host's 127.0.0.1);
 * any other address of the host (where the gateway's ports listen when bound to 0.0.0.0):
-  a ``prohibit`` route per host IPv4 address inside the sandbox's namespace, set before the
+  a ``prohibit`` route per destination in the host's IPv4 ``local`` routing table inside the
+  sandbox's namespace, set before the
   runtime drops its privileges (the sandbox has no capability over its namespace, so it
   cannot remove them); taken when the sandbox starts;
 * link-local addresses (169.254.0.0/16: cloud metadata services hand out credentials there);
@@ -69,11 +70,17 @@ def check() -> None:
 
 
 def blocked_prefixes() -> list[str]:
-    """The host's own IPv4 addresses (as /32s) and :data:`ALWAYS_BLOCKED`, loopback aside (the
-    sandbox's 127/8 is its own)."""
-    out = subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
-    addresses = {info["local"] for link in json.loads(out) for info in link.get("addr_info", []) if "local" in info}
-    mine = sorted(f"{a}/32" for a in addresses if not ipaddress.ip_address(a).is_loopback)
+    """Every IPv4 destination the host delivers to itself (its ``local`` routing table: interface
+    addresses, AnyIP ranges, broadcasts) and :data:`ALWAYS_BLOCKED`; loopback aside (the
+    sandbox's 127/8 is its own). ``RuntimeError`` when the table cannot be read."""
+    try:
+        out = subprocess.run(["ip", "-j", "-4", "route", "show", "table", "local"], capture_output=True, text=True,
+                             check=True, timeout=10).stdout
+        routes = json.loads(out)
+        prefixes = {ipaddress.ip_network(r["dst"]) for r in routes if r.get("type") in ("local", "broadcast")}
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as exc:
+        raise RuntimeError(f"cannot read the host's addresses to keep them from the sandbox: {exc}") from None
+    mine = sorted(str(p) for p in prefixes if not p.is_loopback)
     return [*mine, *ALWAYS_BLOCKED]
 
 
