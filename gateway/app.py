@@ -99,7 +99,7 @@ def confinement_problem(settings: Settings) -> str | None:
     if not any(p.provider == "local" for p in policy.pools.values()):
         return None
     from gateway.providers.confine import Bubblewrap
-    from gateway.providers.local import LocalProvider
+    from gateway.providers.local import check_networks
 
     bubblewrap = Bubblewrap(Path(settings.data_dir).absolute())
     try:
@@ -110,8 +110,7 @@ def confinement_problem(settings: Settings) -> str | None:
         return (f"local sandboxes cannot be confined: {exc}. Install bubblewrap, or set "
                 "SANDBOX_GATEWAY_LOCAL_UNCONFINED=1 to accept sandboxes that see the host and each other")
     try:
-        LocalProvider(Path(settings.data_dir), stop_on_close=False, confinement=bubblewrap,
-                      networks=local_networks(policy), policy_source=policy.source).check_networks()
+        check_networks(bubblewrap, local_networks(policy), policy.source)
     except RuntimeError as exc:
         return str(exc)
     return None

@@ -63,6 +63,22 @@ class Isolation(StrEnum):
     SHARED = "shared"
 
 
+class LocalPoolOptions(BaseModel):
+    """How a local pool's sandboxes run (gateway/providers/local.py, confine.py).
+
+    ``network``: ``none`` (the default) gives each sandbox a network namespace with loopback only;
+    ``outbound`` adds user-mode networking (slirp4netns) to addresses off the host: never the
+    host's own addresses (its loopback and the gateway's ports included), link-local addresses
+    or another sandbox. See SECURITY.md for what outbound exposes.
+    """
+
+    # As strict as _Strict (declared before it). Provider sections are the provider's to check
+    # (``kubernetes`` moves to gateway/); this one can follow with a local option check.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    network: Literal["none", "outbound"] = "none"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -95,28 +111,16 @@ class KubernetesPoolOptions(_Strict):
         return self
 
 
-class LocalPoolOptions(_Strict):
-    """How a local pool's sandboxes run (gateway/providers/local.py, confine.py).
-
-    ``network``: ``none`` (the default) gives each sandbox a network namespace with loopback only;
-    ``outbound`` adds user-mode networking (slirp4netns) to addresses off the host: never the
-    host's own addresses (its loopback and the gateway's ports included), link-local addresses
-    or another sandbox. See SECURITY.md for what outbound exposes.
-    """
-
-    network: Literal["none", "outbound"] = "none"
-
-
 class PoolSpec(_Strict):
     """One pool of sandboxes and the provider that creates them."""
 
     provider: Literal["local", "static", "kubernetes"] = "local"
     max_sandboxes: int | None = Field(default=None, ge=1)
+    local: LocalPoolOptions | None = None  # provider 'local' only
     idle_timeout: Duration = 1800.0
     provisioning_timeout: Duration = 120.0
     upstreams: list[str] | None = None
     kubernetes: KubernetesPoolOptions | None = None
-    local: LocalPoolOptions | None = None
 
     @model_validator(mode="after")
     def _provider_fields(self) -> PoolSpec:
@@ -138,17 +142,17 @@ class PoolSpec(_Strict):
             raise ValueError(f"local only applies to provider 'local', not {self.provider!r}")
         return self
 
+    @property
+    def network(self) -> str:
+        """A local pool's network (``none`` or ``outbound``); ``none`` for other providers."""
+        return self.local.network if self.local is not None else "none"
+
     def sandbox_outlives_activity(self) -> tuple[float, str]:
         """How long an idle sandbox of this pool may live, and the fields that say so.
 
         ``idle_timeout`` today; suspended sandboxes kept for ``retention`` add it here when it lands.
         """
         return self.idle_timeout, "idle_timeout"
-
-    @property
-    def network(self) -> str:
-        """A local pool's network (``none`` or ``outbound``); ``none`` for other providers."""
-        return self.local.network if self.local is not None else "none"
 
 
 class RoutingRules(_Strict):

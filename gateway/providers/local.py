@@ -101,7 +101,7 @@ class LocalProvider:
     async def start(self, on_lost: LostHandler) -> None:
         """Refuses (``RuntimeError``) when sandboxes cannot be confined or their sockets cannot be named."""
         await asyncio.to_thread(self._confinement.check)
-        self.check_networks()
+        check_networks(self._confinement, self._networks, self._policy_source)
         if self._run is None:
             raise RuntimeError(f"the data dir {self._dir.parent} is too long for Unix socket paths "
                                f"({MAX_SOCKET_PATH} bytes) and there is no /run to use instead: "
@@ -116,18 +116,6 @@ class LocalProvider:
         for sandbox_id, state in self._states():
             if _alive(state["pid"], sandbox_id):
                 self._watch(sandbox_id, state["pid"])
-
-    def check_networks(self) -> None:
-        """Refuse (``RuntimeError`` naming the pool, the field and the file) a pool that asks for
-        outbound network where it cannot be given."""
-        online = sorted(pool for pool, network in self._networks.items() if network == "outbound")
-        if not online:
-            return
-        try:
-            self._confinement.check_outbound()
-        except RuntimeError as exc:
-            raise RuntimeError(f"{self._policy_source}: pools.{online[0]}.local.network: 'outbound' cannot be "
-                               f"given here: {exc}; set network: none or fix the host") from None
 
     async def ensure(self, request: SandboxRequest) -> Endpoint:
         try:
@@ -317,6 +305,19 @@ class LocalProvider:
                 if state is not None:
                     found.append((box.name, state))
         return found
+
+
+def check_networks(confinement: Confinement, networks: Mapping[str, str], policy_source: str) -> None:
+    """Refuse (``RuntimeError`` naming the pool, the field and the file) a pool that asks for
+    outbound network where ``confinement`` cannot give it."""
+    online = sorted(pool for pool, network in networks.items() if network == "outbound")
+    if not online:
+        return
+    try:
+        confinement.check_outbound()
+    except RuntimeError as exc:
+        raise RuntimeError(f"{policy_source}: pools.{online[0]}.local.network: 'outbound' cannot be given here: "
+                           f"{exc}; set network: none or fix the host") from None
 
 
 # ownership ------------------------------------------------------------------
