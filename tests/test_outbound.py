@@ -243,20 +243,21 @@ async def test_the_helper_dies_with_its_sandbox_and_leaves_nothing_after_delete(
     await stack.run("org-a", "mine", "true")
     box = await stack.box("mine")
     state = json.loads((box / "state.json").read_text())
-    helper, sandbox = state["helper"], state["pid"]
+    helper = state["helper"]
     assert outbound.helper_alive(helper)
-    assert str(sandbox).encode() not in Path(f"/proc/{helper}/cmdline").read_bytes().split(b"\0")[:-2]
+    assert os.getsid(helper[0]) == helper[0] != os.getsid(0)  # its own session: a gateway's death does not reach it
     async with stack.http.delete(f"http://127.0.0.1:{stack.ports[1]}/v1/sessions/mine") as response:
         assert response.status in (200, 204), await response.text()
     assert not outbound.helper_alive(helper)
-    assert not Path(f"/proc/{helper}").exists()  # reaped too: not even a zombie
+    assert outbound.identify(helper[0]) != helper  # reaped too: not even a zombie
     assert not box.exists()
 
 
 async def test_a_sandbox_that_dies_takes_its_helper_with_it(stack):
     await stack.run("org-a", "mine", "true")
     state = json.loads((await stack.box("mine")).joinpath("state.json").read_text())
-    fd = os.pidfd_open(state["helper"])
+    assert outbound.helper_alive(state["helper"])
+    fd = os.pidfd_open(state["helper"][0])
     try:
         os.killpg(state["pid"], 9)
         loop = asyncio.get_running_loop()
@@ -283,18 +284,21 @@ def test_outbound_is_a_local_pool_setting_checked_by_name(tmp_path):
     assert "pool shared: provider=local" in policy.summary() and "network=outbound" in policy.summary()
 
 
-async def test_serve_refuses_an_outbound_pool_on_a_host_without_slirp4netns(tmp_path):
+def test_serve_refuses_an_outbound_pool_on_a_host_without_slirp4netns(tmp_path):
     (tmp_path / "policy.yaml").write_text(POLICY)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in ("bwrap", "ip", "true", "prlimit", "setpriv"):  # everything but slirp4netns
         (bin_dir / tool).symlink_to(shutil.which(tool) or tool)
-    refused = GatewayProcess(tmp_path / "gw", "--policy", str(tmp_path / "policy.yaml"), env={"PATH": str(bin_dir)})
-    with pytest.raises(RuntimeError, match="gateway exited before serving"):
-        await refused.start()
-    assert await refused.stop() == 2
-    assert any(f"{tmp_path / 'policy.yaml'}: pools.online.local.network" in line
-               and "slirp4netns is not installed" in line for line in refused.log), refused.log
+    # subprocess.run, not GatewayProcess: asyncio's child watcher sometimes reports 255 for a
+    # child that exits this fast (seen on main's test_confinement serve test too).
+    refused = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--data-port", "0", "--control-port", "0",
+                              "--policy", str(tmp_path / "policy.yaml"), "--data-dir", str(tmp_path / "data")],
+                             env={**os.environ, "PATH": str(bin_dir)}, capture_output=True, text=True, timeout=60,
+                             check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert f"{tmp_path / 'policy.yaml'}: pools.online.local.network" in refused.stderr
+    assert "slirp4netns is not installed" in refused.stderr
 
 
 async def test_a_sandbox_and_its_network_outlive_the_gateway_process(tmp_path, peer):

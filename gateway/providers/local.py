@@ -37,16 +37,16 @@ import shutil
 import signal
 import socket
 import time
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
 from gateway.errors import ProvisionFailed, ProvisionTimeout
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
-from gateway.providers.base import ForeignSandbox, LostHandler
 from gateway.providers import outbound
+from gateway.providers.base import ForeignSandbox, LostHandler
 from gateway.providers.confine import LISTEN_FD, Bubblewrap, Launch
 
 log = logging.getLogger(__name__)
@@ -168,10 +168,10 @@ class LocalProvider:
             delay = min(delay * 2, 1.0)
         return True
 
-    async def _spawn(self, request: SandboxRequest, box: Path, launch: Launch) -> tuple[int, str, int | None]:
+    async def _spawn(self, request: SandboxRequest, box: Path, launch: Launch) -> tuple[int, str, list[int] | None]:
         """Bind the sandbox's socket, start the runtime on it in its own session, attach its
         outbound network when it has one, wait for its LISTENING line. Returns the pid, the
-        socket and the network helper's pid.
+        socket and the network helper's identity (``outbound.identify``).
 
         ``posix_spawn`` rather than ``asyncio.create_subprocess_exec``: an asyncio
         transport kills its child when closed, and these children must outlive us.
@@ -419,7 +419,7 @@ def _reap(pid: int) -> None:
 async def _stop_helper(state: dict[str, Any]) -> None:
     """The sandbox's network helper, if it had one: gone once this returns (it exits with its sandbox)."""
     helper = state.get("helper")
-    if isinstance(helper, int):
+    if isinstance(helper, list) and len(helper) == 2 and all(isinstance(n, int) for n in helper):
         await outbound.stop_helper(helper)
 
 

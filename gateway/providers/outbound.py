@@ -42,7 +42,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 SLIRP = "slirp4netns"
@@ -108,9 +108,9 @@ class Attachment:
         for fd in (self._info[1], self._block[0], self._sync[1]):
             self._close(fd)
 
-    async def connect(self, log_path: Path) -> int:
+    async def connect(self, log_path: Path) -> list[int]:
         """Start slirp4netns on the sandbox's namespace, wait until it is ready, release the
-        sandbox; return the helper's pid. ``RuntimeError`` when bubblewrap or the helper fail."""
+        sandbox; return the helper's identity (:func:`identify`). ``RuntimeError`` when bubblewrap or the helper fail."""
         self._open.discard(self._info[0])  # _read_until closes it
         info = await _read_until(self._info[0], lambda data: data.rstrip().endswith(b"}"))
         try:
@@ -136,10 +136,14 @@ class Attachment:
             os.close(ready_w)
         self._close(self._sync[0])  # the helper's now: it sees EOF when bubblewrap's end closes
         if not await _read_until(ready_r, bool):
-            await stop_helper(helper)
+            if (identity := identify(helper)) is not None:  # our child: a zombie until stop_helper reaps it
+                await stop_helper(identity)
             raise RuntimeError(f"{SLIRP} exited before the sandbox's network was ready (see {log_path})")
+        identity = identify(helper)
+        if identity is None:  # exited already (and so did the sandbox's network)
+            raise RuntimeError(f"{SLIRP} exited right after it was ready (see {log_path})")
         os.write(self._block[1], b"1")
-        return helper
+        return identity
 
     def close(self) -> None:
         """Close whatever is still ours (idempotent). A sandbox still blocked reads EOF on its
@@ -153,44 +157,63 @@ class Attachment:
             os.close(fd)
 
 
-def helper_alive(helper: int) -> bool:
-    """True when ``helper`` runs and is a slirp4netns (guards against pid reuse)."""
-    return _program(helper) == SLIRP
+def identify(pid: int) -> list[int] | None:
+    """A process's identity that survives PID reuse: ``[pid, start time]`` (what ``state.json`` records)."""
+    started = _started(pid)
+    return None if started is None else [pid, started]
 
 
-def _program(pid: int) -> str | None:
-    """The program name of ``pid``: ``""`` while it exits (its memory is gone), None when there is no such process."""
+def helper_alive(helper: Sequence[int]) -> bool:
+    """True when the helper ``identify`` named still runs (not a zombie, not a reused PID)."""
+    pid, started = helper
+    return _started(pid) == started and _state(pid) not in ("Z", "X", None)
+
+
+def _stat(pid: int) -> list[str] | None:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return Path(f.read().split(b"\0")[0].decode(errors="replace")).name
-    except OSError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state is [0], starttime [19]
+    except (OSError, IndexError):
         return None
 
 
-async def stop_helper(helper: int, grace: float = 2.0) -> None:
+def _started(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[19]) if fields is not None else None
+
+
+def _state(pid: int) -> str | None:
+    fields = _stat(pid)
+    return fields[0] if fields is not None else None
+
+
+async def stop_helper(helper: Sequence[int], grace: float = 2.0) -> None:
     """Wait for a helper to exit (it does by itself once its sandbox has: its exit-fd closes),
-    SIGKILL it after ``grace``; reap it when it is our child."""
+    SIGKILL it after ``grace``; reap it when it is our child. Never touches a process that
+    merely reuses its PID."""
+    pid, started = helper
     try:
-        fd = os.pidfd_open(helper)
+        fd = os.pidfd_open(pid)
     except OSError:
         return
     try:
-        if _program(helper) in (SLIRP, ""):  # another program: the pid was reused, not ours to wait for
-            loop = asyncio.get_running_loop()
-            exited = loop.create_future()
-            loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
-            try:
-                await asyncio.wait_for(asyncio.shield(exited), grace)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                await asyncio.wait_for(exited, grace)
-            finally:
-                loop.remove_reader(fd)
+        if _started(pid) != started:  # checked with the pidfd open: it names the process checked
+            return
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+        loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+        try:
+            await asyncio.wait_for(asyncio.shield(exited), grace)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            await asyncio.wait_for(exited, grace)
+        finally:
+            loop.remove_reader(fd)
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)  # exactly this process, if it is our child
     finally:
         os.close(fd)
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(helper, os.WNOHANG)
 
 
 async def _read_until(fd: int, done: Callable[[bytes], bool]) -> bytes:
