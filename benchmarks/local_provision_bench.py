@@ -4,7 +4,10 @@ Runs the real SessionRouter with the memory store and the local provider, so
 each sample is: placement, reservation, spawning the runtime process, reading
 its LISTENING line and answering its health check.
 
-    .venv/bin/python benchmarks/local_provision_bench.py [--n 20]
+    .venv/bin/python benchmarks/local_provision_bench.py [--n 20] [--network none|outbound|both]
+
+``--network outbound`` gives every sandbox its slirp4netns (pools.<name>.local.network);
+``both`` alternates the two, sample by sample, so that they share the machine's load.
 """
 
 from __future__ import annotations
@@ -23,27 +26,36 @@ from gateway.store.memory import MemoryStore
 from routing import Identity, default_policy
 
 
-async def main(n: int) -> None:
+async def main(n: int, networks: list[str]) -> None:
+    samples: dict[str, list[float]] = {network: [] for network in networks}
     with tempfile.TemporaryDirectory() as tmp:
-        local = LocalProvider(Path(tmp), stop_on_close=True)
+        # Org "iso" is per-session (ses- IDs, pool "small"), others share (pool "shared"): one pool per network.
+        policy = default_policy(["iso"])
+        pools = {network: name for network, name in zip(networks, ("small", "shared"), strict=False)}
+        local = LocalProvider(Path(tmp), stop_on_close=True, networks={name: net for net, name in pools.items()})
         provider = PoolProviders({"small": local, "shared": local})
-        router = SessionRouter(MemoryStore(), provider, default_policy(["*"]), replica_id="bench")
+        router = SessionRouter(MemoryStore(), provider, policy, replica_id="bench")
         await provider.start(router.sandbox_lost)
-        samples = []
         try:
             for i in range(n):
-                started = time.perf_counter()
-                await router.bind(Identity.parse(user_id="u", session_id=f"bench-{i}"))
-                samples.append(time.perf_counter() - started)
+                for network in networks:
+                    org = "iso" if pools[network] == "small" else f"org-{i}"
+                    identity = Identity.parse(org_id=org, user_id="u", session_id=f"bench-{network}-{i}")
+                    started = time.perf_counter()
+                    await router.bind(identity)
+                    samples[network].append(time.perf_counter() - started)
         finally:
             await provider.close()
-    samples.sort()
-    print(f"local sandbox bind -> ready over {n} sequential binds:")
-    print(f"  median {statistics.median(samples) * 1000:.0f} ms, "
-          f"p90 {samples[int(0.9 * (n - 1))] * 1000:.0f} ms, min {samples[0] * 1000:.0f} ms, max {samples[-1] * 1000:.0f} ms")
+    for network, taken in samples.items():
+        taken.sort()
+        print(f"local sandbox bind -> ready, network {network}, over {n} sequential binds:")
+        print(f"  median {statistics.median(taken) * 1000:.0f} ms, p90 {taken[int(0.9 * (n - 1))] * 1000:.0f} ms, "
+              f"min {taken[0] * 1000:.0f} ms, max {taken[-1] * 1000:.0f} ms")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20)
-    asyncio.run(main(parser.parse_args().n))
+    parser.add_argument("--network", choices=("none", "outbound", "both"), default="none")
+    args = parser.parse_args()
+    asyncio.run(main(args.n, ["none", "outbound"] if args.network == "both" else [args.network]))

@@ -83,16 +83,30 @@ def build_confinement(settings: Settings) -> Confinement:
 
 def confinement_problem(settings: Settings) -> str | None:
     """Why local sandboxes cannot start here (checked once before any worker starts), or None."""
-    if settings.local_unconfined or not any(p.provider == "local" for p in load_policy(settings).pools.values()):
+    policy = load_policy(settings)
+    if not any(p.provider == "local" for p in policy.pools.values()):
         return None
     from gateway.providers.confine import Bubblewrap
+    from gateway.providers.local import check_networks
 
+    bubblewrap = Bubblewrap(Path(settings.data_dir).absolute())
     try:
-        Bubblewrap(Path(settings.data_dir).absolute()).check()
+        bubblewrap.check()
     except RuntimeError as exc:
+        if settings.local_unconfined:
+            return None
         return (f"local sandboxes cannot be confined: {exc}. Install bubblewrap, or set "
                 "SANDBOX_GATEWAY_LOCAL_UNCONFINED=1 to accept sandboxes that see the host and each other")
+    try:
+        check_networks(bubblewrap, local_networks(policy), policy.source)
+    except RuntimeError as exc:
+        return str(exc)
     return None
+
+
+def local_networks(policy: Policy) -> dict[str, str]:
+    """Each local pool's ``network`` setting (pools.<name>.local.network)."""
+    return {name: pool.network for name, pool in policy.pools.items() if pool.provider == "local"}
 
 
 def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
@@ -105,7 +119,8 @@ def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
         from gateway.providers.local import LocalProvider
 
         instances["local"] = LocalProvider(Path(settings.data_dir), stop_on_close=settings.store_kind == "memory",
-                                           confinement=build_confinement(settings))
+                                           confinement=build_confinement(settings), networks=local_networks(policy),
+                                           policy_source=policy.source)
     if "static" in by_kind:
         from gateway.providers.static import StaticProvider
 

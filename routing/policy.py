@@ -68,6 +68,22 @@ class Isolation(StrEnum):
     SHARED = "shared"
 
 
+class LocalPoolOptions(BaseModel):
+    """How a local pool's sandboxes run (gateway/providers/local.py, confine.py).
+
+    ``network``: ``none`` (the default) gives each sandbox a network namespace with loopback only;
+    ``outbound`` adds user-mode networking (slirp4netns) to addresses off the host: never the
+    host's own addresses (its loopback and the gateway's ports included), link-local addresses
+    or another sandbox. See SECURITY.md for what outbound exposes.
+    """
+
+    # As strict as _Strict (declared before it). Provider sections are the provider's to check
+    # (``kubernetes`` moves to gateway/); this one can follow with a local option check.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    network: Literal["none", "outbound"] = "none"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -77,6 +93,7 @@ class PoolSpec(_Strict):
 
     provider: Literal["local", "static", "kubernetes"] = "local"
     max_sandboxes: int | None = Field(default=None, ge=1)
+    local: LocalPoolOptions | None = None  # provider 'local' only
     idle_timeout: Duration = 1800.0
     provisioning_timeout: Duration = 120.0
     upstreams: list[str] | None = None
@@ -102,7 +119,14 @@ class PoolSpec(_Strict):
             raise ValueError("provider 'kubernetes' needs a kubernetes section")
         if self.provider != "kubernetes" and self.kubernetes is not None:
             raise ValueError(f"kubernetes only applies to provider 'kubernetes', not {self.provider!r}")
+        if self.provider != "local" and self.local is not None:
+            raise ValueError(f"local only applies to provider 'local', not {self.provider!r}")
         return self
+
+    @property
+    def network(self) -> str:
+        """A local pool's network (``none`` or ``outbound``); ``none`` for other providers."""
+        return self.local.network if self.local is not None else "none"
 
     def sandbox_outlives_activity(self) -> tuple[float, str]:
         """How long an idle sandbox of this pool may live, and the fields that say so.
@@ -200,7 +224,9 @@ class Policy:
         lines = [f"policy {self.source}: {len(self.pools)} pool(s)"]
         for name, pool in self.pools.items():
             cap = pool.max_sandboxes if pool.max_sandboxes is not None else "unlimited"
-            lines.append(f"  pool {name}: provider={pool.provider} max_sandboxes={cap} idle_timeout={pool.idle_timeout:g}s")
+            network = f" network={pool.network}" if pool.provider == "local" else ""
+            lines.append(f"  pool {name}: provider={pool.provider} max_sandboxes={cap} idle_timeout={pool.idle_timeout:g}s"
+                         f"{network}")
         orgs = ", ".join(sorted(self.per_session_orgs)) or "(none)"
         lines.append(f"  per-session orgs: {orgs}")
         lines.append("  prefix pools: " + ", ".join(f"{k}->{v}" for k, v in self.prefix_pools.items()))

@@ -1,7 +1,9 @@
 """Confinement for local sandboxes: the command line that runs a runtime inside bubblewrap.
 
 A confined sandbox gets its own mount, PID, IPC, UTS and network namespaces (loopback only: it
-can reach neither another sandbox's runtime nor the gateway's ports), a read-only view of
+can reach neither another sandbox's runtime nor the gateway's ports; a pool with
+``network: outbound`` adds user-mode networking to the world off the host, see
+gateway/providers/outbound.py), a read-only view of
 ``/usr`` plus the interpreter, the venv and the ``gateway.runtime`` package, a private
 ``/tmp``, a minimal ``/dev`` and ``/proc``, and one writable directory: its own ``root/``,
 mounted at :data:`HOME`. The gateway's data dir, key files, repository and the other
@@ -41,6 +43,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.providers import outbound
+
 #: Where the sandbox's own directory appears inside it (also its HOME and working directory).
 HOME = "/home/sandbox"
 #: The listening socket the runtime inherits (the gateway binds it; the sandbox never sees its path).
@@ -70,10 +74,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class Launch:
-    """How to start one sandbox: the argv to spawn and the cgroups it will join (to clean up)."""
+    """How to start one sandbox: the argv to spawn, the cgroups it will join (to clean up), and
+    whether it waits for its outbound network (``outbound.Attachment``) before its command runs."""
 
     argv: list[str]
     cgroups: list[str]
+    outbound: bool = False
 
 
 class Unconfined:
@@ -88,7 +94,10 @@ class Unconfined:
     def check(self) -> None:
         return None
 
-    def prepare(self, box: Path, sandbox_id: str) -> Launch:
+    def check_outbound(self) -> None:
+        return None  # it shares the host's network already
+
+    def prepare(self, box: Path, sandbox_id: str, network: str = "none") -> Launch:
         root = box / "root"
         root.mkdir(parents=True, exist_ok=True)
         # No RLIMIT_NPROC here: it would count every process of the gateway's user.
@@ -137,16 +146,26 @@ class Bubblewrap:
         if probe.returncode != 0:
             raise RuntimeError(f"bubblewrap does not run here: {probe.stderr.decode(errors='replace').strip()}")
 
+    def check_outbound(self) -> None:
+        """Raise ``RuntimeError`` saying why sandboxes cannot have outbound network here."""
+        if not self._root:
+            raise RuntimeError("outbound network for local sandboxes needs the gateway to run as root (without it "
+                               "sandboxes run in a user namespace, which this gateway does not network yet)")
+        outbound.check()
+
     def describe(self) -> str:
         who = "one unprivileged UID per sandbox" if self._root else f"UID {INNER_UID} in a user namespace"
         cgroups = "+".join(sorted(self._cgroup_parents)) or "none writable"
-        return (f"confined by bubblewrap ({who}; network none; cgroups: {cgroups}; "
+        return (f"confined by bubblewrap ({who}; network per pool: none or outbound; cgroups: {cgroups}; "
                 f"processes {self._limits.processes}, open files {self._limits.open_files}, "
                 f"memory {self._limits.memory_bytes // 1024**2} MiB)")
 
     # -- per sandbox ---------------------------------------------------------
-    def prepare(self, box: Path, sandbox_id: str) -> Launch:
-        """Set up ``box`` (its UID, its ``root/``, its passwd, its cgroups) and return how to launch it."""
+    def prepare(self, box: Path, sandbox_id: str, network: str = "none") -> Launch:
+        """Set up ``box`` (its UID, its ``root/``, its passwd, its cgroups) and return how to launch it.
+
+        ``network`` is the pool's: ``none`` or ``outbound`` (blocked: the host's addresses as they are now).
+        """
         root = box / "root"
         root.mkdir(parents=True, exist_ok=True)
         uid = self._uid(box) if self._root else INNER_UID
@@ -158,13 +177,17 @@ class Bubblewrap:
         (etc / "passwd").write_text(_PASSWD.format(uid=uid))
         (etc / "group").write_text(_GROUP.format(uid=uid))
         (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+        online = network == "outbound"
+        if online:
+            (etc / "resolv.conf").write_text(f"nameserver {outbound.DNS}\n")
         cgroups = self._make_cgroups(sandbox_id)
+        blocked = outbound.blocked_prefixes() if online else None
         argv = [*_prlimit(self._limits, address_space="memory" not in self._cgroup_parents),
-                *self._bwrap_argv(box, uid, sandbox_id)]
+                *self._bwrap_argv(box, uid, sandbox_id, blocked)]
         if cgroups:
             procs = [str(Path(c) / "cgroup.procs") for c in cgroups]
             argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", str(len(procs)), *procs, *argv]
-        return Launch(argv, cgroups)
+        return Launch(argv, cgroups, outbound=online)
 
     def release(self, cgroups: list[str]) -> None:
         """Kill whatever is left in the sandbox's cgroups (a fork bomb's stragglers) and remove them."""
@@ -186,7 +209,7 @@ class Bubblewrap:
             with contextlib.suppress(OSError):
                 cgroup.rmdir()
 
-    def _bwrap_argv(self, box: Path, uid: int, sandbox_id: str) -> list[str]:
+    def _bwrap_argv(self, box: Path, uid: int, sandbox_id: str, blocked: list[str] | None) -> list[str]:
         view = _View()
         view.ro("/usr")
         for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -210,7 +233,7 @@ class Bubblewrap:
         for name in _ETC:
             if (Path("/etc") / name).exists():
                 view.ro(f"/etc/{name}")
-        for name in ("passwd", "group", "hosts"):
+        for name in ("passwd", "group", "hosts", *(("resolv.conf",) if blocked is not None else ())):
             view.ro(str(box / "etc" / name), f"/etc/{name}")
         view.dir("/home")
         view.args += ["--bind", str(box / "root"), HOME, "--proc", "/proc", "--dev", "/dev",
@@ -227,7 +250,12 @@ class Bubblewrap:
             drop = []
         runtime = [self._python, "-m", "gateway.runtime", "--listen-fd", str(LISTEN_FD), "--root", HOME,
                    "--sandbox-id", sandbox_id]
-        return [self._bwrap, *view.args, "--", *drop, *runtime]
+        network: list[str] = []
+        if blocked is not None:  # root only (check_outbound): the network is set up before privileges drop
+            view.args += ["--info-fd", str(outbound.INFO_FD), "--block-fd", str(outbound.BLOCK_FD),
+                          "--sync-fd", str(outbound.SYNC_FD)]
+            network = outbound.sandbox_prefix(blocked)
+        return [self._bwrap, *view.args, "--", *network, *drop, *runtime]
 
     def _uid(self, box: Path) -> int:
         """This sandbox's host UID: the one recorded in its directory, else a free one (under a host-wide lock)."""

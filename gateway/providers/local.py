@@ -15,6 +15,10 @@ it, and the runtime inherits the listening descriptor. A confined sandbox has
 its own network namespace, so the socket is the only way in, and only the
 gateway can use it; the sandbox never sees its path.
 
+A pool with ``network: outbound`` gets a slirp4netns helper per sandbox (gateway/providers/
+outbound.py), attached before the runtime starts and recorded in ``state.json``; it exits
+with its sandbox, and a delete waits for it.
+
 Deaths are noticed without polling: each sandbox process is watched through a
 pidfd, which becomes readable when the process exits, whoever started it.
 """
@@ -33,6 +37,7 @@ import shutil
 import signal
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,6 +45,7 @@ import aiohttp
 
 from gateway.errors import ProvisionFailed, ProvisionTimeout
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
+from gateway.providers import outbound
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.confine import LISTEN_FD, Bubblewrap, Launch
 
@@ -57,7 +63,9 @@ class Confinement(Protocol):
 
     def check(self) -> None:
         """Raise ``RuntimeError`` saying why sandboxes cannot be confined here."""
-    def prepare(self, box: Path, sandbox_id: str) -> Launch: ...
+    def check_outbound(self) -> None:
+        """Raise ``RuntimeError`` saying why sandboxes cannot have outbound network here."""
+    def prepare(self, box: Path, sandbox_id: str, network: str = "none") -> Launch: ...
     def release(self, cgroups: list[str]) -> None: ...
     def describe(self) -> str: ...
 
@@ -72,12 +80,16 @@ def _alive(pid: int, sandbox_id: str) -> bool:
 
 
 class LocalProvider:
-    def __init__(self, data_dir: Path, *, stop_on_close: bool, confinement: Confinement | None = None) -> None:
+    def __init__(self, data_dir: Path, *, stop_on_close: bool, confinement: Confinement | None = None,
+                 networks: Mapping[str, str] | None = None, policy_source: str = "the policy") -> None:
+        """``networks``: each pool's ``network`` (``none`` when absent), read once like every pool's provider options."""
         data_dir = data_dir.absolute()
         self._dir = data_dir / "sandboxes"
         self._run = _socket_dir(data_dir)  # where the gateway binds each runtime's socket
         self._confinement = confinement if confinement is not None else Bubblewrap(data_dir)
         self._stop_on_close = stop_on_close
+        self._networks = dict(networks or {})
+        self._policy_source = policy_source
         self._on_lost: LostHandler = lambda _sandbox_id: None
         self._watched: dict[str, tuple[int, int]] = {}  # sandbox_id -> (pidfd, pid)
         self._deleting: set[str] = set()
@@ -89,6 +101,7 @@ class LocalProvider:
     async def start(self, on_lost: LostHandler) -> None:
         """Refuses (``RuntimeError``) when sandboxes cannot be confined or their sockets cannot be named."""
         await asyncio.to_thread(self._confinement.check)
+        check_networks(self._confinement, self._networks, self._policy_source)
         if self._run is None:
             raise RuntimeError(f"the data dir {self._dir.parent} is too long for Unix socket paths "
                                f"({MAX_SOCKET_PATH} bytes) and there is no /run to use instead: "
@@ -125,10 +138,16 @@ class LocalProvider:
                 _terminate(state["pid"], request.sandbox_id)
                 await asyncio.to_thread(self._confinement.release, state.get("cgroups", []))
                 _unlink(state["socket"])
-            launch = await asyncio.to_thread(self._confinement.prepare, box, request.sandbox_id)
-            pid, path = await self._spawn(request, box, launch)
+                await _stop_helper(state)
+            network = self._networks.get(request.pool, "none")
+            try:
+                launch = await asyncio.to_thread(self._confinement.prepare, box, request.sandbox_id, network)
+            except (OSError, RuntimeError) as exc:
+                raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be prepared: {exc}",
+                                      sandbox_id=request.sandbox_id) from None
+            pid, path, helper = await self._spawn(request, box, launch)
             _write_state(box, {"pid": pid, "socket": path, "cgroups": launch.cgroups, "pool": request.pool,
-                               "created_at": time.time(), "owner": request.owner.compact()})
+                               "created_at": time.time(), "owner": request.owner.compact(), "helper": helper})
         if not await self._answers(path, pid, request.sandbox_id):
             raise ProvisionFailed(f"local sandbox {request.sandbox_id} exited before answering its health check "
                                   f"(see {box / 'runtime.log'})", sandbox_id=request.sandbox_id)
@@ -149,8 +168,10 @@ class LocalProvider:
             delay = min(delay * 2, 1.0)
         return True
 
-    async def _spawn(self, request: SandboxRequest, box: Path, launch: Launch) -> tuple[int, str]:
-        """Bind the sandbox's socket, start the runtime on it in its own session, wait for its LISTENING line.
+    async def _spawn(self, request: SandboxRequest, box: Path, launch: Launch) -> tuple[int, str, list[int] | None]:
+        """Bind the sandbox's socket, start the runtime on it in its own session, attach its
+        outbound network when it has one, wait for its LISTENING line. Returns the pid, the
+        socket and the network helper's identity (``outbound.identify``).
 
         ``posix_spawn`` rather than ``asyncio.create_subprocess_exec``: an asyncio
         transport kills its child when closed, and these children must outlive us.
@@ -161,6 +182,8 @@ class LocalProvider:
         path = str(self._run / f"{secrets.token_hex(8)}.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         read_fd, write_fd = os.pipe()
+        network = outbound.Attachment() if launch.outbound else None
+        helper = None
         try:
             listener.bind(path)
             listener.listen(1024)
@@ -169,15 +192,27 @@ class LocalProvider:
                 (os.POSIX_SPAWN_DUP2, write_fd, 1),
                 (os.POSIX_SPAWN_OPEN, 2, str(box / "runtime.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
                 (os.POSIX_SPAWN_DUP2, listener.fileno(), LISTEN_FD),
+                *(network.file_actions() if network is not None else ()),
             ])
         except OSError as exc:
             os.close(read_fd)
             _unlink(path)
+            if network is not None:
+                network.close()
             raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be started: {exc}",
                                   sandbox_id=request.sandbox_id) from None
         finally:
             os.close(write_fd)
             listener.close()  # the runtime holds it now: when it exits, connects are refused
+        failure = "failed to start"
+        if network is not None:
+            network.spawned()
+            try:
+                helper = await network.connect(box / "network.log")
+            except RuntimeError as exc:
+                failure = f"got no outbound network ({exc})"
+            finally:
+                network.close()  # a sandbox still blocked reads EOF: without tap0 its first step exits (125)
         line = await _read_line(read_fd)
         parts = line.decode(errors="replace").split()
         if len(parts) != 3 or parts[0] != "LISTENING":
@@ -185,9 +220,10 @@ class LocalProvider:
             _reap(pid)
             await asyncio.to_thread(self._confinement.release, launch.cgroups)
             _unlink(path)
-            raise ProvisionFailed(f"local sandbox {request.sandbox_id} failed to start (see {box / 'runtime.log'})",
+            await _stop_helper({"helper": helper})
+            raise ProvisionFailed(f"local sandbox {request.sandbox_id} {failure} (see {box / 'runtime.log'})",
                                   sandbox_id=request.sandbox_id)
-        return pid, path
+        return pid, path, helper
 
     async def _healthy(self, path: str) -> bool:
         try:
@@ -254,6 +290,7 @@ class LocalProvider:
         await _stop(state["pid"], sandbox_id)
         await asyncio.to_thread(self._confinement.release, state.get("cgroups", []))
         _unlink(state["socket"])
+        await _stop_helper(state)
 
     # death notification ----------------------------------------------------
     def _watch(self, sandbox_id: str, pid: int) -> None:
@@ -289,6 +326,19 @@ class LocalProvider:
                 if state is not None:
                     found.append((box.name, state))
         return found
+
+
+def check_networks(confinement: Confinement, networks: Mapping[str, str], policy_source: str) -> None:
+    """Refuse (``RuntimeError`` naming the pool, the field and the file) a pool that asks for
+    outbound network where ``confinement`` cannot give it."""
+    online = sorted(pool for pool, network in networks.items() if network == "outbound")
+    if not online:
+        return
+    try:
+        confinement.check_outbound()
+    except RuntimeError as exc:
+        raise RuntimeError(f"{policy_source}: pools.{online[0]}.local.network: 'outbound' cannot be given here: "
+                           f"{exc}; set network: none or fix the host") from None
 
 
 # ownership ------------------------------------------------------------------
@@ -385,6 +435,13 @@ def _reap(pid: int) -> None:
     """Collect the exit status of our own child (no-op for another process's)."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
+
+
+async def _stop_helper(state: dict[str, Any]) -> None:
+    """The sandbox's network helper, if it had one: gone once this returns (it exits with its sandbox)."""
+    helper = state.get("helper")
+    if isinstance(helper, list) and len(helper) == 2 and all(isinstance(n, int) for n in helper):
+        await outbound.stop_helper(helper)
 
 
 def _terminate(pid: int, sandbox_id: str) -> None:
