@@ -211,6 +211,9 @@ class Bubblewrap:
 
     def _bwrap_argv(self, box: Path, uid: int, sandbox_id: str, blocked: list[str] | None) -> list[str]:
         view = _View()
+        # The private /tmp first: a later one would hide whatever is bound below it (a checkout and
+        # its venv under /tmp, as CI's may be).
+        view.tmpfs("/tmp", perms="1777")
         view.ro("/usr")
         for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             host = Path("/") / name
@@ -237,7 +240,7 @@ class Bubblewrap:
             view.ro(str(box / "etc" / name), f"/etc/{name}")
         view.dir("/home")
         view.args += ["--bind", str(box / "root"), HOME, "--proc", "/proc", "--dev", "/dev",
-                      "--perms", "1777", "--tmpfs", "/tmp", "--chdir", HOME, "--hostname", "sandbox",
+                      "--chdir", HOME, "--hostname", "sandbox",
                       "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                       "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", HOME,
                       "--setenv", "USER", "sandbox", "--setenv", "LANG", "C.UTF-8",
@@ -309,6 +312,11 @@ class _View:
         if path not in self._dirs:
             self._dirs.add(path)
             self.args += ["--perms", "0755", "--dir", path]
+
+    def tmpfs(self, path: str, perms: str) -> None:
+        self.dir(str(Path(path).parent))
+        self._dirs.add(path)
+        self.args += ["--perms", perms, "--tmpfs", path]
 
     def ro(self, source: str, dest: str | None = None) -> None:
         dest = dest or source
