@@ -46,6 +46,7 @@ import aiohttp
 from gateway.errors import ProvisionFailed, ProvisionTimeout
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from gateway.providers import outbound
+from gateway.providers._exits import exit_or_kill
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.confine import LISTEN_FD, Bubblewrap, Launch
 
@@ -458,19 +459,15 @@ async def _stop(pid: int, sandbox_id: str) -> None:
         fd = os.pidfd_open(pid)
     except OSError:
         return
-    loop = asyncio.get_running_loop()
-    exited = loop.create_future()
-    loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
     try:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.shield(exited), STOP_GRACE_SECONDS)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            await asyncio.wait_for(exited, STOP_GRACE_SECONDS)
+        await exit_or_kill(fd, STOP_GRACE_SECONDS, lambda: _killpg(pid))
     finally:
-        loop.remove_reader(fd)
         os.close(fd)
         _reap(pid)
+
+
+def _killpg(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)

@@ -45,6 +45,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gateway.providers._exits import exit_or_kill
+
 SLIRP = "slirp4netns"
 TAP = "tap0"
 ADDRESS = "10.0.2.100/24"
@@ -187,6 +189,11 @@ def _state(pid: int) -> str | None:
     return fields[0] if fields is not None else None
 
 
+def _pidfd_kill(fd: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+
+
 async def stop_helper(helper: Sequence[int], grace: float = 2.0) -> None:
     """Wait for a helper to exit (it does by itself once its sandbox has: its exit-fd closes),
     SIGKILL it after ``grace``; reap it when it is our child. Never touches a process that
@@ -199,17 +206,7 @@ async def stop_helper(helper: Sequence[int], grace: float = 2.0) -> None:
     try:
         if _started(pid) != started:  # checked with the pidfd open: it names the process checked
             return
-        loop = asyncio.get_running_loop()
-        exited = loop.create_future()
-        loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
-        try:
-            await asyncio.wait_for(asyncio.shield(exited), grace)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            await asyncio.wait_for(exited, grace)
-        finally:
-            loop.remove_reader(fd)
+        await exit_or_kill(fd, grace, lambda: _pidfd_kill(fd))
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)  # exactly this process, if it is our child
     finally:
