@@ -30,6 +30,9 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+DEFAULT_SESSION_TTL = 86_400.0
+"""A binding idle this long is forgotten (``serve`` and the offline ``check-policy`` agree on it)."""
+
 SESSION_TTL_SETTING = "session_ttl (SANDBOX_GATEWAY_SESSION_TTL)"
 """How errors name ``session_ttl``: the policy refuses one shorter than a pool's idle sandboxes live."""
 
@@ -50,7 +53,7 @@ class PolicySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SANDBOX_GATEWAY_", extra="ignore", frozen=True)
 
     per_session_org_ids: str | None = _per_session_org_ids()
-    session_ttl: float = Field(default=86_400.0, gt=0)  # as Settings.session_ttl: check-policy checks pools against it
+    session_ttl: float = Field(default=DEFAULT_SESSION_TTL, gt=0)  # check-policy checks pools against it
 
 
 class Settings(BaseSettings):
@@ -109,7 +112,7 @@ class Settings(BaseSettings):
     route_stale_ttl: float = Field(default=300.0, gt=0)
     # A binding idle this long is forgotten. Checked against the policy at startup and on every reload
     # (Policy.check_session_ttl): a binding must not expire while its sandbox may still run.
-    session_ttl: float = Field(default=86_400.0, gt=0)
+    session_ttl: float = Field(default=DEFAULT_SESSION_TTL, gt=0)
     # How long a replica may take to create a sandbox before another replica takes the creation over.
     creation_lease: float = Field(default=180.0, gt=0)
     reap_interval: float = Field(default=15.0, gt=0)
