@@ -217,8 +217,7 @@ class LocalProvider:
         line = await _read_line(read_fd)
         parts = line.decode(errors="replace").split()
         if len(parts) != 3 or parts[0] != "LISTENING":
-            _terminate(pid, request.sandbox_id)
-            _reap(pid)
+            await _stop(pid, request.sandbox_id)
             await asyncio.to_thread(self._confinement.release, launch.cgroups)
             _unlink(path)
             await _stop_helper({"helper": helper})
@@ -310,8 +309,8 @@ class LocalProvider:
         if watched is not None:
             fd, pid = watched
             asyncio.get_running_loop().remove_reader(fd)
+            _reap(fd)
             os.close(fd)
-            _reap(pid)
 
     def _exited(self, sandbox_id: str) -> None:
         self._unwatch(sandbox_id)
@@ -432,10 +431,13 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
-def _reap(pid: int) -> None:
-    """Collect the exit status of our own child (no-op for another process's)."""
+def _reap(pidfd: int) -> None:
+    """Collect the exit status of our own exited child (no-op for another process's, or one
+    still running). Through its pidfd, never its PID: the PID may already be reaped and
+    recycled (pid_max is 32768 in many containers), and ``waitpid`` on it would steal the
+    exit status of an unrelated child, such as one asyncio is waiting for."""
     with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
 
 
 async def _stop_helper(state: dict[str, Any]) -> None:
@@ -464,8 +466,8 @@ async def _stop(pid: int, sandbox_id: str) -> None:
             os.killpg(pid, signal.SIGTERM)
         await exit_or_kill(fd, STOP_GRACE_SECONDS, lambda: _killpg(pid))
     finally:
+        _reap(fd)
         os.close(fd)
-        _reap(pid)
 
 
 def _killpg(pid: int) -> None:
