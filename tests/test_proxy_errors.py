@@ -59,7 +59,7 @@ async def test_invalid_identity_is_400_naming_the_header(start_gateway, resolver
 async def test_duplicate_identity_header_is_400(start_gateway) -> None:
     gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())))
     async with raw_client(gw.port) as (reader, writer):
-        writer.write(b"GET / HTTP/1.1\r\nX-User-Id: a\r\nX-User-Id: b\r\nX-Session-Id: s\r\n\r\n")
+        writer.write(b"GET / HTTP/1.1\r\nHost: g\r\nX-User-Id: a\r\nX-User-Id: b\r\nX-Session-Id: s\r\n\r\n")
         status, _, body = await read_response(reader)
     assert status == 400
     assert json.loads(body)["error"]["message"] == "X-User-Id: must be given once"

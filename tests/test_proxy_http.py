@@ -358,7 +358,7 @@ async def test_body_read_while_resolving_is_forwarded_in_order(aiohttp_server, s
     resolver.gate = asyncio.Event()  # the sandbox is still being created while the body arrives
     gw = await start_gateway(resolver)
     async with raw_client(gw.port) as (reader, writer):
-        writer.write(b"POST / HTTP/1.1\r\nX-User-Id: u\r\nX-Session-Id: s\r\nTransfer-Encoding: chunked\r\n\r\n"
+        writer.write(b"POST / HTTP/1.1\r\nHost: g\r\nX-User-Id: u\r\nX-Session-Id: s\r\nTransfer-Encoding: chunked\r\n\r\n"
                      b"5\r\nhello\r\n")
         await eventually(lambda: resolver.resolves == 1)
         writer.write(b"6\r\n world\r\n0\r\n\r\n")

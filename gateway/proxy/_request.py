@@ -167,6 +167,8 @@ class RequestReader:
         parser = self.parser
         self.mode &= ~M_IN_HEAD
         ex.method = parser.get_method()
+        if ex.host is None and ex.reject is None and parser.get_http_version() not in ("1.0", "0.9"):
+            ex.reject = BadRequest("Host: an HTTP/1.1 request must carry one (RFC 9112)", code="invalid_host")
         if not parser.should_keep_alive():
             ex.keep_alive = False
             ex.version10 = parser.get_http_version() == "1.0"

@@ -103,7 +103,7 @@ async def send(port: int, data: bytes, *, expect_close: bool = False) -> tuple[R
 
 def ident(session: bytes, org: bytes | None = b"rej-org", user: bytes | None = b"mallory",
           bot: bytes | None = None) -> bytes:
-    lines = b""
+    lines = b"Host: gw\r\n"  # HTTP/1.1 needs one (RFC 9112): without it the data plane answers 400 invalid_host
     if org is not None:
         lines += b"X-Org-Id: " + org + b"\r\n"
     if user is not None:
@@ -238,7 +238,7 @@ def post(extra: bytes, body: bytes = b"") -> Build:
 
 def head_with(lines: bytes) -> Build:
     """A GET whose identity lines are ``lines`` (with {s} replaced by the case's session)."""
-    return lambda s: b"GET / HTTP/1.1\r\n" + lines.replace(b"{s}", s) + b"\r\n"
+    return lambda s: b"GET / HTTP/1.1\r\nHost: gw\r\n" + lines.replace(b"{s}", s) + b"\r\n"
 
 
 def walker(request_line: bytes, extra: bytes = b"", body: bytes = b"") -> Build:
