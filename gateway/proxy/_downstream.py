@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 
-from gateway.errors import BadRequest, CapacityExceeded, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    BadRequest, CapacityExceeded, GatewayError, PayloadTooLarge, RequestTimeout, UpstreamError, UpstreamTimeout,
+)
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
 from gateway.proxy._request import (
@@ -343,6 +345,14 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
         ex.upstream = conn
         ex.state = WAITING
         conn.ex = ex
+        limit = ex.timeout
+        timeouts = self.plane.request_timeouts
+        if timeouts:
+            pool_limit = timeouts.get(route.pool)
+            if pool_limit is not None and (not limit or pool_limit < limit):
+                limit = pool_limit  # a client may ask for less than its pool allows, never more
+        if limit:
+            ex.deadline = self.plane.now + limit
         conn.client_tr = self.transport
         conn.raw = None
         conn.raw_pos = 0
@@ -469,11 +479,31 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
         self._send(close_frame(code, reason, masked=False))
         self.finish(ex, True)
 
-    def timed_out(self, ex: Exchange) -> None:
-        sandbox_id = ex.route.sandbox_id if ex.route else None
-        self.fail(ex, UpstreamTimeout(
-            f"sandbox {sandbox_id} did not answer within {self.plane.options.upstream_read_timeout:g}s",
-            sandbox_id=sandbox_id))
+    def timed_out(self, ex: Exchange, deadline: bool) -> None:
+        """No response head in time: ``deadline`` (X-Sandbox-Timeout or the pool's request_timeout,
+        whichever is shorter), else upstream_read_timeout. The 504 names the one that fired."""
+        route = ex.route
+        sandbox_id = route.sandbox_id if route else None
+        if not deadline:
+            why = (f"for {self.plane.options.upstream_read_timeout:g}s after the request (upstream_read_timeout); "
+                   "raise or unset upstream_read_timeout (SANDBOX_GATEWAY_UPSTREAM_READ_TIMEOUT) to wait longer")
+        else:
+            pool = route.pool if route else ""
+            pool_limit = self.plane.request_timeouts.get(pool)
+            if ex.timeout and (pool_limit is None or ex.timeout <= pool_limit):
+                most = f" (pool {pool} allows up to {pool_limit:g}s)" if pool_limit is not None else ""
+                why = (f"within {ex.timeout:g}s, the X-Sandbox-Timeout this request sent; send a larger "
+                       f"X-Sandbox-Timeout to wait longer{most}")
+            else:
+                why = (f"within {pool_limit:g}s, pool {pool}'s request_timeout; raise pools.{pool}.request_timeout "
+                       "in the policy to wait longer")
+        self.fail(ex, UpstreamTimeout(f"sandbox {sandbox_id} sent no response {why}", sandbox_id=sandbox_id))
+
+    def body_stalled(self, ex: Exchange) -> None:
+        """The client stopped sending its request body: its fault, not the sandbox's (408, not 504)."""
+        self.fail(ex, RequestTimeout(
+            f"the request body stopped arriving: no bytes for {self.plane.options.stream_idle_timeout:g}s "
+            "(stream_idle_timeout); send the rest of the body, or Content-Length: 0 when there is none"))
 
     def idled_out(self, ex: Exchange) -> None:
         self.abort(ex, None, f"no bytes either way for {self.plane.options.stream_idle_timeout:g}s")

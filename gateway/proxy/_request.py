@@ -42,6 +42,7 @@ M_DISCARD = 32       # a request was refused mid-body: bytes are dropped, no req
 M_LINGER = 64        # our side is shut (FIN sent): nothing may be written
 
 _REJECT_TOO_LARGE = "the request head exceeds {} bytes"
+_INF = float("inf")
 
 
 class _HeadTooLarge(Exception):
@@ -156,10 +157,25 @@ class RequestReader:
                 ex.expect = True
             else:
                 ex.headers += (name, w.COLON, value, w.CRLF)
+        elif code == w.R_TIMEOUT:
+            self._client_timeout(ex, value)
         elif code >= w.R_SANDBOX_ID:
             if ex.compat is None:
                 ex.compat = [None, None, None]
             ex.compat[code - w.R_SANDBOX_ID] = value
+
+    @staticmethod
+    def _client_timeout(ex: Exchange, value: bytes) -> None:
+        """X-Sandbox-Timeout: seconds the client will wait for the response head (the pool's
+        request_timeout still caps it, in ``attach``)."""
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = 0.0
+        if ex.timeout or not 0.0 < seconds < _INF:  # also refuses nan
+            ex.reject = BadRequest("X-Sandbox-Timeout: must be given once, as a positive number of seconds "
+                                   "(such as 130)", code="invalid_timeout")
+        ex.timeout = seconds
 
     def on_headers_complete(self) -> None:
         ex = self.parsing
