@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 
 from gateway.errors import (
-    BadRequest, CapacityExceeded, GatewayError, PayloadTooLarge, RequestTimeout, UpstreamError, UpstreamTimeout,
+    BadRequest, CapacityExceeded, GatewayError, HeaderTooLarge, PayloadTooLarge, RequestTimeout, UpstreamError,
+    UpstreamTimeout, UriTooLong,
 )
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
 from gateway.proxy._request import (
-    _REJECT_TOO_LARGE, M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED,
+    M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED,
     PAUSE_DISCARD, PAUSE_PIPELINE, PAUSE_WAIT, RequestReader, _BodyTooLarge, _HeadTooLarge,
 )
 from gateway.proxy._wsframe import CLOSE_MESSAGE_TOO_BIG, MessageSizeGuard, close_frame
@@ -120,7 +121,7 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             if self.mode & M_DISCARD:
                 return  # stopped on purpose (_StopParsing), or a body over the cap while already lingering
             if isinstance(exc.__context__, _HeadTooLarge):
-                self._malformed(BadRequest(_REJECT_TOO_LARGE.format(self.plane.max_head), code="header_too_large"))
+                self._head_too_large()
             elif isinstance(exc.__context__, _BodyTooLarge):
                 self._body_too_large()
             else:
@@ -149,7 +150,7 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             # the head instead (an upper bound) and every later read in _special.
             self.head_seen = len(data)
             if len(data) > self.plane.max_head:
-                self._malformed(BadRequest(_REJECT_TOO_LARGE.format(self.plane.max_head), code="header_too_large"))
+                self._head_too_large()
 
     def _special(self, data: bytes) -> bool:
         """The slow path of data_received; True when ``data`` should still be parsed."""
@@ -183,7 +184,7 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
         # M_IN_HEAD: a head spread over several reads; bound its size.
         self.head_seen += len(data)
         if self.head_seen > self.plane.max_head:
-            self._malformed(BadRequest(_REJECT_TOO_LARGE.format(self.plane.max_head), code="header_too_large"))
+            self._head_too_large()
             return False
         return True
 
@@ -538,10 +539,23 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             ex.reject = exc  # pipelined behind the current request: answered in turn, then closed
             self.pause(PAUSE_DISCARD)
 
-    def _malformed(self, exc: GatewayError, h2: bool = False) -> None:
+    def _head_too_large(self) -> None:
+        """A request head over max_header_bytes: 414 when its target is the bulk of it, else 431."""
+        limit = self.plane.max_head
+        ex = self.parsing
+        if ex is not None and len(ex.url) * 2 > limit:
+            exc: GatewayError = UriTooLong(
+                f"the request target makes the request head exceed {limit} bytes (max_header_bytes); "
+                "send long data in the request body")
+        else:
+            exc = HeaderTooLarge(f"the request head exceeds {limit} bytes (max_header_bytes)")
+        self._malformed(exc, linger=True)  # the client may still be sending its head
+
+    def _malformed(self, exc: GatewayError, h2: bool = False, linger: bool = False) -> None:
         """Bytes that are not HTTP: answer 400 if nothing is in flight, then close.
 
         ``h2``: the client spoke HTTP/2 (prior knowledge); it gets the error in HTTP/2 frames it can read.
+        ``linger``: the client is likely still sending; close as ``linger`` does, so it reads the answer.
         """
         self.parsing = None
         ex = self.current
@@ -563,7 +577,10 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             self.linger()  # the client is still sending its request: a plain close could reset our answer away
         else:
             self._send(w.error_response(exc, bad.request_id, close=True))
-            self.close()
+            if linger:
+                self.linger()
+            else:
+                self.close()
         self.plane.finished(bad)
 
     def finish(self, ex: Exchange, close: bool) -> None:

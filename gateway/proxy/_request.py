@@ -41,7 +41,6 @@ M_EOF = 16           # the client half-closed: answer the request in flight, the
 M_DISCARD = 32       # a request was refused mid-body: bytes are dropped, no request is parsed any more
 M_LINGER = 64        # our side is shut (FIN sent): nothing may be written
 
-_REJECT_TOO_LARGE = "the request head exceeds {} bytes"
 _INF = float("inf")
 
 

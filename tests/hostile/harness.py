@@ -134,7 +134,7 @@ class Err:
     @property
     def closes(self) -> bool:
         # Requests the gateway could not parse, or whose body it will not read, end the connection.
-        return self.code in ("bad_request", "header_too_large", "payload_too_large", "method_not_supported")
+        return self.code in ("bad_request", "header_too_large", "uri_too_long", "payload_too_large", "method_not_supported")
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,8 @@ def bot_value(value: bytes) -> Build:
 
 
 MALFORMED = Err(400, "bad_request", "malformed HTTP request: ")
-TOO_LARGE = Err(400, "header_too_large", f"the request head exceeds {MAX_HEAD} bytes")
+TOO_LARGE = Err(431, "header_too_large", f"the request head exceeds {MAX_HEAD} bytes")
+URI_TOO_LONG = Err(414, "uri_too_long", f"the request target makes the request head exceed {MAX_HEAD} bytes")
 BODY_TOO_LARGE = Err(413, "payload_too_large")
 
 

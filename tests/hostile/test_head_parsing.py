@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.hostile.harness import (
-    HEAD_TIMEOUT, IO_TIMEOUT, MALFORMED, TOO_LARGE, W, answer, bad_identity, bot_value, Build, check_rejected,
+    HEAD_TIMEOUT, IO_TIMEOUT, MALFORMED, TOO_LARGE, URI_TOO_LONG, W, answer, bad_identity, bot_value, Build, check_rejected,
     Err, get, Hostile, ident, org_value, raw_client, session_value, user_value,
 )
 
@@ -59,7 +59,7 @@ DATA_CASES: list[Any] = [
     pytest.param(lambda s: b"\x00GET / HTTP/1.1\r\n" + ident(s) + b"\r\n", MALFORMED, id="nul-before-request"),
     # -- sizes --------------------------------------------------------------------------------------
     pytest.param(get(b"/", b"X-Big: " + b"a" * 65_536 + b"\r\n"), TOO_LARGE, id="64kb-single-header"),
-    pytest.param(get(b"/" + b"a" * 65_536), TOO_LARGE, id="64kb-url"),
+    pytest.param(get(b"/" + b"a" * 65_536), URI_TOO_LONG, id="64kb-url"),
     pytest.param(get(b"/", b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 200) for i in range(100))), TOO_LARGE,
                  id="100-headers-totalling-20kb"),
     pytest.param(get(b"/", b"a: b\r\n" * 3000), TOO_LARGE, id="3000-tiny-headers"),
