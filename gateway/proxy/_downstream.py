@@ -130,6 +130,8 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             return
         except HttpParserError as exc:
             self.up_out.clear()
+            if self.mode & M_DISCARD:
+                return  # the request was answered already (refused at its head) and the rest is dropped
             if data.startswith(w.H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
                 self._malformed(w.h2_refusal(self.plane.options.grpc_port), h2=True)
                 return

@@ -24,6 +24,7 @@ DONE = 5
 NO_BODY = 0
 LENGTH = 1
 CHUNKED = 2
+CODED = 3        # a Transfer-Encoding without chunked last: llhttp answers 400, or a later chunked makes it 501
 
 # How response body bytes go to the client (UpstreamConnection.framing)
 F_NONE = 0       # no body (HEAD, 1xx, 204, 304)

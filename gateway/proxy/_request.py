@@ -14,12 +14,13 @@ connection module reads as serving and this one as parsing.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import TYPE_CHECKING
 
-from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.errors import BadRequest, NotImplementedByGateway, PayloadTooLarge
 from gateway.proxy import _wire as w
-from gateway.proxy._exchange import CHUNKED, DONE, LENGTH, Exchange
+from gateway.proxy._exchange import CHUNKED, CODED, DONE, LENGTH, Exchange
 
 if TYPE_CHECKING:
     from httptools import HttpRequestParser
@@ -54,6 +55,26 @@ class _BodyTooLarge(Exception):
 
 class _StopParsing(Exception):
     pass
+
+
+_ABSOLUTE_FORM = re.compile(rb"https?://([^/?#@]*)(.*)", re.I | re.S)
+
+
+def _other_target_form(ex: Exchange) -> None:
+    """An absolute-form target (``GET http://host/x``, as sent to a proxy) goes upstream in origin-form
+    (``/x``), and its authority replaces Host (RFC 9112 3.2.2). ``*`` (OPTIONS) passes as it is;
+    CONNECT's authority-form is refused in on_headers_complete."""
+    url = ex.url
+    if url == b"*" or ex.method == b"CONNECT":
+        return
+    match = _ABSOLUTE_FORM.fullmatch(url)
+    rest = match.group(2) if match is not None else b""
+    if match is None or not match.group(1) or (rest and rest[0] not in b"/?"):
+        ex.reject = BadRequest("the request target must be a path (/...) or an absolute http(s) URL without "
+                               "user information", code="bad_request")
+        return
+    ex.url = rest if rest[:1] == b"/" else b"/" + rest
+    ex.host = match.group(1)
 
 
 class RequestReader:
@@ -142,8 +163,19 @@ class RequestReader:
             if tokens:
                 ex.tokens = tokens if ex.tokens is None else ex.tokens | tokens
         elif code == w.R_TE:
-            if b"chunked" in value.lower():
+            codings = value.lower()
+            if b"chunked" in codings and codings.rsplit(b",", 1)[-1].strip() == b"chunked":
+                if ex.body == CODED or codings.strip() != b"chunked":
+                    # gzip, chunked: the gateway would have to drop the gzip coding (it re-frames the body)
+                    # or pass a coding sandboxes do not decode; nginx answers 501 as well.
+                    ex.reject = NotImplementedByGateway(
+                        "Transfer-Encoding: only chunked is supported; send a compressed body with "
+                        "Content-Encoding instead", code="unsupported_transfer_encoding")
                 ex.body = CHUNKED
+            elif ex.body == CHUNKED:
+                ex.reject = BadRequest("Transfer-Encoding: chunked must be the last coding (RFC 9112)")
+            else:
+                ex.body = CODED
         elif code == w.R_UPGRADE:
             ex.upgrade = value
         elif code == w.R_XFF:
@@ -184,6 +216,8 @@ class RequestReader:
         ex.method = parser.get_method()
         if ex.host is None and ex.reject is None and parser.get_http_version() not in ("1.0", "0.9"):
             ex.reject = BadRequest("Host: an HTTP/1.1 request must carry one (RFC 9112)", code="invalid_host")
+        if ex.url[0] != 47:  # not origin-form ("/...")
+            _other_target_form(ex)
         if not parser.should_keep_alive():
             ex.keep_alive = False
             ex.version10 = parser.get_http_version() == "1.0"

@@ -99,8 +99,10 @@ IDENTITY_HEADER_NAMES = {R_ORG: "X-Org-Id", R_USER: "X-User-Id", R_SESSION: "X-S
 # Response heads are rewritten as a whole (llhttp has validated them: CRLF line
 # ends, no obs-fold, no space before the colon), so these work on the raw head,
 # which starts with the status line and ends before its final CRLF CRLF.
+# Trailer is not among them (RFC 9110 6.6.2): it announces the trailer fields, which pass through with a
+# chunked body; a client that reads them needs it.
 HOP_BY_HOP = re.compile(  # on the lower-cased head
-    rb"\r\n(connection|keep-alive|proxy-connection|te|trailer|transfer-encoding|upgrade):([^\r]*)")
+    rb"\r\n(connection|keep-alive|proxy-connection|te|transfer-encoding|upgrade):([^\r]*)")
 _SSE_CONTENT_TYPE = re.compile(rb"\r\ncontent-type:[ \t]*text/event-stream")  # on the lower-cased head
 _TRANSFER_ENCODING = re.compile(rb"\r\ntransfer-encoding:[^\r]*", re.I)
 

@@ -16,6 +16,8 @@ from tests.hostile.harness import (
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
+BAD_TARGET = Err(400, "bad_request", "the request target must be a path (/...) or an absolute http(s) URL")
+
 DATA_CASES: list[Any] = [
     # -- CR / LF / CRLF in header names, values, request lines ------------------------------------
     pytest.param(get(b"/", b"X-Note: a\rb\r\n"), MALFORMED, id="cr-in-header-value"),
@@ -89,6 +91,9 @@ DATA_CASES: list[Any] = [
     pytest.param(get(b"/", version=b"http/1.1"), MALFORMED, id="lowercase-version"),
     pytest.param(get(b"/", version=b""), MALFORMED, id="empty-version"),
     pytest.param(get(b"echo/x"), MALFORMED, id="target-without-slash"),
+    pytest.param(get(b"ftp://evil.example/echo/x"), BAD_TARGET, id="absolute-form-not-http"),
+    pytest.param(get(b"http://user:secret@evil.example/echo/x"), BAD_TARGET, id="absolute-form-with-userinfo"),
+    pytest.param(get(b"http:///echo/x"), BAD_TARGET, id="absolute-form-without-a-host"),
     pytest.param(get(b"?a=b"), MALFORMED, id="query-only-target"),
     pytest.param(get(b"/a\tb"), MALFORMED, id="tab-in-url"),
     pytest.param(get("/caf\u00e9".encode()), MALFORMED, id="raw-utf8-in-url"),
