@@ -33,7 +33,7 @@ from gateway.proxy._request import (
     M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED,
     PAUSE_DISCARD, PAUSE_PIPELINE, PAUSE_WAIT, RequestReader, _BodyTooLarge, _HeadTooLarge,
 )
-from gateway.proxy._wsframe import CLOSE_MESSAGE_TOO_BIG, MessageSizeGuard, close_frame
+from gateway.proxy._wsframe import CLOSE_GOING_AWAY, CLOSE_MESSAGE_TOO_BIG, MessageSizeGuard, close_frame
 
 if TYPE_CHECKING:
     from collections import deque
@@ -480,6 +480,23 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
         if up is not None:
             up.abort()
         self._send(close_frame(code, reason, masked=False))
+        self.finish(ex, True)
+
+    def end_streams(self) -> None:
+        """Shutdown began: a WebSocket whose sandbox-side bytes end between frames gets close 1001 now; one
+        mid-frame gets it once that frame is through (UpstreamConnection). Event streams end at their next
+        event boundary (UpstreamConnection._end_stream_at_event). What is left is cut at drain_timeout."""
+        ex = self.current
+        if ex is not None and ex.state == TUNNEL and ex.upstream is not None and ex.upstream.at_frame_boundary():
+            self.going_away(ex)
+
+    def going_away(self, ex: Exchange) -> None:
+        """Close 1001 Going Away to the client; the sandbox's connection is dropped (it sees 1006), since
+        a frame from the client may be partly on its way to it."""
+        up = ex.upstream
+        if up is not None:
+            up.abort()
+        self._send(close_frame(CLOSE_GOING_AWAY, "gateway shutting down", masked=False))
         self.finish(ex, True)
 
     def timed_out(self, ex: Exchange, deadline: bool) -> None:

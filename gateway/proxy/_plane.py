@@ -167,6 +167,7 @@ class DataPlane:
         self._server.close()
         for client in list(self.clients):
             client.close_if_idle()
+            client.end_streams()
         if self.inflight:
             self._drained = self.loop.create_future()
             with contextlib.suppress(TimeoutError):
