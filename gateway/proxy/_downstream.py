@@ -514,8 +514,9 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
                 most = f" (pool {pool} allows up to {pool_limit:g}s)" if pool_limit is not None else ""
                 why = (f"within {ex.timeout:g}s, the X-Sandbox-Timeout this request sent; send a larger "
                        f"X-Sandbox-Timeout to wait longer{most}")
-            else:
-                why = (f"within {pool_limit:g}s, pool {pool}'s request_timeout; raise pools.{pool}.request_timeout "
+            else:  # (pool_limit is None only if a policy reload removed it meanwhile)
+                within = f"{pool_limit:g}s" if pool_limit is not None else "the time"
+                why = (f"within {within}, pool {pool}'s request_timeout; raise pools.{pool}.request_timeout "
                        "in the policy to wait longer")
         self.fail(ex, UpstreamTimeout(f"sandbox {sandbox_id} sent no response {why}", sandbox_id=sandbox_id))
 
