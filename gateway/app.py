@@ -29,7 +29,7 @@ from gateway.errors import GatewayError
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics, RequestMetrics
 from gateway.model import SandboxState
-from gateway.policy import load_policy
+from gateway.policy import load_policy, request_timeouts
 from gateway.providers.base import PoolProviders, SandboxProvider
 from gateway.sessions import RouterTuning, SessionRouter
 from gateway.settings import Settings
@@ -213,6 +213,7 @@ class Gateway:
                                     on_request=self._on_request, authenticator=self.authenticator,
                                     limits=OrgLimits.from_settings(self.settings),
                                     compat=self.compat if self.compat is not None else NoRouterHeaders())
+        self.data_plane.request_timeouts = request_timeouts(self.router.policy)
         await self.data_plane.start(data_sock)
         undo.push_async_callback(self._drain_fronts)
         if grpc_sock is not None:
@@ -356,6 +357,7 @@ class Gateway:
         except PolicyError as exc:
             log.error("policy reload failed, keeping the previous policy:\n%s", exc)
             return
+        self.data_plane.request_timeouts = request_timeouts(self.router.policy)
         log.info("policy reloaded from %s", path)
 
     def _request_callback(self, metrics: RequestMetrics) -> Callable[[Any], None]:

@@ -7,10 +7,14 @@
     ├── Unauthorized                  401 unauthorized                      UNAUTHENTICATED
     ├── Forbidden                     403 forbidden                         PERMISSION_DENIED
     ├── NotFound                      404 not_found                         NOT_FOUND
+    ├── RequestTimeout                408 request_body_timeout              DEADLINE_EXCEEDED
     ├── Conflict                      409 conflict                          ABORTED
     ├── PayloadTooLarge               413 payload_too_large                 RESOURCE_EXHAUSTED
+    ├── UriTooLong                    414 uri_too_long                      RESOURCE_EXHAUSTED
     ├── UnsupportedMediaType          415 unsupported_media_type            INVALID_ARGUMENT
     ├── CapacityExceeded              429 capacity_exceeded (+ Retry-After) RESOURCE_EXHAUSTED (+ retry-after)
+    ├── HeaderTooLarge                431 header_too_large                  RESOURCE_EXHAUSTED
+    ├── NotImplementedByGateway       501 not_implemented                   UNIMPLEMENTED
     ├── StoreUnavailable              503 store_unavailable (+ Retry-After) UNAVAILABLE (+ retry-after)
     ├── ProvisionFailed               503 provision_failed                  UNAVAILABLE
     │   └── ProvisionTimeout          504 provision_timeout                 UNAVAILABLE (retry: it is still coming)
@@ -79,6 +83,14 @@ class NotFound(GatewayError):
     grpc_status = Status.NOT_FOUND
 
 
+class RequestTimeout(GatewayError):
+    """The client stopped sending its request (the sandbox is not at fault: not an UpstreamTimeout)."""
+
+    status = 408
+    code = "request_body_timeout"
+    grpc_status = Status.DEADLINE_EXCEEDED
+
+
 class Conflict(GatewayError):
     status = 409
     code = "conflict"
@@ -88,6 +100,12 @@ class Conflict(GatewayError):
 class PayloadTooLarge(GatewayError):
     status = 413
     code = "payload_too_large"
+    grpc_status = Status.RESOURCE_EXHAUSTED
+
+
+class UriTooLong(GatewayError):
+    status = 414
+    code = "uri_too_long"
     grpc_status = Status.RESOURCE_EXHAUSTED
 
 
@@ -105,6 +123,20 @@ class CapacityExceeded(GatewayError):
     def __init__(self, message: str, *, scope: str, retry_after: float = 30.0) -> None:
         super().__init__(message, retry_after=retry_after)
         self.scope = scope
+
+
+class HeaderTooLarge(GatewayError):
+    status = 431
+    code = "header_too_large"
+    grpc_status = Status.RESOURCE_EXHAUSTED
+
+
+class NotImplementedByGateway(GatewayError):
+    """A valid request the gateway does not carry (a transfer coding other than chunked)."""
+
+    status = 501
+    code = "not_implemented"
+    grpc_status = Status.UNIMPLEMENTED
 
 
 class StoreUnavailable(GatewayError):

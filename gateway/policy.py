@@ -40,3 +40,8 @@ def load_policy(settings: Settings) -> Policy:
         policy = parse_policy(text, str(path), extra)
     policy.check_session_ttl(settings.session_ttl, SESSION_TTL_SETTING)
     return policy
+
+
+def request_timeouts(policy: Policy) -> dict[str, float]:
+    """Pool name -> ``request_timeout`` for the pools that set one (what the data plane enforces)."""
+    return {name: pool.request_timeout for name, pool in policy.pools.items() if pool.request_timeout is not None}

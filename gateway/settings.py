@@ -123,7 +123,9 @@ class Settings(BaseSettings):
     upstream_connect_timeout: float = Field(default=5.0, gt=0)
     upstream_connect_retries: int = Field(default=3, ge=0, le=20)
     upstream_connect_backoff: float = Field(default=0.05, ge=0)
-    upstream_read_timeout: float = Field(default=60.0, gt=0)
+    # Seconds with no byte either way while a response head is awaited; None (the default): no cap. Pools
+    # cap the time to the response head with request_timeout, clients with X-Sandbox-Timeout.
+    upstream_read_timeout: float | None = Field(default=None, gt=0)
     upstream_pool_size: int = Field(default=256, ge=1)  # idle keep-alive connections kept per sandbox endpoint
     upstream_keepalive_timeout: float = Field(default=30.0, gt=0)
     stream_idle_timeout: float = Field(default=300.0, gt=0)

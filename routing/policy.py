@@ -96,6 +96,9 @@ class PoolSpec(_Strict):
     local: LocalPoolOptions | None = None  # provider 'local' only
     idle_timeout: Duration = 1800.0
     provisioning_timeout: Duration = 120.0
+    # Seconds from forwarding a request to its response head; None (the default): no cap. A client
+    # may ask for less with X-Sandbox-Timeout, never more.
+    request_timeout: Duration | None = None
     upstreams: list[str] | None = None
     # Where the provider puts this pool's sandboxes, in its own terms: routing decides nothing from it,
     # so the provider validates it (parse_policy's ``option_checks``; gateway/providers/kubernetes_options.py).

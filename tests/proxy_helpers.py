@@ -33,7 +33,6 @@ TEST_SETTINGS = {
     "upstream_connect_retries": 1,
     "upstream_connect_backoff": 0.01,
     "upstream_connect_timeout": 2.0,
-    "upstream_read_timeout": 10.0,
 }
 
 

@@ -124,6 +124,9 @@ REFUSED = [
                  b"X-Session-Id: s1\r\n\r\n",
                  400, "invalid_host", "Host: must be given once",
                  id="two Host headers"),
+    pytest.param(b"GET /{case} HTTP/1.1\r\nAuthorization: Bearer {token}\r\nX-Session-Id: s1\r\n\r\n",
+                 400, "invalid_host", "Host: an HTTP/1.1 request must carry one",
+                 id="HTTP/1.1 without Host (RFC 9112)"),
     pytest.param(b"GET /{case} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {token}\r\nX-Session-Id: s1\r\n"
                  b"X-Session-Id: s2\r\n\r\n",
                  400, "invalid_identity", "X-Session-Id: must be given once",

@@ -59,7 +59,7 @@ async def test_invalid_identity_is_400_naming_the_header(start_gateway, resolver
 async def test_duplicate_identity_header_is_400(start_gateway) -> None:
     gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())))
     async with raw_client(gw.port) as (reader, writer):
-        writer.write(b"GET / HTTP/1.1\r\nX-User-Id: a\r\nX-User-Id: b\r\nX-Session-Id: s\r\n\r\n")
+        writer.write(b"GET / HTTP/1.1\r\nHost: g\r\nX-User-Id: a\r\nX-User-Id: b\r\nX-Session-Id: s\r\n\r\n")
         status, _, body = await read_response(reader)
     assert status == 400
     assert json.loads(body)["error"]["message"] == "X-User-Id: must be given once"
@@ -243,12 +243,34 @@ async def test_malformed_request_is_400_and_closed(start_gateway, garbage) -> No
     assert b"Traceback" not in data
 
 
-async def test_oversized_head_is_400(start_gateway) -> None:
+async def test_oversized_head_is_431(start_gateway) -> None:
     gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())), max_header_bytes=2048)
     async with raw_client(gw.port) as (reader, writer):
         writer.write(request_bytes(headers={**identity_headers(), "X-Big": "y" * 5000}))
         data = await reader.read()
-    assert data.startswith(b"HTTP/1.1 400 ") and b"header_too_large" in data
+    assert data.startswith(b"HTTP/1.1 431 ") and b"header_too_large" in data
+
+
+async def test_oversized_uri_is_414(start_gateway) -> None:
+    gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())), max_header_bytes=2048)
+    async with raw_client(gw.port) as (reader, writer):
+        writer.write(request_bytes(path="/" + "q" * 5000, headers=identity_headers()))
+        response = await read_response(reader)
+    assert response.status == 414 and response.json()["error"]["code"] == "uri_too_long"
+    assert "max_header_bytes" in response.json()["error"]["message"]
+
+
+async def test_an_oversized_head_is_answered_with_a_lingering_close(start_gateway) -> None:
+    """The client is still sending its head when the 431 leaves: the gateway reads and drops the rest,
+    then closes with a FIN, so the client reads its answer instead of losing it to a reset."""
+    gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())), max_header_bytes=2048)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    # Far more than one read: unread bytes at a plain close make the kernel send a reset.
+    writer.write(b"GET / HTTP/1.1\r\nHost: gw\r\nX-User-Id: u\r\nX-Session-Id: s\r\nX-Big: " + b"a" * 4_000_000)
+    response = await asyncio.wait_for(read_response(reader), 5)
+    assert response.status == 431 and response.headers[b"connection"] == b"close"
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
 
 
 async def test_header_split_across_reads_is_counted(start_gateway) -> None:
@@ -259,10 +281,10 @@ async def test_header_split_across_reads_is_counted(start_gateway) -> None:
     writer.write(b"GET / HTTP/1.1\r\nHost: gw\r\nX-User-Id: u\r\nX-Session-Id: s\r\nX-Big: " + b"a" * 6000)
     data = await asyncio.wait_for(reader.read(), 5)  # the rest of the head is never sent
     writer.close()
-    assert data.startswith(b"HTTP/1.1 400 ") and b"header_too_large" in data
+    assert data.startswith(b"HTTP/1.1 431 ") and b"header_too_large" in data
 
 
-async def test_head_growing_over_the_limit_in_small_reads_is_400(start_gateway) -> None:
+async def test_head_growing_over_the_limit_in_small_reads_is_431(start_gateway) -> None:
     gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())), max_header_bytes=2048)
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
     writer.write(b"GET / HTTP/1.1\r\nHost: gw\r\nX-Big: " + b"a" * 1500)
@@ -270,7 +292,7 @@ async def test_head_growing_over_the_limit_in_small_reads_is_400(start_gateway) 
     writer.write(b"a" * 1500 + b"\r\nX-User-Id: u\r\nX-Session-Id: s\r\n\r\n")
     data = await asyncio.wait_for(reader.read(), 5)
     writer.close()
-    assert data.startswith(b"HTTP/1.1 400 ") and b"header_too_large" in data
+    assert data.startswith(b"HTTP/1.1 431 ") and b"header_too_large" in data
 
 
 async def test_early_response_before_the_body_ends_closes_the_client(start_gateway) -> None:

@@ -69,7 +69,7 @@ async def test_bodies_round_trip_byte_exact(aiohttp_server, start_gateway, resol
     params = {"chunked": "1"} if framing == "chunked" else {}
     async with aiohttp.ClientSession() as client, \
             client.post(f"{gw.url}/echo", data=data, params=params, headers=identity_headers()) as response:
-        assert response.status == 200
+        assert response.status == 200, (response.status, await response.text())
         if framing == "chunked":
             assert response.headers.get("Transfer-Encoding") == "chunked" or size == 0
         got = await response.read()
@@ -262,6 +262,42 @@ async def test_head_204_304_have_no_body(aiohttp_server, start_gateway, method, 
         assert await reader.read() == b""  # nothing stray was sent
 
 
+async def test_trailer_header_and_trailers_reach_the_client(start_gateway) -> None:
+    """Trailer is not hop-by-hop (RFC 9110): the head announcing the trailer fields keeps it."""
+    response = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"
+                b"5\r\nhello\r\n0\r\nX-Checksum: 5d41402a\r\n\r\n")
+    async with raw_backend(answers(response)) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint))
+        async with raw_client(gw.port) as (reader, writer):
+            writer.write(request_bytes(headers=identity_headers()))
+            _, headers = await read_head(reader)
+            body = await reader.readuntil(b"0\r\nX-Checksum: 5d41402a\r\n\r\n")
+    assert headers[b"trailer"] == b"X-Checksum"
+    assert body == b"5\r\nhello\r\n0\r\nX-Checksum: 5d41402a\r\n\r\n"
+
+
+async def test_absolute_form_target_goes_upstream_in_origin_form(start_gateway) -> None:
+    """RFC 9112 3.2.2: a proxy-style target (``GET http://host/x``) reaches the sandbox as ``/x``, and its
+    authority replaces Host (forwarded as X-Forwarded-Host only)."""
+    seen: list[tuple[bytes, dict[bytes, bytes]]] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_head(reader))
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with raw_backend(record) as be:
+        gw = await start_gateway(FakeResolver(be.endpoint))
+        async with raw_client(gw.port) as (reader, writer):
+            writer.write(b"GET http://App.example:8080/x/y?z=1 HTTP/1.1\r\nHost: other\r\n"
+                         b"X-User-Id: u\r\nX-Session-Id: s\r\n\r\n")
+            assert (await read_response(reader)).status == 204
+    line, headers = seen[0]
+    assert line == b"GET /x/y?z=1 HTTP/1.1"
+    assert headers[b"x-forwarded-host"] == b"App.example:8080" and headers[b"host"].startswith(b"127.0.0.1:")
+
+
 async def test_http10_client_gets_close_delimited_body(start_gateway) -> None:
     chunked = answers(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
     async with raw_backend(chunked) as be:
@@ -358,7 +394,7 @@ async def test_body_read_while_resolving_is_forwarded_in_order(aiohttp_server, s
     resolver.gate = asyncio.Event()  # the sandbox is still being created while the body arrives
     gw = await start_gateway(resolver)
     async with raw_client(gw.port) as (reader, writer):
-        writer.write(b"POST / HTTP/1.1\r\nX-User-Id: u\r\nX-Session-Id: s\r\nTransfer-Encoding: chunked\r\n\r\n"
+        writer.write(b"POST / HTTP/1.1\r\nHost: g\r\nX-User-Id: u\r\nX-Session-Id: s\r\nTransfer-Encoding: chunked\r\n\r\n"
                      b"5\r\nhello\r\n")
         await eventually(lambda: resolver.resolves == 1)
         writer.write(b"6\r\n world\r\n0\r\n\r\n")

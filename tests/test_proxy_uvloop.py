@@ -96,7 +96,7 @@ def test_pipelining_head_and_expect_continue() -> None:
                 status, headers, body = await read_response(reader, head_request=True)
                 assert (status, body, headers[b"content-length"]) == (200, b"", b"3")
                 assert (await read_response(reader))[2] == b"/c:data"
-                writer.write(b"PUT /d HTTP/1.1\r\nX-User-Id: u\r\nX-Session-Id: s\r\nContent-Length: 2\r\n"
+                writer.write(b"PUT /d HTTP/1.1\r\nHost: g\r\nX-User-Id: u\r\nX-Session-Id: s\r\nContent-Length: 2\r\n"
                              b"Expect: 100-continue\r\n\r\n")
                 assert (await read_head(reader))[0] == b"HTTP/1.1 100 Continue"
                 writer.write(b"ok")

@@ -87,12 +87,14 @@ async def test_health(client: Client) -> None:
 async def test_execute_runs_in_root(client: Client, root: Path) -> None:
     resp = await client.post("/execute", json={"command": "echo out; echo err >&2; pwd"})
     assert resp.status == 200
-    assert await resp.json() == {"stdout": f"out\n{root.resolve()}\n", "stderr": "err\n", "exit_code": 0}
+    assert await resp.json() == {"stdout": f"out\n{root.resolve()}\n", "stderr": "err\n", "exit_code": 0,
+                                  "timed_out": False}
 
 
 async def test_execute_reports_non_zero_exit(client: Client) -> None:
     resp = await client.post("/execute", json={"command": "exit 7"})
-    assert (await resp.json())["exit_code"] == 7
+    body = await resp.json()
+    assert body["exit_code"] == 7 and body["timed_out"] is False  # an exit code of its own is not a timeout
 
 
 async def test_execute_reports_signal_as_128_plus_n(client: Client) -> None:
@@ -106,7 +108,7 @@ async def test_execute_timeout_kills_the_process_group(client: Client) -> None:
     resp = await client.post("/execute", json={"command": "echo started; sleep 60 & sleep 60", "timeout_seconds": 0.3})
     assert resp.status == 200
     body = await resp.json()
-    assert body["exit_code"] == 124
+    assert body["exit_code"] == 124 and body["timed_out"] is True  # the agent-sandbox SDK reads timed_out
     assert body["stdout"] == "started\n"
     assert "timed out after 0.3s" in body["stderr"]
 

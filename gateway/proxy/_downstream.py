@@ -23,14 +23,17 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 
-from gateway.errors import BadRequest, CapacityExceeded, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    BadRequest, CapacityExceeded, GatewayError, HeaderTooLarge, PayloadTooLarge, RequestTimeout, UpstreamError,
+    UpstreamTimeout, UriTooLong,
+)
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
 from gateway.proxy._request import (
-    _REJECT_TOO_LARGE, M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED,
+    M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED,
     PAUSE_DISCARD, PAUSE_PIPELINE, PAUSE_WAIT, RequestReader, _BodyTooLarge, _HeadTooLarge,
 )
-from gateway.proxy._wsframe import CLOSE_MESSAGE_TOO_BIG, MessageSizeGuard, close_frame
+from gateway.proxy._wsframe import CLOSE_GOING_AWAY, CLOSE_MESSAGE_TOO_BIG, MessageSizeGuard, close_frame
 
 if TYPE_CHECKING:
     from collections import deque
@@ -118,7 +121,7 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             if self.mode & M_DISCARD:
                 return  # stopped on purpose (_StopParsing), or a body over the cap while already lingering
             if isinstance(exc.__context__, _HeadTooLarge):
-                self._malformed(BadRequest(_REJECT_TOO_LARGE.format(self.plane.max_head), code="header_too_large"))
+                self._head_too_large()
             elif isinstance(exc.__context__, _BodyTooLarge):
                 self._body_too_large()
             else:
@@ -127,6 +130,8 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             return
         except HttpParserError as exc:
             self.up_out.clear()
+            if self.mode & M_DISCARD:
+                return  # the request was answered already (refused at its head) and the rest is dropped
             if data.startswith(w.H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
                 self._malformed(w.h2_refusal(self.plane.options.grpc_port), h2=True)
                 return
@@ -147,7 +152,7 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             # the head instead (an upper bound) and every later read in _special.
             self.head_seen = len(data)
             if len(data) > self.plane.max_head:
-                self._malformed(BadRequest(_REJECT_TOO_LARGE.format(self.plane.max_head), code="header_too_large"))
+                self._head_too_large()
 
     def _special(self, data: bytes) -> bool:
         """The slow path of data_received; True when ``data`` should still be parsed."""
@@ -181,7 +186,7 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
         # M_IN_HEAD: a head spread over several reads; bound its size.
         self.head_seen += len(data)
         if self.head_seen > self.plane.max_head:
-            self._malformed(BadRequest(_REJECT_TOO_LARGE.format(self.plane.max_head), code="header_too_large"))
+            self._head_too_large()
             return False
         return True
 
@@ -343,6 +348,14 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
         ex.upstream = conn
         ex.state = WAITING
         conn.ex = ex
+        limit = ex.timeout
+        timeouts = self.plane.request_timeouts
+        if timeouts:
+            pool_limit = timeouts.get(route.pool)
+            if pool_limit is not None and (not limit or pool_limit < limit):
+                limit = pool_limit  # a client may ask for less than its pool allows, never more
+        if limit:
+            ex.deadline = self.plane.now + limit
         conn.client_tr = self.transport
         conn.raw = None
         conn.raw_pos = 0
@@ -469,11 +482,49 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
         self._send(close_frame(code, reason, masked=False))
         self.finish(ex, True)
 
-    def timed_out(self, ex: Exchange) -> None:
-        sandbox_id = ex.route.sandbox_id if ex.route else None
-        self.fail(ex, UpstreamTimeout(
-            f"sandbox {sandbox_id} did not answer within {self.plane.options.upstream_read_timeout:g}s",
-            sandbox_id=sandbox_id))
+    def end_streams(self) -> None:
+        """Shutdown began: a WebSocket whose sandbox-side bytes end between frames gets close 1001 now; one
+        mid-frame gets it once that frame is through (UpstreamConnection). Event streams end at their next
+        event boundary (UpstreamConnection._end_stream_at_event). What is left is cut at drain_timeout."""
+        ex = self.current
+        if ex is not None and ex.state == TUNNEL and ex.upstream is not None and ex.upstream.at_frame_boundary():
+            self.going_away(ex)
+
+    def going_away(self, ex: Exchange) -> None:
+        """Close 1001 Going Away to the client; the sandbox's connection is dropped (it sees 1006), since
+        a frame from the client may be partly on its way to it."""
+        up = ex.upstream
+        if up is not None:
+            up.abort()
+        self._send(close_frame(CLOSE_GOING_AWAY, "gateway shutting down", masked=False))
+        self.finish(ex, True)
+
+    def timed_out(self, ex: Exchange, deadline: bool) -> None:
+        """No response head in time: ``deadline`` (X-Sandbox-Timeout or the pool's request_timeout,
+        whichever is shorter), else upstream_read_timeout. The 504 names the one that fired."""
+        route = ex.route
+        sandbox_id = route.sandbox_id if route else None
+        if not deadline:
+            why = (f"for {self.plane.options.upstream_read_timeout:g}s after the request (upstream_read_timeout); "
+                   "raise or unset upstream_read_timeout (SANDBOX_GATEWAY_UPSTREAM_READ_TIMEOUT) to wait longer")
+        else:
+            pool = route.pool if route else ""
+            pool_limit = self.plane.request_timeouts.get(pool)
+            if ex.timeout and (pool_limit is None or ex.timeout <= pool_limit):
+                most = f" (pool {pool} allows up to {pool_limit:g}s)" if pool_limit is not None else ""
+                why = (f"within {ex.timeout:g}s, the X-Sandbox-Timeout this request sent; send a larger "
+                       f"X-Sandbox-Timeout to wait longer{most}")
+            else:  # (pool_limit is None only if a policy reload removed it meanwhile)
+                within = f"{pool_limit:g}s" if pool_limit is not None else "the time"
+                why = (f"within {within}, pool {pool}'s request_timeout; raise pools.{pool}.request_timeout "
+                       "in the policy to wait longer")
+        self.fail(ex, UpstreamTimeout(f"sandbox {sandbox_id} sent no response {why}", sandbox_id=sandbox_id))
+
+    def body_stalled(self, ex: Exchange) -> None:
+        """The client stopped sending its request body: its fault, not the sandbox's (408, not 504)."""
+        self.fail(ex, RequestTimeout(
+            f"the request body stopped arriving: no bytes for {self.plane.options.stream_idle_timeout:g}s "
+            "(stream_idle_timeout); send the rest of the body, or Content-Length: 0 when there is none"))
 
     def idled_out(self, ex: Exchange) -> None:
         self.abort(ex, None, f"no bytes either way for {self.plane.options.stream_idle_timeout:g}s")
@@ -508,10 +559,23 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             ex.reject = exc  # pipelined behind the current request: answered in turn, then closed
             self.pause(PAUSE_DISCARD)
 
-    def _malformed(self, exc: GatewayError, h2: bool = False) -> None:
+    def _head_too_large(self) -> None:
+        """A request head over max_header_bytes: 414 when its target is the bulk of it, else 431."""
+        limit = self.plane.max_head
+        ex = self.parsing
+        if ex is not None and len(ex.url) * 2 > limit:
+            exc: GatewayError = UriTooLong(
+                f"the request target makes the request head exceed {limit} bytes (max_header_bytes); "
+                "send long data in the request body")
+        else:
+            exc = HeaderTooLarge(f"the request head exceeds {limit} bytes (max_header_bytes)")
+        self._malformed(exc, linger=True)  # the client may still be sending its head
+
+    def _malformed(self, exc: GatewayError, h2: bool = False, linger: bool = False) -> None:
         """Bytes that are not HTTP: answer 400 if nothing is in flight, then close.
 
         ``h2``: the client spoke HTTP/2 (prior knowledge); it gets the error in HTTP/2 frames it can read.
+        ``linger``: the client is likely still sending; close as ``linger`` does, so it reads the answer.
         """
         self.parsing = None
         ex = self.current
@@ -533,7 +597,10 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             self.linger()  # the client is still sending its request: a plain close could reset our answer away
         else:
             self._send(w.error_response(exc, bad.request_id, close=True))
-            self.close()
+            if linger:
+                self.linger()
+            else:
+                self.close()
         self.plane.finished(bad)
 
     def finish(self, ex: Exchange, close: bool) -> None:

@@ -24,6 +24,7 @@ DONE = 5
 NO_BODY = 0
 LENGTH = 1
 CHUNKED = 2
+CODED = 3        # a Transfer-Encoding without chunked last: llhttp answers 400, or a later chunked makes it 501
 
 # How response body bytes go to the client (UpstreamConnection.framing)
 F_NONE = 0       # no body (HEAD, 1xx, 204, 304)
@@ -41,7 +42,7 @@ class Exchange:
         "request_id", "tokens", "body", "expect", "upgrade", "websocket", "version10", "keep_alive",
         "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
-        "protocol", "error", "retried", "stream_key", "refused", "compat",
+        "protocol", "error", "retried", "stream_key", "refused", "compat", "timeout", "deadline",
     )
 
     def __init__(self, client: DownstreamConnection) -> None:
@@ -89,6 +90,8 @@ class Exchange:
         self.stream_key: str | None = None    # the OrgLimits key this exchange holds a stream slot under
         self.refused: str | None = None       # the tenant limit that refused or cut it (RequestLog.refused)
         self.compat: Any = None               # router headers [id, namespace, port], then a compat.Target
+        self.timeout = 0.0                    # X-Sandbox-Timeout (seconds; 0: not sent)
+        self.deadline = 0.0                   # loop time by which the response head is due (0: none)
 
 
 class RequestLog:

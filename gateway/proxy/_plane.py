@@ -20,6 +20,7 @@ from gateway.model import Route
 from gateway.proxy._admission import Admission
 from gateway.proxy._downstream import DownstreamConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
+from gateway.proxy._request import PAUSE_UPSTREAM
 from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
 from gateway.proxy._wire import RequestIds
 from routing import Identity
@@ -46,7 +47,7 @@ class PlaneOptions:
     upstream_connect_timeout: float = 5.0
     upstream_connect_retries: int = 3
     upstream_connect_backoff: float = 0.05
-    upstream_read_timeout: float = 60.0
+    upstream_read_timeout: float | None = None  # no cap on the wait for a response head by default
     upstream_pool_size: int = 256
     upstream_keepalive_timeout: float = 30.0
     stream_idle_timeout: float = 300.0
@@ -130,6 +131,9 @@ class DataPlane:
         self.trust_xff = options.trust_forwarded_for
         self.write_high = WRITE_BUFFER_HIGH
         self.ids = RequestIds()
+        # Pool name -> request_timeout (seconds to the response head), for the pools that set one;
+        # the composition root keeps it in step with the policy. Empty: no pool caps a request.
+        self.request_timeouts: dict[str, float] = {}
         self.clients: set[DownstreamConnection] = set()
         self.inflight = 0
         self.pools: dict[tuple[str, int], UpstreamPool] = {}
@@ -142,8 +146,8 @@ class DataPlane:
         self._timer: asyncio.TimerHandle | None = None
         self._drained: asyncio.Future[None] | None = None
         self._ticks = 0
-        self._tick_interval = max(0.01, min(0.5, options.upstream_read_timeout / 4, options.stream_idle_timeout / 4,
-                                            options.header_read_timeout / 4))
+        self._tick_interval = max(0.01, min(0.5, (options.upstream_read_timeout or 2.0) / 4,
+                                            options.stream_idle_timeout / 4, options.header_read_timeout / 4))
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self, sock: socket.socket) -> None:
@@ -163,6 +167,7 @@ class DataPlane:
         self._server.close()
         for client in list(self.clients):
             client.close_if_idle()
+            client.end_streams()
         if self.inflight:
             self._drained = self.loop.create_future()
             with contextlib.suppress(TimeoutError):
@@ -328,10 +333,20 @@ class DataPlane:
                 continue
             state = ex.state
             if state == WAITING:
-                up = ex.upstream
-                if up is not None and not up.rpaused and now - ex.active_at > read_timeout:
-                    client.timed_out(ex)
+                if ex.deadline and now > ex.deadline:
+                    client.timed_out(ex, True)
                     continue
+                up = ex.upstream
+                if up is not None and not up.rpaused:
+                    if not ex.req_done:
+                        # The body is still coming: idle while the sandbox reads it means the client stopped
+                        # sending (with the sandbox not reading, the client is paused: not its fault).
+                        if not client.rpause & PAUSE_UPSTREAM and now - ex.active_at > idle_timeout:
+                            client.body_stalled(ex)
+                            continue
+                    elif read_timeout is not None and now - ex.active_at > read_timeout:
+                        client.timed_out(ex, False)
+                        continue
             elif state == BODY or state == TUNNEL:
                 if now - ex.active_at > idle_timeout:
                     client.idled_out(ex)

@@ -14,12 +14,13 @@ connection module reads as serving and this one as parsing.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import TYPE_CHECKING
 
-from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.errors import BadRequest, NotImplementedByGateway, PayloadTooLarge
 from gateway.proxy import _wire as w
-from gateway.proxy._exchange import CHUNKED, DONE, LENGTH, Exchange
+from gateway.proxy._exchange import CHUNKED, CODED, DONE, LENGTH, Exchange
 
 if TYPE_CHECKING:
     from httptools import HttpRequestParser
@@ -41,7 +42,7 @@ M_EOF = 16           # the client half-closed: answer the request in flight, the
 M_DISCARD = 32       # a request was refused mid-body: bytes are dropped, no request is parsed any more
 M_LINGER = 64        # our side is shut (FIN sent): nothing may be written
 
-_REJECT_TOO_LARGE = "the request head exceeds {} bytes"
+_INF = float("inf")
 
 
 class _HeadTooLarge(Exception):
@@ -54,6 +55,26 @@ class _BodyTooLarge(Exception):
 
 class _StopParsing(Exception):
     pass
+
+
+_ABSOLUTE_FORM = re.compile(rb"https?://([^/?#@]*)(.*)", re.I | re.S)
+
+
+def _other_target_form(ex: Exchange) -> None:
+    """An absolute-form target (``GET http://host/x``, as sent to a proxy) goes upstream in origin-form
+    (``/x``), and its authority replaces Host (RFC 9112 3.2.2). ``*`` (OPTIONS) passes as it is;
+    CONNECT's authority-form is refused in on_headers_complete."""
+    url = ex.url
+    if url == b"*" or ex.method == b"CONNECT":
+        return
+    match = _ABSOLUTE_FORM.fullmatch(url)
+    rest = match.group(2) if match is not None else b""
+    if match is None or not match.group(1) or (rest and rest[0] not in b"/?"):
+        ex.reject = BadRequest("the request target must be a path (/...) or an absolute http(s) URL without "
+                               "user information", code="bad_request")
+        return
+    ex.url = rest if rest[:1] == b"/" else b"/" + rest
+    ex.host = match.group(1)
 
 
 class RequestReader:
@@ -142,8 +163,19 @@ class RequestReader:
             if tokens:
                 ex.tokens = tokens if ex.tokens is None else ex.tokens | tokens
         elif code == w.R_TE:
-            if b"chunked" in value.lower():
+            codings = value.lower()
+            if b"chunked" in codings and codings.rsplit(b",", 1)[-1].strip() == b"chunked":
+                if ex.body == CODED or codings.strip() != b"chunked":
+                    # gzip, chunked: the gateway would have to drop the gzip coding (it re-frames the body)
+                    # or pass a coding sandboxes do not decode; nginx answers 501 as well.
+                    ex.reject = NotImplementedByGateway(
+                        "Transfer-Encoding: only chunked is supported; send a compressed body with "
+                        "Content-Encoding instead", code="unsupported_transfer_encoding")
                 ex.body = CHUNKED
+            elif ex.body == CHUNKED:
+                ex.reject = BadRequest("Transfer-Encoding: chunked must be the last coding (RFC 9112)")
+            else:
+                ex.body = CODED
         elif code == w.R_UPGRADE:
             ex.upgrade = value
         elif code == w.R_XFF:
@@ -156,10 +188,25 @@ class RequestReader:
                 ex.expect = True
             else:
                 ex.headers += (name, w.COLON, value, w.CRLF)
+        elif code == w.R_TIMEOUT:
+            self._client_timeout(ex, value)
         elif code >= w.R_SANDBOX_ID:
             if ex.compat is None:
                 ex.compat = [None, None, None]
             ex.compat[code - w.R_SANDBOX_ID] = value
+
+    @staticmethod
+    def _client_timeout(ex: Exchange, value: bytes) -> None:
+        """X-Sandbox-Timeout: seconds the client will wait for the response head (the pool's
+        request_timeout still caps it, in ``attach``)."""
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = 0.0
+        if ex.timeout or not 0.0 < seconds < _INF:  # also refuses nan
+            ex.reject = BadRequest("X-Sandbox-Timeout: must be given once, as a positive number of seconds "
+                                   "(such as 130)", code="invalid_timeout")
+        ex.timeout = seconds
 
     def on_headers_complete(self) -> None:
         ex = self.parsing
@@ -167,6 +214,10 @@ class RequestReader:
         parser = self.parser
         self.mode &= ~M_IN_HEAD
         ex.method = parser.get_method()
+        if ex.host is None and ex.reject is None and parser.get_http_version() not in ("1.0", "0.9"):
+            ex.reject = BadRequest("Host: an HTTP/1.1 request must carry one (RFC 9112)", code="invalid_host")
+        if ex.url[0] != 47:  # not origin-form ("/...")
+            _other_target_form(ex)
         if not parser.should_keep_alive():
             ex.keep_alive = False
             ex.version10 = parser.get_http_version() == "1.0"

@@ -22,6 +22,7 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from gateway.errors import UpstreamError
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
+from gateway.proxy._wsframe import MessageSizeGuard
 
 if TYPE_CHECKING:
     from gateway.proxy._downstream import DownstreamConnection
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.proxy")
 
 MAX_RESPONSE_HEAD = 256 * 1024
+_ANY_SIZE = 1 << 64  # the sandbox's messages are not limited; its frames are only followed
 _find_hop_by_hop = w.HOP_BY_HOP.search
 
 
@@ -106,7 +108,7 @@ class UpstreamConnection(asyncio.Protocol):
     __slots__ = (
         "plane", "pool", "transport", "parser", "ex", "client_tr", "reused", "closed", "broken",
         "idle_since", "rpaused", "wpaused", "done", "keep", "interim", "extra", "tunneled", "raw",
-        "raw_pos", "head_out", "framing", "dechunker",
+        "raw_pos", "head_out", "framing", "dechunker", "frames", "sse_end",
     )
 
     def __init__(self, plane: DataPlane, pool: UpstreamPool) -> None:
@@ -132,6 +134,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.head_out = b""             # the rewritten head, sent with the first body bytes
         self.framing = F_NONE
         self.dechunker: _Dechunker | None = None
+        self.frames: MessageSizeGuard | None = None  # a tunnel's frame boundaries (sandbox to client)
+        self.sse_end: bytes | None = None  # what ends an event stream cleanly for the client (None: nothing can)
 
     # -- pausing ------------------------------------------------------------
     def sync_pauses(self, client: DownstreamConnection) -> None:
@@ -204,6 +208,8 @@ class UpstreamConnection(asyncio.Protocol):
                 self._protocol_error(ex, str(exc))
                 return
             self._body(ex, data, b"")
+            if self.plane.draining and ex.protocol == "sse" and self.ex is ex:
+                self._end_stream_at_event(ex, data)
             return
         raw = self.raw
         if raw is None:
@@ -277,6 +283,12 @@ class UpstreamConnection(asyncio.Protocol):
                 self.client_tr.write(data)  # type: ignore[union-attr]
             except RuntimeError:  # uvloop: the client's transport closed under us
                 self.abort()
+                return
+            frames = self.frames
+            if frames is not None:
+                frames.feed(data)
+                if self.plane.draining and frames.at_boundary:
+                    ex.client.going_away(ex)  # shutdown began mid-frame: this frame is complete now
             return
         # Bytes on an idle connection: the upstream is confused; never reuse it.
         self.broken = True
@@ -359,6 +371,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.head_out = head + b"\r\n\r\n"
             if low.find(b"event-stream") >= 0 and w.is_event_stream(low):
                 ex.protocol = "sse"
+                self.sse_end = w.CHUNK_END if low.find(b"\r\ntransfer-encoding:") >= 0 else None
                 self.plane.stream_began(ex)
         else:
             self._frame(ex, status, head, low, coding)
@@ -405,6 +418,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.head_out = b"".join((head, w.CRLF, extra, w.CRLF))
         if framing != F_NONE and w.is_event_stream(low):
             ex.protocol = "sse"
+            chunked = framing == F_RECHUNK or (framing == F_PASS and coding == w.TE_CHUNKED)
+            self.sse_end = w.CHUNK_END if chunked else b"" if framing != F_PASS else None
             self.plane.stream_began(ex)
 
     def on_message_complete(self) -> None:
@@ -441,6 +456,27 @@ class UpstreamConnection(asyncio.Protocol):
             self.abort()  # the request body is still coming: this connection is unusable
         ex.client.finish(ex, ex.close_after or self.plane.draining)
 
+    def _end_stream_at_event(self, ex: Exchange, data: bytes) -> None:
+        """Shutdown: an event stream whose latest bytes end an event is ended for the client there (the
+        last chunk, or the close that delimits it), instead of being cut mid-event at drain_timeout."""
+        end = self.sse_end
+        if end is None:
+            return  # delimited by Content-Length: no clean early end exists
+        if self.framing == F_PASS or self.framing == F_DECHUNK:  # the bytes still carry chunk framing
+            boundary = data.endswith((b"\n\n\r\n", b"\r\r\r\n"))
+        else:
+            boundary = data.endswith((b"\n\n", b"\r\r"))
+        if not boundary:
+            return
+        client = ex.client
+        self.abort()
+        if end and not client.transport.is_closing():
+            client.transport.write(end)
+        client.finish(ex, True)
+
+    def at_frame_boundary(self) -> bool:
+        return self.frames is not None and self.frames.at_boundary
+
     def _upgraded(self, ex: Exchange, rest: bytes) -> None:
         if ex.status != 101 or not ex.websocket:
             self._protocol_error(ex, "unexpected protocol upgrade")
@@ -455,6 +491,9 @@ class UpstreamConnection(asyncio.Protocol):
             self.abort()
             return
         self.tunneled = True
+        self.frames = MessageSizeGuard(_ANY_SIZE)
+        if rest:
+            self.frames.feed(rest)
         self.broken = True  # never pooled again
         ex.state = TUNNEL
         ex.protocol = "websocket"

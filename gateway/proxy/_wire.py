@@ -34,6 +34,7 @@ R_AUTH = 14         # Authorization: read by the authenticator, never forwarded
 R_SANDBOX_ID = 15   # the agent-sandbox router's headers (gateway/compat.py), never forwarded;
 R_SANDBOX_NS = 16   # ... their order matches Exchange.compat
 R_SANDBOX_PORT = 17
+R_TIMEOUT = 18      # X-Sandbox-Timeout: the client's limit on the time to the response head, never forwarded
 
 REQUEST_HEADERS: dict[bytes, int] = {
     b"x-org-id": R_ORG,
@@ -61,6 +62,7 @@ REQUEST_HEADERS: dict[bytes, int] = {
     b"x-sandbox-id": R_SANDBOX_ID,
     b"x-sandbox-namespace": R_SANDBOX_NS,
     b"x-sandbox-port": R_SANDBOX_PORT,
+    b"x-sandbox-timeout": R_TIMEOUT,
 }
 
 R_PASS = 0          # forwarded as is
@@ -82,7 +84,7 @@ REQUEST_HEADERS_EXACT.update({
 # exact-spelling lookup misses, so they cost nothing on the common path.
 REQUEST_HEADERS.update({name.replace(b"-", b"_"): R_DROP for name in (
     b"x-org-id", b"x-user-id", b"x-session-id", b"x-bot-id", b"x-sandbox-id", b"x-sandbox-namespace",
-    b"x-sandbox-port", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host")})
+    b"x-sandbox-port", b"x-sandbox-timeout", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host")})
 
 for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", b"Content-Type", b"Cookie",
               b"Cache-Control", b"Pragma", b"Origin", b"Referer", b"If-None-Match", b"If-Modified-Since", b"Range",
@@ -97,8 +99,10 @@ IDENTITY_HEADER_NAMES = {R_ORG: "X-Org-Id", R_USER: "X-User-Id", R_SESSION: "X-S
 # Response heads are rewritten as a whole (llhttp has validated them: CRLF line
 # ends, no obs-fold, no space before the colon), so these work on the raw head,
 # which starts with the status line and ends before its final CRLF CRLF.
+# Trailer is not among them (RFC 9110 6.6.2): it announces the trailer fields, which pass through with a
+# chunked body; a client that reads them needs it.
 HOP_BY_HOP = re.compile(  # on the lower-cased head
-    rb"\r\n(connection|keep-alive|proxy-connection|te|trailer|transfer-encoding|upgrade):([^\r]*)")
+    rb"\r\n(connection|keep-alive|proxy-connection|te|transfer-encoding|upgrade):([^\r]*)")
 _SSE_CONTENT_TYPE = re.compile(rb"\r\ncontent-type:[ \t]*text/event-stream")  # on the lower-cased head
 _TRANSFER_ENCODING = re.compile(rb"\r\ntransfer-encoding:[^\r]*", re.I)
 

@@ -19,6 +19,7 @@ import os
 
 __all__ = ["MessageSizeGuard", "close_frame"]
 
+CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_MESSAGE_TOO_BIG = 1009
 
@@ -75,6 +76,11 @@ class MessageSizeGuard:
     def verdict(self) -> int | None:
         """The close code once the stream has been refused, else None."""
         return self._verdict
+
+    @property
+    def at_boundary(self) -> bool:
+        """The bytes fed so far end between two frames (so a close frame can be sent after them)."""
+        return not self._skip and not self._head and self._verdict is None
 
     def feed(self, data: bytes) -> int | None:
         """Scan the next bytes of the stream; None while acceptable, else a close code (sticky)."""

@@ -59,9 +59,11 @@ class ExecResult:
     stdout: str
     stderr: str
     exit_code: int
+    timed_out: bool = False  # killed for passing timeout_seconds (the agent-sandbox SDK reads it)
 
     def as_json(self) -> dict[str, Any]:
-        return {"stdout": self.stdout, "stderr": self.stderr, "exit_code": self.exit_code}
+        return {"stdout": self.stdout, "stderr": self.stderr, "exit_code": self.exit_code,
+                "timed_out": self.timed_out}
 
 
 async def _drain(stream: asyncio.StreamReader, capture: _Capture) -> None:
@@ -125,7 +127,7 @@ async def run_command(command: str, *, cwd: Path, timeout: float, max_output_byt
     stdout, stderr = out.text("stdout"), err.text("stderr")
     if timed_out:
         note = f"\n[sandbox-runtime: command timed out after {timeout:g}s and was killed]\n"
-        return ExecResult(stdout, stderr + note, TIMEOUT_EXIT_CODE)
+        return ExecResult(stdout, stderr + note, TIMEOUT_EXIT_CODE, timed_out=True)
     returncode = proc.returncode
     assert returncode is not None
     return ExecResult(stdout, stderr, returncode if returncode >= 0 else 128 - returncode)
@@ -160,7 +162,7 @@ def parse_execute_body(raw: bytes) -> tuple[str, float]:
 
 
 async def handle_execute(request: web.Request) -> web.Response:
-    """``POST /execute`` ``{"command", "timeout_seconds"?}`` -> ``{"stdout", "stderr", "exit_code"}``."""
+    """``POST /execute`` ``{"command", "timeout_seconds"?}`` -> ``{"stdout", "stderr", "exit_code", "timed_out"}``."""
     command, timeout = parse_execute_body(await request.read())
     config = request.app[CONFIG]
     result = await run_command(command, cwd=config.root, timeout=timeout, max_output_bytes=config.max_output_bytes)

@@ -14,6 +14,8 @@ from tests.hostile.harness import (
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
+TE_REFUSED = Err(501, "unsupported_transfer_encoding", "Transfer-Encoding: only chunked is supported")
+
 DATA_CASES: list[Any] = [
     # -- Content-Length: negative, non-numeric, huge, duplicated -----------------------------------
     pytest.param(post(b"Content-Length: -1\r\n"), MALFORMED, id="content-length-negative"),
@@ -51,6 +53,12 @@ DATA_CASES: list[Any] = [
     pytest.param(post(b"Transfer-Encoding: xchunked\r\n", b"0\r\n\r\n"), MALFORMED, id="transfer-encoding-xchunked"),
     pytest.param(post(b"Transfer-Encoding: gzip\r\n", b"ab"), MALFORMED, id="transfer-encoding-gzip-only"),
     pytest.param(post(b"Transfer-Encoding: identity\r\n", b"ab"), MALFORMED, id="transfer-encoding-identity"),
+    # A coding before chunked frames the body correctly, but the gateway re-frames bodies and would drop it
+    # (it used to, silently): refused, as nginx does, rather than forwarded with its coding lost.
+    pytest.param(post(b"Transfer-Encoding: gzip, chunked\r\n", b"3\r\nabc\r\n0\r\n\r\n"), TE_REFUSED,
+                 id="transfer-encoding-gzip-then-chunked"),
+    pytest.param(post(b"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", b"3\r\nabc\r\n0\r\n\r\n"),
+                 TE_REFUSED, id="transfer-encoding-gzip-and-chunked-in-two-headers"),
     # -- invalid chunk framing (found only after the head was accepted) ----------------------------
     # These and the three Transfer-Encoding cases just above are reported by llhttp after
     # on_headers_complete, when begin() has already started the task that resolves the route: the

@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 
 from tests.hostile.harness import (
-    HEAD_TIMEOUT, IO_TIMEOUT, MALFORMED, TOO_LARGE, W, answer, bad_identity, bot_value, Build, check_rejected,
+    HEAD_TIMEOUT, IO_TIMEOUT, MALFORMED, TOO_LARGE, URI_TOO_LONG, W, answer, bad_identity, bot_value, Build, check_rejected,
     Err, get, Hostile, ident, org_value, raw_client, session_value, user_value,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
+
+BAD_TARGET = Err(400, "bad_request", "the request target must be a path (/...) or an absolute http(s) URL")
 
 DATA_CASES: list[Any] = [
     # -- CR / LF / CRLF in header names, values, request lines ------------------------------------
@@ -59,7 +61,7 @@ DATA_CASES: list[Any] = [
     pytest.param(lambda s: b"\x00GET / HTTP/1.1\r\n" + ident(s) + b"\r\n", MALFORMED, id="nul-before-request"),
     # -- sizes --------------------------------------------------------------------------------------
     pytest.param(get(b"/", b"X-Big: " + b"a" * 65_536 + b"\r\n"), TOO_LARGE, id="64kb-single-header"),
-    pytest.param(get(b"/" + b"a" * 65_536), TOO_LARGE, id="64kb-url"),
+    pytest.param(get(b"/" + b"a" * 65_536), URI_TOO_LONG, id="64kb-url"),
     pytest.param(get(b"/", b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 200) for i in range(100))), TOO_LARGE,
                  id="100-headers-totalling-20kb"),
     pytest.param(get(b"/", b"a: b\r\n" * 3000), TOO_LARGE, id="3000-tiny-headers"),
@@ -89,6 +91,9 @@ DATA_CASES: list[Any] = [
     pytest.param(get(b"/", version=b"http/1.1"), MALFORMED, id="lowercase-version"),
     pytest.param(get(b"/", version=b""), MALFORMED, id="empty-version"),
     pytest.param(get(b"echo/x"), MALFORMED, id="target-without-slash"),
+    pytest.param(get(b"ftp://evil.example/echo/x"), BAD_TARGET, id="absolute-form-not-http"),
+    pytest.param(get(b"http://user:secret@evil.example/echo/x"), BAD_TARGET, id="absolute-form-with-userinfo"),
+    pytest.param(get(b"http:///echo/x"), BAD_TARGET, id="absolute-form-without-a-host"),
     pytest.param(get(b"?a=b"), MALFORMED, id="query-only-target"),
     pytest.param(get(b"/a\tb"), MALFORMED, id="tab-in-url"),
     pytest.param(get("/caf\u00e9".encode()), MALFORMED, id="raw-utf8-in-url"),

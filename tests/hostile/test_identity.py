@@ -137,7 +137,7 @@ async def test_empty_bot_id_is_absent_and_identity_does_not_carry_over_a_connect
     """Two pipelined requests: the first (walker, empty X-Bot-Id) is served; the second, without identity
     headers on the same connection, is 400 (identity is per request, never per connection)."""
     first = b"GET /echo/1 HTTP/1.1\r\n" + W + b"X-Bot-Id:\r\n\r\n"
-    second = b"GET /echo/2 HTTP/1.1\r\nX-Note: no identity\r\n\r\n"
+    second = b"GET /echo/2 HTTP/1.1\r\nHost: gw\r\nX-Note: no identity\r\n\r\n"
     async with raw_client(gw.data_port) as (reader, writer):
         writer.write(first + second)
         one = await asyncio.wait_for(answer(reader), IO_TIMEOUT)
