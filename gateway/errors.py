@@ -137,7 +137,7 @@ class WakeTimeout(GatewayError):
     code = "wake_timeout"
     grpc_status = Status.UNAVAILABLE
 
-    def __init__(self, message: str, *, sandbox_id: str, retry_after: float = 5.0) -> None:
+    def __init__(self, message: str, *, sandbox_id: str | None = None, retry_after: float = 5.0) -> None:
         super().__init__(message, retry_after=retry_after, sandbox_id=sandbox_id)
 
 
