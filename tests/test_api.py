@@ -152,6 +152,10 @@ LONG = "x" * 300
                  "unsupported_media_type", id="JSON sent as text/plain (cross-site form post)"),
     pytest.param("GET", "/v1/route?user_id=u&user_id=v&session_id=s", None, 400, "invalid_identity",
                  id="dry run repeated param"),
+    pytest.param("POST", "/v1/sandboxes/org-0a/suspend", None, 404, "not_found", id="suspend unknown sandbox"),
+    pytest.param("POST", "/v1/sandboxes/org-0a/resume", None, 404, "not_found", id="resume unknown sandbox"),
+    pytest.param("POST", "/v1/sandboxes/..%2Fetc/suspend", None, 400, "bad_request", id="suspend a non-ID"),
+    pytest.param("GET", "/v1/sandboxes/org-0a/suspend", None, 405, "method_not_allowed", id="suspend by GET"),
 ])
 async def test_bad_input_gets_documented_json_error(api, stack, method, path, body, status, code):
     _, local = stack

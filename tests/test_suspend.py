@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -338,11 +340,21 @@ async def test_a_foreign_caller_never_wakes_a_sandbox(counting_provider: Countin
     assert counting_provider.resumed == []
 
 
-def test_static_pools_cannot_suspend_said_at_policy_check(tmp_path: Path) -> None:
-    text = "pools:\n  small: {}\n  edge: {provider: static, upstreams: ['http://10.0.0.1:80'], on_idle: suspend}\n"
+def test_static_pools_cannot_suspend_said_at_check_policy_and_startup(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("pools:\n  small: {}\n  shared: {provider: static, upstreams: ['http://10.0.0.1:80'], "
+                      "on_idle: suspend}\n")
     with pytest.raises(PolicyError) as info:
-        parse_policy(text, "p.yaml")
-    assert any("pools.edge" in line and "on_idle" in line and "static" in line for line in info.value.errors)
+        parse_policy(policy.read_text(), str(policy))
+    assert any("pools.shared" in line and "on_idle: suspend" in line and "'static'" in line
+               for line in info.value.errors), info.value.errors
+    for command in (["check-policy", str(policy)],
+                    ["serve", "--policy", str(policy), "--data-port", "0", "--control-port", "0",
+                     "--data-dir", str(tmp_path / "data")]):
+        done = subprocess.run([sys.executable, "-m", "gateway.cli", *command], capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode in (1, 2) and "pools.shared" in done.stderr and "on_idle" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
 
 
 async def test_a_static_sandbox_cannot_be_suspended_by_the_api() -> None:
