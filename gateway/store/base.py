@@ -259,7 +259,8 @@ class SessionStore(Protocol):
         """Raise ``caps.exceeded(...)`` (``CapacityExceeded``) when a cap is reached (a creation, or
         the wake of a suspended record)."""
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
-        """Raise ``NotReserved`` when there is no creating, resuming (or ready) record to complete."""
+        """Raise ``NotReserved`` when there is no creating, resuming (or ready) record to complete.
+        Becoming ready is activity: the record's last activity moves to now."""
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         """Remove the record (freeing capacity) and wake waiters: FAILED with ``error``, else REMOVED."""
     async def begin_suspend(self, sandbox_id: str, lease_seconds: float) -> SandboxRecord | None:

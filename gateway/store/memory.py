@@ -168,12 +168,16 @@ class MemoryStore:
         current = self._sandboxes.get(sandbox_id)
         if current is None or current.state in (SandboxState.SUSPENDING, SandboxState.SUSPENDED):
             raise NotReserved(sandbox_id)
-        ready = current.with_(state=SandboxState.READY, endpoint=endpoint, lease_until=0.0)
+        # Becoming ready is activity: a creation or wake slower than an idle timeout is not idle at once.
+        ready = current.with_(state=SandboxState.READY, endpoint=endpoint, lease_until=0.0,
+                              last_active=max(current.last_active, self._clock()))
         self._count(current, -1)
         self._sandboxes[sandbox_id] = ready
         self._count(ready, 1)
         ready = self._with_sessions(ready)  # type: ignore[assignment]
         self._settle(sandbox_id, Settlement(Settled.READY, ready))
+        if current.state is SandboxState.RESUMING:
+            self._publish(sandbox_id)  # a resumed sandbox may answer at a new endpoint
         return ready
 
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:

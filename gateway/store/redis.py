@@ -328,6 +328,9 @@ class RedisStore:
         view = await self._mark_ready(**self._mark_ready_call(sandbox_id, endpoint))
         if view is None:
             raise NotReserved(sandbox_id)
+        *view, previous = view
+        if previous == SandboxState.RESUMING:
+            self._listener.notify(sandbox_id)  # a resumed sandbox may answer at a new endpoint (others: by pub/sub)
         return codec.record_of(sandbox_id, view)[0]
 
     @_translated("suspend a sandbox")
@@ -466,7 +469,8 @@ class RedisStore:
 
     def _mark_ready_call(self, sandbox_id: str, endpoint: Endpoint) -> dict[str, list[str]]:
         return {"keys": [self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_state],
-                "args": [sandbox_id, codec.endpoint_text(endpoint), self.keys.settled]}
+                "args": [sandbox_id, codec.endpoint_text(endpoint), self.keys.settled, self.keys.invalidate,
+                         self._invalidation("sandbox", sandbox_id), codec.num(self._clock())]}
 
     @_translated("count open streams")
     async def add_streams(self, deltas: Mapping[str, int]) -> None:

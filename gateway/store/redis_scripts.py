@@ -221,13 +221,21 @@ return {'created', unpack(v)}
 MARK_READY = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:state hash
 -- ARGV[1] sandbox id  ARGV[2] endpoint ("<scheme> <host> <port>")  ARGV[3] settled channel
--- returns the ready record's view; false (nil) when there is no record to complete (none, or suspended)
+-- ARGV[4] invalidate channel  ARGV[5] invalidate message (published after a resume: the endpoint may be new)
+-- ARGV[6] now: becoming ready is activity (a creation or wake that took longer than an idle timeout, or a
+--         record suspended long ago, is not idle the moment it is ready)
+-- returns the ready record's view and then the state it came from; false (nil) when there is no record
+-- to complete (none, or suspended)
 local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'g')
 if not cur[1] or cur[1] == 'suspending' or cur[1] == 'suspended' then return false end
 restate(KEYS[3], cur[2], cur[1], 'ready')
 redis.call('HSET', KEYS[1], 's', 'ready', 'e', ARGV[2], 'l', '0')
+redis.call('ZADD', KEYS[2], 'GT', ARGV[6], ARGV[1])
 redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = cur[3] or '', state = 'ready'}))
-return view(KEYS[1], KEYS[2], ARGV[1])
+if cur[1] == 'resuming' then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
+local v = view(KEYS[1], KEYS[2], ARGV[1])
+v[14] = cur[1]
+return v
 """
 
 RELEASE_SANDBOX = _HELPERS + """
