@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import aiohttp
@@ -193,7 +194,8 @@ async def test_sandbox_listing_pages_with_a_cursor_and_filters(api, stack):
         await router.store.reserve_sandbox(record, Caps(), 30)
         if i != 4:
             await router.store.mark_ready(record.sandbox_id, Endpoint("127.0.0.1", 9))
-        await router.store.touch({record.sandbox_id: 10.0 + i}, {})
+        # Activity after now: becoming ready is activity, and touch only moves it forward.
+        await router.store.touch({record.sandbox_id: time.time() + 3600 + i}, {})
     seen, cursor = [], None
     while True:
         params = {"limit": "2"} if cursor is None else {"limit": "2", "cursor": cursor}
