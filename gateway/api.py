@@ -27,7 +27,7 @@ from gateway.metrics import Metrics
 from gateway.model import Binding, SandboxRecord, SandboxState
 from gateway.sessions import SessionRouter
 from gateway.store.base import Position, SandboxFilter
-from routing import Identity, InvalidIdentity
+from routing import Identity, InvalidIdentity, is_valid_sandbox_id
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,30 @@ async def list_sandboxes(request: web.Request) -> web.Response:
     })
 
 
+def _path_sandbox(request: web.Request) -> str:
+    sandbox_id = request.match_info["sandbox_id"]
+    if not is_valid_sandbox_id(sandbox_id):
+        raise BadRequest(f"{sandbox_id!r} is not a sandbox ID: take one from GET /v1/sandboxes")
+    return sandbox_id
+
+
+def _sandbox_view(record: SandboxRecord) -> dict[str, Any]:
+    return {"sandbox_id": record.sandbox_id, "pool": record.pool, "state": record.state.value,
+            "endpoint": record.endpoint.url() if record.endpoint is not None else None}
+
+
+async def suspend_sandbox(request: web.Request) -> web.Response:
+    """Admin: suspend a ready sandbox now (idempotent); 409 while it is being created or woken."""
+    record = await request.app[ROUTER].suspend_sandbox(_path_sandbox(request))
+    return web.json_response(_sandbox_view(record))
+
+
+async def resume_sandbox(request: web.Request) -> web.Response:
+    """Admin: wake a suspended sandbox and answer once it is ready (idempotent)."""
+    record = await request.app[ROUTER].resume_sandbox(_path_sandbox(request))
+    return web.json_response(_sandbox_view(record))
+
+
 def _single_valued(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:
     unknown = sorted(set(request.query) - set(allowed))
     if unknown:
@@ -263,6 +287,8 @@ def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[
     app.router.add_get("/v1/sessions/{session_id}", get_session)
     app.router.add_delete("/v1/sessions/{session_id}", delete_session)
     app.router.add_get("/v1/sandboxes", list_sandboxes)
+    app.router.add_post("/v1/sandboxes/{sandbox_id}/suspend", suspend_sandbox)
+    app.router.add_post("/v1/sandboxes/{sandbox_id}/resume", resume_sandbox)
     app.router.add_get("/v1/route", route_dry_run)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -18,6 +18,7 @@
     ├── StoreUnavailable              503 store_unavailable (+ Retry-After) UNAVAILABLE (+ retry-after)
     ├── ProvisionFailed               503 provision_failed                  UNAVAILABLE
     │   └── ProvisionTimeout          504 provision_timeout                 UNAVAILABLE (retry: it is still coming)
+    ├── WakeTimeout                   503 wake_timeout (+ Retry-After)      UNAVAILABLE (+ retry-after)
     └── UpstreamError                 502 upstream_error                    UNAVAILABLE
         ├── UpstreamConnectError      502 upstream_unreachable              UNAVAILABLE
         └── UpstreamTimeout           504 upstream_timeout                  DEADLINE_EXCEEDED
@@ -158,6 +159,18 @@ class ProvisionTimeout(ProvisionFailed):
     status = 504
     code = "provision_timeout"
     grpc_status = Status.UNAVAILABLE
+
+
+class WakeTimeout(GatewayError):
+    """A suspended sandbox was not awake within its pool's ``wake_timeout``; the wake goes on, so
+    the client retries after ``Retry-After``."""
+
+    status = 503
+    code = "wake_timeout"
+    grpc_status = Status.UNAVAILABLE
+
+    def __init__(self, message: str, *, sandbox_id: str | None = None, retry_after: float = 5.0) -> None:
+        super().__init__(message, retry_after=retry_after, sandbox_id=sandbox_id)
 
 
 class UpstreamError(GatewayError):

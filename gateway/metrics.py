@@ -21,11 +21,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _PROVISION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+_WAKE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
 _STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1)
 _STATUS_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 # The reasons SessionRouter reports, exported at zero from the start: a labelled counter has no
 # series until first used, so a dashboard panel said "No data" (not 0) until the first reap or sweep.
-REAP_REASONS = ("idle", "session_deleted", "gone")  # gone: found unreachable and gone at its provider
+REAP_REASONS = ("idle", "session_deleted", "gone", "retention")  # gone: found unreachable and gone at its provider;
+# retention: suspended for longer than its pool's retention
 ORPHAN_SWEEP_REASONS = ("no_store_record",)
 
 
@@ -52,6 +54,16 @@ class Metrics:
                               multiprocess_mode="max")
         self.sandboxes = Gauge("sgw_sandboxes", "Sandboxes by pool and state", ["pool", "state"], registry=r,
                                multiprocess_mode="max")
+        # Suspend and wake (gateway/lifecycle.py). Outcomes: suspended | ready, else an error code.
+        self.suspends = Counter("sgw_suspends_total", "Sandbox suspends by pool and outcome", ["pool", "outcome"],
+                                registry=r)
+        self.resumes = Counter("sgw_resumes_total", "Sandbox resumes (wakes) by pool and outcome", ["pool", "outcome"],
+                               registry=r)
+        self.wake_seconds = Histogram(
+            "sgw_wake_seconds", "Time a request was held for its suspended sandbox, from its arrival to the "
+            "resumed sandbox being ready", ["pool"], buckets=_WAKE_BUCKETS, registry=r)
+        self.wake_held = Gauge("sgw_wake_waiting", "Requests held while their sandbox wakes", ["pool"], registry=r,
+                                  multiprocess_mode="livesum")
         self.capacity_rejections = Counter(
             "sgw_capacity_rejections_total",
             "Requests refused at a cap or a tenant limit (org_rate, org_streams, max_body, ws_message)", ["scope"],
@@ -111,6 +123,18 @@ class Metrics:
 
     def denied(self, reason: str) -> None:
         self.security_denials.labels(reason).inc()
+
+    def suspended(self, pool: str, outcome: str) -> None:
+        self.suspends.labels(pool, outcome).inc()
+
+    def resumed(self, pool: str, outcome: str) -> None:
+        self.resumes.labels(pool, outcome).inc()
+
+    def wake_waiting(self, pool: str, delta: int) -> None:
+        self.wake_held.labels(pool).inc(delta)
+
+    def woken(self, pool: str, seconds: float) -> None:
+        self.wake_seconds.labels(pool).observe(seconds)
 
     def exposition(self) -> tuple[bytes, str]:
         if self._multiprocess_dir:  # unset or empty: this process alone

@@ -14,8 +14,16 @@ from routing import Identity, Isolation, shared_sandbox_id
 
 
 class SandboxState(StrEnum):
+    """``creating`` -> ``ready`` -> (``suspending`` -> ``suspended`` -> ``resuming`` -> ``ready``)*.
+
+    All but ``suspended`` hold compute and count against the caps; ``failed`` and ``deleting``
+    are never stored (a failed creation releases its record, a deleted sandbox loses it)."""
+
     CREATING = "creating"
     READY = "ready"
+    SUSPENDING = "suspending"
+    SUSPENDED = "suspended"
+    RESUMING = "resuming"
     FAILED = "failed"
     DELETING = "deleting"
 

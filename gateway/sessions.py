@@ -9,7 +9,9 @@ The slow path binds the session (a stored binding wins over re-derivation, so a
 policy change never moves a live session), then makes sure its sandbox exists,
 exactly once however many requests race for it: in-process callers share one
 task per sandbox, and across processes the store's atomic reservation decides
-who creates while everyone else waits for the outcome.
+who creates while everyone else waits for the outcome. A suspended sandbox is
+woken the same way, once, while its requests are held (``gateway.lifecycle``,
+which also reaps, suspends and sweeps).
 """
 
 from __future__ import annotations
@@ -17,18 +19,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from gateway.errors import CapacityExceeded, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable
+from gateway.errors import (
+    CapacityExceeded, Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable,
+)
+from gateway.lifecycle import REAPER_LEASE, WAKING_STATES, Lifecycle, outcome_of, unknown_sandbox
 from gateway.model import Binding, Endpoint, Owner, Route, SandboxRecord, SandboxRequest, SandboxState, may_claim
 from gateway.providers.base import ForeignSandbox, Probe, SandboxProvider
 from gateway.store.base import (
-    ANY_SANDBOX, INVALIDATE_ALL, Caps, FleetCounts, NotReserved, Position, Released, SandboxFilter, SandboxPage,
-    SessionStore, Settled, SettleTimeout,
+    ANY_SANDBOX, INVALIDATE_ALL, Caps, FleetCounts, NotReserved, Position, Released, Reserved, SandboxFilter,
+    SandboxPage, SessionStore, Settled, SettleTimeout,
 )
 from routing import Identity, Isolation, Placement, Policy, place
 
@@ -37,7 +41,8 @@ log = logging.getLogger(__name__)
 _K = TypeVar("_K", bound=Hashable)
 _T = TypeVar("_T")
 
-REAPER_LEASE = "reaper"
+__all__ = ["REAPER_LEASE", "NoEvents", "RouterEvents", "RouterTuning", "SessionRouter"]
+
 FILTERED_SCAN = 2_000  # index entries a filtered listing examines per page at most
 
 
@@ -49,6 +54,10 @@ class RouterEvents(Protocol):
     def capacity_rejected(self, scope: str) -> None: ...
     def reaped(self, reason: str) -> None: ...
     def denied(self, reason: str) -> None: ...
+    def suspended(self, pool: str, outcome: str) -> None: ...
+    def resumed(self, pool: str, outcome: str) -> None: ...
+    def wake_waiting(self, pool: str, delta: int) -> None: ...
+    def woken(self, pool: str, seconds: float) -> None: ...
 
 
 class NoEvents:
@@ -59,6 +68,10 @@ class NoEvents:
     def capacity_rejected(self, scope: str) -> None: ...
     def reaped(self, reason: str) -> None: ...
     def denied(self, reason: str) -> None: ...
+    def suspended(self, pool: str, outcome: str) -> None: ...
+    def resumed(self, pool: str, outcome: str) -> None: ...
+    def wake_waiting(self, pool: str, delta: int) -> None: ...
+    def woken(self, pool: str, seconds: float) -> None: ...
 
 
 @dataclass(slots=True)
@@ -78,6 +91,10 @@ class RouterTuning:
     reaper_lease_ttl: float = 60.0   # must exceed the reap interval so the holder keeps it
     reap_batch: int = 500            # index entries (and sessions) one reaper pass examines at most
     sweep_batch: int = 500           # provider objects one orphan sweep checks at most
+    # No sandbox is reaped or suspended sooner than this after its last request began, whatever its
+    # idle_timeout: a request younger than the data plane's LONG_REQUEST_AFTER (10 s) counts only by
+    # its start, until it is promoted to a stream and that count is flushed (activity_flush_interval).
+    activity_grace: float = 20.0
 
 
 class ActivityLog:
@@ -114,7 +131,7 @@ class SessionRouter:
         self.policy = policy
         self.replica_id = replica_id
         self.tuning = tuning
-        self._clock = clock
+        self.clock = clock
         self._cache: dict[str, _Cached] = {}
         self._sessions_by_sandbox: dict[str, set[str]] = {}
         # Per sandbox *and* owner: a foreign claimant never shares (nor spoils) the owner's creation.
@@ -122,9 +139,7 @@ class SessionRouter:
         self._resolving: dict[tuple[str, str | None, str, str | None], asyncio.Future[Route]] = {}
         self._healing: dict[tuple[str, Endpoint], asyncio.Task[None]] = {}
         self.activity = ActivityLog()
-        # Where the next reaper pass and orphan sweep resume: each pass does a bounded share.
-        self._reap_from: Position | None = None
-        self._sweep_from: str | None = None
+        self.lifecycle = Lifecycle(self)
         store.subscribe(self.invalidate)
 
     # hot path ---------------------------------------------------------------
@@ -137,7 +152,7 @@ class SessionRouter:
         cached = self._cache.get(identity.session_id)
         if cached is None:
             return None
-        now = self._clock()
+        now = self.clock()
         if now >= cached.fresh_until:
             return None
         route = cached.route
@@ -155,7 +170,7 @@ class SessionRouter:
         if route is not None:
             return route
         self.events.route_cache(False)
-        now = self._clock()
+        now = self.clock()
         route = await self._resolve_uncached(identity, self._cache.get(identity.session_id), now)
         self.activity.sandboxes[route.sandbox_id] = now
         self.activity.sessions[route.session_id] = now
@@ -198,7 +213,7 @@ class SessionRouter:
 
     def stream_closed(self, sandbox_id: str) -> None:
         self.activity.streams[sandbox_id] = self.activity.streams.get(sandbox_id, 0) - 1
-        self.activity.sandboxes[sandbox_id] = self._clock()
+        self.activity.sandboxes[sandbox_id] = self.clock()
 
     # binding ----------------------------------------------------------------
     def dry_run(self, identity: Identity) -> Placement:
@@ -211,7 +226,7 @@ class SessionRouter:
         if binding is None:
             placement = place(identity, self.policy)
             fresh = Binding(identity.session_id, placement.sandbox_id, placement.pool, placement.isolation,
-                            Owner.of(identity), self._clock())
+                            Owner.of(identity), self.clock())
             binding = await self.store.put_binding(fresh)
             created_binding = binding == fresh
         if not binding.owner.matches(identity):
@@ -261,18 +276,27 @@ class SessionRouter:
 
     # create once ------------------------------------------------------------
     async def ensure_sandbox(self, binding: Binding) -> SandboxRecord:
-        """The binding's ready sandbox, created once; ``NotFound`` when it is another identity's."""
+        """The binding's ready sandbox, created (or woken) once; ``NotFound`` when it is another identity's."""
         record = await self.store.get_sandbox(binding.sandbox_id)
         if record is None or record.state is not SandboxState.READY:
+            if record is not None and not self._claims(binding, record):
+                raise self.foreign(binding)  # before anything is woken for a caller it will never serve
             task = _shared(self._inflight, (binding.sandbox_id, binding.owner), lambda: self._ensure_once(binding))
-            # Shielded: one caller giving up must not abort a creation others wait for.
-            record = await asyncio.shield(task)
-        if not may_claim(record.sandbox_id, record.owner, record.created_at, binding.owner, binding.created_at):
+            if record is not None and record.state in WAKING_STATES:
+                record = await self.lifecycle.held(task, binding.pool, binding.sandbox_id)
+            else:
+                # Shielded: one caller giving up must not abort a creation others wait for.
+                record = await asyncio.shield(task)
+        if not self._claims(binding, record):
             # The binding was lost (store reset, session_ttl) and re-made by someone else: never share.
-            raise self._foreign(binding)
+            raise self.foreign(binding)
         return record
 
-    def _foreign(self, binding: Binding) -> NotFound:
+    @staticmethod
+    def _claims(binding: Binding, record: SandboxRecord) -> bool:
+        return may_claim(record.sandbox_id, record.owner, record.created_at, binding.owner, binding.created_at)
+
+    def foreign(self, binding: Binding) -> NotFound:
         self.events.denied("sandbox_owner_mismatch")
         log.warning("denied: session %r asked for sandbox %s, which belongs to another identity",
                     binding.session_id, binding.sandbox_id)
@@ -283,7 +307,7 @@ class SessionRouter:
         timeout = pool.provisioning_timeout if pool is not None else 120.0
         for _attempt in range(3):
             template = SandboxRecord(binding.sandbox_id, binding.pool, binding.owner.org_id,
-                                     SandboxState.CREATING, created_at=self._clock(), owner=binding.owner)
+                                     SandboxState.CREATING, created_at=self.clock(), owner=binding.owner)
             try:
                 reservation = await self.store.reserve_sandbox(template, self._caps(binding), self.tuning.lease_seconds)
             except CapacityExceeded as exc:
@@ -291,6 +315,8 @@ class SessionRouter:
                 raise
             if reservation.created:
                 return await self._create(reservation.record, binding, timeout)
+            if reservation.outcome is Reserved.RESUME:
+                return await self.lifecycle.resume(reservation.record, binding, timeout)
             if reservation.record.state is SandboxState.READY:
                 return reservation.record
             try:
@@ -302,7 +328,7 @@ class SessionRouter:
                 return settlement.record
             if settlement.outcome is Settled.FAILED:
                 raise ProvisionFailed(settlement.error or "sandbox creation failed", sandbox_id=binding.sandbox_id)
-            # REMOVED or ABANDONED: reserve again (and take an abandoned creation over)
+            # REMOVED, ABANDONED or SUSPENDED: reserve again (taking an abandoned one over, waking a suspended one)
         raise ProvisionFailed(f"sandbox {binding.sandbox_id} kept disappearing while being created; retry",
                               sandbox_id=binding.sandbox_id)
 
@@ -317,9 +343,9 @@ class SessionRouter:
             # Released without an error: a waiter (the owner, perhaps) reserves again, and adopts.
             with contextlib.suppress(GatewayError):
                 await self.store.release_sandbox(record.sandbox_id)
-            raise self._foreign(binding) from None
+            raise self.foreign(binding) from None
         except BaseException as exc:
-            self.events.provisioned(record.pool, time.perf_counter() - started, _outcome(exc))
+            self.events.provisioned(record.pool, time.perf_counter() - started, outcome_of(exc))
             message = exc.message if isinstance(exc, GatewayError) else "sandbox creation was interrupted"
             with contextlib.suppress(GatewayError):
                 await self.store.release_sandbox(record.sandbox_id, error=message)
@@ -340,15 +366,45 @@ class SessionRouter:
         org = self.policy.orgs.get(binding.owner.org_id) if binding.owner.org_id is not None else None
         return Caps(pool_max=pool.max_sandboxes if pool else None, org_max=org.max_sandboxes if org else None)
 
-    # lifecycle --------------------------------------------------------------
+    # lifecycle (gateway.lifecycle) ------------------------------------------
     async def destroy(self, record: SandboxRecord, *, reason: str) -> None:
-        """Delete a sandbox at its provider, then forget it (and its per-session bindings)."""
-        log.info("destroying sandbox %s (pool %s): %s", record.sandbox_id, record.pool, reason)
-        await self.provider.delete(record.sandbox_id, record.pool)
-        if record.sandbox_id.startswith("ses-"):
-            for session_id in await self.store.sessions_of(record.sandbox_id):
-                await self.store.delete_binding(session_id)
-        await self.store.release_sandbox(record.sandbox_id, error=f"sandbox destroyed: {reason}")
+        await self.lifecycle.destroy(record, reason=reason)
+
+    async def reap_once(self) -> list[str]:
+        return await self.lifecycle.reap_once()
+
+    async def sweep_orphans(self, grace: float) -> list[str]:
+        return await self.lifecycle.sweep_orphans(grace)
+
+    async def suspend_sandbox(self, sandbox_id: str) -> SandboxRecord:
+        """Operator control: suspend a ready sandbox now (idempotent: one suspending or suspended
+        already is answered as it is). 409 while it is being created or woken."""
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None:
+            raise unknown_sandbox(sandbox_id)
+        if record.state is SandboxState.READY:
+            record = await self.lifecycle.suspend(record, reason="requested") or record
+        elif record.state not in (SandboxState.SUSPENDING, SandboxState.SUSPENDED):
+            raise Conflict(f"sandbox {sandbox_id} is {record.state}; suspend it once it is ready",
+                           sandbox_id=sandbox_id)
+        return await self.store.get_sandbox(sandbox_id) or record
+
+    async def resume_sandbox(self, sandbox_id: str) -> SandboxRecord:
+        """Operator control: wake a suspended sandbox (idempotent: a ready one is answered as it is),
+        through the same wake-once path as a request, held up to its pool's ``wake_timeout``."""
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None:
+            raise unknown_sandbox(sandbox_id)
+        if record.state is SandboxState.READY:
+            return record
+        if record.state not in WAKING_STATES or record.owner is None:
+            raise Conflict(f"sandbox {sandbox_id} is {record.state}: there is nothing to resume", sandbox_id=sandbox_id)
+        sessions = await self.store.sessions_of(sandbox_id)
+        isolation = Isolation.PER_SESSION if sandbox_id.startswith("ses-") else Isolation.SHARED
+        # As its owner, bound when it was made: the wake a request of that owner would cause.
+        owner_binding = Binding(sessions[0] if sessions else "", sandbox_id, record.pool, isolation, record.owner,
+                                record.created_at)
+        return await self.ensure_sandbox(owner_binding)
 
     async def unreachable(self, route: Route) -> None:
         """The data plane could not connect to ``route`` (after its retries): forget the cached route
@@ -384,60 +440,6 @@ class SessionRouter:
         record = await self.store.get_sandbox(sandbox_id)
         if record is not None and record.state is SandboxState.READY:
             await self.store.release_sandbox(sandbox_id, error="sandbox died")
-
-    async def reap_once(self) -> list[str]:
-        """One reaper pass, only on the replica holding the reaper lease. Returns reaped IDs.
-
-        Bounded: it examines at most ``reap_batch`` entries of the activity index (idle ones,
-        oldest first, resuming where the previous pass stopped) and ``reap_batch`` idle sessions,
-        whatever the fleet size.
-        """
-        now = self._clock()
-        if not await self.store.acquire_lease(REAPER_LEASE, self.replica_id, ttl=self.tuning.reaper_lease_ttl):
-            return []
-        reaped = []
-        cutoffs = {name: now - pool.idle_timeout for name, pool in self.policy.pools.items()}
-        if cutoffs:
-            batch = self.tuning.reap_batch
-            page = await self.store.scan_sandboxes(self._reap_from, limit=batch, scan=batch,
-                                                   before=max(cutoffs.values()),
-                                                   where=SandboxFilter(state=SandboxState.READY))
-            self._reap_from = page.next
-            for record in page.records:
-                if record.last_active >= cutoffs.get(record.pool, -math.inf):
-                    continue  # a pool with a longer idle_timeout (or one no longer in the policy)
-                if await self.store.open_streams(record.sandbox_id) > 0:
-                    await self.store.touch({record.sandbox_id: now}, {})
-                    continue
-                await self.destroy(record, reason="idle")
-                self.events.reaped("idle")
-                reaped.append(record.sandbox_id)
-        for session_id in await self.store.idle_sessions(now - self.tuning.session_ttl, self.tuning.reap_batch):
-            await self.store.delete_binding(session_id)
-        return reaped
-
-    async def sweep_orphans(self, grace: float) -> list[str]:
-        """Delete provider objects of this installation that the store does not know (lease holder only).
-
-        Incremental: each pass checks one page of the provider's objects (``sweep_batch``) against
-        the store in one batched lookup, and the next pass resumes after it. ``grace`` protects
-        objects whose creation is in flight on a replica that has not written its record yet, and
-        objects of a store that was just reset.
-        """
-        if not await self.store.acquire_lease(REAPER_LEASE, self.replica_id, ttl=self.tuning.reaper_lease_ttl):
-            return []
-        page = await self.provider.managed_page(self._sweep_from, self.tuning.sweep_batch)
-        self._sweep_from = page.next
-        known = await self.store.existing_sandboxes([managed.sandbox_id for managed in page.items])
-        cutoff = self._clock() - grace
-        swept = []
-        for managed in page.items:
-            if managed.sandbox_id not in known and managed.created_at < cutoff:
-                log.info("sweeping orphaned sandbox %s (pool %s)", managed.sandbox_id, managed.pool)
-                await self.provider.delete(managed.sandbox_id, managed.pool)
-                self.events.reaped("orphan")
-                swept.append(managed.sandbox_id)
-        return swept
 
     async def flush_activity(self) -> None:
         sandboxes, sessions, streams = self.activity.take()
@@ -489,12 +491,6 @@ def _shared(tasks: dict[_K, asyncio.Task[_T]], key: _K, start: Callable[[], Coro
 def _unknown_session() -> NotFound:
     # The same answer whether the session does not exist or belongs to someone else.
     return NotFound("no such session for this identity")
-
-
-def _outcome(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.CancelledError):
-        return "cancelled"
-    return exc.code if isinstance(exc, GatewayError) else "error"
 
 
 def _log_task_error(task: asyncio.Task[None]) -> None:

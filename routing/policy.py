@@ -95,6 +95,11 @@ class PoolSpec(_Strict):
     max_sandboxes: int | None = Field(default=None, ge=1)
     local: LocalPoolOptions | None = None  # provider 'local' only
     idle_timeout: Duration = 1800.0
+    # What an idle sandbox becomes: deleted (files and all), or suspended (no compute, files kept)
+    # and woken by its next request, held up to wake_timeout; a suspended one is deleted after retention.
+    on_idle: Literal["delete", "suspend"] = "delete"
+    retention: Duration = 43_200.0
+    wake_timeout: Duration = 60.0
     provisioning_timeout: Duration = 120.0
     # Seconds from forwarding a request to its response head; None (the default): no cap. A client
     # may ask for less with X-Sandbox-Timeout, never more.
@@ -124,6 +129,9 @@ class PoolSpec(_Strict):
             raise ValueError(f"kubernetes only applies to provider 'kubernetes', not {self.provider!r}")
         if self.provider != "local" and self.local is not None:
             raise ValueError(f"local only applies to provider 'local', not {self.provider!r}")
+        if self.provider == "static" and self.on_idle == "suspend":
+            raise ValueError("on_idle: suspend is not supported by provider 'static' (its hosts are not the "
+                             "gateway's to stop): set on_idle: delete or leave it out")
         return self
 
     @property
@@ -134,8 +142,10 @@ class PoolSpec(_Strict):
     def sandbox_outlives_activity(self) -> tuple[float, str]:
         """How long an idle sandbox of this pool may live, and the fields that say so.
 
-        ``idle_timeout`` today; suspended sandboxes kept for ``retention`` add it here when it lands.
+        ``idle_timeout``, plus ``retention`` where idle sandboxes are suspended (and kept that long).
         """
+        if self.on_idle == "suspend":
+            return self.idle_timeout + self.retention, "idle_timeout + retention"
         return self.idle_timeout, "idle_timeout"
 
 
@@ -228,8 +238,9 @@ class Policy:
         for name, pool in self.pools.items():
             cap = pool.max_sandboxes if pool.max_sandboxes is not None else "unlimited"
             network = f" network={pool.network}" if pool.provider == "local" else ""
+            idle = f" on_idle=suspend retention={pool.retention:g}s" if pool.on_idle == "suspend" else ""
             lines.append(f"  pool {name}: provider={pool.provider} max_sandboxes={cap} idle_timeout={pool.idle_timeout:g}s"
-                         f"{network}")
+                         f"{idle}{network}")
         orgs = ", ".join(sorted(self.per_session_orgs)) or "(none)"
         lines.append(f"  per-session orgs: {orgs}")
         lines.append("  prefix pools: " + ", ".join(f"{k}->{v}" for k, v in self.prefix_pools.items()))

@@ -29,6 +29,8 @@ class CountingProvider:
         self.endpoint = endpoint
         self.created: dict[str, int] = {}
         self.deleted: list[str] = []
+        self.suspended: list[str] = []
+        self.resumed: list[str] = []
         self.gate: asyncio.Event | None = None
         self._started = asyncio.Condition()
         self.fail_with: Exception | None = None
@@ -54,6 +56,20 @@ class CountingProvider:
 
     async def delete(self, sandbox_id: str, pool: str) -> None:
         self.deleted.append(sandbox_id)
+
+    async def suspend(self, sandbox_id: str, pool: str) -> None:
+        self.suspended.append(sandbox_id)
+
+    async def resume(self, request: SandboxRequest) -> Endpoint:
+        self.resumed.append(request.sandbox_id)
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail_with is not None:
+            raise self.fail_with
+        return self.endpoint
+
+    def can_suspend(self, pool: str) -> bool:
+        return True
 
     async def list_managed(self) -> list[ManagedSandbox]:
         return []

@@ -465,3 +465,104 @@ class StoreContract:
 
     async def test_ping(self, store: SessionStore) -> None:
         await store.ping()
+
+    # suspend and wake once ------------------------------------------------
+    async def test_suspend_then_wake_once(self, store: SessionStore, clock: FakeClock) -> None:
+        await ready_at(store, {"org-1": T0})
+        seen: list[str] = []
+        store.subscribe(seen.append)
+        suspending = await store.begin_suspend("org-1", 30)
+        assert suspending is not None and suspending.state is SandboxState.SUSPENDING
+        assert await store.begin_suspend("org-1", 30) is None  # only a ready record: done once
+        clock.advance(5)
+        suspended = await store.mark_suspended("org-1")
+        assert suspended is not None and suspended.state is SandboxState.SUSPENDED and suspended.endpoint is None
+        assert suspended.last_active == clock()  # retention counts from the suspend
+        assert await store.mark_suspended("org-1") is None
+        woken = [await store.reserve_sandbox(record("org-1"), Caps(), 30) for _ in range(3)]
+        assert [r.outcome for r in woken] == [Reserved.RESUME, Reserved.EXISTING, Reserved.EXISTING]
+        assert not woken[0].created and woken[1].record.state is SandboxState.RESUMING
+        # This instance's own invalidations are delivered synchronously (others' by pub/sub).
+        assert seen == ["org-1", "org-1"]  # routes dropped at the suspend, and once suspended
+        moved = Endpoint("10.0.0.8", 8080)
+        ready = await store.mark_ready("org-1", moved)
+        assert ready.state is SandboxState.READY and ready.endpoint == moved
+        assert seen == ["org-1"] * 3  # and once resumed: the endpoint may be new
+
+    async def test_waiters_share_a_wake_and_its_failure(self, store: SessionStore) -> None:
+        await ready_at(store, {"org-1": T0})
+        await store.begin_suspend("org-1", 30)
+        waiter = asyncio.create_task(store.wait_settled("org-1", timeout=5))  # waits out the suspend
+        assert await still_waiting(waiter)
+        await store.mark_suspended("org-1")
+        assert (await waiter).outcome is Settled.SUSPENDED
+        assert (await store.reserve_sandbox(record("org-1"), Caps(), 30)).outcome is Reserved.RESUME
+        waiters = [asyncio.create_task(store.wait_settled("org-1", timeout=5)) for _ in range(3)]
+        assert await still_waiting(*waiters)
+        back = await store.mark_suspended("org-1", error="node is gone")
+        assert back is not None and back.state is SandboxState.SUSPENDED  # failed: suspended, never stuck
+        assert await asyncio.gather(*waiters) == [Settlement(Settled.FAILED, error="node is gone")] * 3
+        assert (await store.reserve_sandbox(record("org-1"), Caps(), 30)).outcome is Reserved.RESUME  # retried
+        ready = asyncio.create_task(store.wait_settled("org-1", timeout=5))
+        assert await still_waiting(ready)
+        await store.mark_ready("org-1", ENDPOINT)
+        assert (await ready).outcome is Settled.READY
+
+    async def test_suspended_sandboxes_leave_the_caps_and_a_wake_counts_again(self, store: SessionStore) -> None:
+        caps = Caps(pool_max=1)
+        await ready_at(store, {"org-1": T0})
+        await store.begin_suspend("org-1", 30)
+        with pytest.raises(CapacityExceeded):  # suspending still holds its compute
+            await store.reserve_sandbox(record("org-2"), caps, 30)
+        await store.mark_suspended("org-1")
+        assert (await store.reserve_sandbox(record("org-2"), caps, 30)).created
+        with pytest.raises(CapacityExceeded) as info:  # waking it would exceed the cap
+            await store.reserve_sandbox(record("org-1"), caps, 30)
+        assert info.value.scope == CapScope.POOL
+        await store.release_sandbox("org-2")
+        assert (await store.reserve_sandbox(record("org-1"), caps, 30)).outcome is Reserved.RESUME
+
+    async def test_an_abandoned_wake_is_taken_over(self, store: SessionStore, clock: FakeClock) -> None:
+        await ready_at(store, {"org-1": T0})
+        await store.begin_suspend("org-1", 30)
+        clock.advance(31)  # the suspender died: the next request resumes (resume is idempotent)
+        assert (await store.reserve_sandbox(record("org-1"), Caps(pool_max=1), 30)).outcome is Reserved.RESUME
+        assert (await store.reserve_sandbox(record("org-1"), Caps(), 30)).outcome is Reserved.EXISTING
+        clock.advance(31)  # the resumer died too
+        assert (await store.reserve_sandbox(record("org-1"), Caps(pool_max=1), 30)).outcome is Reserved.RESUME
+        assert await store.fleet_counts() == FleetCounts({("shared", SandboxState.RESUMING): 1}, {})  # counted once
+
+    async def test_fleet_counts_and_listing_show_the_suspend_states(self, store: SessionStore) -> None:
+        await ready_at(store, {"org-1": T0, "org-2": T0})
+        await store.begin_suspend("org-1", 30)
+        await store.begin_suspend("org-2", 30)
+        await store.mark_suspended("org-2")
+        assert await store.fleet_counts() == FleetCounts(
+            {("shared", SandboxState.SUSPENDING): 1, ("shared", SandboxState.SUSPENDED): 1}, {})
+        await store.reserve_sandbox(record("org-2"), Caps(), 30)
+        assert {r.sandbox_id: r.state for r in await all_sandboxes(store)} == {
+            "org-1": SandboxState.SUSPENDING, "org-2": SandboxState.RESUMING}
+        page = await store.scan_sandboxes(None, limit=10, scan=10, where=SandboxFilter(state=SandboxState.RESUMING))
+        assert [r.sandbox_id for r in page.records] == ["org-2"]
+        await store.release_sandbox("org-1")
+        await store.release_sandbox("org-2")
+        assert await store.fleet_counts() == FleetCounts()
+
+    async def test_a_suspended_record_is_not_marked_ready(self, store: SessionStore) -> None:
+        await ready_at(store, {"org-1": T0})
+        await store.begin_suspend("org-1", 30)
+        with pytest.raises(NotReserved):
+            await store.mark_ready("org-1", ENDPOINT)
+        await store.mark_suspended("org-1")
+        with pytest.raises(NotReserved):
+            await store.mark_ready("org-1", ENDPOINT)
+
+    async def test_becoming_ready_is_activity(self, store: SessionStore, clock: FakeClock) -> None:
+        await store.reserve_sandbox(record("org-1"), Caps(), 300)
+        clock.advance(120)  # a slow creation: it is not idle the moment it is ready
+        assert (await store.mark_ready("org-1", ENDPOINT)).last_active == clock()
+        await store.begin_suspend("org-1", 30)
+        await store.mark_suspended("org-1")
+        clock.advance(3600)  # suspended long ago: woken, it is not idle at once either
+        await store.reserve_sandbox(record("org-1"), Caps(), 30)
+        assert (await store.mark_ready("org-1", ENDPOINT)).last_active == clock()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import aiohttp
@@ -152,6 +153,10 @@ LONG = "x" * 300
                  "unsupported_media_type", id="JSON sent as text/plain (cross-site form post)"),
     pytest.param("GET", "/v1/route?user_id=u&user_id=v&session_id=s", None, 400, "invalid_identity",
                  id="dry run repeated param"),
+    pytest.param("POST", "/v1/sandboxes/org-0a/suspend", None, 404, "not_found", id="suspend unknown sandbox"),
+    pytest.param("POST", "/v1/sandboxes/org-0a/resume", None, 404, "not_found", id="resume unknown sandbox"),
+    pytest.param("POST", "/v1/sandboxes/..%2Fetc/suspend", None, 400, "bad_request", id="suspend a non-ID"),
+    pytest.param("GET", "/v1/sandboxes/org-0a/suspend", None, 405, "method_not_allowed", id="suspend by GET"),
 ])
 async def test_bad_input_gets_documented_json_error(api, stack, method, path, body, status, code):
     _, local = stack
@@ -189,7 +194,8 @@ async def test_sandbox_listing_pages_with_a_cursor_and_filters(api, stack):
         await router.store.reserve_sandbox(record, Caps(), 30)
         if i != 4:
             await router.store.mark_ready(record.sandbox_id, Endpoint("127.0.0.1", 9))
-        await router.store.touch({record.sandbox_id: 10.0 + i}, {})
+        # Activity after now: becoming ready is activity, and touch only moves it forward.
+        await router.store.touch({record.sandbox_id: time.time() + 3600 + i}, {})
     seen, cursor = [], None
     while True:
         params = {"limit": "2"} if cursor is None else {"limit": "2", "cursor": cursor}

@@ -194,8 +194,10 @@ def test_reap_and_sweep_panels_show_zero_before_the_first_event() -> None:
 
 
 def test_the_router_reports_only_known_reap_reasons() -> None:
-    """Every reason SessionRouter passes to events.reaped() has its zero series (orphan is the sweep's)."""
-    source = (Path(__file__).resolve().parents[1] / "gateway" / "sessions.py").read_text(encoding="utf-8")
+    """Every reason SessionRouter (and its lifecycle) passes to events.reaped() has its zero series
+    (orphan is the sweep's)."""
+    gateway = Path(__file__).resolve().parents[1] / "gateway"
+    source = "\n".join((gateway / name).read_text(encoding="utf-8") for name in ("sessions.py", "lifecycle.py"))
     reasons = {node.args[0].value for node in ast.walk(ast.parse(source))
                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "reaped"
                and node.args and isinstance(node.args[0], ast.Constant)}

@@ -11,6 +11,11 @@ told (it did not start the sandbox, its watch lagged) and cannot reach it asks
 ``probe``, which answers from the provider's own view, never from memory of who
 created what, so that any replica can heal any sandbox. ``managed_page`` lists
 this installation's objects a bounded page at a time, for the orphan sweep.
+
+Pools whose provider ``can_suspend`` may suspend idle sandboxes: ``suspend`` takes
+their compute away and keeps their files (a local directory, Kubernetes PVCs),
+``resume`` brings them back (perhaps at a new endpoint). Both are idempotent, so
+a suspend or resume retried after a replica died finishes the job.
 """
 
 from __future__ import annotations
@@ -58,7 +63,14 @@ class SandboxProvider(Protocol):
     async def ensure(self, request: SandboxRequest) -> Endpoint:
         """Create (or adopt) the sandbox and return its endpoint once it is ready."""
     async def delete(self, sandbox_id: str, pool: str) -> None:
-        """Destroy the sandbox; one that does not exist counts as deleted."""
+        """Destroy the sandbox (suspended or not); one that does not exist counts as deleted."""
+    async def suspend(self, sandbox_id: str, pool: str) -> None:
+        """Take the sandbox's compute away, keep its files (idempotent: a suspended one stays so)."""
+    async def resume(self, request: SandboxRequest) -> Endpoint:
+        """Run the suspended sandbox again and return its endpoint once ready (idempotent: a
+        running one just answers); raises what ``ensure`` raises."""
+    def can_suspend(self, pool: str) -> bool:
+        """Whether ``suspend`` means anything for this pool's sandboxes."""
     async def list_managed(self) -> list[ManagedSandbox]: ...
     async def managed_page(self, cursor: str | None, limit: int) -> ManagedPage:
         """At most ``limit`` of this installation's objects after ``cursor`` (None: from the start)."""
@@ -93,6 +105,16 @@ class PoolProviders:
 
     async def delete(self, sandbox_id: str, pool: str) -> None:
         await self.for_pool(pool).delete(sandbox_id, pool)
+
+    async def suspend(self, sandbox_id: str, pool: str) -> None:
+        await self.for_pool(pool).suspend(sandbox_id, pool)
+
+    async def resume(self, request: SandboxRequest) -> Endpoint:
+        return await self.for_pool(request.pool).resume(request)
+
+    def can_suspend(self, pool: str) -> bool:
+        provider = self._by_pool.get(pool)
+        return provider is not None and provider.can_suspend(pool)
 
     async def list_managed(self) -> list[ManagedSandbox]:
         found: list[ManagedSandbox] = []

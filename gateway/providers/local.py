@@ -19,6 +19,10 @@ A pool with ``network: outbound`` gets a slirp4netns helper per sandbox (gateway
 outbound.py), attached before the runtime starts and recorded in ``state.json``; it exits
 with its sandbox, and a delete waits for it.
 
+Suspend stops a sandbox's process (and its network helper) and keeps its
+directory and registry; resume is ``ensure``, which starts a registry entry whose
+process is gone again, in the same ``root/``: files survive, the socket is new.
+
 Deaths are noticed without polling: each sandbox process is watched through a
 pidfd, which becomes readable when the process exits, whoever started it.
 """
@@ -147,8 +151,10 @@ class LocalProvider:
                 raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be prepared: {exc}",
                                       sandbox_id=request.sandbox_id) from None
             pid, path, helper = await self._spawn(request, box, launch)
+            # A restart (a resume, a re-creation) keeps the sandbox's creation time: the orphan sweep's grace.
+            created_at = float(state.get("created_at", time.time())) if state is not None else time.time()
             _write_state(box, {"pid": pid, "socket": path, "cgroups": launch.cgroups, "pool": request.pool,
-                               "created_at": time.time(), "owner": request.owner.compact(), "helper": helper})
+                               "created_at": created_at, "owner": request.owner.compact(), "helper": helper})
         if not await self._answers(path, pid, request.sandbox_id):
             raise ProvisionFailed(f"local sandbox {request.sandbox_id} exited before answering its health check "
                                   f"(see {box / 'runtime.log'})", sandbox_id=request.sandbox_id)
@@ -248,6 +254,27 @@ class LocalProvider:
         finally:
             self._unwatch(sandbox_id)
             self._deleting.discard(sandbox_id)
+
+    async def suspend(self, sandbox_id: str, pool: str) -> None:
+        """Stop the sandbox's process and network helper; its directory and registry entry stay."""
+        box = self._dir / sandbox_id
+        if not box.exists():
+            return
+        self._deleting.add(sandbox_id)  # a deliberate stop: not a death to report
+        try:
+            async with _FileLock(box / "lock"):
+                state = _read_state(box)
+                if state is not None:
+                    await self._stop(state, sandbox_id)
+        finally:
+            self._unwatch(sandbox_id)
+            self._deleting.discard(sandbox_id)
+
+    async def resume(self, request: SandboxRequest) -> Endpoint:
+        return await self.ensure(request)  # starts the stopped runtime again in its own directory
+
+    def can_suspend(self, pool: str) -> bool:
+        return True
 
     async def list_managed(self) -> list[ManagedSandbox]:
         return [ManagedSandbox(sid, s.get("pool", ""), float(s.get("created_at", 0.0))) for sid, s in self._states()]

@@ -41,6 +41,17 @@ class StaticProvider:
     async def delete(self, sandbox_id: str, pool: str) -> None:
         return None
 
+    async def suspend(self, sandbox_id: str, pool: str) -> None:
+        # The policy refuses on_idle: suspend for static pools, and the router asks can_suspend first.
+        raise ProvisionFailed(f"pool {pool!r} is static: its hosts are not the gateway's to suspend",
+                              sandbox_id=sandbox_id)
+
+    async def resume(self, request: SandboxRequest) -> Endpoint:
+        return await self.ensure(request)
+
+    def can_suspend(self, pool: str) -> bool:
+        return False
+
     async def list_managed(self) -> list[ManagedSandbox]:
         # Static hosts are not created by us, so there is never an orphan to sweep.
         return []

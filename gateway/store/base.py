@@ -21,8 +21,15 @@ creation, on any replica):
    with an error; either wakes every waiter, on every replica.
 3. Everyone else calls ``wait_settled`` and shares the outcome (a ``Settled``).
 
-States beyond ``creating``/``ready`` (suspend and resume) extend
-``SandboxState`` and ``Settled``; the seam's shape stays.
+Wake-once is the same reservation: ``reserve_sandbox`` on a ``suspended`` record
+(or one whose suspend or resume holder's lease expired) moves it to ``resuming``
+under the caller's lease, counted against the caps again (``Reserved.RESUME``:
+the caller resumes it). The resumer calls ``mark_ready`` with the (perhaps new)
+endpoint, or ``mark_suspended`` with an error; everyone else waits in
+``wait_settled`` as for a creation. Suspending is ``begin_suspend`` (``ready`` ->
+``suspending``, every replica's cached route dropped) then ``mark_suspended``
+(no compute, not counted by the caps; its "last activity" becomes the time it
+was suspended, from which ``retention`` counts).
 """
 
 from __future__ import annotations
@@ -42,6 +49,11 @@ from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 Invalidation = Callable[[str], None]
 """Called with a session ID or sandbox ID whose cached route is no longer valid."""
 
+LIVE_STATES = frozenset({SandboxState.CREATING, SandboxState.READY, SandboxState.SUSPENDING, SandboxState.RESUMING})
+"""States that hold (or are about to hold) compute: counted by the caps. ``suspended`` is not."""
+UNSETTLED_STATES = frozenset({SandboxState.CREATING, SandboxState.SUSPENDING, SandboxState.RESUMING})
+"""States under a lease, that ``wait_settled`` waits out."""
+
 INVALIDATE_ALL = "*"
 """Passed to an ``Invalidation`` when invalidations may have been missed (a pub/sub reconnect)."""
 
@@ -59,7 +71,7 @@ class NotReserved(StoreSignal):
 
 
 class SettleTimeout(StoreSignal):
-    """``wait_settled`` gave up: the sandbox was still being created when its time ran out."""
+    """``wait_settled`` gave up: the sandbox was still being created (or woken) when its time ran out."""
 
     def __init__(self, sandbox_id: str, timeout: float) -> None:
         super().__init__(f"sandbox {sandbox_id} was still being created after {timeout:g}s")
@@ -107,7 +119,8 @@ class Caps:
 class Reserved(StrEnum):
     CREATED = "created"        # a new record: the caller creates the sandbox
     TAKEN_OVER = "taken"       # a creation whose creator died (lease expired): the caller creates it
-    EXISTING = "existing"      # someone else's record (creating or ready): the caller does not create
+    RESUME = "resume"          # a suspended record, now resuming under the caller's lease: the caller resumes it
+    EXISTING = "existing"      # someone else's record (creating, ready, being suspended or resumed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,14 +131,15 @@ class Reservation:
     @property
     def created(self) -> bool:
         """True when the caller holds the creation (new or taken over)."""
-        return self.outcome is not Reserved.EXISTING
+        return self.outcome is Reserved.CREATED or self.outcome is Reserved.TAKEN_OVER
 
 
 class Settled(StrEnum):
     READY = "ready"            # the record is ready: use it
     FAILED = "failed"          # the creator failed: share its error
     REMOVED = "removed"        # the record went away without an error: reserve again
-    ABANDONED = "abandoned"    # the creator's lease expired: reserve again (and take it over)
+    ABANDONED = "abandoned"    # the creator's (or resumer's) lease expired: reserve again (and take it over)
+    SUSPENDED = "suspended"    # the record is suspended: reserve again, which wakes it
 
 
 class Released(StrEnum):
@@ -242,16 +256,26 @@ class SessionStore(Protocol):
         """Those of ``sandbox_ids`` that have a record (one batched check)."""
     async def fleet_counts(self) -> FleetCounts: ...
     async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
-        """Raise ``caps.exceeded(...)`` (``CapacityExceeded``) when a cap is reached."""
+        """Raise ``caps.exceeded(...)`` (``CapacityExceeded``) when a cap is reached (a creation, or
+        the wake of a suspended record)."""
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
-        """Raise ``NotReserved`` when there is no record to complete."""
+        """Raise ``NotReserved`` when there is no creating, resuming (or ready) record to complete.
+        Becoming ready is activity: the record's last activity moves to now."""
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         """Remove the record (freeing capacity) and wake waiters: FAILED with ``error``, else REMOVED."""
+    async def begin_suspend(self, sandbox_id: str, lease_seconds: float) -> SandboxRecord | None:
+        """``ready`` -> ``suspending`` under a lease, dropping every replica's cached route; None
+        (nothing changed) when the record is not ready."""
+    async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
+        """``suspending`` or ``resuming`` -> ``suspended`` (endpoint gone, not counted by the caps,
+        last activity = now), waking waiters: FAILED with ``error`` (a resume that failed), else
+        SUSPENDED. None (nothing changed) in any other state."""
     async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint) -> Released:
         """``release_sandbox``, but only while the record is ready at ``endpoint``: of many replicas
         that found the same incarnation dead, exactly one releases it (the rest get CHANGED/ABSENT)."""
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
-        """Wait until the record is not ``creating``; raise ``SettleTimeout`` past ``timeout``."""
+        """Wait until the record is not ``creating``, ``resuming`` or ``suspending``; raise
+        ``SettleTimeout`` past ``timeout``."""
 
     # activity and streams
     async def touch(self, sandboxes: Mapping[str, float], sessions: Mapping[str, float]) -> None: ...

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store.base import (
-    ANY_SANDBOX, Caps, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved, SandboxFilter,
+    ANY_SANDBOX, LIVE_STATES, UNSETTLED_STATES, Caps, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved, SandboxFilter,
     SandboxPage, Settled, Settlement, SettleTimeout,
 )
 
@@ -26,8 +26,8 @@ class MemoryStore:
         self._clock = clock
         self._bindings: dict[str, Binding] = {}
         self._session_seen: dict[str, float] = {}
-        self._sandboxes: dict[str, SandboxRecord] = {}  # every record is creating or ready (counted by caps)
-        # Records per pool and per org, kept with _sandboxes: a cap check costs no scan.
+        self._sandboxes: dict[str, SandboxRecord] = {}
+        # Live records (LIVE_STATES) per pool and per org, kept with _sandboxes: a cap check costs no scan.
         self._per_pool: Counter[str] = Counter()
         self._per_org: Counter[str | None] = Counter()
         self._per_state: Counter[tuple[str, SandboxState]] = Counter()  # the gauges, kept like the caps
@@ -97,8 +97,13 @@ class MemoryStore:
     async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
         now = self._clock()
         existing = self._sandboxes.get(record.sandbox_id)
-        if existing is not None and not (existing.state is SandboxState.CREATING and existing.lease_until < now):
-            return Reservation(self._with_sessions(existing), Reserved.EXISTING)  # type: ignore[arg-type]
+        if existing is not None:
+            expired = existing.lease_until < now
+            if existing.state is SandboxState.SUSPENDED or (
+                    expired and existing.state in (SandboxState.SUSPENDING, SandboxState.RESUMING)):
+                return self._reserve_resume(existing, caps, now, lease_seconds)
+            if not (existing.state is SandboxState.CREATING and expired):
+                return Reservation(self._with_sessions(existing), Reserved.EXISTING)  # type: ignore[arg-type]
         # An expired creation is taken over: it does not count against its own takeover.
         stale = 1 if existing is not None else 0
         in_pool = self._per_pool[record.pool] - (stale if existing and existing.pool == record.pool else 0)
@@ -115,21 +120,64 @@ class MemoryStore:
         return Reservation(self._with_sessions(fresh),  # type: ignore[arg-type]
                            Reserved.CREATED if existing is None else Reserved.TAKEN_OVER)
 
+    def _reserve_resume(self, existing: SandboxRecord, caps: Caps, now: float, lease_seconds: float) -> Reservation:
+        """Wake a suspended record (or take over a suspend or resume whose holder's lease expired)."""
+        counted = 1 if existing.state in LIVE_STATES else 0  # it does not count against its own wake
+        scope = caps.scope_reached(existing, self._per_pool[existing.pool] - counted,
+                                   self._per_org[existing.org_id] - counted)
+        if scope is not None:
+            raise caps.exceeded(existing, scope)
+        resuming = existing.with_(state=SandboxState.RESUMING, lease_until=now + lease_seconds)
+        self._replace(existing, resuming)
+        return Reservation(self._with_sessions(resuming), Reserved.RESUME)  # type: ignore[arg-type]
+
     def _count(self, record: SandboxRecord, delta: int) -> None:
-        self._per_pool[record.pool] += delta
-        self._per_org[record.org_id] += delta
+        if record.state in LIVE_STATES:
+            self._per_pool[record.pool] += delta
+            self._per_org[record.org_id] += delta
         self._per_state[record.pool, record.state] += delta
+
+    def _replace(self, current: SandboxRecord, new: SandboxRecord) -> None:
+        self._count(current, -1)
+        self._sandboxes[new.sandbox_id] = new
+        self._count(new, 1)
+
+    async def begin_suspend(self, sandbox_id: str, lease_seconds: float) -> SandboxRecord | None:
+        current = self._sandboxes.get(sandbox_id)
+        if current is None or current.state is not SandboxState.READY:
+            return None
+        suspending = current.with_(state=SandboxState.SUSPENDING, lease_until=self._clock() + lease_seconds)
+        self._replace(current, suspending)
+        self._publish(sandbox_id)
+        return self._with_sessions(suspending)
+
+    async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
+        current = self._sandboxes.get(sandbox_id)
+        if current is None or current.state not in (SandboxState.SUSPENDING, SandboxState.RESUMING):
+            return None
+        suspended = current.with_(state=SandboxState.SUSPENDED, endpoint=None, lease_until=0.0,
+                                  last_active=self._clock())
+        self._replace(current, suspended)
+        suspended = self._with_sessions(suspended)  # type: ignore[assignment]
+        self._settle(sandbox_id, Settlement(Settled.FAILED, error=error) if error
+                     else Settlement(Settled.SUSPENDED, suspended))
+        self._publish(sandbox_id)
+        return suspended
 
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
         current = self._sandboxes.get(sandbox_id)
-        if current is None:
+        if current is None or current.state in (SandboxState.SUSPENDING, SandboxState.SUSPENDED):
             raise NotReserved(sandbox_id)
-        ready = current.with_(state=SandboxState.READY, endpoint=endpoint, lease_until=0.0)
+        # Becoming ready is activity: a creation or wake slower than an idle timeout is not idle at once.
+        ready = current.with_(state=SandboxState.READY, endpoint=endpoint, lease_until=0.0,
+                              last_active=max(current.last_active, self._clock()))
         self._count(current, -1)
         self._sandboxes[sandbox_id] = ready
         self._count(ready, 1)
         ready = self._with_sessions(ready)  # type: ignore[assignment]
         self._settle(sandbox_id, Settlement(Settled.READY, ready))
+        if current.state is SandboxState.RESUMING:
+            self._publish(sandbox_id)  # a resumed sandbox may answer at a new endpoint
         return ready
 
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
@@ -154,7 +202,9 @@ class MemoryStore:
         record = self._sandboxes.get(sandbox_id)
         if record is None:
             return Settlement(Settled.REMOVED)
-        if record.state is not SandboxState.CREATING:
+        if record.state is SandboxState.SUSPENDED:
+            return Settlement(Settled.SUSPENDED, self._with_sessions(record))
+        if record.state not in UNSETTLED_STATES:
             return Settlement(Settled.READY, self._with_sessions(record))
         future: asyncio.Future[Settlement] = asyncio.get_running_loop().create_future()
         self._waiters[sandbox_id].append(future)

@@ -21,8 +21,8 @@ is cluster-safe)::
     {P}:idx                    zset    none           sandbox_id -> last_active, one entry per record: the
                                                       index that listing and reaping page through
                                                       (scan_sandboxes: INDEX_PAGE, bounded per call)
-    {P}:count:pool             hash    none           pool -> live (creating + ready) records (caps)
-    {P}:count:org              hash    none           org_id -> live (creating + ready) records (caps)
+    {P}:count:pool             hash    none           pool -> live (all but suspended) records (caps)
+    {P}:count:org              hash    none           org_id -> live (all but suspended) records (caps)
     {P}:count:state            hash    none           "<state>:<pool>" -> live records (the gauges)
     {P}:count:sessions         hash    none           pool -> bindings (the gauges)
     {P}:streams:<sandbox_id>   hash    none (deleted  replica_id -> streams open on that replica
@@ -31,7 +31,7 @@ is cluster-safe)::
                                                       while absent, that replica's streams don't count
     {P}:lease:<name>           hash    lease ttl      holder, until (the clock's deadline; the lease ends
                                                       at the deadline or the TTL, whichever comes first)
-    {P}:settled                channel                {"id", "gen", "state": "ready"|"removed", "error"}
+    {P}:settled                channel                {"id", "gen", "state": "ready"|"removed"|"suspended", "error"}
     {P}:invalidate             channel                [origin, "session"|"sandbox", id]
 
 Footprint (``benchmarks/fleet_bench.py``, ``used_memory`` over 10,000 sessions, Redis 7.0): about
@@ -97,7 +97,7 @@ from gateway.errors import StoreUnavailable
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store import redis_scripts as lua
 from gateway.store.base import (
-    ANY_SANDBOX, Caps, CapScope, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved,
+    ANY_SANDBOX, UNSETTLED_STATES, Caps, CapScope, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved,
     SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
 )
 from gateway.store.redis_listener import RedisListener
@@ -200,6 +200,8 @@ class RedisStore:
         self._reserve = self._redis.register_script(lua.RESERVE_SANDBOX)
         self._mark_ready = self._redis.register_script(lua.MARK_READY)
         self._release = self._redis.register_script(lua.RELEASE_SANDBOX)
+        self._begin_suspend = self._redis.register_script(lua.BEGIN_SUSPEND)
+        self._mark_suspended = self._redis.register_script(lua.MARK_SUSPENDED)
         self._acquire_lease = self._redis.register_script(lua.ACQUIRE_LEASE)
         self._index_page = self._redis.register_script(lua.INDEX_PAGE)
         self._read_records = self._redis.register_script(lua.READ_RECORDS)
@@ -326,6 +328,32 @@ class RedisStore:
         view = await self._mark_ready(**self._mark_ready_call(sandbox_id, endpoint))
         if view is None:
             raise NotReserved(sandbox_id)
+        *view, previous = view
+        if previous == SandboxState.RESUMING:
+            self._listener.notify(sandbox_id)  # a resumed sandbox may answer at a new endpoint (others: by pub/sub)
+        return codec.record_of(sandbox_id, view)[0]
+
+    @_translated("suspend a sandbox")
+    async def begin_suspend(self, sandbox_id: str, lease_seconds: float) -> SandboxRecord | None:
+        view = await self._begin_suspend(
+            keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_state],
+            args=[sandbox_id, codec.num(self._clock() + lease_seconds), self.keys.invalidate,
+                  self._invalidation("sandbox", sandbox_id)])
+        if view is None:
+            return None
+        self._listener.notify(sandbox_id)
+        return codec.record_of(sandbox_id, view)[0]
+
+    @_translated("suspend a sandbox")
+    async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
+        view = await self._mark_suspended(
+            keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
+                  self.keys.count_state],
+            args=[sandbox_id, codec.num(self._clock()), error or "", self.keys.settled, self.keys.invalidate,
+                  self._invalidation("sandbox", sandbox_id)])
+        if view is None:
+            return None
+        self._listener.notify(sandbox_id)
         return codec.record_of(sandbox_id, view)[0]
 
     @_translated("release a sandbox")
@@ -370,11 +398,13 @@ class RedisStore:
                 if found is None:
                     return Settlement(Settled.REMOVED)
                 record, gen = found
-                if record.state is not SandboxState.CREATING:
+                if record.state is SandboxState.SUSPENDED:
+                    return Settlement(Settled.SUSPENDED, record)  # reserve again: that wakes it
+                if record.state not in UNSETTLED_STATES:
                     return Settlement(Settled.READY, record)
                 lease_left = record.lease_until - self._clock()
                 if lease_left <= 0:
-                    return Settlement(Settled.ABANDONED, record)  # the creator is gone: reserve again, take over
+                    return Settlement(Settled.ABANDONED, record)  # its holder is gone: reserve again, take over
                 left = deadline - loop.time()
                 if left <= 0:
                     raise SettleTimeout(sandbox_id, timeout)
@@ -382,8 +412,11 @@ class RedisStore:
                 if not waiter.done():
                     continue  # a deadline, a lease expiry or a periodic re-check: read again
                 message = waiter.result()  # raises StoreUnavailable if the store was closed
-                if message is not None and message.get("gen") == gen and message.get("state") == "removed":
-                    return Settlement.removed(message.get("error"))
+                if message is not None and message.get("gen") == gen:
+                    if message.get("state") == "removed":
+                        return Settlement.removed(message.get("error"))
+                    if message.get("state") == "suspended" and message.get("error"):
+                        return Settlement(Settled.FAILED, error=message["error"])  # the resume failed
                 # "ready", another incarnation's message, or a pub/sub reconnect: read again
 
     # activity and streams -----------------------------------------------
@@ -436,7 +469,8 @@ class RedisStore:
 
     def _mark_ready_call(self, sandbox_id: str, endpoint: Endpoint) -> dict[str, list[str]]:
         return {"keys": [self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_state],
-                "args": [sandbox_id, codec.endpoint_text(endpoint), self.keys.settled]}
+                "args": [sandbox_id, codec.endpoint_text(endpoint), self.keys.settled, self.keys.invalidate,
+                         self._invalidation("sandbox", sandbox_id), codec.num(self._clock())]}
 
     @_translated("count open streams")
     async def add_streams(self, deltas: Mapping[str, int]) -> None:

@@ -13,18 +13,19 @@ as a listpack, and no per-sandbox set. It holds the record, while there is one,
 and the sessions bound to the sandbox, while there are any (so the key lives as
 long as either):
 
-``s``  state: ``creating`` | ``ready`` (``failed``/``deleting`` are never stored); present iff a record is
+``s``  state: ``creating`` | ``ready`` | ``suspending`` | ``suspended`` | ``resuming`` (``failed``/``deleting``
+       are never stored); present iff a record is
 ``p``  pool        ``o``  org the caps count by (absent: no org)        ``c``  created_at
 ``e``  endpoint ``"<scheme> <host> <port>"`` (absent while creating)
-``l``  creation lease deadline (the store's clock), ``0`` once ready
+``l``  creation, suspend or resume lease deadline (the store's clock), ``0`` once ready or suspended
 ``g``  a token per reservation: tells one incarnation from the next
 ``u``, ``b``  the owner's user and bot (``u`` absent: a record of a version that kept no owner);
 ``v``  the owner's org as a JSON ``[org]``, only where it differs from ``o``
 ``m``  meta JSON (absent when empty)
 ``n``  how many sessions are bound (absent: none)      ``+<session_id>``  one field per bound session
 
-A record in state ``creating`` or ``ready`` is *live* and counted once in
-``count:pool[pool]``, (when it has an org) ``count:org[org]`` and
+A record in any state but ``suspended`` is *live* and counted once in ``count:pool[pool]`` and
+(when it has an org) ``count:org[org]``; every record is counted once in
 ``count:state["<state>:<pool>"]``; every script that changes a state keeps that true.
 """
 
@@ -88,12 +89,12 @@ local function uncount(key, field)
   if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
 end
 local function is_live(state)
-  return state == 'creating' or state == 'ready'
+  return state ~= 'suspended'
 end
 -- count:state fields are '<state>:<pool>' (states hold no ':'): the gauges read one small hash
 local function restate(key, pool, from, to)
   if not pool then return end
-  if from and is_live(from) then uncount(key, from .. ':' .. pool) end
+  if from then uncount(key, from .. ':' .. pool) end
   if to then redis.call('HINCRBY', key, to .. ':' .. pool, 1) end
 end
 """
@@ -148,16 +149,39 @@ RESERVE_SANDBOX = _HELPERS + """
 -- ARGV[6] pool cap ('' = none)  ARGV[7] org cap ('' = none)  ARGV[8] lease_until  ARGV[9] last_active
 -- ARGV[10] reservation token (gen)  ARGV[11] invalidate channel  ARGV[12] invalidate message (on a takeover)
 -- ARGV[13..] the record's other fields as field, value pairs (c, u, b, v, m: those present)
--- returns {'created' | 'taken' | 'existing', view...}, or {'cap', 'pool' | 'org'} when a cap is reached
+-- returns {'created' | 'taken' | 'resume' | 'existing', view...}, or {'cap', 'pool' | 'org'} when a cap is reached
+-- ('resume': the record was suspended, or a suspend or resume whose lease expired; it is resuming now)
 local cur = redis.call('HMGET', KEYS[1], 's', 'l', 'g', 'p', 'o')
 local state = cur[1]
 local stale = false
 if state then
-  if state == 'creating' and cur[3] == ARGV[10] then
+  if cur[3] == ARGV[10] and (state == 'creating' or state == 'resuming') then
     -- our own reservation: this call is a retry of one that succeeded
-    return {'created', unpack(view(KEYS[1], KEYS[2], ARGV[2]))}
+    local mine = 'created'
+    if state == 'resuming' then mine = 'resume' end
+    return {mine, unpack(view(KEYS[1], KEYS[2], ARGV[2]))}
   end
-  if not (state == 'creating' and tonumber(cur[2]) < tonumber(ARGV[1])) then
+  local expired = tonumber(cur[2] or '0') < tonumber(ARGV[1])
+  if state == 'suspended' or (expired and (state == 'suspending' or state == 'resuming')) then
+    -- wake once: the caller resumes it, under its lease, counted by the caps again
+    local pool, org = cur[4], cur[5]
+    local counted = 0
+    if state ~= 'suspended' then counted = 1 end
+    if ARGV[6] ~= '' and tonumber(redis.call('HGET', KEYS[3], pool) or '0') - counted >= tonumber(ARGV[6]) then
+      return {'cap', 'pool'}
+    end
+    if org and ARGV[7] ~= '' and tonumber(redis.call('HGET', KEYS[4], org) or '0') - counted >= tonumber(ARGV[7]) then
+      return {'cap', 'org'}
+    end
+    if counted == 0 then
+      redis.call('HINCRBY', KEYS[3], pool, 1)
+      if org then redis.call('HINCRBY', KEYS[4], org, 1) end
+    end
+    restate(KEYS[5], pool, state, 'resuming')
+    redis.call('HSET', KEYS[1], 's', 'resuming', 'l', ARGV[8], 'g', ARGV[10])
+    return {'resume', unpack(view(KEYS[1], KEYS[2], ARGV[2]))}
+  end
+  if not (state == 'creating' and expired) then
     return {'existing', unpack(view(KEYS[1], KEYS[2], ARGV[2]))}
   end
   stale = cur  -- a creation whose creator's lease expired: take it over
@@ -197,13 +221,21 @@ return {'created', unpack(v)}
 MARK_READY = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:state hash
 -- ARGV[1] sandbox id  ARGV[2] endpoint ("<scheme> <host> <port>")  ARGV[3] settled channel
--- returns the ready record's view; false (nil) when there is no record
+-- ARGV[4] invalidate channel  ARGV[5] invalidate message (published after a resume: the endpoint may be new)
+-- ARGV[6] now: becoming ready is activity (a creation or wake that took longer than an idle timeout, or a
+--         record suspended long ago, is not idle the moment it is ready)
+-- returns the ready record's view and then the state it came from; false (nil) when there is no record
+-- to complete (none, or suspended)
 local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'g')
-if not cur[1] then return false end
+if not cur[1] or cur[1] == 'suspending' or cur[1] == 'suspended' then return false end
 restate(KEYS[3], cur[2], cur[1], 'ready')
 redis.call('HSET', KEYS[1], 's', 'ready', 'e', ARGV[2], 'l', '0')
+redis.call('ZADD', KEYS[2], 'GT', ARGV[6], ARGV[1])
 redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = cur[3] or '', state = 'ready'}))
-return view(KEYS[1], KEYS[2], ARGV[1])
+if cur[1] == 'resuming' then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
+local v = view(KEYS[1], KEYS[2], ARGV[1])
+v[14] = cur[1]
+return v
 """
 
 RELEASE_SANDBOX = _HELPERS + """
@@ -235,6 +267,37 @@ end
 redis.call('DEL', KEYS[5])
 redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = gen, state = 'removed', error = ARGV[2]}))
 return found
+"""
+
+BEGIN_SUSPEND = _HELPERS + """
+-- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:state hash
+-- ARGV[1] sandbox id  ARGV[2] lease_until  ARGV[3] invalidate channel  ARGV[4] invalidate message
+-- returns the suspending record's view; false (nil) when the record is not ready (nothing changed)
+local cur = redis.call('HMGET', KEYS[1], 's', 'p')
+if cur[1] ~= 'ready' then return false end
+restate(KEYS[3], cur[2], 'ready', 'suspending')
+redis.call('HSET', KEYS[1], 's', 'suspending', 'l', ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return view(KEYS[1], KEYS[2], ARGV[1])
+"""
+
+MARK_SUSPENDED = _HELPERS + """
+-- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:pool hash  KEYS[4] count:org hash
+-- KEYS[5] count:state hash
+-- ARGV[1] sandbox id  ARGV[2] now (the new last activity: retention counts from it)  ARGV[3] error ('' = none)
+-- ARGV[4] settled channel  ARGV[5] invalidate channel  ARGV[6] invalidate message
+-- returns the suspended record's view; false (nil) unless it was suspending or resuming (nothing changed)
+local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'o', 'g')
+if cur[1] ~= 'suspending' and cur[1] ~= 'resuming' then return false end
+if cur[2] then uncount(KEYS[3], cur[2]) end
+if cur[3] then uncount(KEYS[4], cur[3]) end
+restate(KEYS[5], cur[2], cur[1], 'suspended')
+redis.call('HSET', KEYS[1], 's', 'suspended', 'l', '0')
+redis.call('HDEL', KEYS[1], 'e')
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('PUBLISH', ARGV[4], cjson.encode({id = ARGV[1], gen = cur[4] or '', state = 'suspended', error = ARGV[3]}))
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return view(KEYS[1], KEYS[2], ARGV[1])
 """
 
 INDEX_PAGE = """

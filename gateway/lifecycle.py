@@ -1,0 +1,229 @@
+"""What happens to a sandbox between requests: idle reaping, suspend, wake, retention, orphan sweeps.
+
+The :class:`Lifecycle` of a :class:`~gateway.sessions.SessionRouter` acts on the
+router's store and provider; the router calls it, never the data plane.
+
+- **Idle.** A ready sandbox idle past its pool's ``idle_timeout`` (and at least
+  ``RouterTuning.activity_grace``, see below) with no exchange open on any replica
+  is deleted (``on_idle: delete``) or suspended (``on_idle: suspend``). A suspended
+  sandbox idle past ``retention`` since its suspend is deleted.
+- **Suspend.** ``ready`` -> ``suspending`` (every replica drops its cached route)
+  -> the provider takes the compute away -> ``suspended``.
+- **Wake once.** A request for a suspended sandbox reserves it exactly as a first
+  request reserves a creation (``Reserved.RESUME``: on any replica, one caller
+  resumes; the others wait for the outcome), and is held up to the pool's
+  ``wake_timeout``, then answered 503 + ``Retry-After`` while the wake goes on.
+
+Activity: requests are recorded when they start (batched, ``ActivityLog``) and an
+exchange still open after the data plane's ``LONG_REQUEST_AFTER`` counts as a
+stream, in the store's per-replica, heartbeat-backed stream counts. Between the
+two, a request younger than that is covered only by its start time, so no sandbox
+is reaped sooner than ``activity_grace`` after its last request began, whatever
+its pool's ``idle_timeout``. A replica that dies stops heartbeating, and its
+streams stop counting: it pins nothing for longer than its heartbeat's TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from typing import TYPE_CHECKING
+
+from gateway.errors import Conflict, GatewayError, NotFound, ProvisionFailed, WakeTimeout
+from gateway.model import Binding, SandboxRecord, SandboxRequest, SandboxState
+from gateway.providers.base import ForeignSandbox
+from gateway.store.base import NotReserved, Position
+
+if TYPE_CHECKING:
+    from gateway.sessions import SessionRouter
+
+log = logging.getLogger(__name__)
+
+REAPER_LEASE = "reaper"
+DEFAULT_WAKE_TIMEOUT = 60.0  # for a pool no longer in the policy
+WAKING_STATES = frozenset({SandboxState.SUSPENDING, SandboxState.SUSPENDED, SandboxState.RESUMING})
+"""A request for a sandbox in one of these is held for a wake (bounded by ``wake_timeout``)."""
+
+
+class Lifecycle:
+    """Suspend, wake, reaping and sweeps for one router (see the module docstring)."""
+
+    def __init__(self, router: SessionRouter) -> None:
+        self._router = router
+        # Where the next reaper pass and orphan sweep resume: each pass does a bounded share.
+        self._reap_from: Position | None = None
+        self._sweep_from: str | None = None
+
+    # wake -------------------------------------------------------------------
+    async def held(self, wake: asyncio.Future[SandboxRecord], pool: str, sandbox_id: str) -> SandboxRecord:
+        """Hold a request for the wake in flight (``wake``, shared and shielded) up to the pool's
+        ``wake_timeout``; past it, ``WakeTimeout`` (503 + Retry-After) while the wake goes on."""
+        events = self._router.events
+        spec = self._router.policy.pools.get(pool)
+        budget = spec.wake_timeout if spec is not None else DEFAULT_WAKE_TIMEOUT
+        started = time.perf_counter()
+        events.wake_waiting(pool, 1)
+        try:
+            async with asyncio.timeout(budget):
+                record = await asyncio.shield(wake)
+        except TimeoutError:
+            raise WakeTimeout(
+                f"sandbox {sandbox_id} is waking up and was not ready within {budget:g}s "
+                f"(pools.{pool}.wake_timeout); retry after the Retry-After delay",
+                sandbox_id=sandbox_id, retry_after=min(max(budget, 1.0), 5.0)) from None
+        finally:
+            events.wake_waiting(pool, -1)
+        events.woken(pool, time.perf_counter() - started)
+        return record
+
+    async def resume(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
+        """Resume a sandbox this caller reserved (``Reserved.RESUME``); on failure it goes back to
+        ``suspended`` with the error, which every waiter shares."""
+        router, store = self._router, self._router.store
+        request = SandboxRequest(record.sandbox_id, record.pool, binding.isolation, binding.owner,
+                                 binding.session_id, timeout, bound_at=binding.created_at)
+        try:
+            endpoint = await router.provider.resume(request)
+        except ForeignSandbox:
+            router.events.resumed(record.pool, "not_found")
+            with contextlib.suppress(GatewayError):
+                await store.mark_suspended(record.sandbox_id)  # no error: a waiter (the owner) wakes it
+            raise router.foreign(binding) from None
+        except BaseException as exc:
+            router.events.resumed(record.pool, outcome_of(exc))
+            message = exc.message if isinstance(exc, GatewayError) else "resuming the sandbox was interrupted"
+            with contextlib.suppress(GatewayError):
+                await store.mark_suspended(record.sandbox_id, error=message)
+            if isinstance(exc, GatewayError | asyncio.CancelledError):
+                raise
+            log.exception("provider failed resuming %s", record.sandbox_id)
+            raise ProvisionFailed(f"resuming sandbox {record.sandbox_id} failed", sandbox_id=record.sandbox_id) from exc
+        try:
+            ready = await store.mark_ready(record.sandbox_id, endpoint)
+        except NotReserved:
+            router.events.resumed(record.pool, "removed")
+            raise ProvisionFailed(f"sandbox {record.sandbox_id} was removed while it was being resumed; retry",
+                                  sandbox_id=record.sandbox_id) from None
+        router.events.resumed(record.pool, "ready")
+        log.info("resumed sandbox %s (pool %s)", record.sandbox_id, record.pool)
+        return ready
+
+    # suspend ----------------------------------------------------------------
+    async def suspend(self, record: SandboxRecord, *, reason: str) -> SandboxRecord | None:
+        """Suspend a ready sandbox; None when it was not ready (any more) and nothing was done."""
+        router, store = self._router, self._router.store
+        if not router.provider.can_suspend(record.pool):
+            raise Conflict(f"sandboxes of pool {record.pool!r} cannot be suspended (its provider keeps no "
+                           f"state to wake); delete the session instead", sandbox_id=record.sandbox_id)
+        if await store.begin_suspend(record.sandbox_id, router.tuning.lease_seconds) is None:
+            return None
+        log.info("suspending sandbox %s (pool %s): %s", record.sandbox_id, record.pool, reason)
+        outcome = "suspended"
+        try:
+            await router.provider.suspend(record.sandbox_id, record.pool)
+        except BaseException as exc:
+            outcome = outcome_of(exc)
+            # Recorded as suspended all the same: its next request resumes it, and resume is
+            # idempotent (a sandbox that kept running just answers). Never left half-way.
+            log.warning("suspending sandbox %s failed (%s); it is woken by its next request",
+                        record.sandbox_id, exc)
+            if not isinstance(exc, Exception):
+                with contextlib.suppress(GatewayError):
+                    await store.mark_suspended(record.sandbox_id)
+                raise
+        finally:
+            router.events.suspended(record.pool, outcome)
+        return await store.mark_suspended(record.sandbox_id)
+
+    # reaping ----------------------------------------------------------------
+    async def destroy(self, record: SandboxRecord, *, reason: str) -> None:
+        """Delete a sandbox at its provider, then forget it (and its per-session bindings)."""
+        router, store = self._router, self._router.store
+        log.info("destroying sandbox %s (pool %s): %s", record.sandbox_id, record.pool, reason)
+        await router.provider.delete(record.sandbox_id, record.pool)
+        if record.sandbox_id.startswith("ses-"):
+            for session_id in await store.sessions_of(record.sandbox_id):
+                await store.delete_binding(session_id)
+        await store.release_sandbox(record.sandbox_id, error=f"sandbox destroyed: {reason}")
+
+    async def reap_once(self) -> list[str]:
+        """One reaper pass, only on the replica holding the reaper lease. Returns the IDs it
+        destroyed (suspended ones are logged and counted, not returned).
+
+        Bounded: it examines at most ``reap_batch`` entries of the activity index (idle ones,
+        oldest first, resuming where the previous pass stopped) and ``reap_batch`` idle sessions,
+        whatever the fleet size.
+        """
+        router, store, tuning = self._router, self._router.store, self._router.tuning
+        now = router.clock()
+        if not await store.acquire_lease(REAPER_LEASE, router.replica_id, ttl=tuning.reaper_lease_ttl):
+            return []
+        reaped = []
+        pools = router.policy.pools
+        idle_after = {name: max(pool.idle_timeout, tuning.activity_grace) for name, pool in pools.items()}
+        keep_for = {name: pool.retention for name, pool in pools.items()}
+        if pools:
+            batch = tuning.reap_batch
+            page = await store.scan_sandboxes(self._reap_from, limit=batch, scan=batch,
+                                              before=now - min(*idle_after.values(), *keep_for.values()))
+            self._reap_from = page.next
+            for record in page.records:
+                if record.state is SandboxState.READY:
+                    if record.last_active >= now - idle_after.get(record.pool, math.inf):
+                        continue  # a pool with a longer idle_timeout (or one no longer in the policy)
+                    if await store.open_streams(record.sandbox_id) > 0:
+                        await store.touch({record.sandbox_id: now}, {})
+                        continue
+                    if pools[record.pool].on_idle == "suspend" and router.provider.can_suspend(record.pool):
+                        await self.suspend(record, reason="idle")
+                        continue
+                    await self.destroy(record, reason="idle")
+                    router.events.reaped("idle")
+                    reaped.append(record.sandbox_id)
+                elif record.state is SandboxState.SUSPENDED:
+                    if record.last_active >= now - keep_for.get(record.pool, math.inf):
+                        continue
+                    await self.destroy(record, reason="retention")
+                    router.events.reaped("retention")
+                    reaped.append(record.sandbox_id)
+        for session_id in await store.idle_sessions(now - tuning.session_ttl, tuning.reap_batch):
+            await store.delete_binding(session_id)
+        return reaped
+
+    async def sweep_orphans(self, grace: float) -> list[str]:
+        """Delete provider objects of this installation that the store does not know (lease holder only).
+
+        Incremental: each pass checks one page of the provider's objects (``sweep_batch``) against
+        the store in one batched lookup, and the next pass resumes after it. ``grace`` protects
+        objects whose creation is in flight on a replica that has not written its record yet, and
+        objects of a store that was just reset.
+        """
+        router, store, provider = self._router, self._router.store, self._router.provider
+        if not await store.acquire_lease(REAPER_LEASE, router.replica_id, ttl=router.tuning.reaper_lease_ttl):
+            return []
+        page = await provider.managed_page(self._sweep_from, router.tuning.sweep_batch)
+        self._sweep_from = page.next
+        known = await store.existing_sandboxes([managed.sandbox_id for managed in page.items])
+        cutoff = router.clock() - grace
+        swept = []
+        for managed in page.items:
+            if managed.sandbox_id not in known and managed.created_at < cutoff:
+                log.info("sweeping orphaned sandbox %s (pool %s)", managed.sandbox_id, managed.pool)
+                await provider.delete(managed.sandbox_id, managed.pool)
+                router.events.reaped("orphan")
+                swept.append(managed.sandbox_id)
+        return swept
+
+
+def outcome_of(exc: BaseException) -> str:
+    """A failure as a metrics outcome label (an error code, never a message)."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    return exc.code if isinstance(exc, GatewayError) else "error"
+
+
+def unknown_sandbox(sandbox_id: str) -> NotFound:
+    return NotFound(f"no sandbox {sandbox_id}", sandbox_id=sandbox_id)
