@@ -135,7 +135,8 @@ gateway/providers/kubernetes.py (tests/test_helm.py compares).
 {{- define "sandbox-gateway.providerRules" -}}
 - apiGroups: ["agents.x-k8s.io"]
   resources: ["sandboxes"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  # patch: suspend and resume (spec.operatingMode; spec.replicas at v1alpha1), the claimed Sandbox included
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 - apiGroups: ["extensions.agents.x-k8s.io"]
   resources: ["sandboxclaims"]
   verbs: ["get", "list", "watch", "create", "delete"]
