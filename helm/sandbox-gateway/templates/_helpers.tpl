@@ -204,6 +204,11 @@ The Redis URL source: "secret", "url", "embedded" or "" (memory store). An exter
 /etc/sandbox-gateway/auth
 {{- end }}
 
+{{/* Where the gRPC TLS Secret (grpc.tls.secretName) is mounted. */}}
+{{- define "sandbox-gateway.grpcTlsDir" -}}
+/etc/sandbox-gateway/grpc-tls
+{{- end }}
+
 {{/*
 Where the key file comes from: "secret" (auth.keysSecret, managed by you), "inline"
 (auth.keys, rendered into the chart's Secret) or "generated" (neither: a random HS256 key
