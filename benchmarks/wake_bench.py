@@ -16,7 +16,9 @@ The gateway's own share is the time not spent waiting on the provider:
 
 - both pools: the same provider, built as serve builds it (``gateway.app.build_providers``,
   another data directory), is suspended and resumed directly in this process, interleaved sample
-  by sample with the gateway's wakes: gateway share = wake through the gateway - provider alone;
+  by sample with the gateway's wakes: gateway share = median of (wake i through the gateway -
+  wake i alone). Local wakes start a confined Python runtime (~0.5-1 s here), whose own spread
+  hides a few milliseconds: the Kubernetes split below is the precise figure;
 - kubernetes, also from the apiserver's own clock: provider share = from the PATCH that sets the
   Sandbox Running to the status with Ready=True and the new pod IP; the rest of the wake (request
   to PATCH, Ready to first byte) is the gateway's.
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
@@ -84,8 +85,10 @@ async def suspend(http: aiohttp.ClientSession, control: str, sandbox_id: str) ->
             raise SystemExit(f"suspend answered {response.status}: {body[:300]}")
 
 
-async def first_byte(http: aiohttp.ClientSession, data: str) -> float:
+async def first_byte(http: aiohttp.ClientSession, data: str, sent: list[float] | None = None) -> float:
     started = time.perf_counter()
+    if sent is not None:
+        sent.append(started)
     async with http.get(f"{data}/", headers=HEADERS) as response:
         await response.content.read(1)
         took = time.perf_counter() - started
@@ -102,6 +105,7 @@ class KubeClock:
         self.name = name
         self.patched: list[float] = []
         self.ready: list[float] = []
+        self.sent: list[float] = []  # when each wake request was sent (same clock)
         kube.server.store.subscribe(self._on_change)
 
     def _on_change(self, event: Any) -> None:
@@ -159,17 +163,19 @@ async def measure(provider: str, n: int, ready_delay: float, tmp: Path, env: dic
     cleanups.append(direct.close)
     baseline = SandboxRequest("ses-" + "0" * 48, "small", Isolation.PER_SESSION, Owner(None, "bench", None),
                               "direct", 60.0)
-    through, alone = [], []
+    through, alone, sent = [], [], []
     async with aiohttp.ClientSession() as http:
         await first_byte(http, gateway.data_url)  # creates the sandbox
         await direct.ensure(baseline)
         for _ in range(n):
             await suspend(http, gateway.control_url, SANDBOX_ID)
-            through.append(await first_byte(http, gateway.data_url))
+            through.append(await first_byte(http, gateway.data_url, sent))
             await direct.suspend(baseline.sandbox_id, baseline.pool)
             started = time.perf_counter()
             await direct.resume(baseline)
             alone.append(time.perf_counter() - started)
+    if clock is not None:
+        clock.sent = sent
     return through, alone, clock
 
 
@@ -188,13 +194,18 @@ async def run(provider: str, n: int, ready_delay: float) -> None:
                                                 if provider == "kubernetes" else "") + ":")
     print(summary("suspended -> first proxied byte (gateway)", through))
     print(summary("provider resume alone (baseline)", alone))
-    share = statistics.median(through) - statistics.median(alone)
-    print(f"  gateway share (p50 through - p50 alone):      {share * 1000:8.2f} ms")
+    paired = [t - a for t, a in zip(through, alone, strict=True)]  # wake i through the gateway - wake i alone
+    spread = pct(alone, 0.75) - pct(alone, 0.25)
+    print(f"  gateway share (p50 of paired differences):   {pct(paired, 0.5):8.2f} ms   "
+          f"(the provider's own interquartile spread: {spread:.2f} ms; below it the share is noise)")
     if clock is not None and len(clock.ready) == n:
         waited = [r - p for p, r in zip(clock.patched, clock.ready, strict=True)]
         own = [t - w for t, w in zip(through, waited, strict=True)]
         print(summary("provider share (PATCH Running -> Ready+IP)", waited))
         print(summary("gateway share (the rest of each wake)", own))
+        print(summary("  of which request -> PATCH Running", [p - t for t, p in zip(clock.sent, clock.patched)]))
+        print(summary("  of which Ready+IP -> first byte", [t + d - r for t, d, r in
+                                                            zip(clock.sent, through, clock.ready)]))
 
 
 def main() -> None:
