@@ -16,9 +16,10 @@ from gateway.model import Owner, SandboxRequest
 from gateway.providers.base import ForeignSandbox
 from gateway.providers.kubernetes import KubernetesProvider
 from gateway.runtime import create_app
-from routing import Isolation
+from gateway.sessions import SessionRouter
+from routing import Identity, Isolation
 from tests.fakekube.fixtures import FakeKube
-from tests.test_kubernetes import VERSIONS, pool_options, request, seed_templates
+from tests.test_kubernetes import VERSIONS, pool_options, request, routed, seed_templates
 
 SBX = "agents.x-k8s.io"
 
@@ -158,5 +159,35 @@ async def test_resume_never_wakes_another_owners_sandbox(make_fake_kube, runtime
         with pytest.raises(ForeignSandbox):
             await provider.resume(mallory)
         assert spec_suspended(kube.server.get_object("sandboxes", "default", "ses-own"))  # still asleep
+    finally:
+        await provider.close()
+
+
+@pytest.mark.skipif(not hasattr(SessionRouter, "suspend_sandbox"),
+                    reason="the suspend/wake core of #15 (branch suspend) is not merged in this tree")
+@pytest.mark.parametrize("mode", ["sandbox", "claim"])
+async def test_the_router_wakes_a_suspended_kubernetes_sandbox_once_with_its_files(make_fake_kube, runtime_port, mode):
+    """Through SessionRouter: the operator suspends, 20 concurrent resolves wake it with one new pod,
+    all at the new pod IP, and the file written before the suspend is there."""
+    kube = await make_fake_kube()
+    await seed_templates(kube, "v1beta1")
+    provider, router = await routed(kube, pool_options(mode, "v1beta1", runtime_port))
+    identity = Identity.parse(org_id="acme", user_id="alice", session_id="s-wake")
+    try:
+        route = await router.resolve(identity)
+        async with aiohttp.ClientSession() as http:
+            form = aiohttp.FormData()
+            form.add_field("file", b"kept", filename="note.txt")
+            async with http.post(f"{route.endpoint.url()}/upload", data=form) as r:
+                assert r.status == 200
+            name = sandbox_of(kube, mode, route.sandbox_id)["metadata"]["name"]
+            record = await router.suspend_sandbox(route.sandbox_id)
+            assert record.state.value == "suspended"
+            assert kube.server.get_object("pods", "default", name) is None
+            woken = await asyncio.gather(*(router.resolve(identity) for _ in range(20)))
+            assert {w.endpoint.host for w in woken} == {"127.0.0.2"}  # one resume: one new pod
+            assert kube.server.create_count("pods", "default", name) == 2
+            async with http.get(f"{woken[0].endpoint.url()}/download/note.txt") as r:
+                assert r.status == 200 and await r.read() == b"kept"
     finally:
         await provider.close()
