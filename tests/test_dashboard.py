@@ -58,6 +58,7 @@ def exported_labels(exposition: str) -> dict[str, set[str]]:
     return names
 
 
+
 @pytest.fixture(scope="module")
 def exported() -> dict[str, set[str]]:
     body, _ = touched_metrics().exposition()

@@ -70,8 +70,10 @@ CHART_MANAGED_SETTINGS = {"host", "data_port", "control_port", "grpc_port", "pol
                           "replica_id", "auth_mode", "auth_keys_file", "kubernetes_service_host",
                           "prometheus_multiproc_dir",
                           "router_compat_namespaces", "router_compat_ports", "router_compat_api_version",
-                          # not offered yet: they need the chart to mount a TLS Secret (a follow-up)
+                          # from grpc.tls.secretName (the chart mounts the Secret)
                           "grpc_tls_cert_file", "grpc_tls_key_file"}
+LIFECYCLE_POOL_OPTIONS = ("on_idle", "retention", "wake_timeout", "request_timeout")
+GRPC_TLS_DIR = "/etc/sandbox-gateway/grpc-tls"
 ROUTER_COMPAT_ENV = ("SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES", "SANDBOX_GATEWAY_ROUTER_COMPAT_PORTS",
                      "SANDBOX_GATEWAY_ROUTER_COMPAT_API_VERSION")
 
@@ -237,6 +239,7 @@ KITCHEN_SINK: dict[str, Any] = {
     "networkPolicy": {"enabled": True, "extraDataFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
                       "extraControlFrom": [{"podSelector": {"matchLabels": {"app": "prometheus"}}}]},
     "routerCompat": copy.deepcopy(ROUTER_COMPAT),
+    "grpc": {"tls": {"secretName": "grpc-tls"}},
 }
 
 SCENARIOS = {
@@ -556,6 +559,48 @@ def test_policy_schema_matches_the_policy_models() -> None:
     assert set(defs["kubernetesPool"]["properties"]) == set(KubernetesPoolOptions.model_fields)
     assert set(policy["routing"]["properties"]) == set(RoutingRules.model_fields)
     assert set(policy["orgs"]["additionalProperties"]["properties"]) == set(OrgRule.model_fields)
+
+
+def test_lifecycle_pool_options_are_offered_and_checked(chart: helm_python.Chart) -> None:
+    """on_idle, retention, wake_timeout and request_timeout pass through to the policy file as given."""
+    pool = {"provider": "kubernetes", "idle_timeout": "30m", "on_idle": "suspend", "retention": "7d",
+            "wake_timeout": "90s", "request_timeout": "15m", "kubernetes": {"mode": "claim", "warm_pool": "w"}}
+    r = render(chart, {"policy": {"pools": {"p": pool}, "routing": {"prefix_pools": {"default": "p"}}}})
+    rendered = yaml.safe_load(r.policy_text)["pools"]["p"]
+    assert {k: rendered[k] for k in LIFECYCLE_POOL_OPTIONS} == {k: pool[k] for k in LIFECYCLE_POOL_OPTIONS}
+    for field, bad in (("on_idle", "sleep"), ("retention", "soon"), ("wake_timeout", 0), ("request_timeout", "-1")):
+        with pytest.raises(helm_python.HelmValuesError) as excinfo:
+            render(chart, {"policy": {"pools": {"p": dict(pool, **{field: bad})}}})
+        assert field in str(excinfo.value)
+
+
+# --------------------------------------------------------------------------------------
+# gRPC TLS
+# --------------------------------------------------------------------------------------
+
+
+def test_grpc_tls_mounts_the_secret_and_points_the_gateway_at_it(chart: helm_python.Chart,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    r = render(chart, {"grpc": {"tls": {"secretName": "sgw-grpc-cert"}}})
+    volume = next(v for v in r.pod["spec"]["volumes"] if v["name"] == "grpc-tls")
+    assert volume == {"name": "grpc-tls", "secret": {"secretName": "sgw-grpc-cert"}}
+    mount = next(m for m in r.container["volumeMounts"] if m["name"] == "grpc-tls")
+    assert mount == {"name": "grpc-tls", "mountPath": GRPC_TLS_DIR, "readOnly": True}
+    settings = _settings_from(r, monkeypatch)
+    assert settings.grpc_tls_cert_file == Path(GRPC_TLS_DIR, "tls.crt")
+    assert settings.grpc_tls_key_file == Path(GRPC_TLS_DIR, "tls.key")
+    grpc_port = next(p for p in r.one("Service", r.fullname)["spec"]["ports"] if p["name"] == "grpc")
+    assert "appProtocol" not in grpc_port, "TLS is not h2c"
+    assert "TLS, Secret sgw-grpc-cert" in r.notes
+
+
+def test_grpc_is_h2c_without_a_tls_secret(chart: helm_python.Chart, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = render(chart)
+    assert not [v for v in r.pod["spec"]["volumes"] if v["name"] == "grpc-tls"]
+    settings = _settings_from(r, monkeypatch)
+    assert settings.grpc_tls_cert_file is None and settings.grpc_tls_key_file is None
+    grpc_port = next(p for p in r.one("Service", r.fullname)["spec"]["ports"] if p["name"] == "grpc")
+    assert grpc_port["appProtocol"] == "kubernetes.io/h2c"
 
 
 # --------------------------------------------------------------------------------------
@@ -943,6 +988,9 @@ def test_dashboard_configmap_carries_the_sidecar_label(chart: helm_python.Chart)
     pytest.param({"routerCompat": {"enabled": True}}, "'enabled' not allowed", id="router compat unknown key"),
     pytest.param({"config": {"router_compat_namespaces": ["agents"]}}, "router_compat_namespaces",
                  id="router compat belongs under routerCompat"),
+    pytest.param({"grpc": {"tls": {"secretName": "Bad_Name"}}}, "secretName", id="bad gRPC TLS Secret name"),
+    pytest.param({"config": {"grpc_tls_cert_file": "/c.pem"}}, "grpc_tls_cert_file",
+                 id="gRPC TLS files come from grpc.tls"),
 ])
 def test_schema_rejects_bad_values(chart: helm_python.Chart, values: dict[str, Any], needle: str) -> None:
     with pytest.raises(helm_python.HelmError) as excinfo:

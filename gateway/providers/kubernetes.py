@@ -17,8 +17,19 @@ Routable means ``Ready=True`` *and* a pod IP: old controllers report Ready for
 ``replicas: 0``. Terminal reasons fail at once and delete the object; a
 provisioning timeout deletes it too (504).
 
+Suspend and resume act on the ``Sandbox`` (for a claim pool: the Sandbox the claim
+names in ``status.sandbox.name``): ``spec.operatingMode: Suspended``/``Running`` at
+v1beta1, ``spec.replicas: 0``/``1`` at v1alpha1, by merge patch. Suspend returns once
+the object is no longer routable (its pod gone); resume waits by watch exactly as
+creation does (the pod IP changes), and for the Ready condition to have observed the
+patched generation, so a stale status from before the suspend is never taken for
+the new pod. An object deleted while suspended is created anew by resume (its files
+are gone, as after any lost sandbox); resume never deletes on failure or timeout,
+since the files (PVCs) are the point of suspending.
+
 A second watch over every object of this installation notices sandboxes that
-are deleted or lose their pod and reports them through ``on_lost``.
+are deleted or lose their pod and reports them through ``on_lost`` (a Sandbox
+whose spec says suspended is not lost).
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +68,9 @@ TERMINAL_REASONS = frozenset({
 
 # Exactly what this provider calls, per pool namespace; the Helm chart's Role renders these.
 RBAC_RULES: tuple[dict[str, Any], ...] = (
-    {"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    # patch: suspend and resume (spec.operatingMode, or spec.replicas at v1alpha1)
+    {"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"],
+     "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
     {"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
      "verbs": ["get", "list", "watch", "create", "delete"]},
 )
@@ -97,6 +110,10 @@ class ObjectExists(KubeApiError):
 class WatchExpired(KubeApiError):
     """410 Gone: the resourceVersion fell out of the watch cache; read afresh and watch again."""
 
+
+MERGE_PATCH = "application/merge-patch+json"
+# How long suspend waits for the controller to take the pod away (the spec is patched at once).
+SUSPEND_WAIT = 120.0
 
 _BY_STATUS: dict[int, type[KubeApiError]] = {404: ObjectMissing, 409: ObjectExists, 410: WatchExpired}
 
@@ -143,6 +160,24 @@ def routable(obj: Mapping[str, Any]) -> bool:
 def routable_pod_ip(obj: Mapping[str, Any]) -> str | None:
     """The address to route to: the first pod IP of a routable object, else None."""
     return _pod_ips(obj)[0] if routable(obj) else None
+
+
+def suspended_spec(obj: Mapping[str, Any]) -> bool:
+    """Whether a Sandbox's spec asks for no pod (v1beta1 ``operatingMode``, v1alpha1 ``replicas``)."""
+    spec = obj.get("spec") or {}
+    return spec.get("operatingMode") == "Suspended" or spec.get("replicas") == 0
+
+
+def _mode_patch(api_version: str, running: bool) -> dict[str, Any]:
+    if api_version == "v1alpha1":
+        return {"spec": {"replicas": 1 if running else 0}}
+    return {"spec": {"operatingMode": "Running" if running else "Suspended"}}
+
+
+def observed(obj: Mapping[str, Any], generation: int | None) -> bool:
+    """The Ready condition reflects ``generation`` of the spec (or says nothing either way)."""
+    seen = (_ready_condition(obj) or {}).get("observedGeneration")
+    return generation is None or seen is None or seen >= generation
 
 
 def terminal_failure(obj: Mapping[str, Any]) -> str | None:
@@ -263,36 +298,48 @@ class KubernetesProvider:
         _check_owner(request, existing)
         return existing
 
-    async def _await_ready(self, pool: KubernetesPoolOptions, kind: _Kind, obj: dict[str, Any]) -> dict[str, Any]:
+    async def _await_ready(self, pool: KubernetesPoolOptions, kind: _Kind, obj: dict[str, Any],
+                           generation: int | None = None) -> dict[str, Any]:
+        """The object once routable (and observed at ``generation``); a terminal reason raises."""
+        name = obj["metadata"]["name"]
+        found = await self._watch_until(pool.namespace, kind, obj, lambda o: (
+            routable(o) and observed(o, generation)) or terminal_failure(o) is not None)
+        if found is None:
+            raise ProvisionFailed(f"{kind.kind} {name} was deleted while starting", sandbox_id=name)
+        failure = terminal_failure(found)
+        if failure is not None:
+            raise ProvisionFailed(f"{kind.kind} {name} failed: {failure}", sandbox_id=name)
+        return found
+
+    async def _watch_until(self, namespace: str, kind: _Kind, obj: dict[str, Any],
+                           done: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        """The first state of ``obj`` (this one, then its watch events) that is ``done``; None once
+        it is deleted. Resumes a dropped stream from the last version seen, re-reads on 410."""
         name = obj["metadata"]["name"]
         version = obj["metadata"].get("resourceVersion")
-        while True:
-            failure = terminal_failure(obj)
-            if failure is not None:
-                raise ProvisionFailed(f"{kind.kind} {name} failed: {failure}", sandbox_id=name)
-            if routable(obj):
-                return obj
+        while not done(obj):
             try:
                 with translated(f"watching {kind.kind} {name}", name):
-                    async for event in _events(self._api, kind, pool.namespace, field_selector=f"metadata.name={name}",
+                    async for event in _events(self._api, kind, namespace, field_selector=f"metadata.name={name}",
                                                resource_version=version, timeout_seconds=300):
                         if event["type"] == "DELETED":
-                            raise ProvisionFailed(f"{kind.kind} {name} was deleted while starting", sandbox_id=name)
+                            return None
                         if event["type"] == "BOOKMARK":
                             version = event["object"]["metadata"].get("resourceVersion", version)
                             continue
                         obj = event["object"]
                         version = obj["metadata"].get("resourceVersion", version)
-                        if routable(obj) or terminal_failure(obj):
+                        if done(obj):
                             break
             except WatchExpired:
                 # Our version fell out of the watch cache: start over from a fresh read.
-                fresh = await self._get(pool, kind, name)
+                fresh = await read_object(self._api, kind, namespace, name)
                 if fresh is None:
-                    raise ProvisionFailed(f"{kind.kind} {name} disappeared while starting", sandbox_id=name) from None
+                    return None
                 obj, version = fresh, fresh["metadata"].get("resourceVersion")
             except (OSError, TimeoutError, aiohttp.ClientError):
                 pass  # the stream dropped: resume from the last version we saw
+        return obj
 
     def _manifest(self, pool: KubernetesPoolOptions, kind: _Kind, request: SandboxRequest) -> dict[str, Any]:
         owner = request.owner
@@ -337,6 +384,81 @@ class KubernetesProvider:
     def _endpoint(self, pool: KubernetesPoolOptions, obj: Mapping[str, Any]) -> Endpoint:
         return Endpoint(_pod_ips(obj)[0], pool.port)
 
+    # suspend, resume ---------------------------------------------------------
+    def can_suspend(self, pool: str) -> bool:
+        return True
+
+    async def suspend(self, sandbox_id: str, pool: str) -> None:
+        """Patch the Sandbox to no pod and wait (bounded) until it is no longer routable. Idempotent;
+        a sandbox that is not there has nothing to suspend."""
+        options = self._pool(pool, sandbox_id)
+        name = await self._sandbox_name(options, sandbox_id)
+        if name is None:
+            return
+        kind = sandbox_kind(options.api_version)
+        try:
+            obj = await self._set_running(options, name, sandbox_id, running=False)
+        except ObjectMissing:
+            return
+        try:
+            async with asyncio.timeout(SUSPEND_WAIT):
+                await self._watch_until(options.namespace, kind, obj, lambda o: not routable(o))
+        except TimeoutError:
+            raise ProvisionTimeout(
+                f"Sandbox {options.namespace}/{name} still had its pod {SUSPEND_WAIT:g}s after being set "
+                f"{_mode_patch(options.api_version, False)['spec']}; check the agent-sandbox controller",
+                sandbox_id=sandbox_id) from None
+
+    async def resume(self, request: SandboxRequest) -> Endpoint:
+        """Patch the Sandbox to run and wait by watch until it is routable again (a new pod IP).
+        Idempotent. An object deleted while suspended is created anew (``ensure``)."""
+        pool = self._pool(request.pool, request.sandbox_id)
+        kind = _Kind.of(pool)
+        obj = await self._get(pool, kind, request.sandbox_id)
+        if obj is None:
+            log.warning("%s %s/%s was deleted while suspended: creating it anew (its files are gone)",
+                        kind.kind, pool.namespace, request.sandbox_id)
+            return await self.ensure(request)
+        labels = obj["metadata"].get("labels") or {}
+        if labels.get(INSTALLATION) != self._installation:
+            raise Conflict(f"{kind.kind} {pool.namespace}/{request.sandbox_id} is not managed by installation "
+                           f"{self._installation!r}; it is not resumed", sandbox_id=request.sandbox_id)
+        _check_owner(request, obj)
+        name = _claimed_name(obj) if pool.mode == "claim" else request.sandbox_id
+        target = sandbox_kind(pool.api_version)
+        try:
+            sandbox = await self._set_running(pool, name, request.sandbox_id, running=True)
+            generation = sandbox["metadata"].get("generation")
+        except ObjectMissing:
+            if pool.mode == "sandbox":
+                return await self.resume(request)  # deleted between the read and the patch: create it
+            # The claimed Sandbox is gone: the claim controller provides another; wait on the claim.
+            sandbox, target, generation = obj, kind, None
+        try:
+            async with asyncio.timeout(request.timeout):
+                ready = await self._await_ready(pool, target, sandbox, generation)
+        except TimeoutError:
+            raise ProvisionTimeout(
+                f"sandbox {request.sandbox_id} was not Ready with a pod IP within {request.timeout:g}s of "
+                f"resuming; it stays set to run and keeps its files", sandbox_id=request.sandbox_id) from None
+        return self._endpoint(pool, ready)
+
+    async def _sandbox_name(self, pool: KubernetesPoolOptions, sandbox_id: str) -> str | None:
+        """The Sandbox behind a pool's object: itself, or the one a claim names (None: no object)."""
+        if pool.mode == "sandbox":
+            return sandbox_id
+        claim = await self._get(pool, _Kind.of(pool), sandbox_id)
+        return None if claim is None else _claimed_name(claim)
+
+    async def _set_running(self, pool: KubernetesPoolOptions, name: str, sandbox_id: str, *,
+                           running: bool) -> dict[str, Any]:
+        kind = sandbox_kind(pool.api_version)
+        verb = "resuming" if running else "suspending"
+        with translated(f"{verb} Sandbox {pool.namespace}/{name}", sandbox_id):
+            return await self._api.patch_namespaced_custom_object(
+                kind.group, kind.version, pool.namespace, kind.plural, name,
+                _mode_patch(pool.api_version, running), _content_type=MERGE_PATCH)
+
     # delete, list -------------------------------------------------------
     async def delete(self, sandbox_id: str, pool: str) -> None:
         options = self._pool(pool, sandbox_id)
@@ -362,11 +484,7 @@ class KubernetesProvider:
             with translated(f"listing {kind.plural} in {options.namespace}"):
                 listing = await self._api.list_namespaced_custom_object(
                     kind.group, kind.version, options.namespace, kind.plural, label_selector=self._selector())
-            for item in listing.get("items", ()):
-                meta = item["metadata"]
-                created = meta.get("creationTimestamp")
-                at = dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else time.time()
-                found.append(ManagedSandbox(meta["name"], (meta.get("labels") or {}).get(POOL, ""), at))
+            found.extend(_managed(item) for item in listing.get("items", ()))
         return found
 
     async def managed_page(self, cursor: str | None, limit: int) -> ManagedPage:
@@ -425,7 +543,9 @@ class KubernetesProvider:
                         if event["type"] == "BOOKMARK":
                             continue
                         name = obj["metadata"]["name"]
-                        if event["type"] == "DELETED" or not routable(obj):
+                        if event["type"] != "DELETED" and suspended_spec(obj):
+                            self._routable.discard(name)  # suspended on purpose: not lost
+                        elif event["type"] == "DELETED" or not routable(obj):
                             if name in self._routable:
                                 self._routable.discard(name)
                                 on_lost(name)
@@ -464,6 +584,12 @@ def _managed(item: Mapping[str, Any]) -> ManagedSandbox:
     created = meta.get("creationTimestamp")
     at = dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else time.time()
     return ManagedSandbox(meta["name"], (meta.get("labels") or {}).get(POOL, ""), at)
+
+
+def _claimed_name(claim: Mapping[str, Any]) -> str:
+    """The Sandbox a claim holds: ``status.sandbox.name`` (a warm-pool Sandbox has its own name),
+    else the claim's name (a Sandbox made for the claim is named like it)."""
+    return ((claim.get("status") or {}).get("sandbox") or {}).get("name") or claim["metadata"]["name"]
 
 
 def _check_owner(request: SandboxRequest, obj: Mapping[str, Any]) -> None:

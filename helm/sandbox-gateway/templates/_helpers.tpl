@@ -135,7 +135,8 @@ gateway/providers/kubernetes.py (tests/test_helm.py compares).
 {{- define "sandbox-gateway.providerRules" -}}
 - apiGroups: ["agents.x-k8s.io"]
   resources: ["sandboxes"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  # patch: suspend and resume (spec.operatingMode; spec.replicas at v1alpha1), the claimed Sandbox included
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 - apiGroups: ["extensions.agents.x-k8s.io"]
   resources: ["sandboxclaims"]
   verbs: ["get", "list", "watch", "create", "delete"]
@@ -201,6 +202,11 @@ The Redis URL source: "secret", "url", "embedded" or "" (memory store). An exter
 {{/* Where the gateway reads its key file (the keys Secret is mounted as this directory). */}}
 {{- define "sandbox-gateway.authKeysDir" -}}
 /etc/sandbox-gateway/auth
+{{- end }}
+
+{{/* Where the gRPC TLS Secret (grpc.tls.secretName) is mounted. */}}
+{{- define "sandbox-gateway.grpcTlsDir" -}}
+/etc/sandbox-gateway/grpc-tls
 {{- end }}
 
 {{/*
