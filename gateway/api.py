@@ -2,7 +2,7 @@
 
 Every error leaves through :func:`error_middleware`, the one place where a
 ``GatewayError`` (or aiohttp's own 404/405/413) becomes the documented JSON
-shape; an unexpected exception is logged with its stack and answered with a
+shape (a page for a browser's navigation, rendered by ``gateway.errors.render``); an unexpected exception is logged with its stack and answered with a
 bare 500 that says nothing about internals. Bytes that never became a request
 (malformed HTTP) are answered in the same shape by :class:`ControlRunner`.
 Credentials and routing headers are read one way: each may come once
@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 
 from gateway.auth import AdminCheck, AllowAll, parse_headers
-from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, error_body
+from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, render, wants_html
 from gateway.metrics import Metrics
 from gateway.model import Binding, SandboxRecord, SandboxState
 from gateway.sessions import SessionRouter
@@ -50,9 +50,11 @@ _SINGLE_HEADERS = (
 )
 
 
-def json_error(exc: GatewayError) -> web.Response:
-    return web.Response(status=exc.status, body=error_body(exc), content_type="application/json",
-                        headers=exc.headers())
+def error_response(exc: GatewayError, request: web.BaseRequest | None = None) -> web.Response:
+    """``exc`` in the JSON shape, or as a small page when ``request`` is a browser's navigation."""
+    as_html = request is not None and wants_html(request.headers.get("Sec-Fetch-Mode"), request.headers.get("Accept"))
+    content_type, body, headers = render(exc, as_html=as_html)
+    return web.Response(status=exc.status, body=body, headers={"Content-Type": content_type, **headers})
 
 
 @web.middleware
@@ -60,19 +62,19 @@ async def error_middleware(request: web.Request, handler: Callable[[web.Request]
     try:
         return await handler(request)
     except GatewayError as exc:
-        return json_error(exc)
+        return error_response(exc, request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status, "bad_request")
         error = GatewayError(exc.reason, code=code)
         error.status = exc.status  # type: ignore[misc]  # keep aiohttp's status, our body shape
-        return json_error(error)
+        return error_response(error, request)
     except asyncio.CancelledError:
         raise
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return json_error(GatewayError("internal error; the gateway logged the details"))
+        return error_response(GatewayError("internal error; the gateway logged the details"), request)
 
 
 @web.middleware
@@ -325,7 +327,7 @@ class _JsonErrorHandler(web.RequestHandler):
                      message: str | None = None) -> web.StreamResponse:
         # aiohttp's own: logs, and raises when part of a response already left (then it closes).
         super().handle_error(request, status, exc, None)
-        response = json_error(_protocol_error(status, exc))
+        response = error_response(_protocol_error(status, exc))
         response.force_close()
         return response
 
