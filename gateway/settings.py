@@ -89,6 +89,8 @@ class Settings(BaseSettings):
     # authentication (gateway/auth.py): None = trusted headers on loopback only
     auth_mode: Literal["trusted-headers", "token"] | None = None
     auth_keys_file: Path | None = None
+    # Sandbox access tokens (gateway/access.py): the longest lifetime a caller may ask for, in seconds.
+    access_token_max_ttl: float = Field(default=86_400.0, ge=1)
 
     # agent-sandbox router headers (gateway/compat.py): honoured only in these namespaces, only with an
     # admin token, only on these ports; empty = off (the headers are then dropped and never forwarded)
