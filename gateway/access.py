@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import jwt
+
 from gateway.auth import KeySet, decode_token, sign_claims
 from gateway.errors import BadRequest, Forbidden, Unauthorized
 from routing.ports import PortSet
@@ -85,8 +87,13 @@ class AccessClaims:
     def check_incarnation(self, current: str) -> None:
         """Raise ``Unauthorized`` unless the sandbox is still the one the token was minted for."""
         if current != self.incarnation:
-            raise Unauthorized("the sandbox was re-created after this access token was minted; mint a new one",
-                               code=Refusal.STALE)
+            raise stale()
+
+
+def stale() -> Unauthorized:
+    """The refusal of a token minted for an earlier incarnation of its sandbox."""
+    return Unauthorized("the sandbox was re-created after this access token was minted; mint a new one",
+                        code=Refusal.STALE)
 
 
 class AccessTokens:
@@ -145,6 +152,14 @@ class AccessTokens:
             raise Unauthorized("the access token has expired; mint a new one", code=Refusal.EXPIRED)
         return claims
 
+    def claims_audience(self, token: str) -> bool:
+        """Whether ``token`` says (unverified) that it is an access token: tells a bad access token
+        from another credential in the same place (an admin token with the router headers)."""
+        try:
+            return jwt.decode(token, options={"verify_signature": False}).get("aud") == ACCESS_AUDIENCE
+        except jwt.PyJWTError:
+            return False
+
     def _decode(self, token: str) -> AccessClaims:
         raw = decode_token(self._keys, token, audience=ACCESS_AUDIENCE, leeway=self._leeway,
                            require=("exp", "sbx", "inc", "ports"),
@@ -160,4 +175,4 @@ class AccessTokens:
 
 
 __all__ = ["ACCESS_AUDIENCE", "COOKIE_NAME", "QUERY_PARAM", "AccessClaims", "AccessTokens", "Refusal",
-           "incarnation_of"]
+           "incarnation_of", "stale"]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gateway.model import Endpoint
 from gateway.providers import kubernetes_options
 from gateway.settings import SESSION_TTL_SETTING, Settings
-from routing import Policy, PolicyError, default_policy, parse_org_list
+from routing import Policy, PolicyError, PoolSpec, default_policy, parse_org_list
 from routing import parse_policy as parse_routing_policy
 from routing.policy import OptionsCheck
+from routing.ports import PortSet
 
 OPTION_CHECKS: dict[str, OptionsCheck] = {"kubernetes": kubernetes_options.option_errors}
 
@@ -40,3 +42,12 @@ def load_policy(settings: Settings) -> Policy:
         policy = parse_policy(text, str(path), extra)
     policy.check_session_ttl(settings.session_ttl, SESSION_TTL_SETTING)
     return policy
+
+
+def allowed_ports(pool: PoolSpec | None, endpoint: Endpoint) -> PortSet:
+    """The ports of a sandbox at ``endpoint`` that the data plane may reach: its pool's ``ports``,
+    else the runtime port alone. A sandbox on a Unix socket (local) answers on that socket only,
+    so only its runtime port, whatever the pool says (the policy refuses ``ports`` on local pools)."""
+    if endpoint.unix is not None or pool is None or pool.port_set is None:
+        return PortSet.single(endpoint.port)
+    return pool.port_set

@@ -33,6 +33,8 @@ reading on the other, so bodies of any size stream in constant memory.
 """
 
 from gateway.proxy._exchange import RequestLog
+from gateway.proxy._keys import PreviewKeys
 from gateway.proxy._plane import DataPlane, NoRouterHeaders, PlaneOptions, RouteResolver, RouterHeaders
 
-__all__ = ["DataPlane", "NoRouterHeaders", "PlaneOptions", "RequestLog", "RouteResolver", "RouterHeaders"]
+__all__ = ["DataPlane", "NoRouterHeaders", "PlaneOptions", "PreviewKeys", "RequestLog", "RouteResolver",
+           "RouterHeaders"]

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from gateway.proxy._downstream import DownstreamConnection
     from gateway.proxy._upstream import UpstreamConnection
     from gateway.model import Route
+    from gateway.proxy._keys import Keyed
     from routing import Identity
 
 # Exchange.state
@@ -41,7 +42,8 @@ class Exchange:
         "request_id", "tokens", "body", "expect", "upgrade", "websocket", "version10", "keep_alive",
         "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
-        "protocol", "error", "retried", "stream_key", "refused", "compat",
+        "protocol", "error", "retried", "stream_key", "refused", "compat", "keyed", "cookie_tokens",
+        "sandbox_timeout",
     )
 
     def __init__(self, client: DownstreamConnection) -> None:
@@ -89,6 +91,9 @@ class Exchange:
         self.stream_key: str | None = None    # the OrgLimits key this exchange holds a stream slot under
         self.refused: str | None = None       # the tenant limit that refused or cut it (RequestLog.refused)
         self.compat: Any = None               # router headers [id, namespace, port], then a compat.Target
+        self.keyed: Keyed | None = None       # addressed by host, path or router headers with an access token
+        self.cookie_tokens: list[bytes] | None = None  # access-token cookies, cut out of Cookie
+        self.sandbox_timeout: bytes | None = None      # X-Sandbox-Timeout as sent (not forwarded)
 
 
 class RequestLog:

@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from gateway.access import COOKIE_NAME
 from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, LENGTH, Exchange
+from gateway.proxy._keys import cut_access_cookie
 
 if TYPE_CHECKING:
     from httptools import HttpRequestParser
@@ -42,6 +44,7 @@ M_DISCARD = 32       # a request was refused mid-body: bytes are dropped, no req
 M_LINGER = 64        # our side is shut (FIN sent): nothing may be written
 
 _REJECT_TOO_LARGE = "the request head exceeds {} bytes"
+_ACCESS_COOKIE = COOKIE_NAME.encode() + b"="
 
 
 class _HeadTooLarge(Exception):
@@ -102,7 +105,10 @@ class RequestReader:
             self._count(len(name) + len(value) + 4)
         code = w.REQUEST_HEADERS_EXACT.get(name)
         if code is None:
-            code = w.REQUEST_HEADERS.get(name.lower(), 0)
+            low = name.lower()
+            code = w.REQUEST_HEADERS.get(low, 0)
+            if not code and low.startswith(w.SANDBOX_HEADER_PREFIXES):
+                return  # X-Sandbox-Pod-IP and the like: never forwarded
         if not code:
             ex.headers += (name, w.COLON, value, w.CRLF)
         elif code <= w.R_BOT:
@@ -156,6 +162,15 @@ class RequestReader:
                 ex.expect = True
             else:
                 ex.headers += (name, w.COLON, value, w.CRLF)
+        elif code == w.R_COOKIE:
+            if _ACCESS_COOKIE in value:  # the access token stays with the gateway
+                value, tokens = cut_access_cookie(value)
+                ex.cookie_tokens = tokens if ex.cookie_tokens is None else ex.cookie_tokens + tokens
+                if not value:
+                    return
+            ex.headers += (name, w.COLON, value, w.CRLF)
+        elif code == w.R_SANDBOX_TIMEOUT:
+            ex.sandbox_timeout = value  # a client's time limit (seconds), for the plane to read; never forwarded
         elif code >= w.R_SANDBOX_ID:
             if ex.compat is None:
                 ex.compat = [None, None, None]

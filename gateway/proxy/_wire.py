@@ -34,6 +34,8 @@ R_AUTH = 14         # Authorization: read by the authenticator, never forwarded
 R_SANDBOX_ID = 15   # the agent-sandbox router's headers (gateway/compat.py), never forwarded;
 R_SANDBOX_NS = 16   # ... their order matches Exchange.compat
 R_SANDBOX_PORT = 17
+R_SANDBOX_TIMEOUT = 18  # X-Sandbox-Timeout: kept on the exchange (a client's time limit), never forwarded
+R_COOKIE = 19       # Cookie: forwarded without the access-token cookie (gateway/proxy/_keys.py)
 
 REQUEST_HEADERS: dict[bytes, int] = {
     b"x-org-id": R_ORG,
@@ -61,7 +63,13 @@ REQUEST_HEADERS: dict[bytes, int] = {
     b"x-sandbox-id": R_SANDBOX_ID,
     b"x-sandbox-namespace": R_SANDBOX_NS,
     b"x-sandbox-port": R_SANDBOX_PORT,
+    b"x-sandbox-timeout": R_SANDBOX_TIMEOUT,
+    b"x-forwarded-prefix": R_DROP,  # set by the gateway in path mode
+    b"cookie": R_COOKIE,
 }
+# Every other X-Sandbox-* header a client sends is dropped too (X-Sandbox-Pod-IP, ...): it is the
+# router's vocabulary, and a sandbox must never take a client's word for one (on_header's fallback).
+SANDBOX_HEADER_PREFIXES = (b"x-sandbox-", b"x_sandbox_")
 
 R_PASS = 0          # forwarded as is
 
@@ -82,9 +90,9 @@ REQUEST_HEADERS_EXACT.update({
 # exact-spelling lookup misses, so they cost nothing on the common path.
 REQUEST_HEADERS.update({name.replace(b"-", b"_"): R_DROP for name in (
     b"x-org-id", b"x-user-id", b"x-session-id", b"x-bot-id", b"x-sandbox-id", b"x-sandbox-namespace",
-    b"x-sandbox-port", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host")})
+    b"x-sandbox-port", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"x-forwarded-prefix")})
 
-for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", b"Content-Type", b"Cookie",
+for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", b"Content-Type",
               b"Cache-Control", b"Pragma", b"Origin", b"Referer", b"If-None-Match", b"If-Modified-Since", b"Range",
               b"Sec-WebSocket-Key", b"Sec-WebSocket-Version", b"Sec-WebSocket-Extensions",
               b"Sec-WebSocket-Protocol", b"Accept-Charset", b"Last-Event-ID", b"Traceparent"):
@@ -228,6 +236,17 @@ def error_response(exc: GatewayError, request_id: bytes, *, close: bool, keep_al
     parts.append(CONN_CLOSE if close else CONN_KEEP_ALIVE if keep_alive_10 else b"")
     parts.append(CRLF)
     parts.append(body)
+    return b"".join(parts)
+
+
+def redirect_response(status: int, location: bytes, set_cookie: bytes | None, request_id: bytes, *, close: bool) -> bytes:
+    """A body-less redirect the proxy answers itself (an access token in the URL swapped for a cookie)."""
+    parts = [b"HTTP/1.1 %d %s\r\nLocation: " % (status, _REASONS.get(status, b"Redirect")), location,
+             b"\r\nContent-Length: 0\r\nCache-Control: no-store\r\nX-Request-Id: ", request_id, CRLF]
+    if set_cookie is not None:
+        parts += (b"Set-Cookie: ", set_cookie, CRLF)
+    parts.append(CONN_CLOSE if close else b"")
+    parts.append(CRLF)
     return b"".join(parts)
 
 
