@@ -357,11 +357,12 @@ async def test_identity_requests_are_not_keyed_and_keep_their_hygiene(preview):
     cookie are dropped on that path too."""
     headers = {"X-User-Id": "alice", "X-Session-Id": "s1", "X-Sandbox-Timeout": "5", "X-Sandbox-Pod-IP": "10.0.0.9",
                "X-Sandbox-Anything": "x", "X_Sandbox_Port": "22", "X-Forwarded-Prefix": "/forged",
-               "Cookie": "a=1; sgw_access=secret; b=2"}
+               "Cookie": "a=1; sgw_access=secret; b=2", "X-Sandbox-ID": OTHER}
     status, _, body = await get(preview, preview.path("/"), headers=headers)
     assert (status, body["server"], body["path"]) == (200, "runtime", preview.path("/"))
     seen = preview.seen.last
     assert_clean(seen)
+    assert seen["headers"]["X-Sandbox-Id"] == preview.sandbox_id  # the gateway's, never the client's
     assert seen["headers"]["Cookie"] == "a=1; b=2"
     assert "x-forwarded-prefix" not in seen["header_names"]
     status, _, _ = await get(preview, "/", headers={**headers, "Cookie": "sgw_access=secret"})

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -27,7 +26,7 @@ from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrad
 from gateway.errors import BadRequest, CapacityExceeded, GatewayError, PayloadTooLarge, UpstreamError, UpstreamTimeout
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
-from gateway.proxy._keys import Keyed, query_token
+from gateway.proxy._keys import KeyedRequests
 from gateway.proxy._request import (
     _REJECT_TOO_LARGE, M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED,
     PAUSE_DISCARD, PAUSE_PIPELINE, PAUSE_WAIT, RequestReader, _BodyTooLarge, _HeadTooLarge,
@@ -47,7 +46,7 @@ log = logging.getLogger("gateway.proxy")
 LINGER_TIME = 2.0    # how long a refused upload is read and dropped before the connection closes
 
 
-class DownstreamConnection(RequestReader, asyncio.Protocol):
+class DownstreamConnection(RequestReader, KeyedRequests, asyncio.Protocol):
     __slots__ = (
         "plane", "transport", "parser", "parsing", "last", "current", "queue", "mode", "rpause", "wpaused",
         "big", "head_seen", "up_out", "up_conn", "ident_key", "ident", "peer", "conn_line", "route_key",
@@ -328,57 +327,6 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
         self.pause(PAUSE_WAIT)
         ex.task = self.plane.loop.create_task(self._begin_slow(ex, None, None, False))
         return True
-
-    def _begin_keyed(self, ex: Exchange, batch: bool) -> bool:
-        """A request addressed by a preview host or a sandbox path (gateway.proxy._keys); False when
-        its Host and URL are neither: it routes by identity."""
-        keys = self.plane.keys
-        try:
-            keyed = keys.match(ex.host, ex.url)  # type: ignore[union-attr]
-            if keyed is None:
-                return False
-            location = keys.authorize(ex, keyed)  # type: ignore[union-attr]
-        except GatewayError as exc:
-            self.fail(ex, exc)
-            return True
-        if location is not None:
-            self._redirect(ex, keyed, location)
-            return True
-        ex.url = keyed.rest  # type: ignore[assignment]  # path mode: the prefix stripped
-        if keyed.prefix is not None:
-            ex.headers += (b"X-Forwarded-Prefix", w.COLON, keyed.prefix, w.CRLF)
-        self._serve_keyed(ex, keyed, batch)
-        return True
-
-    def _serve_keyed(self, ex: Exchange, keyed: Keyed, batch: bool) -> None:
-        """Forward a request admitted by an access token to the sandbox and port it names."""
-        ex.keyed = keyed
-        plane = self.plane
-        try:
-            route = plane.resolver.cached_sandbox_route(keyed.sandbox_id, keyed.port, keyed.incarnation)
-        except GatewayError as exc:
-            self.fail(ex, exc)
-            return
-        if route is not None:
-            endpoint = route.endpoint
-            pool = plane.pools.get((endpoint.host, endpoint.port))
-            conn = pool.take() if pool is not None else None
-            if conn is not None:
-                self.attach(ex, route, conn, batch)
-                return
-        self.pause(PAUSE_WAIT)
-        ex.task = plane.loop.create_task(self._begin_slow(ex, None, route, False))
-
-    def _redirect(self, ex: Exchange, keyed: Keyed, location: bytes) -> None:
-        """Answer with a redirect to ``location``, setting the access-token cookie when the token came
-        in the URL (``?access_token=``): the token leaves the address bar and never reaches the sandbox."""
-        keys = self.plane.keys
-        token = query_token(ex.url)
-        cookie = keys.cookie(token, keyed, ex.host, time.time()) if token is not None else None  # type: ignore[union-attr]
-        ex.status = 303 if ex.method in (b"GET", b"HEAD") else 307
-        close = not ex.req_done or not ex.keep_alive or self.plane.draining or bool(self.mode & M_UPGRADED)
-        self._send(w.redirect_response(ex.status, location, cookie, ex.request_id or b"-", close=close))
-        self.finish(ex, close)
 
     async def _begin_slow(self, ex: Exchange, identity: Identity | None, route: Route | None, fresh: bool) -> None:
         try:

@@ -22,20 +22,26 @@ for its sandbox (:meth:`PreviewKeys.router_key`), so that client's router mode n
 from __future__ import annotations
 
 import re
+import time
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_to_bytes
 
-from gateway.access import COOKIE_NAME, QUERY_PARAM, AccessClaims, AccessTokens
+from gateway.access import QUERY_PARAM, AccessClaims, AccessTokens
 from gateway.auth import bearer_token
 from gateway.compat import DEFAULT_PORT
 from gateway.errors import BadRequest, GatewayError, Unauthorized
+from gateway.proxy import _wire as w
+from gateway.proxy._request import M_UPGRADED, PAUSE_WAIT
 
 if TYPE_CHECKING:
+    from gateway.model import Route
     from gateway.proxy._exchange import Exchange
+    from gateway.proxy._plane import DataPlane
+    from gateway.proxy._upstream import UpstreamConnection
+    from routing import Identity
 
 _SANDBOX_ID = re.compile(rb"(ses|org|usr|bot|ubt)-[0-9a-f]{48}")
 _PORT = re.compile(rb"[1-9][0-9]{0,4}")
-_COOKIE = COOKIE_NAME.encode() + b"="
 _QUERY = QUERY_PARAM.encode() + b"="
 _LOOPBACK_HOSTS = (b"localhost", b"127.0.0.1", b"[::1]")
 _REWRITTEN = re.compile(rb"\r\n(location|set-cookie):[ \t]*([^\r]*)", re.I)
@@ -127,7 +133,7 @@ class PreviewKeys:
         unless the client came by a loopback name, scoped to the host (host mode) or the prefix."""
         claims = self.access.verify(token)
         path = keyed.prefix if keyed.prefix is not None else b"/"
-        parts = [_COOKIE, token.encode("latin-1"), b"; Path=", path, b"; Max-Age=%d" % max(1, int(claims.expires - now)),
+        parts = [w.ACCESS_COOKIE, token.encode("latin-1"), b"; Path=", path, b"; Max-Age=%d" % max(1, int(claims.expires - now)),
                  b"; HttpOnly; SameSite=Lax"]
         if not _is_loopback(host):
             parts.append(b"; Secure")
@@ -164,6 +170,76 @@ class PreviewKeys:
         claims.check(keyed.sandbox_id, number)
         keyed.incarnation = claims.incarnation
         return keyed
+
+
+class KeyedRequests:
+    """Serving keyed requests: a mixin of :class:`~gateway.proxy._downstream.DownstreamConnection`
+    (as ``RequestReader`` is), kept here beside the keys it serves."""
+
+    __slots__ = ()
+
+    plane: DataPlane
+    mode: int
+
+    if TYPE_CHECKING:
+        def fail(self, ex: Exchange, exc: GatewayError) -> None: ...
+        def attach(self, ex: Exchange, route: Route, conn: UpstreamConnection, batch: bool) -> None: ...
+        def pause(self, bit: int) -> None: ...
+        def finish(self, ex: Exchange, close: bool) -> None: ...
+        def _send(self, data: bytes) -> None: ...
+        async def _begin_slow(self, ex: Exchange, identity: Identity | None, route: Route | None,
+                              fresh: bool) -> None: ...
+
+    def _begin_keyed(self, ex: Exchange, batch: bool) -> bool:
+        """A request addressed by a preview host or a sandbox path (gateway.proxy._keys); False when
+        its Host and URL are neither: it routes by identity."""
+        keys = self.plane.keys
+        try:
+            keyed = keys.match(ex.host, ex.url)  # type: ignore[union-attr]
+            if keyed is None:
+                return False
+            location = keys.authorize(ex, keyed)  # type: ignore[union-attr]
+        except GatewayError as exc:
+            self.fail(ex, exc)
+            return True
+        if location is not None:
+            self._redirect(ex, keyed, location)
+            return True
+        ex.url = keyed.rest  # type: ignore[assignment]  # path mode: the prefix stripped
+        if keyed.prefix is not None:
+            ex.headers += (b"X-Forwarded-Prefix", w.COLON, keyed.prefix, w.CRLF)
+        self._serve_keyed(ex, keyed, batch)
+        return True
+
+    def _serve_keyed(self, ex: Exchange, keyed: Keyed, batch: bool) -> None:
+        """Forward a request admitted by an access token to the sandbox and port it names."""
+        ex.keyed = keyed
+        plane = self.plane
+        try:
+            route = plane.resolver.cached_sandbox_route(keyed.sandbox_id, keyed.port, keyed.incarnation)
+        except GatewayError as exc:
+            self.fail(ex, exc)
+            return
+        if route is not None:
+            endpoint = route.endpoint
+            pool = plane.pools.get((endpoint.host, endpoint.port))
+            conn = pool.take() if pool is not None else None
+            if conn is not None:
+                self.attach(ex, route, conn, batch)
+                return
+        self.pause(PAUSE_WAIT)
+        ex.task = plane.loop.create_task(self._begin_slow(ex, None, route, False))
+
+    def _redirect(self, ex: Exchange, keyed: Keyed, location: bytes) -> None:
+        """Answer with a redirect to ``location``, setting the access-token cookie when the token came
+        in the URL (``?access_token=``): the token leaves the address bar and never reaches the sandbox."""
+        keys = self.plane.keys
+        token = query_token(ex.url)
+        cookie = keys.cookie(token, keyed, ex.host, time.time()) if token is not None else None  # type: ignore[union-attr]
+        ex.status = 303 if ex.method in (b"GET", b"HEAD") else 307
+        close = not ex.req_done or not ex.keep_alive or self.plane.draining or bool(self.mode & M_UPGRADED)
+        self._send(w.redirect_response(ex.status, location, cookie, ex.request_id or b"-", close=close))
+        self.finish(ex, close)
 
 
 def _host_key(label: bytes, url: bytes, suffix: bytes) -> Keyed:
@@ -216,19 +292,6 @@ def _is_loopback(host: bytes | None) -> bool:
     return name in _LOOPBACK_HOSTS or name.endswith(b".localhost") or name.startswith(b"127.")
 
 
-def cut_access_cookie(value: bytes) -> tuple[bytes, list[bytes]]:
-    """A ``Cookie`` value without the access-token cookie(s), and their values."""
-    kept = []
-    tokens = []
-    for pair in value.split(b";"):
-        item = pair.strip()
-        if item.startswith(_COOKIE):
-            tokens.append(item[len(_COOKIE):])
-        elif item:
-            kept.append(item)
-    return b"; ".join(kept), tokens
-
-
 def rewrite_under_prefix(head: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
     """A response head with ``Location`` (a path, or an absolute URL on one of ``authorities``) and
     ``Set-Cookie`` ``Path`` put under ``prefix`` (path mode)."""
@@ -257,4 +320,4 @@ def _location_under(value: bytes, prefix: bytes, authorities: tuple[bytes, ...])
     return value
 
 
-__all__ = ["Keyed", "PreviewKeys", "cut_access_cookie", "query_token", "rewrite_under_prefix"]
+__all__ = ["Keyed", "KeyedRequests", "PreviewKeys", "query_token", "rewrite_under_prefix"]

@@ -17,11 +17,9 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from gateway.access import COOKIE_NAME
 from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, LENGTH, Exchange
-from gateway.proxy._keys import cut_access_cookie
 
 if TYPE_CHECKING:
     from httptools import HttpRequestParser
@@ -44,7 +42,6 @@ M_DISCARD = 32       # a request was refused mid-body: bytes are dropped, no req
 M_LINGER = 64        # our side is shut (FIN sent): nothing may be written
 
 _REJECT_TOO_LARGE = "the request head exceeds {} bytes"
-_ACCESS_COOKIE = COOKIE_NAME.encode() + b"="
 
 
 class _HeadTooLarge(Exception):
@@ -163,8 +160,8 @@ class RequestReader:
             else:
                 ex.headers += (name, w.COLON, value, w.CRLF)
         elif code == w.R_COOKIE:
-            if _ACCESS_COOKIE in value:  # the access token stays with the gateway
-                value, tokens = cut_access_cookie(value)
+            if w.ACCESS_COOKIE in value:  # the access token stays with the gateway
+                value, tokens = w.cut_access_cookie(value)
                 ex.cookie_tokens = tokens if ex.cookie_tokens is None else ex.cookie_tokens + tokens
                 if not value:
                     return

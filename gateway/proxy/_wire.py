@@ -13,6 +13,7 @@ import re
 import secrets
 from http import HTTPStatus
 
+from gateway.access import COOKIE_NAME
 from gateway.errors import BadRequest, GatewayError, error_body
 
 # -- request headers ----------------------------------------------------------
@@ -98,6 +99,8 @@ for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", 
               b"Sec-WebSocket-Protocol", b"Accept-Charset", b"Last-Event-ID", b"Traceparent"):
     REQUEST_HEADERS_EXACT[_name] = R_PASS
     REQUEST_HEADERS_EXACT[_name.lower()] = R_PASS
+
+ACCESS_COOKIE = COOKIE_NAME.encode() + b"="  # the access-token cookie, cut out of Cookie (never forwarded)
 
 IDENTITY_HEADER_NAMES = {R_ORG: "X-Org-Id", R_USER: "X-User-Id", R_SESSION: "X-Session-Id", R_BOT: "X-Bot-Id"}
 
@@ -206,6 +209,19 @@ def without_headers(parts: list[bytes], names: set[bytes]) -> list[bytes]:
         if parts[i].lower() not in names:
             kept += parts[i:i + 4]
     return kept
+
+
+def cut_access_cookie(value: bytes) -> tuple[bytes, list[bytes]]:
+    """A ``Cookie`` value without the access-token cookie(s), and their values."""
+    kept = []
+    tokens = []
+    for pair in value.split(b";"):
+        item = pair.strip()
+        if item.startswith(ACCESS_COOKIE):
+            tokens.append(item[len(ACCESS_COOKIE):])
+        elif item:
+            kept.append(item)
+    return b"; ".join(kept), tokens
 
 
 def host_line(host: str, port: int) -> bytes:
