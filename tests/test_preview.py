@@ -21,6 +21,7 @@ from aiohttp.abc import AbstractResolver
 
 from gateway.access import AccessTokens, incarnation_of
 from gateway.auth import Key, KeySet
+from gateway.limits import OrgLimits
 from gateway.policy import parse_policy
 from gateway.providers.base import PoolProviders
 from gateway.providers.static import StaticProvider
@@ -394,3 +395,37 @@ async def test_pending_key_requests_share_no_state(preview):
     preview.router.invalidate(preview.sandbox_id)
     results = await asyncio.gather(*(get(preview, preview.path(f"/{i}"), headers=auth) for i in range(8)))
     assert [status for status, _, _ in results] == [200] * 8
+
+
+async def test_keyed_requests_count_against_the_owners_rate(preview):
+    limits = OrgLimits(rate=0.001, burst=2, clock=FakeClock())
+    plane = DataPlane(preview.router, PlaneOptions(), limits=limits, keys=preview.plane.keys)
+    sock = listening_socket()
+    await plane.start(sock)
+    try:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}" + preview.path("/")
+        auth = {"Authorization": f"Bearer {await preview.mint()}"}
+        async with aiohttp.ClientSession() as client:
+            statuses = []
+            for _ in range(3):
+                async with client.get(url, headers=auth) as response:
+                    statuses.append(response.status)
+                    body = await response.json()
+        assert statuses == [200, 200, 429]
+        assert "user:alice" in body["error"]["message"]  # the sandbox owner's bucket
+    finally:
+        await plane.stop(0.5)
+
+
+def test_the_gateway_wires_keys_from_settings(tmp_path):
+    from gateway.app import Gateway
+    from gateway.settings import Settings
+
+    keyfile = tmp_path / "keys.yaml"
+    keyfile.write_text(json.dumps({"keys": [{"kid": "k1", "alg": "HS256", "secret": SECRET.decode()}]}))
+    gateway = Gateway.create(Settings(data_dir=tmp_path / "data", auth_keys_file=keyfile, preview_path_prefix="/s",
+                                      access_token_max_ttl=600))
+    keys = gateway._preview_keys()
+    assert keys.prefix == b"/s/" and keys.suffix is None and keys.routes
+    assert gateway.access_tokens.max_ttl == 600 and gateway.access_tokens.can_mint
+    assert Gateway.create(Settings(data_dir=tmp_path / "data2")).access_tokens is None

@@ -217,6 +217,8 @@ class KeyedRequests:
         plane = self.plane
         try:
             route = plane.resolver.cached_sandbox_route(keyed.sandbox_id, keyed.port, keyed.incarnation)
+            if route is not None and plane.admission.limited:
+                plane.admit_keyed(ex, route)
         except GatewayError as exc:
             self.fail(ex, exc)
             return

@@ -14,7 +14,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.auth import Authenticator, TrustedHeaders
-from gateway.errors import NotFound, UpstreamConnectError
+from gateway.errors import CapacityExceeded, NotFound, UpstreamConnectError
 from gateway.limits import OrgLimits
 from gateway.model import Route
 from gateway.proxy._admission import Admission
@@ -221,6 +221,8 @@ class DataPlane:
                 route = await resolver.resolve(identity)
             elif keyed is not None:
                 route = await resolver.route_for_sandbox(keyed.sandbox_id, keyed.port, keyed.incarnation)
+                if self.admission.limited:
+                    self.admit_keyed(ex, route)
             else:
                 route = await self.compat.route(ex.compat)
         ex.route = route
@@ -242,6 +244,15 @@ class DataPlane:
                 raise
             ex.route = again
             return await self.connect(again, fresh)
+
+    def admit_keyed(self, ex: Exchange, route: Route) -> None:
+        """A keyed request counts against its sandbox owner's request rate (the token carries no identity)."""
+        owner = route.owner
+        try:
+            self.limits.admit(owner.org_id if owner.org_id is not None else f"user:{owner.user_id}")
+        except CapacityExceeded as exc:
+            ex.refused = exc.scope
+            raise
 
     async def connect(self, route: Route, fresh: bool) -> UpstreamConnection:
         """A pooled connection, or a new one (retrying refused connects with exponential backoff)."""
