@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from gateway.access import AccessTokens
 from gateway.api import ControlRunner, create_control_app
 from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySet, TokenAuth, TrustedHeaders
 from gateway.compat import RouterCompat
@@ -53,6 +54,13 @@ def build_auth(settings: Settings) -> tuple[Authenticator, AdminCheck]:
         assert keys is not None  # Settings validation guarantees a key file in token mode
         return TokenAuth(keys), admin
     return TrustedHeaders(), admin
+
+
+def build_access(settings: Settings) -> AccessTokens | None:
+    """Sandbox access tokens, signed and checked with the auth keys; None without a key file."""
+    if settings.auth_keys_file is None:
+        return None
+    return AccessTokens(KeySet.load(settings.auth_keys_file), max_ttl=settings.access_token_max_ttl)
 
 
 def build_store(settings: Settings) -> SessionStore:
@@ -151,6 +159,7 @@ class Gateway:
             events=metrics,
         )
         self.authenticator, self.admin = build_auth(settings)
+        self.access_tokens = build_access(settings)  # minted by the control API, checked by the data plane
         self._locator: Any = None  # a KubernetesSandboxLocator when the router headers are on
         self.compat: RouterCompat | None = None
         if settings.router_compat_namespaces:
@@ -170,6 +179,14 @@ class Gateway:
         self.data_address: tuple[str, int] | None = None
         self.control_address: tuple[str, int] | None = None
         self.grpc_address: tuple[str, int] | None = None
+
+    def _preview_keys(self) -> Any:
+        if self.access_tokens is None:
+            return None
+        from gateway.proxy import PreviewKeys
+
+        return PreviewKeys(self.access_tokens, domain=self.settings.preview_domain,
+                           path_prefix=self.settings.preview_path_prefix)
 
     @classmethod
     def create(cls, settings: Settings, access: AccessLog | None = None) -> Gateway:
@@ -212,7 +229,8 @@ class Gateway:
         self.data_plane = DataPlane(self.router, PlaneOptions.from_settings(self.settings),
                                     on_request=self._on_request, authenticator=self.authenticator,
                                     limits=OrgLimits.from_settings(self.settings),
-                                    compat=self.compat if self.compat is not None else NoRouterHeaders())
+                                    compat=self.compat if self.compat is not None else NoRouterHeaders(),
+                                    keys=self._preview_keys())
         self.data_plane.request_timeouts = request_timeouts(self.router.policy)
         await self.data_plane.start(data_sock)
         undo.push_async_callback(self._drain_fronts)

@@ -90,6 +90,12 @@ class KeySet:
     def first(self) -> Key:
         return next(iter(self._keys.values()))
 
+    def signer(self) -> Key | None:
+        """The key the gateway signs its own tokens with (sandbox access tokens): the first in the
+        file that has a secret or private key. To rotate, put the new key first and keep the old
+        one (verify-only is enough) until its tokens have expired."""
+        return next((key for key in self._keys.values() if key.sign is not None), None)
+
     @classmethod
     def load(cls, path: Path) -> KeySet:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -166,22 +172,7 @@ class TokenAuth:
         return org, user, bot
 
     def _verify(self, token: str, now: float) -> tuple[str | None, str, str | None, float]:
-        try:
-            header = jwt.get_unverified_header(token)
-        except jwt.PyJWTError:
-            raise Unauthorized("the bearer token is malformed") from None
-        key = self._keys.get(header.get("kid"))
-        if key is None:
-            raise Unauthorized("the token's kid names no known key")
-        try:
-            claims = jwt.decode(token, key.verify, algorithms=[key.alg], audience=self._audience,
-                                leeway=self._leeway, options={"require": ["exp", "sub"], "verify_iat": False})
-        except jwt.ExpiredSignatureError:
-            raise Unauthorized("the token has expired") from None
-        except jwt.InvalidAudienceError:
-            raise Unauthorized(f"the token is not meant for this service (audience must be {self._audience!r})") from None
-        except jwt.PyJWTError:
-            raise Unauthorized("the token's signature or claims are invalid") from None
+        claims = decode_token(self._keys, token, audience=self._audience, leeway=self._leeway, require=("exp", "sub"))
         expires = float(claims["exp"])
         if expires + self._leeway <= now:
             raise Unauthorized("the token has expired")
@@ -221,12 +212,43 @@ class AdminTokens:
 def issue_token(key: Key, *, user: str, org: str | None = None, bot: str | None = None, ttl: float = 3600.0,
                 audience: str = DATA_AUDIENCE, now: float | None = None) -> str:
     """A signed token for ``sandbox-gateway token issue`` (and tests)."""
-    if key.sign is None:
-        raise ValueError(f"key {key.kid!r} has no private key or secret to sign with")
     issued = time.time() if now is None else now
     claims: dict[str, Any] = {"sub": user, "aud": audience, "iat": int(issued), "exp": int(issued + ttl)}
     if org is not None:
         claims["org"] = org
     if bot is not None:
         claims["bot"] = bot
+    return sign_claims(key, claims)
+
+
+def sign_claims(key: Key, claims: dict[str, Any]) -> str:
+    """``claims`` as a JWT signed with ``key`` (its ``kid`` in the header): every token the gateway issues."""
+    if key.sign is None:
+        raise ValueError(f"key {key.kid!r} has no private key or secret to sign with")
     return jwt.encode(claims, key.sign, algorithm=key.alg, headers={"kid": key.kid})
+
+
+def decode_token(keys: KeySet, token: str, *, audience: str, leeway: float, require: tuple[str, ...],
+                 invalid_code: str | None = None, expired_code: str | None = None,
+                 check_exp: bool = True) -> dict[str, Any]:
+    """The verified claims of ``token``: its ``kid`` picks the key, the key pins the algorithm, the
+    audience must match. ``Unauthorized`` says what is wrong (with ``expired_code`` for an expired
+    token and ``invalid_code`` for anything else, when given). ``check_exp=False`` leaves the expiry
+    to a caller that reads its own (injected) clock."""
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.PyJWTError:
+        raise Unauthorized("the bearer token is malformed", code=invalid_code) from None
+    key = keys.get(header.get("kid"))
+    if key is None:
+        raise Unauthorized("the token's kid names no known key", code=invalid_code)
+    try:
+        return jwt.decode(token, key.verify, algorithms=[key.alg], audience=audience,
+                          leeway=leeway, options={"require": list(require), "verify_iat": False, "verify_exp": check_exp})
+    except jwt.ExpiredSignatureError:
+        raise Unauthorized("the token has expired", code=expired_code) from None
+    except jwt.InvalidAudienceError:
+        raise Unauthorized(f"the token is not meant for this service (audience must be {audience!r})",
+                           code=invalid_code) from None
+    except jwt.PyJWTError:
+        raise Unauthorized("the token's signature or claims are invalid", code=invalid_code) from None

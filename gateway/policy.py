@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gateway.model import Endpoint
 from gateway.providers import kubernetes_options
 from gateway.settings import SESSION_TTL_SETTING, Settings
-from routing import Policy, PolicyError, default_policy, parse_org_list
+from routing import Policy, PolicyError, PoolSpec, default_policy, parse_org_list
 from routing import parse_policy as parse_routing_policy
 from routing.policy import OptionsCheck
+from routing.ports import PortSet
 
 OPTION_CHECKS: dict[str, OptionsCheck] = {"kubernetes": kubernetes_options.option_errors}
 
@@ -45,3 +47,12 @@ def load_policy(settings: Settings) -> Policy:
 def request_timeouts(policy: Policy) -> dict[str, float]:
     """Pool name -> ``request_timeout`` for the pools that set one (what the data plane enforces)."""
     return {name: pool.request_timeout for name, pool in policy.pools.items() if pool.request_timeout is not None}
+
+
+def allowed_ports(pool: PoolSpec | None, endpoint: Endpoint) -> PortSet:
+    """The ports of a sandbox at ``endpoint`` that the data plane may reach: its pool's ``ports``,
+    else the runtime port alone. A sandbox on a Unix socket (local) answers on that socket only,
+    so only its runtime port, whatever the pool says (the policy refuses ``ports`` on local pools)."""
+    if endpoint.unix is not None or pool is None or pool.port_set is None:
+        return PortSet.single(endpoint.port)
+    return pool.port_set

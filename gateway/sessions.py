@@ -21,20 +21,24 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
+from gateway.access import Refusal, incarnation_of, stale
 from gateway.errors import (
-    CapacityExceeded, Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable,
+    CapacityExceeded, Conflict, Forbidden, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout,
+    StoreUnavailable,
 )
 from gateway.lifecycle import REAPER_LEASE, WAKING_STATES, Lifecycle, outcome_of, unknown_sandbox
 from gateway.model import Binding, Endpoint, Owner, Route, SandboxRecord, SandboxRequest, SandboxState, may_claim
+from gateway.policy import allowed_ports
 from gateway.providers.base import ForeignSandbox, Probe, SandboxProvider
 from gateway.store.base import (
     ANY_SANDBOX, INVALIDATE_ALL, Caps, FleetCounts, NotReserved, Position, Released, Reserved, SandboxFilter,
     SandboxPage, SessionStore, Settled, SettleTimeout,
 )
 from routing import Identity, Isolation, Placement, Policy, place
+from routing.ports import PortSet
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,30 @@ class _Cached:
     route: Route
     fresh_until: float
     stale_until: float
+
+
+@dataclass(slots=True)
+class _ByID:
+    """A sandbox's routes by port, for route_for_sandbox: one per port asked for, made once."""
+
+    route: Route           # at the runtime port
+    incarnation: str
+    ports: PortSet         # what the pool opens (gateway.policy.allowed_ports)
+    fresh_until: float
+    at_port: dict[int, Route] = field(default_factory=dict)
+
+    def at(self, port: int) -> Route:
+        route = self.at_port.get(port)
+        if route is not None:
+            return route
+        if port not in self.ports:
+            raise Forbidden(f"port {port} is not open on sandbox {self.route.sandbox_id}: pool {self.route.pool!r} "
+                            f"opens {self.ports.describe()} (pools.{self.route.pool}.ports)", code=Refusal.PORT)
+        endpoint = self.route.endpoint
+        # Only the port varies: the host is always the provider's.
+        route = self.route if port == endpoint.port else replace(self.route, endpoint=replace(endpoint, port=port))
+        self.at_port[port] = route
+        return route
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +166,7 @@ class SessionRouter:
         self._inflight: dict[tuple[str, Owner], asyncio.Task[SandboxRecord]] = {}
         self._resolving: dict[tuple[str, str | None, str, str | None], asyncio.Future[Route]] = {}
         self._healing: dict[tuple[str, Endpoint], asyncio.Task[None]] = {}
+        self._by_sandbox: dict[str, _ByID] = {}  # routes by sandbox ID (route_for_sandbox)
         self.activity = ActivityLog()
         self.lifecycle = Lifecycle(self)
         store.subscribe(self.invalidate)
@@ -207,6 +236,73 @@ class SessionRouter:
         route = Route(binding.session_id, binding.sandbox_id, binding.pool, record.endpoint, binding.owner)
         self._remember(route, now)
         return route
+
+    # by sandbox ID (the data plane's host and path keys, authorised by an access token) ------------
+    def cached_sandbox_route(self, sandbox_id: str, port: int, incarnation: str) -> Route | None:
+        """The route to ``port`` of ``sandbox_id`` from this process's cache, or None on a miss.
+        ``Unauthorized`` (stale) when the sandbox is no longer ``incarnation``; ``Forbidden`` for a
+        port its pool does not open."""
+        cached = self._by_sandbox.get(sandbox_id)
+        if cached is None:
+            return None
+        now = self._clock()
+        if now >= cached.fresh_until:
+            return None
+        if cached.incarnation != incarnation:
+            raise stale()
+        route = cached.at(port)
+        self.activity.sandboxes[sandbox_id] = now
+        return route
+
+    async def route_for_sandbox(self, sandbox_id: str, port: int, incarnation: str) -> Route:
+        """The route to ``port`` of an existing sandbox, by its ID alone (no session, no owner check:
+        the caller holds an access token for it). Never creates a sandbox: one that does not exist is
+        ``NotFound``; one being created is waited for; any other state (suspended) takes the path
+        :meth:`ensure_sandbox` takes for a binding, which wakes it."""
+        route = self.cached_sandbox_route(sandbox_id, port, incarnation)
+        if route is not None:
+            return route
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None:
+            raise NotFound(f"sandbox {sandbox_id} does not exist; a request through its session creates it",
+                           code="sandbox_not_found")
+        if incarnation_of(record.created_at) != incarnation:
+            raise stale()
+        record = await self._running(record)
+        if incarnation_of(record.created_at) != incarnation or record.endpoint is None:
+            raise stale()  # re-created meanwhile (it vanished between the two reads)
+        now = self._clock()
+        base = Route("", sandbox_id, record.pool, record.endpoint, record.owner or _NO_OWNER)
+        entry = _ByID(base, incarnation, allowed_ports(self.policy.pools.get(record.pool), record.endpoint),
+                      now + self.tuning.route_ttl)
+        if len(self._by_sandbox) >= self.tuning.route_cache_size:
+            self._by_sandbox.pop(next(iter(self._by_sandbox)))
+        self._by_sandbox[sandbox_id] = entry
+        self.activity.sandboxes[sandbox_id] = now
+        return entry.at(port)
+
+    async def _running(self, record: SandboxRecord) -> SandboxRecord:
+        if record.state is SandboxState.READY:
+            return record
+        if record.state is SandboxState.CREATING:
+            pool = self.policy.pools.get(record.pool)
+            timeout = pool.provisioning_timeout if pool is not None else 120.0
+            try:
+                settlement = await self.store.wait_settled(record.sandbox_id, timeout)
+            except SettleTimeout:
+                raise ProvisionTimeout(f"sandbox {record.sandbox_id} was not ready within {timeout:g}s",
+                                       sandbox_id=record.sandbox_id) from None
+            if settlement.outcome is Settled.READY and settlement.record is not None:
+                return settlement.record
+            raise NotFound(f"sandbox {record.sandbox_id} did not come up; a request through its session re-creates it",
+                           code="sandbox_not_found")
+        if record.state.value in ("failed", "deleting"):  # by value: states that later versions never store
+            raise NotFound(f"sandbox {record.sandbox_id} is not running ({record.state.value}); a request through "
+                           "its session re-creates it", code="sandbox_not_found")
+        # Suspended (or on its way there or back): woken the way a binding's request wakes it.
+        isolation = Isolation.PER_SESSION if record.sandbox_id.startswith("ses-") else Isolation.SHARED
+        return await self.ensure_sandbox(Binding("", record.sandbox_id, record.pool, isolation,
+                                                 record.owner or _NO_OWNER, record.created_at))
 
     def stream_opened(self, sandbox_id: str) -> None:
         self.activity.streams[sandbox_id] = self.activity.streams.get(sandbox_id, 0) + 1
@@ -463,7 +559,9 @@ class SessionRouter:
             # but keep them for stale-if-error in case the store goes away again.
             for cached in self._cache.values():
                 cached.fresh_until = 0.0
+            self._by_sandbox.clear()
             return
+        self._by_sandbox.pop(key, None)
         cached = self._cache.pop(key, None)
         if cached is not None:
             sessions = self._sessions_by_sandbox.get(cached.route.sandbox_id)
@@ -486,6 +584,9 @@ def _shared(tasks: dict[_K, asyncio.Task[_T]], key: _K, start: Callable[[], Coro
         task = tasks[key] = asyncio.create_task(start())
         task.add_done_callback(lambda _t: tasks.pop(key, None))
     return task
+
+
+_NO_OWNER = Owner(None, "-", None)  # a record written by a version that kept no owner
 
 
 def _unknown_session() -> NotFound:

@@ -89,6 +89,12 @@ class Settings(BaseSettings):
     # authentication (gateway/auth.py): None = trusted headers on loopback only
     auth_mode: Literal["trusted-headers", "token"] | None = None
     auth_keys_file: Path | None = None
+    # Sandbox access tokens (gateway/access.py): the longest lifetime a caller may ask for, in seconds.
+    access_token_max_ttl: float = Field(default=86_400.0, ge=1)
+    # Host and path keys on the data plane (gateway/proxy/_keys.py), each off unless set:
+    # {port}-{sandbox_id}.{preview_domain} and {preview_path_prefix}/{sandbox_id}/{port}/...
+    preview_domain: str | None = None
+    preview_path_prefix: str | None = Field(default=None, pattern=r"^(/[A-Za-z0-9._~-]+)+$")
 
     # agent-sandbox router headers (gateway/compat.py): honoured only in these namespaces, only with an
     # admin token, only on these ports; empty = off (the headers are then dropped and never forwarded)
@@ -155,6 +161,9 @@ class Settings(BaseSettings):
                 "(see examples/auth/keys.yaml)")
         if (self.grpc_tls_cert_file is None) != (self.grpc_tls_key_file is None):
             raise ValueError("grpc_tls_cert_file and grpc_tls_key_file go together (a PEM certificate chain and its key)")
+        if (self.preview_domain or self.preview_path_prefix) and self.auth_keys_file is None:
+            raise ValueError("preview_domain and preview_path_prefix need auth_keys_file: the sandbox access tokens "
+                             "that open them are signed with its keys (see examples/auth/keys.yaml)")
         if self.router_compat_namespaces and self.auth_keys_file is None:
             raise ValueError("router_compat_namespaces needs auth_keys_file: the router headers are honoured "
                              "only with an admin token")
@@ -166,6 +175,15 @@ class Settings(BaseSettings):
         for namespace in value:
             if not _DNS_LABEL.fullmatch(namespace):
                 raise ValueError(f"{namespace!r} is not a Kubernetes namespace name")
+        return value
+
+    @field_validator("preview_domain")
+    @classmethod
+    def _domain_is_a_name(cls, value: str | None) -> str | None:
+        if value is not None:
+            value = value.strip(".").lower()
+            if not value or not all(_DNS_LABEL.fullmatch(label) for label in value.split(".")):
+                raise ValueError(f"{value!r} is not a DNS name (preview hosts are <port>-<sandbox_id>.<preview_domain>)")
         return value
 
     @field_validator("router_compat_ports")

@@ -20,9 +20,12 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import (
+    BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
+)
 
 from routing.ids import WILDCARD
+from routing.ports import PortSet
 
 PREFIX_KEYS = ("ses", "org", "usr", "bot", "ubt", "default")
 
@@ -110,6 +113,21 @@ class PoolSpec(_Strict):
     kubernetes: dict[str, Any] | None = None
     # Where the pool's sandboxes answer gRPC (the gRPC front forwards there, on the sandbox's host).
     grpc_port: int = Field(default=50051, ge=1, le=65535)
+    # Which ports of its sandboxes the data plane may reach (host and path keys, access tokens):
+    # ports and "low-high" ranges, on the provider's own host; None = the runtime port alone.
+    ports: list[int | str] | None = None
+
+    @field_validator("ports")
+    @classmethod
+    def _ports_parse(cls, value: list[int | str] | None) -> list[int | str] | None:
+        if value is not None:
+            PortSet.parse(value)  # a ValueError names the bad entry
+        return value
+
+    @property
+    def port_set(self) -> PortSet | None:
+        """``ports`` as a PortSet; None when the pool lists none (the runtime port alone)."""
+        return PortSet.parse(self.ports) if self.ports is not None else None
 
     @model_validator(mode="after")
     def _provider_fields(self) -> PoolSpec:
@@ -132,6 +150,9 @@ class PoolSpec(_Strict):
         if self.provider == "static" and self.on_idle == "suspend":
             raise ValueError("on_idle: suspend is not supported by provider 'static' (its hosts are not the "
                              "gateway's to stop): set on_idle: delete or leave it out")
+        if self.provider == "local" and self.ports is not None:
+            raise ValueError("ports does not apply to provider 'local': a local sandbox answers on its Unix socket "
+                             "alone (its own network namespace), so only its runtime port can be reached")
         return self
 
     @property

@@ -14,8 +14,13 @@ Three rooms, each with its own modules:
 - **Admission** (``_admission``): who is this (the identity from headers or a
   token, memoised per connection), may they (org rate, stream slots), which
   route (the session layer's cache, synchronously). Small and synchronous
-  first, so every front door (identity headers today; host, path and access-token
-  keys and the gRPC front next) asks the same questions the same way.
+  first, so every front door (identity headers, the gRPC front) asks the same
+  questions the same way.
+- **Keys** (``_keys``): requests that name their sandbox by host
+  (``{port}-{sandbox_id}.{preview_domain}``) or path (``/s/{sandbox_id}/{port}/...``),
+  or by the router headers with a sandbox access token (``gateway.access``): the token
+  stands in for admission, the route comes by sandbox ID, path mode rewrites
+  ``Location`` and ``Set-Cookie``.
 - **Carrying**: the downstream side (``_downstream``: serving a client's
   requests in order, head rewrite, body streaming, pipelining, upgrades, errors;
   ``_request``: the httptools callbacks that read them) and the upstream side
@@ -33,6 +38,8 @@ reading on the other, so bodies of any size stream in constant memory.
 """
 
 from gateway.proxy._exchange import RequestLog
+from gateway.proxy._keys import PreviewKeys
 from gateway.proxy._plane import DataPlane, NoRouterHeaders, PlaneOptions, RouteResolver, RouterHeaders
 
-__all__ = ["DataPlane", "NoRouterHeaders", "PlaneOptions", "RequestLog", "RouteResolver", "RouterHeaders"]
+__all__ = ["DataPlane", "NoRouterHeaders", "PlaneOptions", "PreviewKeys", "RequestLog", "RouteResolver",
+           "RouterHeaders"]

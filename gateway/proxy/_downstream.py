@@ -29,6 +29,7 @@ from gateway.errors import (
 )
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
+from gateway.proxy._keys import KeyedRequests
 from gateway.proxy._request import (
     M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED,
     PAUSE_DISCARD, PAUSE_PIPELINE, PAUSE_WAIT, RequestReader, _BodyTooLarge, _HeadTooLarge,
@@ -48,7 +49,7 @@ log = logging.getLogger("gateway.proxy")
 LINGER_TIME = 2.0    # how long a refused upload is read and dropped before the connection closes
 
 
-class DownstreamConnection(RequestReader, asyncio.Protocol):
+class DownstreamConnection(RequestReader, KeyedRequests, asyncio.Protocol):
     __slots__ = (
         "plane", "transport", "parser", "parsing", "last", "current", "queue", "mode", "rpause", "wpaused",
         "big", "head_seen", "up_out", "up_conn", "ident_key", "ident", "peer", "conn_line", "route_key",
@@ -269,6 +270,8 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
             return
         if ex.compat is not None and ex.compat[0] is not None and self._begin_compat(ex):
             return
+        if plane.keyed and ex.session is None and self._begin_keyed(ex, batch):
+            return
         # Admission: who is this, may they, which route (gateway/proxy/_admission.py).
         admission = plane.admission
         try:
@@ -309,8 +312,15 @@ class DownstreamConnection(RequestReader, asyncio.Protocol):
 
     def _begin_compat(self, ex: Exchange) -> bool:
         """A request addressed with the agent-sandbox router's headers (gateway.compat); False when
-        the plane does not honour them (the default): the request routes by identity."""
+        the plane does not honour them (the default): the request routes by identity. With an access
+        token for the sandbox they name, they reach it (and only it) whatever the router settings."""
+        keys = self.plane.keys
         try:
+            if keys is not None and ex.auth is not None:
+                keyed = keys.router_key(ex.compat, ex.auth)
+                if keyed is not None:
+                    self._serve_keyed(ex, keyed, False)
+                    return True
             target = self.plane.compat.target(*ex.compat, ex.auth)
         except GatewayError as exc:
             self.fail(ex, exc)

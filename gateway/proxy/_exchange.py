@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from gateway.proxy._downstream import DownstreamConnection
     from gateway.proxy._upstream import UpstreamConnection
     from gateway.model import Route
+    from gateway.proxy._keys import Keyed
     from routing import Identity
 
 # Exchange.state
@@ -42,7 +43,8 @@ class Exchange:
         "request_id", "tokens", "body", "expect", "upgrade", "websocket", "version10", "keep_alive",
         "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
-        "protocol", "error", "retried", "stream_key", "refused", "compat", "timeout", "deadline",
+        "protocol", "error", "retried", "stream_key", "refused", "compat", "timeout", "deadline", "keyed",
+        "cookie_tokens",
     )
 
     def __init__(self, client: DownstreamConnection) -> None:
@@ -92,6 +94,8 @@ class Exchange:
         self.compat: Any = None               # router headers [id, namespace, port], then a compat.Target
         self.timeout = 0.0                    # X-Sandbox-Timeout (seconds; 0: not sent)
         self.deadline = 0.0                   # loop time by which the response head is due (0: none)
+        self.keyed: Keyed | None = None       # addressed by host, path or router headers with an access token
+        self.cookie_tokens: list[bytes] | None = None  # access-token cookies, cut out of Cookie
 
 
 class RequestLog:

@@ -14,12 +14,13 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.auth import Authenticator, TrustedHeaders
-from gateway.errors import NotFound, UpstreamConnectError
+from gateway.errors import CapacityExceeded, NotFound, UpstreamConnectError
 from gateway.limits import OrgLimits
 from gateway.model import Route
 from gateway.proxy._admission import Admission
 from gateway.proxy._downstream import DownstreamConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
+from gateway.proxy._keys import PreviewKeys
 from gateway.proxy._request import PAUSE_UPSTREAM
 from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
 from gateway.proxy._wire import RequestIds
@@ -66,6 +67,13 @@ class RouteResolver(Protocol):
         just like ``resolve``. A hit is served without creating a task for the request."""
 
     async def resolve(self, identity: Identity) -> Route: ...
+
+    def cached_sandbox_route(self, sandbox_id: str, port: int, incarnation: str) -> Route | None:
+        """The route to ``port`` of a sandbox by its ID from the cache (host and path keys), None on a
+        miss; raises a GatewayError for a stale incarnation or a port its pool does not open."""
+
+    async def route_for_sandbox(self, sandbox_id: str, port: int, incarnation: str) -> Route:
+        """The same, resolved: never creates a sandbox (a suspended one wakes)."""
 
     def invalidate(self, key: str) -> None: ...
 
@@ -114,6 +122,7 @@ class DataPlane:
                  authenticator: Authenticator = TrustedHeaders(),
                  limits: OrgLimits | None = None,
                  compat: RouterHeaders = NoRouterHeaders(),
+                 keys: PreviewKeys | None = None,
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
                  long_request_after: float = LONG_REQUEST_AFTER) -> None:
         self.resolver = resolver
@@ -121,6 +130,9 @@ class DataPlane:
         self.limits = limits if limits is not None else OrgLimits()  # no limits
         self.admission = Admission(authenticator, self.limits, resolver.cached_route)
         self.compat = compat
+        # Host and path keys and the access tokens behind them (None: no keys to check tokens with).
+        self.keys = keys
+        self.keyed = keys is not None and keys.routes  # read per request: is a host or path key on?
         self.max_body = options.max_body_bytes
         self.ws_max_message = options.ws_max_message_bytes
         self.body_cap = options.max_body_bytes if options.max_body_bytes is not None else sys.maxsize
@@ -208,12 +220,26 @@ class DataPlane:
 
         ``identity`` is None for a request addressed by the router headers (``ex.compat``)."""
         resolver = self.resolver
+        keyed = ex.keyed
         if route is None:
-            route = await (resolver.resolve(identity) if identity is not None else self.compat.route(ex.compat))
+            if identity is not None:
+                route = await resolver.resolve(identity)
+            elif keyed is not None:
+                route = await resolver.route_for_sandbox(keyed.sandbox_id, keyed.port, keyed.incarnation)
+                if self.admission.limited:
+                    self.admit_keyed(ex, route)
+            else:
+                route = await self.compat.route(ex.compat)
         ex.route = route
         try:
             return await self.connect(route, fresh)
         except UpstreamConnectError:
+            if keyed is not None:
+                # Nothing is re-created for a key: forget the route, let the provider say whether the
+                # sandbox is gone (its next request through a session re-creates it).
+                resolver.invalidate(route.sandbox_id)
+                await resolver.unreachable(route)
+                raise
             if identity is None:
                 self.compat.forget(ex.compat)
                 raise
@@ -223,6 +249,15 @@ class DataPlane:
                 raise
             ex.route = again
             return await self.connect(again, fresh)
+
+    def admit_keyed(self, ex: Exchange, route: Route) -> None:
+        """A keyed request counts against its sandbox owner's request rate (the token carries no identity)."""
+        owner = route.owner
+        try:
+            self.limits.admit(owner.org_id if owner.org_id is not None else f"user:{owner.user_id}")
+        except CapacityExceeded as exc:
+            ex.refused = exc.scope
+            raise
 
     async def connect(self, route: Route, fresh: bool) -> UpstreamConnection:
         """A pooled connection, or a new one (retrying refused connects with exponential backoff)."""
@@ -265,7 +300,9 @@ class DataPlane:
         ex.stream = True
         self.streams += 1
         if ex.identity is None:
-            return  # addressed by the router headers: not a sandbox of ours
+            if ex.keyed is not None:
+                self.resolver.stream_opened(ex.route.sandbox_id)  # a sandbox of ours, reached by a key
+            return  # else addressed by the router headers: not a sandbox of ours
         self.resolver.stream_opened(ex.route.sandbox_id)
         if ex.stream_key is None:
             ex.stream_key = self.admission.stream_began(ex.identity)
@@ -277,7 +314,7 @@ class DataPlane:
         if ex.stream:
             ex.stream = False
             self.streams -= 1
-            if ex.identity is not None:
+            if ex.identity is not None or ex.keyed is not None:
                 self.resolver.stream_closed(ex.route.sandbox_id)  # type: ignore[union-attr]
         if ex.stream_key is not None:
             self.admission.stream_closed(ex.stream_key)

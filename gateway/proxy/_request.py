@@ -123,7 +123,10 @@ class RequestReader:
             self._count(len(name) + len(value) + 4)
         code = w.REQUEST_HEADERS_EXACT.get(name)
         if code is None:
-            code = w.REQUEST_HEADERS.get(name.lower(), 0)
+            low = name.lower()
+            code = w.REQUEST_HEADERS.get(low, 0)
+            if not code and low.startswith(w.SANDBOX_HEADER_PREFIXES):
+                return  # X-Sandbox-Pod-IP and the like: never forwarded
         if not code:
             ex.headers += (name, w.COLON, value, w.CRLF)
         elif code <= w.R_BOT:
@@ -190,6 +193,13 @@ class RequestReader:
                 ex.headers += (name, w.COLON, value, w.CRLF)
         elif code == w.R_TIMEOUT:
             self._client_timeout(ex, value)
+        elif code == w.R_COOKIE:
+            if w.ACCESS_COOKIE in value:  # the access token stays with the gateway
+                value, tokens = w.cut_access_cookie(value)
+                ex.cookie_tokens = tokens if ex.cookie_tokens is None else ex.cookie_tokens + tokens
+                if not value:
+                    return
+            ex.headers += (name, w.COLON, value, w.CRLF)
         elif code >= w.R_SANDBOX_ID:
             if ex.compat is None:
                 ex.compat = [None, None, None]

@@ -22,6 +22,7 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from gateway.errors import UpstreamError
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
+from gateway.proxy._keys import rewrite_under_prefix
 from gateway.proxy._wsframe import MessageSizeGuard
 
 if TYPE_CHECKING:
@@ -361,6 +362,9 @@ class UpstreamConnection(asyncio.Protocol):
             head, coding = w.strip_hop_by_hop(head, low, match)
         if not head.startswith(b"HTTP/1.1 "):
             head = b"HTTP/1.1" + head[8:]
+        keyed = ex.keyed
+        if keyed is not None and keyed.prefix is not None and (b"\r\nlocation:" in low or b"\r\nset-cookie:" in low):
+            head = rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
         if low.find(b"\r\nx-request-id:") < 0:  # the client can quote it; a sandbox's own one is kept
             head += b"\r\nX-Request-Id: " + ex.request_id  # type: ignore[operator]
         if (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10
@@ -376,6 +380,12 @@ class UpstreamConnection(asyncio.Protocol):
         else:
             self._frame(ex, status, head, low, coding)
         ex.state = BODY
+
+    def _authorities(self, ex: Exchange) -> tuple[bytes, ...]:
+        """The hosts an absolute Location may name and still mean this sandbox in path mode: the one
+        the sandbox was sent (Host) and the one the client used (X-Forwarded-Host)."""
+        sent = self.pool.host_line[len(b"Host: "):-2].lower()
+        return (sent, ex.host.lower()) if ex.host is not None else (sent,)
 
     def _frame(self, ex: Exchange, status: int, head: bytes, low: bytes, coding: int) -> None:
         """Choose how the body reaches the client, and the head's Connection line, in general."""

@@ -13,6 +13,7 @@ import re
 import secrets
 from http import HTTPStatus
 
+from gateway.access import COOKIE_NAME
 from gateway.errors import BadRequest, GatewayError, error_body, render, wants_html
 
 # -- request headers ----------------------------------------------------------
@@ -35,6 +36,7 @@ R_SANDBOX_ID = 15   # the agent-sandbox router's headers (gateway/compat.py), ne
 R_SANDBOX_NS = 16   # ... their order matches Exchange.compat
 R_SANDBOX_PORT = 17
 R_TIMEOUT = 18      # X-Sandbox-Timeout: the client's limit on the time to the response head, never forwarded
+R_COOKIE = 19       # Cookie: forwarded without the access-token cookie (gateway/proxy/_keys.py)
 
 REQUEST_HEADERS: dict[bytes, int] = {
     b"x-org-id": R_ORG,
@@ -63,7 +65,12 @@ REQUEST_HEADERS: dict[bytes, int] = {
     b"x-sandbox-namespace": R_SANDBOX_NS,
     b"x-sandbox-port": R_SANDBOX_PORT,
     b"x-sandbox-timeout": R_TIMEOUT,
+    b"x-forwarded-prefix": R_DROP,  # set by the gateway in path mode
+    b"cookie": R_COOKIE,
 }
+# Every other X-Sandbox-* header a client sends is dropped too (X-Sandbox-Pod-IP, ...): it is the
+# router's vocabulary, and a sandbox must never take a client's word for one (on_header's fallback).
+SANDBOX_HEADER_PREFIXES = (b"x-sandbox-", b"x_sandbox_")
 
 R_PASS = 0          # forwarded as is
 
@@ -84,14 +91,17 @@ REQUEST_HEADERS_EXACT.update({
 # exact-spelling lookup misses, so they cost nothing on the common path.
 REQUEST_HEADERS.update({name.replace(b"-", b"_"): R_DROP for name in (
     b"x-org-id", b"x-user-id", b"x-session-id", b"x-bot-id", b"x-sandbox-id", b"x-sandbox-namespace",
-    b"x-sandbox-port", b"x-sandbox-timeout", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host")})
+    b"x-sandbox-port", b"x-sandbox-timeout", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host",
+    b"x-forwarded-prefix")})
 
-for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", b"Content-Type", b"Cookie",
+for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", b"Content-Type",
               b"Cache-Control", b"Pragma", b"Origin", b"Referer", b"If-None-Match", b"If-Modified-Since", b"Range",
               b"Sec-WebSocket-Key", b"Sec-WebSocket-Version", b"Sec-WebSocket-Extensions",
               b"Sec-WebSocket-Protocol", b"Accept-Charset", b"Last-Event-ID", b"Traceparent"):
     REQUEST_HEADERS_EXACT[_name] = R_PASS
     REQUEST_HEADERS_EXACT[_name.lower()] = R_PASS
+
+ACCESS_COOKIE = COOKIE_NAME.encode() + b"="  # the access-token cookie, cut out of Cookie (never forwarded)
 
 IDENTITY_HEADER_NAMES = {R_ORG: "X-Org-Id", R_USER: "X-User-Id", R_SESSION: "X-Session-Id", R_BOT: "X-Bot-Id"}
 
@@ -204,6 +214,19 @@ def without_headers(parts: list[bytes], names: set[bytes]) -> list[bytes]:
     return kept
 
 
+def cut_access_cookie(value: bytes) -> tuple[bytes, list[bytes]]:
+    """A ``Cookie`` value without the access-token cookie(s), and their values."""
+    kept = []
+    tokens = []
+    for pair in value.split(b";"):
+        item = pair.strip()
+        if item.startswith(ACCESS_COOKIE):
+            tokens.append(item[len(ACCESS_COOKIE):])
+        elif item:
+            kept.append(item)
+    return b"; ".join(kept), tokens
+
+
 def host_line(host: str, port: int) -> bytes:
     try:
         name = host.encode("ascii")
@@ -248,6 +271,17 @@ def navigation(headers: list[bytes]) -> bool:
         elif name == b"accept":
             accept = headers[i + 2]
     return wants_html(fetch_mode, accept)
+
+
+def redirect_response(status: int, location: bytes, set_cookie: bytes | None, request_id: bytes, *, close: bool) -> bytes:
+    """A body-less redirect the proxy answers itself (an access token in the URL swapped for a cookie)."""
+    parts = [b"HTTP/1.1 %d %s\r\nLocation: " % (status, _REASONS.get(status, b"Redirect")), location,
+             b"\r\nContent-Length: 0\r\nCache-Control: no-store\r\nX-Request-Id: ", request_id, CRLF]
+    if set_cookie is not None:
+        parts += (b"Set-Cookie: ", set_cookie, CRLF)
+    parts.append(CONN_CLOSE if close else b"")
+    parts.append(CRLF)
+    return b"".join(parts)
 
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n"
