@@ -102,14 +102,14 @@ def _keep_fds_from_children() -> None:
 
 def _worker_main(settings: Settings, data_port: int, control_port: int, worker: int, grpc_port: int) -> None:
     _keep_fds_from_children()
-    access = configure_logging(settings.log_level, settings.log_format)
+    access = configure_logging(settings.log_level, settings.log_format, keep_query=settings.access_log_query)
     _use_uvloop()
     asyncio.run(_serve_one(settings, data_port, control_port, worker, grpc_port, access))
 
 
 def serve(settings: Settings) -> int:
     _keep_fds_from_children()
-    access = configure_logging(settings.log_level, settings.log_format)
+    access = configure_logging(settings.log_level, settings.log_format, keep_query=settings.access_log_query)
     if settings.workers > 1 and not settings.redis_url:
         log.error("--workers %d needs REDIS_URL: with the memory store every worker would keep "
                   "its own session map and sandboxes could be created twice", settings.workers)

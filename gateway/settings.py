@@ -100,6 +100,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "text"] = "auto"
     access_log: bool = True
+    access_log_query: bool = False  # log paths with their query strings (they may carry tokens: off)
     per_org_metrics: bool = False
     # Where prometheus-client's multiprocess mode keeps the workers' values (serve --workers sets it):
     # /metrics then aggregates every worker.

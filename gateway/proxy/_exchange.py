@@ -41,7 +41,7 @@ class Exchange:
         "request_id", "tokens", "body", "expect", "upgrade", "websocket", "version10", "keep_alive",
         "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
-        "protocol", "error", "retried", "stream_key", "refused", "compat",
+        "protocol", "error", "retried", "stream_key", "refused", "compat", "code", "sent_at", "upstream_time",
     )
 
     def __init__(self, client: DownstreamConnection) -> None:
@@ -89,6 +89,9 @@ class Exchange:
         self.stream_key: str | None = None    # the OrgLimits key this exchange holds a stream slot under
         self.refused: str | None = None       # the tenant limit that refused or cut it (RequestLog.refused)
         self.compat: Any = None               # router headers [id, namespace, port], then a compat.Target
+        self.code: str | None = None          # the error code of an answer the gateway gave itself
+        self.sent_at = 0.0                    # perf_counter() when the head went to the sandbox
+        self.upstream_time: float | None = None  # from then to the sandbox's response head
 
 
 class RequestLog:
@@ -104,14 +107,22 @@ class RequestLog:
     client's side show in ``status`` only. ``refused`` names the data plane's own
     tenant limit that refused or cut the request (``org_rate``, ``org_streams``,
     ``max_body``, ``ws_message``), else None.
+
+    For the access log: ``target`` is the request target as received (query
+    string included; ``-`` when the request was too malformed to have one, as is
+    ``method``), ``session_id`` the caller's session, ``upstream`` the seconds from
+    the request head leaving for the sandbox to its response head (None when no
+    response head came), ``code`` the error code of an answer the gateway gave
+    itself (an error page: ``bad_request``, ``not_found``, ``upstream_timeout``...).
     """
 
     __slots__ = ("method", "pool", "sandbox_id", "status", "duration", "bytes_in", "bytes_out", "protocol",
-                 "request_id", "error", "org_id", "refused")
+                 "request_id", "error", "org_id", "refused", "target", "session_id", "upstream", "code")
 
     def __init__(self, method: str, pool: str | None, sandbox_id: str | None, status: int, duration: float,
                  bytes_in: int, bytes_out: int, protocol: str, request_id: str, error: str | None,
-                 org_id: str | None = None, refused: str | None = None) -> None:
+                 org_id: str | None = None, refused: str | None = None, target: str = "-",
+                 session_id: str | None = None, upstream: float | None = None, code: str | None = None) -> None:
         self.method = method
         self.pool = pool
         self.sandbox_id = sandbox_id
@@ -124,6 +135,10 @@ class RequestLog:
         self.error = error
         self.org_id = org_id  # for per-org metrics (when enabled); None for personal accounts
         self.refused = refused
+        self.target = target
+        self.session_id = session_id
+        self.upstream = upstream
+        self.code = code
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
