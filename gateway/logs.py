@@ -90,6 +90,7 @@ class AccessLog:
         self._pending: list[str] = []
         self._max_pending = max_pending
         self._quoted: dict[str | None, str] = {None: "null" if json_lines else "-"}
+        self._whos: dict[tuple[str | None, ...], str] = {}  # (session, org, sandbox, pool) -> their fields
         self._second = -1
         self._stamp = ""
 
@@ -106,14 +107,28 @@ class AccessLog:
             self._quoted[value] = quoted  # type: ignore[assignment]
         return quoted  # type: ignore[return-value]
 
+    def _who(self, key: tuple[str | None, ...]) -> str:
+        """The session, org, sandbox and pool fields of a line (they repeat: formatted once each)."""
+        if len(self._whos) > 4096:
+            self._whos = {}
+        quote = self._quote
+        session, org, sandbox, pool = (quote(value) for value in key)
+        if self._json:
+            who = f'"session_id":{session},"org_id":{org},"sandbox_id":{sandbox},"pool":{pool}'
+        else:
+            who = f"session_id={session} org_id={org} sandbox_id={sandbox} pool={pool}"
+        self._whos[key] = who
+        return who
+
     def log(self, entry: Any) -> None:
         """``entry`` is a ``gateway.proxy.RequestLog`` (or the gRPC front's ``CallLog``)."""
         now = time.time()
-        quote = self._quote
         path = entry.target
         if not self.keep_query:
             path = path.partition("?")[0]
-        path = quote(path)
+        path = self._quoted.get(path) or self._quote(path)
+        key = (entry.session_id, entry.org_id, entry.sandbox_id, entry.pool)
+        who = self._whos.get(key) or self._who(key)
         upstream = entry.upstream
         code = entry.code or entry.error
         if self._json:
@@ -123,9 +138,7 @@ class AccessLog:
                     f'{path[1:-1]} {entry.status}","method":"{entry.method}",'
                     f'"path":{path},"status":{entry.status},"bytes_in":{entry.bytes_in},'
                     f'"bytes_out":{entry.bytes_out},"duration_ms":{entry.duration * 1000:.2f},"upstream_ms":{up},'
-                    f'"request_id":"{entry.request_id}","session_id":{quote(entry.session_id)},'
-                    f'"org_id":{quote(entry.org_id)},"sandbox_id":{quote(entry.sandbox_id)},'
-                    f'"pool":{quote(entry.pool)},"protocol":"{entry.protocol}","error":{error}}}')
+                    f'"request_id":"{entry.request_id}",{who},"protocol":"{entry.protocol}","error":{error}}}')
         else:
             second = int(now)
             if second != self._second:
@@ -133,9 +146,8 @@ class AccessLog:
             up = "-" if upstream is None else f"{upstream * 1000:.2f}"
             line = (f"{self._stamp} INFO    {ACCESS_LOGGER}: {entry.method} {path} {entry.status} "
                     f"bytes_in={entry.bytes_in} bytes_out={entry.bytes_out} duration_ms={entry.duration * 1000:.2f} "
-                    f"upstream_ms={up} request_id={entry.request_id} session_id={quote(entry.session_id)} "
-                    f"org_id={quote(entry.org_id)} sandbox_id={quote(entry.sandbox_id)} pool={quote(entry.pool)} "
-                    f"protocol={entry.protocol} error={code or '-'}")
+                    f"upstream_ms={up} request_id={entry.request_id} {who} protocol={entry.protocol} "
+                    f"error={code or '-'}")
         pending = self._pending
         pending.append(line)
         if len(pending) >= self._max_pending:

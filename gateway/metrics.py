@@ -113,9 +113,10 @@ class Metrics:
         self._folds.append(fold)
 
     def fold_soon(self) -> None:
-        """Fold every batch once this event-loop iteration's callbacks have run (outside a loop,
-        at the next ``exposition``)."""
-        if self._fold_pending:
+        """With workers (multiprocess mode), fold every batch once this event-loop iteration's callbacks
+        have run: a scrape answered by another worker reads this one's values from the shared files.
+        One process alone folds at its scrape (``exposition``) and nothing else reads its series."""
+        if self._fold_pending or not self._multiprocess_dir:
             return
         try:
             loop = asyncio.get_running_loop()
@@ -167,13 +168,14 @@ class RequestMetrics:
     """Counts each finished data-plane request: the data plane's ``on_request`` callback.
 
     Called once per request on the hot path, so a request is only added to a batch (a count, a
-    duration sum and a histogram bucket count per (pool, protocol, status)); the batch is folded
-    into the Prometheus series once per event-loop iteration (``Metrics.fold_soon``: a call_soon
-    when the batch opens), one ``inc(n)`` per series instead of a locked increment per request.
-    A scrape is served in a later iteration than any request it could count, so it is exact for
-    this process; with ``--workers N`` each worker folds in its own loop, so another worker's
-    requests show at most one loop iteration late (they show within the same 0.25 s in the
-    multiprocess files either way). ``Metrics.exposition`` folds first too.
+    duration sum and a histogram bucket count per (pool, protocol, status)), and the batch is
+    folded into the Prometheus series as one ``inc(n)`` per series instead of locked increments
+    per request. How scrapes stay exact: one process folds when it is scraped
+    (``Metrics.exposition`` folds first), so every request finished before the scrape is in it.
+    With ``--workers N`` the scrape reads every worker's values from prometheus-client's
+    multiprocess files, so each worker folds at the end of the loop iteration in which a batch
+    opened (``Metrics.fold_soon``, a call_soon): a request another worker finished shows once that
+    worker's current callbacks have run, one loop iteration after its response was written.
     """
 
     def __init__(self, metrics: Metrics) -> None:

@@ -36,17 +36,17 @@ def direct_exposition(entries: list[RequestLog]) -> str:
     return generate_latest(r).decode()
 
 
-async def test_batched_series_equal_one_by_one_observation():
-    metrics = Metrics()
+async def test_batched_series_equal_one_by_one_observation(tmp_path):
+    metrics = Metrics(multiprocess_dir=str(tmp_path))  # workers: batches fold per loop iteration
     batcher = RequestMetrics(metrics)
     entries = [record(pool, status, d) for pool in ("small", None) for status in (200, 404) for d in DURATIONS]
     for e in entries[:7]:
         batcher.record(e)
+    small_2xx = {"pool": "small", "protocol": "http", "status": "2xx"}
+    assert metrics.registry.get_sample_value("sgw_requests_total", small_2xx) is None
     await asyncio.sleep(0)  # one loop iteration: the batch is folded without a scrape
-    await asyncio.sleep(0)
-    folded = metrics.registry.get_sample_value("sgw_requests_total",
-                                               {"pool": "small", "protocol": "http", "status": "2xx"})
-    assert folded == 7.0
+    assert metrics.registry.get_sample_value("sgw_requests_total", small_2xx) == 7.0
+    metrics._multiprocess_dir = None  # the rest as one process: folded at the scrape
     for e in entries[7:]:
         batcher.record(e)
     got = metrics.exposition()[0].decode()  # folds what is pending first: a scrape is exact
@@ -59,11 +59,18 @@ async def test_batched_series_equal_one_by_one_observation():
     assert re.search(r'sgw_request_duration_seconds_count\{pool="none",protocol="http"\} 20\.0', got)
 
 
-async def test_route_cache_counts_fold_per_iteration():
-    metrics = Metrics()
+async def test_route_cache_counts_fold_per_iteration_with_workers(tmp_path):
+    metrics = Metrics(multiprocess_dir=str(tmp_path))
     for hit in (True, True, False):
         metrics.route_cache(hit)
     assert metrics.registry.get_sample_value("sgw_route_cache_total", {"result": "hit"}) == 0.0
     await asyncio.sleep(0)
     assert metrics.registry.get_sample_value("sgw_route_cache_total", {"result": "hit"}) == 2.0
     assert metrics.registry.get_sample_value("sgw_route_cache_total", {"result": "miss"}) == 1.0
+
+
+async def test_one_process_folds_at_the_scrape():
+    metrics = Metrics()
+    metrics.route_cache(True)
+    await asyncio.sleep(0)
+    assert 'sgw_route_cache_total{result="hit"} 1.0' in metrics.exposition()[0].decode()
