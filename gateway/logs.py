@@ -93,6 +93,8 @@ class AccessLog:
         self._whos: dict[tuple[str | None, ...], str] = {}  # (session, org, sandbox, pool) -> their fields
         self._second = -1
         self._stamp = ""
+        self._milli = -1
+        self._ts = ""
 
     def _quote(self, value: str | None) -> str:
         """``value`` as a JSON string (null for None), or for text as is (``-`` for None; quoted if it must be)."""
@@ -132,9 +134,12 @@ class AccessLog:
         upstream = entry.upstream
         code = entry.code or entry.error
         if self._json:
+            milli = int(now * 1000)
+            if milli != self._milli:  # many lines share a millisecond under load: format its stamp once
+                self._milli, self._ts = milli, f"{now:.3f}"
             up = "null" if upstream is None else f"{upstream * 1000:.2f}"
             error = "null" if code is None else f'"{code}"'
-            line = (f'{{"ts":{now:.3f},"level":"info","logger":"{ACCESS_LOGGER}","msg":"{entry.method} '
+            line = (f'{{"ts":{self._ts},"level":"info","logger":"{ACCESS_LOGGER}","msg":"{entry.method} '
                     f'{path[1:-1]} {entry.status}","method":"{entry.method}",'
                     f'"path":{path},"status":{entry.status},"bytes_in":{entry.bytes_in},'
                     f'"bytes_out":{entry.bytes_out},"duration_ms":{entry.duration * 1000:.2f},"upstream_ms":{up},'
