@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,6 +14,7 @@ from aiohttp import web
 
 from gateway.model import ManagedSandbox
 from gateway.providers.base import ManagedPage, PoolProviders
+from gateway.providers.local import _FileLock
 from gateway.sessions import SessionRouter
 from gateway.store.memory import MemoryStore
 from routing import Identity, parse_policy
@@ -99,3 +104,30 @@ async def test_orphan_grace_counts_from_a_store_reset() -> None:
     assert await after_reset.sweep_orphans(grace=600) == []  # the session may still come back for it
     clock.advance(601)
     assert await after_reset.sweep_orphans(grace=600) == [route.sandbox_id]
+
+
+async def test_a_lock_whose_file_a_delete_removed_is_taken_again(tmp_path: Path) -> None:
+    """The local registry's per-sandbox lock: a delete removes the sandbox's directory (its lock file
+    with it) while holding the lock. A caller that was waiting must not end up holding a lock on the
+    removed file while the next caller locks a new file beside it: two creations of one sandbox at
+    once. (The chaos run saw the neighbouring race: the directory removed between the waiter's mkdir
+    and its open, and the create failing with FileNotFoundError, a 503 for a live session.)"""
+    lock = tmp_path / "ses-x" / "lock"
+    deleting = _FileLock(lock)
+    await deleting.__aenter__()
+    waiter = _FileLock(lock)
+    waiting = asyncio.create_task(waiter.__aenter__())
+    await asyncio.sleep(0)  # the waiter opens the lock file and blocks on it (in a thread)
+    shutil.rmtree(lock.parent)  # what LocalProvider.delete does under the lock
+    await deleting.__aexit__()
+    await waiting
+    try:
+        lock.parent.mkdir(exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)  # as the next caller opens it
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    finally:
+        await waiter.__aexit__()
