@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +50,8 @@ class Session:
     @property
     def owner(self) -> str:
         """What ``owner.txt`` holds: the sandbox's owner (a shared sandbox is its user's in its org)."""
-        return f"{self.org}/{self.user}/{self.session_id}" if self.sandbox_id.startswith("ses-") else f"{self.org}/{self.user}"
+        per_session = self.sandbox_id.startswith("ses-")
+        return f"{self.org}/{self.user}/{self.session_id}" if per_session else f"{self.org}/{self.user}"
 
     @property
     def secret_name(self) -> str:
@@ -167,8 +169,6 @@ class Client:
 
 
 def _error_class(status: int, body: bytes) -> str:
-    import json
-
     try:
         code = json.loads(body)["error"]["code"]
     except (ValueError, KeyError, TypeError):
@@ -259,8 +259,6 @@ def _secret(session: Session) -> str:
 
 
 def _whoami(session: Session, status: int, body: bytes) -> str:
-    import json
-
     if status != 200:
         return _error_class(status, body)
     try:

@@ -9,17 +9,17 @@ identity through every live replica, the fake apiserver counts its watches back.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
-import select
 import signal
 from dataclasses import dataclass, field
 
 from kubernetes_asyncio import client as kube_client
 
 from tests.chaos.cluster import NAMESPACE, Cluster, Replica, provider_store_difference
-from tests.chaos.driver import (DISCONNECTED, OK, REFUSED_CONNECTION, SECRET_MISSING, Load, Recorder, Session, Window, http_class,
-                                now, session_of)
+from tests.chaos.driver import (DISCONNECTED, OK, REFUSED_CONNECTION, SECRET_MISSING, WRONG_OWNER, Load, Recorder,
+                                Session, Window, http_class, now, session_of)
 
 REPLICA_GONE = {REFUSED_CONNECTION, DISCONNECTED}
 STORE_DOWN = {http_class(503, "store_unavailable")}
@@ -27,6 +27,7 @@ STORE_DOWN = {http_class(503, "store_unavailable")}
 # the fake pods answer 503 pod_gone for a deleted object (a real pod IP would stop answering).
 SANDBOX_DOWN = {http_class(502, "upstream_error"), http_class(502, "upstream_unreachable"),
                 http_class(503, "pod_gone")}
+IMPOSTOR_REFUSED = "impostor_refused"  # someone else's session ID claimed, and refused (any status but 200)
 HEAL_TIMEOUT = 60.0
 CONVERGE_TIMEOUT = 60.0
 
@@ -36,6 +37,7 @@ class FaultLog:
     heal_seconds: dict[str, float] = field(default_factory=dict)
     bindings_lost: dict[str, int] = field(default_factory=dict)
     extra_sessions: list[Session] = field(default_factory=list)
+    impostor_answers: dict[int, int] = field(default_factory=dict)  # HTTP status -> count
 
 
 class Faults:
@@ -64,14 +66,31 @@ class Faults:
             name, expected = "Redis SIGKILLed, back from its AOF", STORE_DOWN
         else:
             name = "Redis SIGKILLed, back empty (no persistence)"
-            expected = STORE_DOWN | SANDBOX_DOWN | {SECRET_MISSING}
+            expected = STORE_DOWN | SANDBOX_DOWN | {SECRET_MISSING, IMPOSTOR_REFUSED}
         window = self.recorder.open(name, expected)
         await self.cluster.restart_redis(persistent=persistent, outage=outage)
+        if not persistent:
+            await self.impostors([s for s in self.load.sessions if s.sandbox_id.startswith("ses-")][:4])
         self.log.bindings_lost[name] = await self.count_lost_bindings()
         await self.cluster.wait_all_ready()
         if not persistent:
             await converge(self.cluster, f"after '{name}'")
         self.recorder.close(window)
+
+    async def impostors(self, victims: list[Session]) -> None:
+        """With the bindings gone, another identity claims each victim's session ID through every
+        replica, racing the victim's own re-binding (a per-session sandbox's ID derives from the
+        session ID alone, so both derive the same sandbox). The owner checks must refuse every claim:
+        any 200 is a sandbox given to the wrong owner."""
+        for victim in victims:
+            impostor = dataclasses.replace(victim, user="mallory")
+            for replica in self.cluster.live():
+                await self.load.client.call(replica, impostor, "impostor", "GET", f"/download/{victim.secret_name}",
+                                            check=self._impostor_answer)
+
+    def _impostor_answer(self, status: int, body: bytes, answered_by: str | None) -> str:
+        self.log.impostor_answers[status] = self.log.impostor_answers.get(status, 0) + 1
+        return WRONG_OWNER if status == 200 else IMPOSTOR_REFUSED
 
     async def count_lost_bindings(self) -> int:
         """Sessions whose binding the store no longer has (asked through a replica, owner-checked)."""
@@ -94,7 +113,7 @@ class Faults:
         """Its process group SIGKILLed while every replica is up (its creator notices through a pidfd)."""
         window = self.recorder.open(f"sandbox of {session.session_id} killed, replicas up", SANDBOX_DOWN,
                                     [session.session_id])
-        self._kill_sandbox_process(session.sandbox_id)
+        await self._kill_sandbox_process(session.sandbox_id)
         await self.heal(session, window)
 
     async def kill_local_sandbox_creator_dead(self, creator: Replica) -> None:
@@ -111,19 +130,24 @@ class Faults:
         window = self.recorder.open(f"replica {creator.index} and then the sandbox it created SIGKILLed",
                                     REPLICA_GONE | SANDBOX_DOWN)
         await self.cluster.kill_replica(creator)
-        self._kill_sandbox_process(session.sandbox_id)
+        await self._kill_sandbox_process(session.sandbox_id)
         await self.heal(session, window, close=False)
         await self.cluster.restart_replica(creator)
         self.recorder.close(window)
 
-    def _kill_sandbox_process(self, sandbox_id: str) -> None:
-        state = json.loads((self.cluster.registry / sandbox_id / "state.json").read_text())
-        pid = state["pid"]
+    async def _kill_sandbox_process(self, sandbox_id: str) -> None:
+        """SIGKILL the sandbox's process group, and wait for its leader's pidfd to say it is dead."""
+        pid = json.loads((self.cluster.registry / sandbox_id / "state.json").read_text())["pid"]
         pidfd = os.pidfd_open(pid)
+        loop = asyncio.get_running_loop()
+        dead = loop.create_future()
+        loop.add_reader(pidfd, lambda: dead.done() or dead.set_result(None))
         try:
             os.killpg(pid, signal.SIGKILL)
-            assert select.select([pidfd], [], [], 10)[0], f"sandbox process {pid} did not die"
+            async with asyncio.timeout(HEAL_TIMEOUT):
+                await dead
         finally:
+            loop.remove_reader(pidfd)
             os.close(pidfd)
 
     async def delete_kube_sandbox(self, session: Session, *, drop_watches: bool = False) -> None:
@@ -133,7 +157,6 @@ class Faults:
                 else f"Sandbox of {session.session_id} deleted behind the gateway")
         window = self.recorder.open(name, SANDBOX_DOWN, [session.session_id])
         server = self.cluster.kube.server
-        watches = server.open_watches
         if drop_watches:
             server.drop_watches(abrupt=True)
         api = await self.cluster.kube.api_client()
@@ -142,16 +165,19 @@ class Faults:
                 "agents.x-k8s.io", "v1beta1", NAMESPACE, "sandboxes", session.sandbox_id)
         finally:
             await api.close()
-        await server.wait_for_watchers(watches, timeout=HEAL_TIMEOUT)
+        await self.watches_back()
         await self.heal(session, window)
 
     async def drop_watches(self) -> None:
         window = self.recorder.open("every fake-apiserver watch dropped", ())
-        server = self.cluster.kube.server
-        watches = server.open_watches
-        server.drop_watches(abrupt=True)
-        await server.wait_for_watchers(watches, timeout=HEAL_TIMEOUT)
+        self.cluster.kube.server.drop_watches(abrupt=True)  # removed from the count at once
+        await self.watches_back()
         self.recorder.close(window)
+
+    async def watches_back(self) -> None:
+        """Until every live replica has its watch on the pool's Sandboxes open again (one each; a
+        creation's own readiness watch may come and go beside it)."""
+        await self.cluster.kube.server.wait_for_watchers(len(self.cluster.live()), timeout=HEAL_TIMEOUT)
 
     async def heal(self, session: Session, window: Window, *, close: bool = True) -> None:
         """Until the session is served by its own sandbox through every live replica (the heal is

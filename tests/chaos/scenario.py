@@ -45,7 +45,9 @@ class Report:
     errors_unexpected: list[Sample] = field(default_factory=list)
     wrong_owner: int = 0
     sessions_lost: int = 0                 # secrets or sandboxes lost outside a fault that may lose them
+    sessions_lost_unpersisted: int = 0     # sessions whose secret vanished with Redis back empty
     bindings_lost: dict[str, int] = field(default_factory=dict)
+    impostor_answers: dict[int, int] = field(default_factory=dict)
     duplicated: list[str] = field(default_factory=list)
     leaked: list[str] = field(default_factory=list)
     kube_recreated: dict[str, int] = field(default_factory=dict)
@@ -68,12 +70,15 @@ class Report:
                  f"  errors expected during faults or on standing faulty upstreams: {self.errors_expected or 0}",
                  f"  errors unexpected: {len(self.errors_unexpected)}"]
         for sample in self.errors_unexpected[:20]:
-            lines.append(f"    t={sample.t0 - self.started:.2f}s {sample.session} {sample.op} on replica {sample.replica}: "
-                         f"{sample.klass}")
+            lines.append(f"    t={sample.t0 - self.started:.2f}s {sample.session} {sample.op} "
+                         f"on replica {sample.replica}: {sample.klass}")
         lines += [
             f"  sandboxes given to the wrong owner: {self.wrong_owner}",
-            f"  sessions lost: {self.sessions_lost}",
+            f"  sessions lost: {self.sessions_lost} (with Redis back empty, no persistence: "
+            f"{self.sessions_lost_unpersisted})",
             f"  bindings lost per Redis restart: {self.bindings_lost}",
+            f"  other identities claiming session IDs after the bindings were lost, answers by status: "
+            f"{self.impostor_answers} (any 200 counts as a wrong owner)",
             f"  sandboxes duplicated: {len(self.duplicated)} {self.duplicated or ''}",
             f"  sandboxes leaked after cleanup: {len(self.leaked)} {self.leaked or ''}",
             f"  Kubernetes sandboxes re-created (deleted behind the gateway, or swept after Redis came back empty): "
@@ -175,10 +180,14 @@ def _measure(cluster: Cluster, recorder: Recorder, faults: Faults, scale: Scale)
             report.errors_unexpected.append(sample)
         else:
             report.errors_expected[sample.klass] = report.errors_expected.get(sample.klass, 0) + 1
-    report.sessions_lost = sum(1 for s in report.errors_unexpected if s.klass == "secret_missing")
+    report.sessions_lost = len({s.session for s in report.errors_unexpected if s.klass == "secret_missing"})
+    unpersisted = [w for w in recorder.windows if "no persistence" in w.name]
+    report.sessions_lost_unpersisted = len({s.session for s in recorder.samples if s.klass == "secret_missing"
+                                            and any(w.covers(s, GRACE) for w in unpersisted)})
     report.p99_steady_ms = _p99(steady) * 1000
     report.p99_fault_ms = _p99(during) * 1000
     report.bindings_lost = dict(faults.log.bindings_lost)
+    report.impostor_answers = dict(faults.log.impostor_answers)
     report.started = min((s.t0 for s in recorder.samples), default=0.0)
     report.started_wall = time.time() - (asyncio.get_running_loop().time() - report.started)
     report.windows = [f"{w.start - report.started:7.2f}s-{w.end - report.started:7.2f}s {w.name}" for w in transient]
