@@ -27,7 +27,8 @@ STORE_DOWN = {http_class(503, "store_unavailable")}
 # the fake pods answer 503 pod_gone for a deleted object (a real pod IP would stop answering).
 SANDBOX_DOWN = {http_class(502, "upstream_error"), http_class(502, "upstream_unreachable"),
                 http_class(503, "pod_gone")}
-IMPOSTOR_REFUSED = "impostor_refused"  # someone else's session ID claimed, and refused (any status but 200)
+IMPOSTOR_REFUSED = "impostor_refused"  # someone else's session ID claimed, and refused
+SESSION_TAKEN = "session_taken"  # ... and granted, with a fresh sandbox (the victim's was gone)
 HEAL_TIMEOUT = 60.0
 CONVERGE_TIMEOUT = 60.0
 
@@ -38,6 +39,7 @@ class FaultLog:
     bindings_lost: dict[str, int] = field(default_factory=dict)
     extra_sessions: list[Session] = field(default_factory=list)
     impostor_answers: dict[int, int] = field(default_factory=dict)  # HTTP status -> count
+    sessions_taken: list[str] = field(default_factory=list)
 
 
 class Faults:
@@ -66,12 +68,12 @@ class Faults:
             name, expected = "Redis SIGKILLed, back from its AOF", STORE_DOWN
         else:
             name = "Redis SIGKILLed, back empty (no persistence)"
-            expected = STORE_DOWN | SANDBOX_DOWN | {SECRET_MISSING, IMPOSTOR_REFUSED}
+            expected = STORE_DOWN | SANDBOX_DOWN | {SECRET_MISSING}
         window = self.recorder.open(name, expected)
         await self.cluster.restart_redis(persistent=persistent, outage=outage)
+        self.log.bindings_lost[name] = await self.count_lost_bindings()
         if not persistent:
             await self.impostors([s for s in self.load.sessions if s.sandbox_id.startswith("ses-")][:4])
-        self.log.bindings_lost[name] = await self.count_lost_bindings()
         await self.cluster.wait_all_ready()
         if not persistent:
             await converge(self.cluster, f"after '{name}'")
@@ -80,17 +82,40 @@ class Faults:
     async def impostors(self, victims: list[Session]) -> None:
         """With the bindings gone, another identity claims each victim's session ID through every
         replica, racing the victim's own re-binding (a per-session sandbox's ID derives from the
-        session ID alone, so both derive the same sandbox). The owner checks must refuse every claim:
-        any 200 is a sandbox given to the wrong owner."""
+        session ID alone, so both derive the same sandbox). The provider's owner records must refuse
+        every claim: a 200 (the victim's secret read) is a sandbox given to the wrong owner. While a
+        claim is being refused, the claimant holds the binding, so the victim may get 404 for a moment.
+
+        A claim that reaches a sandbox without the victim's secret took the session ID over: the orphan
+        sweep had already deleted the victim's sandbox and its owner record with it (the grace counts
+        from the object's age, not the store's reset: test_orphan_grace_counts_from_a_store_reset).
+        Not a breach (nothing of the victim's is left), but the victim is locked out of its session ID
+        until the claimant lets go: the fault deletes the claimant's session, and the victim is served
+        again, by a fresh sandbox."""
+        window = self.recorder.open(f"other identities claim {len(victims)} sessions' IDs after the bindings were lost",
+                                    {IMPOSTOR_REFUSED, SESSION_TAKEN, SECRET_MISSING, http_class(404, "not_found")},
+                                    [v.session_id for v in victims])
+        assert self.cluster.http is not None
         for victim in victims:
             impostor = dataclasses.replace(victim, user="mallory")
-            for replica in self.cluster.live():
-                await self.load.client.call(replica, impostor, "impostor", "GET", f"/download/{victim.secret_name}",
-                                            check=self._impostor_answer)
+            answers = [await self.load.client.call(replica, impostor, "impostor", "GET",
+                                                   f"/download/{victim.secret_name}", check=self._impostor_answer)
+                       for replica in self.cluster.live()]
+            if SESSION_TAKEN in answers:
+                self.log.sessions_taken.append(victim.session_id)
+                control = self.cluster.live()[0].process.control_url
+                async with self.cluster.http.delete(f"{control}/v1/sessions/{victim.session_id}",
+                                                    headers=impostor.headers) as response:
+                    assert response.status == 200, await response.text()
+        for victim in victims:
+            await self.heal(victim, window, close=False)
+        self.recorder.close(window)
 
     def _impostor_answer(self, status: int, body: bytes, answered_by: str | None) -> str:
         self.log.impostor_answers[status] = self.log.impostor_answers.get(status, 0) + 1
-        return WRONG_OWNER if status == 200 else IMPOSTOR_REFUSED
+        if status == 200:
+            return WRONG_OWNER
+        return SESSION_TAKEN if answered_by is not None else IMPOSTOR_REFUSED
 
     async def count_lost_bindings(self) -> int:
         """Sessions whose binding the store no longer has (asked through a replica, owner-checked)."""

@@ -48,6 +48,7 @@ class Report:
     sessions_lost_unpersisted: int = 0     # sessions whose secret vanished with Redis back empty
     bindings_lost: dict[str, int] = field(default_factory=dict)
     impostor_answers: dict[int, int] = field(default_factory=dict)
+    sessions_taken: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     leaked: list[str] = field(default_factory=list)
     kube_recreated: dict[str, int] = field(default_factory=dict)
@@ -78,7 +79,8 @@ class Report:
             f"{self.sessions_lost_unpersisted})",
             f"  bindings lost per Redis restart: {self.bindings_lost}",
             f"  other identities claiming session IDs after the bindings were lost, answers by status: "
-            f"{self.impostor_answers} (any 200 counts as a wrong owner)",
+            f"{self.impostor_answers} (any 200 counts as a wrong owner); session IDs taken over with a fresh "
+            f"sandbox (the victim's already swept): {len(self.sessions_taken)} {self.sessions_taken or ''}",
             f"  sandboxes duplicated: {len(self.duplicated)} {self.duplicated or ''}",
             f"  sandboxes leaked after cleanup: {len(self.leaked)} {self.leaked or ''}",
             f"  Kubernetes sandboxes re-created (deleted behind the gateway, or swept after Redis came back empty): "
@@ -188,6 +190,7 @@ def _measure(cluster: Cluster, recorder: Recorder, faults: Faults, scale: Scale)
     report.p99_fault_ms = _p99(during) * 1000
     report.bindings_lost = dict(faults.log.bindings_lost)
     report.impostor_answers = dict(faults.log.impostor_answers)
+    report.sessions_taken = list(faults.log.sessions_taken)
     report.started = min((s.t0 for s in recorder.samples), default=0.0)
     report.started_wall = time.time() - (asyncio.get_running_loop().time() - report.started)
     report.windows = [f"{w.start - report.started:7.2f}s-{w.end - report.started:7.2f}s {w.name}" for w in transient]
