@@ -98,6 +98,7 @@ class Window:
 class Recorder:
     samples: list[Sample] = field(default_factory=list)
     windows: list[Window] = field(default_factory=list)
+    load_started: float = 0.0  # samples before it are the warm-up (sandboxes being created): not in the p99s
 
     def open(self, name: str, expected: Iterable[str], sessions: Iterable[str] | None = None,
              *, transient: bool = True) -> Window:

@@ -115,6 +115,7 @@ async def _run(cluster: Cluster, scale: Scale) -> Report:
     for replica in cluster.replicas:
         replica.rss_baseline_kb = rss_kb(replica.pid)
     faults = Faults(cluster, load, recorder)
+    recorder.load_started = asyncio.get_running_loop().time()
     load.start()
     try:
         await asyncio.sleep(scale.steady)  # a fixed phase of steady load (the run's baseline)
@@ -171,7 +172,7 @@ def _measure(cluster: Cluster, recorder: Recorder, faults: Faults, scale: Scale)
     for sample in recorder.samples:
         if sample.klass == OK:
             report.ok += 1
-            if sample.op in ("whoami", "read", "write"):
+            if sample.op in ("whoami", "read", "write") and sample.t0 >= recorder.load_started:
                 overlaps = any(sample.t1 >= w.start and sample.t0 <= w.end for w in transient)
                 (during if overlaps else steady).append(sample.latency)
             continue
@@ -191,7 +192,7 @@ def _measure(cluster: Cluster, recorder: Recorder, faults: Faults, scale: Scale)
     report.bindings_lost = dict(faults.log.bindings_lost)
     report.impostor_answers = dict(faults.log.impostor_answers)
     report.sessions_taken = list(faults.log.sessions_taken)
-    report.started = min((s.t0 for s in recorder.samples), default=0.0)
+    report.started = recorder.load_started
     report.started_wall = time.time() - (asyncio.get_running_loop().time() - report.started)
     report.windows = [f"{w.start - report.started:7.2f}s-{w.end - report.started:7.2f}s {w.name}" for w in transient]
     report.heal_seconds = {f"{w.start - report.started:7.2f}s-{w.end - report.started:7.2f}s {w.name}":
