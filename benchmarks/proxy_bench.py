@@ -12,7 +12,13 @@ such rounds, so drift in whatever else the machine does hits all three alike.
 Then streaming: SSE events/s and a 100 MB upload, direct vs gateway.
 
 Load generator, backend and proxies share the machine's cores: read the ratios,
-not the absolute numbers. ``--no-fast-path`` gives the resolver a
+not the absolute numbers. Steadier than req/s on a shared machine is the CPU each
+proxy spends per proxied request (``nginx us/req``, ``gw us/req``): the on-CPU time
+of its whole process tree (every thread, from ``/proc/PID/task/TID/schedstat``)
+over the run, divided by the requests wrk completed; in brackets the part of it
+spent in the kernel (``/proc/PID/stat`` stime). ``--profile DIR`` records
+the gateway with py-spy (``--native``, raw folded stacks) in one extra round at
+each concurrency, kept out of the figures. ``--no-fast-path`` gives the resolver a
 ``cached_route`` that always misses, which costs the gateway one task per request.
 """
 
@@ -297,6 +303,40 @@ class Result:
     rps: float
     p50_ms: float
     p99_ms: float
+    cpu_us: float | None = None   # CPU of the measured process tree per request, in microseconds
+    elapsed: float = 0.0          # seconds the load ran (requests = rps * elapsed)
+    sys_us: float | None = None   # ... of which in the kernel (syscalls, loopback TCP)
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``serve --workers N`` forks; nginx has a master and workers)."""
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{tid}/children") as f:
+                    todo += [int(child) for child in f.read().split()]
+    return pids
+
+
+TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ns(pids: list[int]) -> tuple[int, float]:
+    """Nanoseconds on CPU, summed over every thread of ``pids`` (schedstat's first field, exact), and the
+    part of it spent in the kernel (``/proc/PID/stat`` stime, in clock ticks: good over a run of seconds)."""
+    total = 0
+    system = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            with open(f"/proc/{pid}/stat") as f:
+                system += int(f.read().rsplit(")", 1)[1].split()[12]) * TICK_NS  # field 15, stime
+    return total, system
 
 
 def _ms(text: str) -> float:
@@ -304,7 +344,23 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
 
 
-def load(port: int, concurrency: int, duration: float, headers: dict[str, str]) -> Result:
+def load(port: int, concurrency: int, duration: float, headers: dict[str, str],
+         measure: list[int] | None = None) -> Result:
+    """Load ``port``; with ``measure`` (root PIDs), also the CPU those process trees spent per request."""
+    if measure is None:
+        return _load(port, concurrency, duration, headers)
+    pids = [pid for root in measure for pid in process_tree(root)]
+    total, system = cpu_ns(pids)
+    result = _load(port, concurrency, duration, headers)
+    requests = result.rps * result.elapsed if result.elapsed else 0
+    if requests:
+        total_after, system_after = cpu_ns(pids)
+        result.cpu_us = (total_after - total) / 1000 / requests
+        result.sys_us = (system_after - system) / 1000 / requests
+    return result
+
+
+def _load(port: int, concurrency: int, duration: float, headers: dict[str, str]) -> Result:
     url = f"http://127.0.0.1:{port}/index.html"
     if WRK:
         threads = min(2, concurrency)
@@ -312,12 +368,13 @@ def load(port: int, concurrency: int, duration: float, headers: dict[str, str]) 
         for name, value in headers.items():
             cmd += ["-H", f"{name}: {value}"]
         out = subprocess.run(cmd + [url], capture_output=True, text=True, check=True).stdout
+        done = re.search(r"(\d+) requests in ([\d.]+)(\w+)", out)
         rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
         p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
         p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
         if "Non-2xx" in out or "Socket errors" in out:
             print(f"  warning: errors during load on port {port}:\n{out}", file=sys.stderr)
-        return Result(rps, p50, p99)
+        return Result(rps, p50, p99, elapsed=int(done.group(1)) / rps if done and rps else 0.0)
     return asyncio.run(_aiohttp_load(url, concurrency, duration, headers))
 
 
@@ -340,7 +397,7 @@ async def _aiohttp_load(url: str, concurrency: int, duration: float, headers: di
         elapsed = time.perf_counter() - started
     latencies.sort()
     return Result(len(latencies) / elapsed, latencies[len(latencies) // 2] * 1000,
-                  latencies[int(len(latencies) * 0.99)] * 1000)
+                  latencies[int(len(latencies) * 0.99)] * 1000, elapsed=elapsed)
 
 
 async def _sse_rate(port: int, events: int, headers: dict[str, str]) -> float:
@@ -396,8 +453,84 @@ def running(procs: list[subprocess.Popen[bytes]]) -> Iterator[None]:
 
 
 def median_result(results: list[Result]) -> Result:
-    """The run with the median throughput (its latencies belong to that run)."""
-    return sorted(results, key=lambda r: r.rps)[len(results) // 2]
+    """The run with the median throughput (its latencies belong to that run), with the median CPU per request."""
+    middle = sorted(results, key=lambda r: r.rps)[len(results) // 2]
+    measured = sorted((r for r in results if r.cpu_us is not None), key=lambda r: r.cpu_us)  # type: ignore[arg-type,return-value]
+    cpu = measured[len(measured) // 2] if measured else None
+    return Result(middle.rps, middle.p50_ms, middle.p99_ms, cpu.cpu_us if cpu else None, middle.elapsed,
+                  cpu.sys_us if cpu else None)
+
+
+_SYSCALLS = ("write (", "writev (", "read (", "readv (", "epoll_", "sendmsg (", "recvmsg (", "send (", "recv (",
+             "accept", "close (", "__libc_write", "__libc_read")
+_PARSER = ("llhttp", "httptools", "parser.c", "http_parser")
+_LOOP = ("loop.c", "core.c", "stream.c", "linux.c", "uv__", "uv_")
+
+
+def breakdown(path: Path, user_us: float, top: int = 25) -> list[tuple[str, float]]:
+    """Where a gateway's user-space CPU per request goes, from py-spy's raw folded stacks at ``path``.
+
+    py-spy samples wall clock; a process preempted inside a syscall (waking a peer on a loaded
+    machine) shows as running there, so syscall samples are left out and the kernel's share is the
+    measured stime instead. The other samples divide ``user_us`` (measured, total - stime): by the
+    innermost Python function (with the interpreter and C builtins it calls), unless the innermost
+    frames are the parser (llhttp, httptools) or the event loop (uvloop, libuv).
+    """
+    counts: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        if frames[-1].startswith(_SYSCALLS):
+            continue
+        last_py = max((i for i, frame in enumerate(frames) if ".py:" in frame), default=-1)
+        below = frames[last_py + 1:]
+        if any(mark in frame for frame in below for mark in _PARSER):
+            key = "[parser: llhttp/httptools]"
+        elif any(mark in frame for frame in below for mark in _LOOP) or last_py < 0:
+            key = "[event loop: uvloop/libuv]"
+        else:
+            frame = frames[last_py]
+            name, _, where = frame.partition(" (")
+            module = where.split(":")[0]
+            key = f"{name} ({module})"
+        counts[key] = counts.get(key, 0) + int(n)
+    total = sum(counts.values()) or 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    rows = [(key, user_us * n / total) for key, n in ranked[:top]]
+    rest = sum(n for _, n in ranked[top:])
+    if rest:
+        rows.append(("(everything else)", user_us * rest / total))
+    return rows
+
+
+def _us(result: Result | None) -> str:
+    """CPU per request: total (kernel part)."""
+    if result is None or result.cpu_us is None:
+        return "-"
+    return f"{result.cpu_us:.1f} ({result.sys_us:.0f})"
+
+
+def py_spy(pid: int, out: Path, duration: float) -> subprocess.Popen[bytes] | None:
+    """py-spy recording ``pid``'s tree (native frames too) for ``duration`` seconds, raw folded stacks to ``out``."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not os.path.exists(exe):
+        print("  --profile: py-spy is not installed (pip install py-spy)", file=sys.stderr)
+        return None
+    return subprocess.Popen([exe, "record", "--native", "--subprocesses", "--format", "raw", "--rate", "250",
+                             "--pid", str(pid), "--duration", str(max(1, round(duration))), "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def print_breakdowns(directory: Path, measured: dict[tuple[int, int], Result]) -> None:
+    for (workers, c), result in measured.items():
+        path = directory / f"gateway-w{workers}-c{c}.txt"
+        if not path.exists() or result.cpu_us is None or result.sys_us is None:
+            continue
+        user = result.cpu_us - result.sys_us
+        print(f"\ngateway CPU per request, {workers} worker(s), c={c}: {result.cpu_us:.1f} us = "
+              f"{result.sys_us:.1f} kernel (syscalls, loopback TCP) + {user:.1f} user, of which (py-spy, {path.name}):")
+        for key, us in breakdown(path, user):
+            print(f"  {us:6.2f} us  {key}")
 
 
 def main() -> None:
@@ -422,6 +555,10 @@ def main() -> None:
                              "more than one worker needs BENCH_REDIS_URL")
     parser.add_argument("--no-fast-path", action="store_true",
                         help="resolver whose cached_route always misses: one task per request")
+    parser.add_argument("--no-streaming", action="store_true", help="skip the SSE and upload runs")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="py-spy record (--native, raw folded stacks) the gateway in one extra round at each "
+                             "concurrency (not counted), into DIR/gateway-w<workers>-c<conc>.txt")
     args = parser.parse_args()
     duration = args.duration or (2.0 if args.quick else 5.0)
     repeat = args.repeat or (1 if args.quick else 3)
@@ -431,9 +568,10 @@ def main() -> None:
     print(f"client: {'wrk' if WRK else 'aiohttp'}; backend: {'nginx static file' if NGINX else 'asyncio'}; "
           f"cores: {os.cpu_count()}; {duration:g}s per run, median of {repeat} interleaved rounds")
     header = ["workers", "conc", "direct r/s", "nginx r/s", "gateway r/s", "gw/nginx", "gw/direct",
-              "direct p50/p99 ms", "nginx p50/p99 ms", "gateway p50/p99 ms"]
-    widths = [7, 4, 10, 9, 11, 8, 9, 17, 16, 18]
+              "direct p50/p99 ms", "nginx p50/p99 ms", "gateway p50/p99 ms", "nginx us/req (sys)", "gw us/req (sys)"]
+    widths = [7, 4, 10, 9, 11, 8, 9, 17, 16, 18, 18, 15]
     print(_row(header, widths), flush=True)
+    gateway_cpu: dict[tuple[int, int], Result] = {}
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp_name:
         tmp = Path(tmp_name)
         backend = start_backend(tmp)
@@ -448,6 +586,8 @@ def main() -> None:
                     wait_port(nport)
                 gateway_procs, gport = launch_gateway(backend.port, workers, fast_path=not args.no_fast_path,
                                                       serve_dir=tmp if args.serve else None)
+                nginx_pids = [procs[0].pid] if nport else []
+                gateway_pids = [proc.pid for proc in gateway_procs]
                 procs += gateway_procs
                 with running(procs):
                     load(backend.port, 10, 1, {})  # warm up all three
@@ -460,16 +600,27 @@ def main() -> None:
                         for _ in range(repeat):
                             runs["direct"].append(load(backend.port, c, duration, {}))
                             if nport:
-                                runs["nginx"].append(load(nport, c, duration, {}))
-                            runs["gateway"].append(load(gport, c, duration, IDENTITY))
+                                runs["nginx"].append(load(nport, c, duration, {}, measure=nginx_pids))
+                            runs["gateway"].append(load(gport, c, duration, IDENTITY, measure=gateway_pids))
+                        if args.profile is not None:  # a round of its own: sampling slows what it samples
+                            args.profile.mkdir(parents=True, exist_ok=True)
+                            spy = py_spy(gateway_pids[0], args.profile / f"gateway-w{workers}-c{c}.txt", max(duration, 8))
+                            if spy is not None:
+                                load(gport, c, max(duration, 8), IDENTITY)
+                                spy.wait()
                         d, g = median_result(runs["direct"]), median_result(runs["gateway"])
+                        gateway_cpu[(workers, c)] = g
                         n = median_result(runs["nginx"]) if runs["nginx"] else None
                         print(_row([
                             str(workers), str(c), f"{d.rps:,.0f}", f"{n.rps:,.0f}" if n else "-", f"{g.rps:,.0f}",
                             f"{g.rps / n.rps:.2f}" if n else "-", f"{g.rps / d.rps:.2f}",
                             f"{d.p50_ms:.2f}/{d.p99_ms:.2f}", f"{n.p50_ms:.2f}/{n.p99_ms:.2f}" if n else "-",
-                            f"{g.p50_ms:.2f}/{g.p99_ms:.2f}"], widths), flush=True)
+                            f"{g.p50_ms:.2f}/{g.p99_ms:.2f}", _us(n), _us(g)], widths), flush=True)
 
+        if args.profile is not None:
+            print_breakdowns(args.profile, gateway_cpu)
+        if args.no_streaming:
+            return
         # streaming
         sport = free_port()
         stream = subprocess.Popen([sys.executable, __file__, "_stream", str(sport)])

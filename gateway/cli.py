@@ -164,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-port", type=int, help="data-plane port (default 8080; 0 = any free port)")
     serve.add_argument("--control-port", type=int, help="control API port (default 8081; 0 = any free port)")
     serve.add_argument("--grpc-port", type=int, help="gRPC front port, h2c (default 50051; 0 = any free port)")
-    serve.add_argument("--workers", type=int, help="worker processes sharing the ports (default 1; >1 needs REDIS_URL)")
+    serve.add_argument("--workers", metavar="N|auto",
+                       help="worker processes sharing the ports (default 1; >1 needs REDIS_URL; auto: one per core "
+                            "with REDIS_URL, else 1)")
     serve.add_argument("--policy", help="policy YAML file (default: built-in two local pools)")
     serve.add_argument("--data-dir", help="where local sandboxes keep their files (default .sandbox-gateway)")
     serve.add_argument("--redis-url", help="shared session store (default: in memory, one process)")

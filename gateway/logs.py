@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
@@ -65,44 +66,93 @@ class MalformedRequestsAreInfo(logging.Filter):
 
 
 class AccessLog:
-    """One line per data-plane request, in the format of the other log lines, written in batches.
+    """One line per data-plane request, in the nginx/Envoy shape, in the format of the other log lines.
 
-    Not a ``logging.Logger``: a LogRecord and the JSON formatter cost about 35 µs per
-    request, more than proxying it, and stderr is line-buffered (a write syscall per
-    line). This formats the line directly, which is safe without JSON escaping because
-    every field is a token (a generated or validated request ID, a sandbox ID, an HTTP
-    method; pool names, which a policy may spell freely, are encoded once each), and
-    keeps lines until ``flush``: the app flushes four times a second and when it stops.
+    Fields: method, path (the query string dropped unless ``keep_query``: it may carry tokens),
+    status, bytes in and out, duration, upstream time (request head sent to response head, as
+    nginx's ``$upstream_header_time``), request ID, session, org, sandbox, pool, protocol, and the
+    error code when the gateway answered itself (or why the sandbox side failed after the response
+    started). A request too malformed to have a method or target logs ``-`` for them.
+
+    Not a ``logging.Logger``: a LogRecord and the JSON formatter cost about 35 us per request,
+    more than proxying it, and stderr is line-buffered (a write syscall per line). This formats
+    the line directly: generated tokens (request IDs, sandbox IDs, methods, error codes) as they
+    are, caller-chosen strings (path, session, org, pool) JSON-escaped when they need it, through
+    a small cache since they repeat. Lines are kept until ``flush`` (the app calls it four times
+    a second, at ``max_pending`` lines and when it stops) and ``configure_logging`` makes every
+    other log line flush them first, so the log stays in the order things happened.
     """
 
-    def __init__(self, stream: Any, *, json_lines: bool, max_pending: int = 512) -> None:
+    def __init__(self, stream: Any, *, json_lines: bool, max_pending: int = 512, keep_query: bool = False) -> None:
         self._stream = stream
         self._json = json_lines
+        self.keep_query = keep_query
         self._pending: list[str] = []
         self._max_pending = max_pending
-        self._pools: dict[str | None, str] = {None: "null"}
+        self._quoted: dict[str | None, str] = {None: "null" if json_lines else "-"}
+        self._whos: dict[tuple[str | None, ...], str] = {}  # (session, org, sandbox, pool) -> their fields
         self._second = -1
         self._stamp = ""
+        self._milli = -1
+        self._ts = ""
+
+    def _quote(self, value: str | None) -> str:
+        """``value`` as a JSON string (null for None), or for text as is (``-`` for None; quoted if it must be)."""
+        quoted = self._quoted.get(value)
+        if quoted is None:
+            if len(self._quoted) > 4096:  # caller-chosen values: keep the cache bounded
+                self._quoted = {None: self._quoted[None]}
+            if self._json:
+                quoted = f'"{value}"' if _PLAIN(value) else json.dumps(value, ensure_ascii=False)  # type: ignore[arg-type]
+            else:
+                quoted = value if value and _PLAIN(value) else json.dumps(value, ensure_ascii=False)  # type: ignore[assignment]
+            self._quoted[value] = quoted  # type: ignore[assignment]
+        return quoted  # type: ignore[return-value]
+
+    def _who(self, key: tuple[str | None, ...]) -> str:
+        """The session, org, sandbox and pool fields of a line (they repeat: formatted once each)."""
+        if len(self._whos) > 4096:
+            self._whos = {}
+        quote = self._quote
+        session, org, sandbox, pool = (quote(value) for value in key)
+        if self._json:
+            who = f'"session_id":{session},"org_id":{org},"sandbox_id":{sandbox},"pool":{pool}'
+        else:
+            who = f"session_id={session} org_id={org} sandbox_id={sandbox} pool={pool}"
+        self._whos[key] = who
+        return who
 
     def log(self, entry: Any) -> None:
-        """``entry`` is a ``gateway.proxy.RequestLog``."""
+        """``entry`` is a ``gateway.proxy.RequestLog`` (or the gRPC front's ``CallLog``)."""
         now = time.time()
+        path = entry.target
+        if not self.keep_query:
+            path = path.partition("?")[0]
+        path = self._quoted.get(path) or self._quote(path)
+        key = (entry.session_id, entry.org_id, entry.sandbox_id, entry.pool)
+        who = self._whos.get(key) or self._who(key)
+        upstream = entry.upstream
+        code = entry.code or entry.error
         if self._json:
-            pool = self._pools.get(entry.pool)
-            if pool is None:
-                pool = self._pools[entry.pool] = json.dumps(entry.pool, ensure_ascii=False)
-            sandbox = "null" if entry.sandbox_id is None else f'"{entry.sandbox_id}"'
-            line = (f'{{"ts":{now:.3f},"level":"info","logger":"{ACCESS_LOGGER}","msg":"{entry.method} '
-                    f'{entry.status}","request_id":"{entry.request_id}","pool":{pool},"sandbox_id":{sandbox},'
-                    f'"status":{entry.status},"duration_ms":{entry.duration * 1000:.2f},'
-                    f'"protocol":"{entry.protocol}"}}')
+            milli = int(now * 1000)
+            if milli != self._milli:  # many lines share a millisecond under load: format its stamp once
+                self._milli, self._ts = milli, f"{now:.3f}"
+            up = "null" if upstream is None else f"{upstream * 1000:.2f}"
+            error = "null" if code is None else f'"{code}"'
+            line = (f'{{"ts":{self._ts},"level":"info","logger":"{ACCESS_LOGGER}","msg":"{entry.method} '
+                    f'{path[1:-1]} {entry.status}","method":"{entry.method}",'
+                    f'"path":{path},"status":{entry.status},"bytes_in":{entry.bytes_in},'
+                    f'"bytes_out":{entry.bytes_out},"duration_ms":{entry.duration * 1000:.2f},"upstream_ms":{up},'
+                    f'"request_id":"{entry.request_id}",{who},"protocol":"{entry.protocol}","error":{error}}}')
         else:
             second = int(now)
             if second != self._second:
                 self._second, self._stamp = second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
-            line = (f"{self._stamp} INFO    {ACCESS_LOGGER}: {entry.method} {entry.status} "
-                    f"request_id={entry.request_id} pool={entry.pool} sandbox_id={entry.sandbox_id} "
-                    f"status={entry.status} duration_ms={entry.duration * 1000:.2f} protocol={entry.protocol}")
+            up = "-" if upstream is None else f"{upstream * 1000:.2f}"
+            line = (f"{self._stamp} INFO    {ACCESS_LOGGER}: {entry.method} {path} {entry.status} "
+                    f"bytes_in={entry.bytes_in} bytes_out={entry.bytes_out} duration_ms={entry.duration * 1000:.2f} "
+                    f"upstream_ms={up} request_id={entry.request_id} {who} protocol={entry.protocol} "
+                    f"error={code or '-'}")
         pending = self._pending
         pending.append(line)
         if len(pending) >= self._max_pending:
@@ -118,14 +168,34 @@ class AccessLog:
                 pass
 
 
+# Written without escaping: printable ASCII but space, quote and backslash.
+_PLAIN = re.compile(r"[!#-\[\]-~]+").fullmatch
+
+
+class FlushingHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The stderr handler for every other log line: writes the access lines still pending first, so a
+    batch of access lines never lands after a line about something that happened later."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.access: AccessLog | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.access is not None:
+            self.access.flush()
+        super().emit(record)
+
+
 ACCESS_LOGGER = "gateway.access"
 
 
-def configure_logging(level: str, fmt: str) -> AccessLog | None:
+def configure_logging(level: str, fmt: str, *, keep_query: bool = False) -> AccessLog | None:
     """Send log lines to stderr in the chosen format; returns the access log to write requests to
-    (None when INFO lines are off). The caller owns it: nothing here keeps it in a global."""
+    (None when INFO lines are off; ``keep_query``: log paths with their query strings). The caller
+    owns it: nothing here keeps it in a global but the root handler, which flushes it before each
+    line of its own."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    handler = logging.StreamHandler(sys.stderr)
+    handler = FlushingHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -137,6 +207,6 @@ def configure_logging(level: str, fmt: str) -> AccessLog | None:
         server_log.addFilter(MalformedRequestsAreInfo())
     if not logging.getLogger(ACCESS_LOGGER).isEnabledFor(logging.INFO):
         return None
-    access = AccessLog(sys.stderr, json_lines=use_json)
+    access = handler.access = AccessLog(sys.stderr, json_lines=use_json, keep_query=keep_query)
     atexit.register(access.flush)  # lines still pending when the process exits without stopping
     return access

@@ -13,6 +13,9 @@ exposition aggregates them (prometheus-client's multiprocess mode).
 
 from __future__ import annotations
 
+import asyncio
+from bisect import bisect_left
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -84,9 +87,13 @@ class Metrics:
             self.reaps.labels(reason)
         for reason in ORPHAN_SWEEP_REASONS:
             self.sweeps.labels(reason)
-        # Resolved once: the cache counters are bumped on every data-plane request.
+        # Resolved once; the route cache is consulted on every data-plane request, so its
+        # counts are kept as plain ints and folded in per loop iteration (see fold_soon).
         self._cache_hit = self.route_cache_lookups.labels("hit")
         self._cache_miss = self.route_cache_lookups.labels("miss")
+        self._hits = self._misses = 0
+        self._folds: list[Callable[[], None]] = [self._fold_cache]
+        self._fold_pending = False
         self.per_org = per_org
         self._org_limit = org_label_limit
         self._orgs: set[str] = set()
@@ -105,7 +112,43 @@ class Metrics:
 
     # RouterEvents ---------------------------------------------------------
     def route_cache(self, hit: bool) -> None:
-        (self._cache_hit if hit else self._cache_miss).inc()
+        if hit:
+            self._hits += 1
+        else:
+            self._misses += 1
+        if not self._fold_pending:
+            self.fold_soon()
+
+    # batching -------------------------------------------------------------
+    def add_fold(self, fold: Callable[[], None]) -> None:
+        """Register a batch's ``fold`` (it adds what it collected to the series) with ``fold_soon``."""
+        self._folds.append(fold)
+
+    def fold_soon(self) -> None:
+        """With workers (multiprocess mode), fold every batch once this event-loop iteration's callbacks
+        have run: a scrape answered by another worker reads this one's values from the shared files.
+        One process alone folds at its scrape (``exposition``) and nothing else reads its series."""
+        if self._fold_pending or not self._multiprocess_dir:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._fold_pending = True
+        loop.call_soon(self.fold)
+
+    def fold(self) -> None:
+        self._fold_pending = False
+        for fold in self._folds:
+            fold()
+
+    def _fold_cache(self) -> None:
+        if self._hits:
+            self._cache_hit.inc(self._hits)
+            self._hits = 0
+        if self._misses:
+            self._cache_miss.inc(self._misses)
+            self._misses = 0
 
     def provisioned(self, pool: str, seconds: float, outcome: str) -> None:
         self.provisions.labels(pool, outcome).inc()
@@ -137,6 +180,7 @@ class Metrics:
         self.wake_seconds.labels(pool).observe(seconds)
 
     def exposition(self) -> tuple[bytes, str]:
+        self.fold()
         if self._multiprocess_dir:  # unset or empty: this process alone
             aggregate = CollectorRegistry()
             multiprocess.MultiProcessCollector(aggregate, path=self._multiprocess_dir)
@@ -147,29 +191,68 @@ class Metrics:
 class RequestMetrics:
     """Counts each finished data-plane request: the data plane's ``on_request`` callback.
 
-    Called once per request on the hot path, so the label children of each (pool, protocol,
-    status) are resolved once and kept: resolving them costs more than the increments.
+    Called once per request on the hot path, so a request is only added to a batch (a count, a
+    duration sum and a histogram bucket count per (pool, protocol, status)), and the batch is
+    folded into the Prometheus series as one ``inc(n)`` per series instead of locked increments
+    per request. How scrapes stay exact: one process folds when it is scraped
+    (``Metrics.exposition`` folds first), so every request finished before the scrape is in it.
+    With ``--workers N`` the scrape reads every worker's values from prometheus-client's
+    multiprocess files, so each worker folds at the end of the loop iteration in which a batch
+    opened (``Metrics.fold_soon``, a call_soon): a request another worker finished shows once that
+    worker's current callbacks have run, one loop iteration after its response was written.
     """
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
+        self._bounds = tuple(_LATENCY_BUCKETS) + (float("inf"),)
         self._series: dict[tuple[str | None, str, int], tuple[Any, Any]] = {}
+        self._batch: dict[tuple[str | None, str, int], list[Any]] = {}
+        metrics.add_fold(self.fold)
 
     def record(self, entry: Any) -> None:
         """``entry`` is a ``gateway.proxy.RequestLog``."""
-        m = self._metrics
         key = (entry.pool, entry.protocol, entry.status)
-        children = self._series.get(key)
-        if children is None:
-            pool = entry.pool or "none"
-            children = (m.requests.labels(pool, entry.protocol, status_class(entry.status)),
-                        m.request_duration.labels(pool, entry.protocol))
-            self._series[key] = children
-        children[0].inc()
-        children[1].observe(entry.duration)
+        duration = entry.duration
+        batch = self._batch.get(key)
+        if batch is None:
+            batch = self._batch[key] = [0, 0.0, [0] * len(self._bounds)]
+            self._metrics.fold_soon()
+        batch[0] += 1
+        batch[1] += duration
+        batch[2][bisect_left(self._bounds, duration)] += 1  # Histogram.observe's bucket: the first bound >= it
+        if entry.error or entry.refused or self._metrics.per_org:
+            self._rare(entry)
+
+    def _rare(self, entry: Any) -> None:
+        m = self._metrics
         if entry.error:
             m.upstream_errors.labels(entry.error).inc()
         if entry.refused:
             m.capacity_rejected(entry.refused)
         if m.per_org:
             m.org_requests.labels(m.org_label(entry.org_id), status_class(entry.status)).inc()
+
+    def fold(self) -> None:
+        """Add the batch to the series (each label child resolved once, then kept)."""
+        batch, self._batch = self._batch, {}
+        m = self._metrics
+        for key, (count, total, buckets) in batch.items():
+            children = self._series.get(key)
+            if children is None:
+                pool, protocol, status = key
+                pool = pool or "none"
+                children = self._series[key] = (m.requests.labels(pool, protocol, status_class(status)),
+                                                m.request_duration.labels(pool, protocol))
+            children[0].inc(count)
+            histogram = children[1]
+            if hasattr(histogram, "_buckets") and hasattr(histogram, "_sum"):
+                # prometheus-client has no bulk observe: add to the child's bucket and sum values as
+                # observe() does, n at a time (in multiprocess mode these are the mmapped values).
+                histogram._sum.inc(total)
+                for index, n in enumerate(buckets):
+                    if n:
+                        histogram._buckets[index].inc(n)
+            else:  # a prometheus-client without those internals: the buckets stay exact, the sum approximate
+                for bound, n in zip(self._bounds, buckets):
+                    for _ in range(n):
+                        histogram.observe(min(bound, total / count))

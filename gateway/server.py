@@ -102,18 +102,22 @@ def _keep_fds_from_children() -> None:
 
 def _worker_main(settings: Settings, data_port: int, control_port: int, worker: int, grpc_port: int) -> None:
     _keep_fds_from_children()
-    access = configure_logging(settings.log_level, settings.log_format)
+    access = configure_logging(settings.log_level, settings.log_format, keep_query=settings.access_log_query)
     _use_uvloop()
     asyncio.run(_serve_one(settings, data_port, control_port, worker, grpc_port, access))
 
 
 def serve(settings: Settings) -> int:
     _keep_fds_from_children()
-    access = configure_logging(settings.log_level, settings.log_format)
-    if settings.workers > 1 and not settings.redis_url:
+    access = configure_logging(settings.log_level, settings.log_format, keep_query=settings.access_log_query)
+    workers = settings.worker_count
+    if workers > 1 and not settings.redis_url:
         log.error("--workers %d needs REDIS_URL: with the memory store every worker would keep "
-                  "its own session map and sandboxes could be created twice", settings.workers)
+                  "its own session map and sandboxes could be created twice", workers)
         return 2
+    if settings.workers == "auto":
+        log.info("workers: auto -> %d%s", workers, "" if settings.redis_url else
+                 " (the memory store is one process's; with REDIS_URL, one per core)")
     busy = [port for port in (settings.data_port, settings.control_port, settings.grpc_port)
             if port and _in_use(settings.host, port)]
     if busy:
@@ -131,7 +135,7 @@ def serve(settings: Settings) -> int:
     data_port, control_port = data_reserve.getsockname()[1], control_reserve.getsockname()[1]
     grpc_port = grpc_reserve.getsockname()[1]
     try:
-        if settings.workers == 1:
+        if workers == 1:
             _use_uvloop()
             asyncio.run(_serve_one(settings, data_port, control_port, 0, grpc_port, access))
             return 0
@@ -164,7 +168,7 @@ def _supervise(settings: Settings, data_port: int, control_port: int, grpc_port:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGTERM)
 
-    workers = [start(i) for i in range(settings.workers)]
+    workers = [start(i) for i in range(settings.worker_count)]
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     from multiprocessing.connection import wait

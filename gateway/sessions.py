@@ -245,7 +245,7 @@ class SessionRouter:
         cached = self._by_sandbox.get(sandbox_id)
         if cached is None:
             return None
-        now = self._clock()
+        now = self.clock()
         if now >= cached.fresh_until:
             return None
         if cached.incarnation != incarnation:
@@ -271,7 +271,7 @@ class SessionRouter:
         record = await self._running(record)
         if incarnation_of(record.created_at) != incarnation or record.endpoint is None:
             raise stale()  # re-created meanwhile (it vanished between the two reads)
-        now = self._clock()
+        now = self.clock()
         base = Route("", sandbox_id, record.pool, record.endpoint, record.owner or _NO_OWNER)
         entry = _ByID(base, incarnation, allowed_ports(self.policy.pools.get(record.pool), record.endpoint),
                       now + self.tuning.route_ttl)

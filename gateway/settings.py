@@ -10,6 +10,7 @@ already use, and what the platform says about where we run: ``KUBERNETES_SERVICE
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 import uuid
@@ -66,7 +67,8 @@ class Settings(BaseSettings):
     grpc_port: int = Field(default=50051, ge=0, le=65535)  # the gRPC front (gateway/grpcfront); 0 = any free port
     grpc_tls_cert_file: Path | None = None  # with grpc_tls_key_file: the gRPC front speaks TLS (ALPN h2), not h2c
     grpc_tls_key_file: Path | None = None
-    workers: int = Field(default=1, ge=1, le=64)
+    # "auto": one per core this process may run on (sched_getaffinity), or 1 with the in-memory store
+    workers: int | Literal["auto"] = 1
 
     # configuration
     policy_file: Path | None = None
@@ -106,6 +108,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "text"] = "auto"
     access_log: bool = True
+    access_log_query: bool = False  # log paths with their query strings (they may carry tokens: off)
     per_org_metrics: bool = False
     # Where prometheus-client's multiprocess mode keeps the workers' values (serve --workers sets it):
     # /metrics then aggregates every worker.
@@ -146,6 +149,17 @@ class Settings(BaseSettings):
     header_read_timeout: float = Field(default=10.0, gt=0)         # a request head must arrive within this (slowloris)
     ws_max_message_bytes: int | None = Field(default=None, ge=125) # WebSocket message cap, client to sandbox (close 1009)
 
+    @property
+    def worker_count(self) -> int:
+        """``workers`` as a number: ``auto`` is one per usable core, but 1 without REDIS_URL (the memory
+        store is one process's: workers would not share sessions)."""
+        if self.workers != "auto":
+            return self.workers
+        if not self.redis_url:
+            return 1
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(64, cores))
+
     @model_validator(mode="after")
     def _auth_is_explicit_off_loopback(self) -> Settings:
         if self.auth_mode is None and not _is_loopback(self.host):
@@ -168,6 +182,19 @@ class Settings(BaseSettings):
             raise ValueError("router_compat_namespaces needs auth_keys_file: the router headers are honoured "
                              "only with an admin token")
         return self
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers_number_or_auto(cls, value: Any) -> int | str:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            count = int(value)
+        except (TypeError, ValueError):
+            count = 0
+        if not 1 <= count <= 64 or isinstance(value, float):
+            raise ValueError(f"must be a number of worker processes from 1 to 64, or 'auto' (got {value!r})")
+        return count
 
     @field_validator("router_compat_namespaces")
     @classmethod

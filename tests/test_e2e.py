@@ -93,9 +93,11 @@ async def test_one_access_line_per_request(gateway):
 
     await eventually(lambda: len(lines()) == 4)
     first = lines()[0]
-    assert " INFO    gateway.access: GET 200 request_id=access-test-0 pool=shared sandbox_id=org-" in first
-    assert re.search(r" status=200 duration_ms=\d+\.\d\d protocol=http$", first)
-    assert "GET 400 request_id=access-test-bad pool=None sandbox_id=None status=400" in lines()[3]
+    assert " INFO    gateway.access: GET / 200 bytes_in=0 bytes_out=" in first
+    assert re.search(r" duration_ms=\d+\.\d\d upstream_ms=\d+\.\d\d request_id=access-test-0 session_id=a1 "
+                     r"org_id=acme sandbox_id=org-\w+ pool=shared protocol=http error=-$", first), first
+    assert re.search(r"GET / 400 .* request_id=access-test-bad session_id=- org_id=- sandbox_id=- pool=- "
+                     r"protocol=http error=invalid_identity$", lines()[3]), lines()[3]
 
 
 async def test_sigterm_drains_an_in_flight_request(tmp_path):

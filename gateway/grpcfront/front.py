@@ -32,12 +32,12 @@ log = logging.getLogger("gateway.grpc")
 class CallLog:
     """An access-log entry for one call (the fields ``gateway.logs.AccessLog`` reads); ``status`` is the gRPC code."""
 
-    __slots__ = ("method", "pool", "sandbox_id", "status", "duration", "protocol", "request_id", "org_id")
+    __slots__ = ("method", "target", "pool", "sandbox_id", "status", "duration", "protocol", "request_id", "org_id",
+                 "session_id", "bytes_in", "bytes_out", "upstream", "code", "error")
 
     def __init__(self, call: Call, request_id: str) -> None:
-        # The path is written unescaped: it passed Call's check (two slashes, no space); quotes and
-        # backslashes are replaced so a JSON line stays valid.
-        self.method = "POST " + call.path.replace('"', "%22").replace("\\", "%5C")
+        self.method = "POST"
+        self.target = call.path  # passed Call's check (two slashes, no space); the access log escapes it
         route = call.route
         self.pool = route.pool if route is not None else None
         self.sandbox_id = route.sandbox_id if route is not None else None
@@ -46,6 +46,11 @@ class CallLog:
         self.protocol = "grpc"
         self.request_id = request_id
         self.org_id = call.org_id
+        self.session_id = call.identity.session_id if call.identity is not None else None
+        self.bytes_in = call.to_sandbox
+        self.bytes_out = call.to_client
+        self.upstream = None
+        self.code = self.error = None
 
 
 class _ServerSide(AbstractHandler):

@@ -60,6 +60,8 @@ INSTALLATION = "sandbox-gateway.io/installation"
 POOL = "sandbox-gateway.io/pool"
 ISOLATION = "sandbox-gateway.io/isolation"
 ANNOTATION = "sandbox-gateway.io/"
+#: Creates tried when each one finds the name taken and the read after it finds it free again (a delete raced us).
+_CREATE_ATTEMPTS = 3
 
 TERMINAL_REASONS = frozenset({
     "SandboxExpired", "ClaimExpired", "TemplateNotFound", "WarmPoolNotFound", "ReconcilerError",
@@ -283,13 +285,19 @@ class KubernetesProvider:
     async def _create_or_adopt(self, pool: KubernetesPoolOptions, kind: _Kind,
                                request: SandboxRequest) -> dict[str, Any]:
         body = self._manifest(pool, kind, request)
-        try:
-            with translated(f"creating {kind.kind} {request.sandbox_id}", request.sandbox_id):
-                return await self._api.create_namespaced_custom_object(
-                    kind.group, kind.version, pool.namespace, kind.plural, body)
-        except ObjectExists:
-            pass  # created before, by us on any replica or by someone else: adopt it only if it is ours
-        existing = await self._get(pool, kind, request.sandbox_id)
+        existing = None
+        for _ in range(_CREATE_ATTEMPTS):
+            try:
+                with translated(f"creating {kind.kind} {request.sandbox_id}", request.sandbox_id):
+                    return await self._api.create_namespaced_custom_object(
+                        kind.group, kind.version, pool.namespace, kind.plural, body)
+            except ObjectExists:
+                pass  # created before, by us on any replica or by someone else: adopt it only if it is ours
+            existing = await self._get(pool, kind, request.sandbox_id)
+            if existing is not None:
+                break
+            # Gone between our create and our read (an orphan sweep or a session's delete on another replica
+            # raced us): the name is free again, so create it, rather than blame an installation that is ours.
         labels = (existing or {}).get("metadata", {}).get("labels") or {}
         if existing is None or labels.get(INSTALLATION) != self._installation:
             raise Conflict(f"{kind.kind} {pool.namespace}/{request.sandbox_id} already exists and is not managed "

@@ -389,17 +389,38 @@ class _FileLock:
         self._fd = -1
 
     async def __aenter__(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            await asyncio.to_thread(fcntl.flock, self._fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(self._fd)
-            raise
+        # A delete removes the sandbox's directory, lock file included, while it holds the lock: a waiter
+        # then holds a lock on a file no one else can open, and the next caller locks a new one beside it.
+        # So the lock counts only once it is on the file at the path; else (or when the directory vanished
+        # between the mkdir and the open) it is taken again.
+        while True:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+            except FileNotFoundError:
+                continue
+            try:
+                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+                if _same_file(fd, self._path):
+                    self._fd = fd
+                    return
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
 
     async def __aexit__(self, *exc: object) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino)
 
 
 def _read_state(box: Path) -> dict[str, Any] | None:

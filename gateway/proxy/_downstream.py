@@ -357,6 +357,7 @@ class DownstreamConnection(RequestReader, KeyedRequests, asyncio.Protocol):
         ex.route = route
         ex.upstream = conn
         ex.state = WAITING
+        ex.sent_at = perf_counter()
         conn.ex = ex
         limit = ex.timeout
         timeouts = self.plane.request_timeouts
@@ -435,6 +436,7 @@ class DownstreamConnection(RequestReader, KeyedRequests, asyncio.Protocol):
             self.abort(ex, ex.error, exc.message)
             return
         ex.status = exc.status
+        ex.code = exc.code
         close = not ex.req_done or not ex.keep_alive or self.plane.draining or bool(self.mode & M_UPGRADED)
         self._send(w.error_response(exc, ex.request_id or b"-", close=close, keep_alive_10=ex.version10,
                                      as_html=w.navigation(ex.headers)))
@@ -601,6 +603,7 @@ class DownstreamConnection(RequestReader, KeyedRequests, asyncio.Protocol):
         bad.t0 = perf_counter()
         bad.request_id = self.plane.ids.next()
         bad.status = exc.status
+        bad.code = exc.code
         bad.state = RESOLVING
         self.plane.inflight += 1
         if h2:

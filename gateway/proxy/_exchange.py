@@ -44,7 +44,7 @@ class Exchange:
         "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
         "protocol", "error", "retried", "stream_key", "refused", "compat", "timeout", "deadline", "keyed",
-        "cookie_tokens",
+        "cookie_tokens", "code", "sent_at", "upstream_time",
     )
 
     def __init__(self, client: DownstreamConnection) -> None:
@@ -96,6 +96,9 @@ class Exchange:
         self.deadline = 0.0                   # loop time by which the response head is due (0: none)
         self.keyed: Keyed | None = None       # addressed by host, path or router headers with an access token
         self.cookie_tokens: list[bytes] | None = None  # access-token cookies, cut out of Cookie
+        self.code: str | None = None          # the error code of an answer the gateway gave itself
+        self.sent_at = 0.0                    # perf_counter() when the head went to the sandbox
+        self.upstream_time: float | None = None  # from then to the sandbox's response head
 
 
 class RequestLog:
@@ -111,14 +114,22 @@ class RequestLog:
     client's side show in ``status`` only. ``refused`` names the data plane's own
     tenant limit that refused or cut the request (``org_rate``, ``org_streams``,
     ``max_body``, ``ws_message``), else None.
+
+    For the access log: ``target`` is the request target as received (query
+    string included; ``-`` when the request was too malformed to have one, as is
+    ``method``), ``session_id`` the caller's session, ``upstream`` the seconds from
+    the request head leaving for the sandbox to its response head (None when no
+    response head came), ``code`` the error code of an answer the gateway gave
+    itself (an error page: ``bad_request``, ``not_found``, ``upstream_timeout``...).
     """
 
     __slots__ = ("method", "pool", "sandbox_id", "status", "duration", "bytes_in", "bytes_out", "protocol",
-                 "request_id", "error", "org_id", "refused")
+                 "request_id", "error", "org_id", "refused", "target", "session_id", "upstream", "code")
 
     def __init__(self, method: str, pool: str | None, sandbox_id: str | None, status: int, duration: float,
                  bytes_in: int, bytes_out: int, protocol: str, request_id: str, error: str | None,
-                 org_id: str | None = None, refused: str | None = None) -> None:
+                 org_id: str | None = None, refused: str | None = None, target: str = "-",
+                 session_id: str | None = None, upstream: float | None = None, code: str | None = None) -> None:
         self.method = method
         self.pool = pool
         self.sandbox_id = sandbox_id
@@ -131,6 +142,10 @@ class RequestLog:
         self.error = error
         self.org_id = org_id  # for per-org metrics (when enabled); None for personal accounts
         self.refused = refused
+        self.target = target
+        self.session_id = session_id
+        self.upstream = upstream
+        self.code = code
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)

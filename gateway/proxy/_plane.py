@@ -322,11 +322,13 @@ class DataPlane:
         hook = self.on_request
         if hook is not ignore_requests:  # the null hook needs no record: none is built (hot path)
             route = ex.route
+            identity = ex.identity
             record = RequestLog(
-                ex.method.decode("latin-1"), route.pool if route else None, route.sandbox_id if route else None,
-                ex.status, perf_counter() - ex.t0, ex.bytes_in, ex.bytes_out, ex.protocol,
-                (ex.request_id or b"").decode("latin-1"), ex.error,
-                ex.identity.org_id if ex.identity is not None else None, ex.refused)
+                ex.method.decode("latin-1") or "-", route.pool if route else None,
+                route.sandbox_id if route else None, ex.status, perf_counter() - ex.t0, ex.bytes_in, ex.bytes_out,
+                ex.protocol, (ex.request_id or b"").decode("latin-1"), ex.error,
+                identity.org_id if identity is not None else None, ex.refused, ex.url.decode("latin-1") or "-",
+                identity.session_id if identity is not None else None, ex.upstream_time, ex.code)
             try:
                 hook(record)
             except Exception:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
@@ -354,6 +355,7 @@ class UpstreamConnection(asyncio.Protocol):
                 self.broken = True  # answered by the upgrade handling with a 502
                 return
         ex.status = status
+        ex.upstream_time = perf_counter() - ex.sent_at
         head = raw[pos:end]
         low = head.lower()
         match = _find_hop_by_hop(low)
