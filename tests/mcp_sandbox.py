@@ -85,9 +85,11 @@ class Recorder:
             await send({"type": "http.response.body", "body": body})
             return
         if scope["type"] == "http":
-            entry = {"method": scope["method"], "path": scope["path"]}
+            names = [k.decode() for k, _ in scope["headers"]]
+            entry = {"method": scope["method"], "path": scope["path"], "query": scope["query_string"].decode()}
             entry.update({k.decode(): v.decode() for k, v in scope["headers"] if k in self.KEPT})
-            entry["x-headers"] = ",".join(sorted(k.decode() for k, _ in scope["headers"] if k.startswith(b"x-")))
+            entry["x-headers"] = ",".join(sorted(name for name in names if name.startswith("x-")))
+            entry["credentials"] = ",".join(sorted(name for name in names if name in ("authorization", "cookie")))
             self.log.append(entry)
         await self.app(scope, receive, send)
 
