@@ -1,7 +1,8 @@
 """A small MCP server that plays a sandbox for the client tests (tests/test_clients_mcp.py).
 
-Run as ``python -m tests.mcp_sandbox FD``: it serves streamable HTTP at ``/mcp`` on the listening
-socket inherited as FD, every protocol the installed ``mcp`` speaks (2026-07-28 single exchanges,
+Run as ``python -m tests.mcp_sandbox FD`` (the tests: a listening socket inherited as FD) or
+``python -m tests.mcp_sandbox --port N`` (docs/clients.md: 127.0.0.1:N). It serves streamable HTTP
+at ``/mcp``, every protocol the installed ``mcp`` speaks (2026-07-28 single exchanges,
 and the handshake era with ``Mcp-Session-Id``, the GET stream and DELETE). An in-memory event
 store makes streams resumable, so a tool can close its response stream mid-call and the client
 resumes it with ``Last-Event-ID``, as a client behind a proxy must.
@@ -100,7 +101,9 @@ def main() -> None:
         # The gateway sends Host as the sandbox's own address: the rebinding guard can stay on.
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=True,
                                                      allowed_hosts=["127.0.0.1:*"]))
-    uvicorn.run(Recorder(app), fd=int(sys.argv[1]), log_level="warning", lifespan="on")
+    where: dict[str, Any] = ({"host": "127.0.0.1", "port": int(sys.argv[2])} if sys.argv[1] == "--port"
+                             else {"fd": int(sys.argv[1])})
+    uvicorn.run(Recorder(app), log_level="warning", lifespan="on", **where)
 
 
 if __name__ == "__main__":
