@@ -277,6 +277,7 @@ class Gateway:
             self._every(ACCESS_LOG_FLUSH_INTERVAL, self._flush_access_log)
         self._every(self.settings.activity_flush_interval, self.router.flush_activity)
         self._every(self.settings.reap_interval, self._reap)
+        self._every(self.router.tuning.reaper_lease_renew, self.router.renew_reaper_lease)
         self._every(5.0, self._refresh_gauges)
         if self.settings.policy_file is not None:
             self._policy_mtime = self.settings.policy_file.stat().st_mtime
