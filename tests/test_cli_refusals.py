@@ -97,3 +97,16 @@ async def test_the_startup_log_lists_the_tenant_limits(tmp_path: Path) -> None:
     assert ("tenant limits (per replica): org rate 7.5/s (burst 15), streams/org 4, body unlimited, "
             "ws message unlimited, head 32768 B in 10s; sandbox caps (store-wide): pool small 40, "
             "pool shared unlimited, org acme 3") in lines[0]
+
+
+def test_every_setting_is_named_by_the_variable_it_is_read_from() -> None:
+    from pydantic import AliasChoices
+
+    from gateway.settings import SERVE_FLAGS, env_var
+
+    for name, field in Settings.model_fields.items():
+        if isinstance(field.validation_alias, AliasChoices):
+            assert env_var(name) in field.validation_alias.choices, name
+        else:
+            assert env_var(name) == "SANDBOX_GATEWAY_" + name.upper()
+    assert set(SERVE_FLAGS) <= set(Settings.model_fields)
