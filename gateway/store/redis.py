@@ -39,7 +39,7 @@ is cluster-safe)::
 
 Footprint (``benchmarks/footprint_bench.py``, Redis 7.0, 10,000 sessions each bound to its own
 ready sandbox, UUID org and user, a pod-IP endpoint): 926 B of ``used_memory`` per session (1,028 B
-before the text bindings and packed IDs). By ``MEMORY USAGE``: the binding 184 B (key name, value
+before the text bindings and packed IDs); 845 B at 1,000,000 (949 B before). By ``MEMORY USAGE``: the binding 184 B (key name, value
 and object), the sandbox hash 328 B (a listpack), its ``seen`` entry 145 B and its ``idx`` entry
 154 B (skiplist nodes: the member, the score, the dict entry), the main dictionary ~100 B for
 the two keys. Two keys and two sorted-set entries per session are the floor of this layout; going
