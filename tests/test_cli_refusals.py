@@ -43,7 +43,8 @@ REFUSALS = [
                  "--data-port / SANDBOX_GATEWAY_DATA_PORT: must be less than or equal to 65535 (got 70000)",
                  id="a flag out of range"),
     pytest.param(["serve"], {"SANDBOX_GATEWAY_WORKERS": "many"},
-                 "--workers / SANDBOX_GATEWAY_WORKERS: must be a valid integer", id="an environment variable not a number"),
+                 "--workers / SANDBOX_GATEWAY_WORKERS: must be a number of worker processes from 1 to 64, or 'auto' "
+                 "(got 'many')", id="an environment variable not a number"),
     pytest.param(["serve"], {"SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES": "agents"},
                  "SANDBOX_GATEWAY_ROUTER_COMPAT_NAMESPACES: must be a JSON list", id="a list setting that is not JSON"),
     pytest.param(["route", "--user", "u", "--session", "s"], {"SANDBOX_GATEWAY_SESSION_TTL": "soon"},
