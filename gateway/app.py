@@ -141,6 +141,29 @@ def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
     return PoolProviders({name: instances[kind] for kind, names in by_kind.items() for name in names})
 
 
+def tenant_limits(settings: Settings, policy: Policy) -> str:
+    """The tenant limits in force, in one line for the startup log: the per-replica admission limits
+    (gateway/limits.py, the proxy's caps) and the store-wide sandbox caps of the policy."""
+    import math
+
+    def limit(value: float | None, unit: str = "") -> str:
+        if value is None:
+            return "unlimited"
+        return f"{value}{unit}" if isinstance(value, int) else f"{value:g}{unit}"
+
+    rate = settings.org_rate_limit
+    burst = settings.org_rate_burst if settings.org_rate_burst is not None else max(1, math.ceil(rate or 1))
+    per_replica = [f"org rate {limit(rate, '/s')}" + ("" if rate is None else f" (burst {burst})"),
+                   f"streams/org {limit(settings.max_streams_per_org)}",
+                   f"body {limit(settings.max_body_bytes, ' B')}",
+                   f"ws message {limit(settings.ws_max_message_bytes, ' B')}",
+                   f"head {settings.max_header_bytes} B in {settings.header_read_timeout:g}s"]
+    caps = [f"pool {name} {limit(pool.max_sandboxes)}" for name, pool in policy.pools.items()]
+    caps += [f"org {org} {rule.max_sandboxes}" for org, rule in sorted(policy.orgs.items())
+             if rule.max_sandboxes is not None]
+    return f"tenant limits (per replica): {', '.join(per_replica)}; sandbox caps (store-wide): {', '.join(caps)}"
+
+
 class Gateway:
     """One serving process: build with :meth:`create`, then :meth:`start` and :meth:`stop`."""
 
@@ -283,6 +306,7 @@ class Gateway:
             self._every(ACCESS_LOG_FLUSH_INTERVAL, self._flush_access_log)
         self._every(self.settings.activity_flush_interval, self.router.flush_activity)
         self._every(self.settings.reap_interval, self._reap)
+        self._every(self.router.tuning.reaper_lease_renew, self.router.renew_reaper_lease)
         self._every(5.0, self._refresh_gauges)
         if self.settings.policy_file is not None:
             self._policy_mtime = self.settings.policy_file.stat().st_mtime
@@ -331,7 +355,8 @@ class Gateway:
                 f"per-session orgs: {', '.join(sorted(policy.per_session_orgs)) or '(none)'}", *providers,
                 "router headers: " + (f"namespaces {', '.join(self.settings.router_compat_namespaces)}, ports "
                                       f"{', '.join(map(str, self.settings.router_compat_ports))}, admin token"
-                                      if self.compat is not None else "off")]
+                                      if self.compat is not None else "off"),
+                tenant_limits(self.settings, policy)]
 
     # background work ------------------------------------------------------
     def _every(self, interval: float, job: Callable[[], Awaitable[Any]]) -> None:

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from gateway.policy import parse_policy
-from gateway.settings import SESSION_TTL_SETTING, PolicySettings
+from gateway.settings import SERVE_FLAGS, SESSION_TTL_SETTING, PolicySettings, refusal
 from routing import Identity, InvalidIdentity, PolicyError, default_policy, parse_org_list, place
 
 
@@ -27,13 +27,24 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def _env_per_session_orgs() -> list[str]:
+_CHECK_POLICY_FLAGS = {"session_ttl": "--session-ttl"}
+
+
+def _policy_settings(flags: dict[str, str]) -> PolicySettings:
+    """What ``route`` and ``check-policy`` read from the environment; a bad value is one line naming it."""
+    try:
+        return PolicySettings()
+    except ValidationError as exc:
+        _fail(refusal(exc, flags))
+
+
+def _env_per_session_orgs(flags: dict[str, str]) -> list[str]:
     """``PER_SESSION_SANDBOX_ORG_IDS`` (or ``SANDBOX_GATEWAY_PER_SESSION_ORG_IDS``), as ``serve`` reads it."""
-    return parse_org_list(PolicySettings().per_session_org_ids)
+    return parse_org_list(_policy_settings(flags).per_session_org_ids)
 
 
 def _cmd_route(args: argparse.Namespace) -> int:
-    extra = _env_per_session_orgs()
+    extra = _env_per_session_orgs({})
     try:
         if args.policy is not None:
             policy = parse_policy(Path(args.policy).read_text(encoding="utf-8"), args.policy, extra)
@@ -60,16 +71,6 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _session_ttl(flag: float | None) -> float:
-    """``--session-ttl``, else what ``serve`` would run with (the environment, else the default)."""
-    if flag is not None:
-        return flag
-    try:
-        return PolicySettings().session_ttl
-    except ValidationError as exc:
-        raise PolicyError([f"SANDBOX_GATEWAY_SESSION_TTL: {exc.errors()[0]['msg']}"]) from None
-
-
 def _cmd_check_policy(args: argparse.Namespace) -> int:
     try:
         text = Path(args.file).read_text(encoding="utf-8")
@@ -77,8 +78,9 @@ def _cmd_check_policy(args: argparse.Namespace) -> int:
         print(f"{args.file}: cannot read: {exc.strerror}", file=sys.stderr)
         return 1
     try:
-        policy = parse_policy(text, args.file, _env_per_session_orgs())
-        policy.check_session_ttl(_session_ttl(args.session_ttl),
+        settings = _policy_settings(_CHECK_POLICY_FLAGS)
+        policy = parse_policy(text, args.file, parse_org_list(settings.per_session_org_ids))
+        policy.check_session_ttl(args.session_ttl or settings.session_ttl,
                                  "--session-ttl" if args.session_ttl else SESSION_TTL_SETTING)
     except PolicyError as exc:
         for line in exc.errors:
@@ -90,12 +92,8 @@ def _cmd_check_policy(args: argparse.Namespace) -> int:
     return 0
 
 
-_SERVE_FLAGS: dict[str, str] = {
-    "host": "host", "data_port": "data_port", "control_port": "control_port", "grpc_port": "grpc_port",
-    "workers": "workers",
-    "policy": "policy_file", "data_dir": "data_dir", "redis_url": "redis_url", "log_level": "log_level",
-    "log_format": "log_format", "access_log": "access_log", "auth_mode": "auth_mode", "auth_keys": "auth_keys_file",
-}
+# argparse destination -> setting, from the one map of settings to flags
+_SERVE_FLAGS: dict[str, str] = {flag[2:].replace("-", "_"): field for field, flag in SERVE_FLAGS.items()}
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -108,8 +106,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        _fail(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        _fail(refusal(exc))
     try:
         return serve(settings)
     except PolicyError as exc:
@@ -125,10 +122,15 @@ def _cmd_token_issue(args: argparse.Namespace) -> int:
     from routing.policy import parse_duration
 
     try:
-        keys = KeySet.load(Path(args.keys))
         ttl = parse_duration(args.ttl)
-    except (OSError, ValueError) as exc:
-        _fail(str(exc))
+    except ValueError as exc:
+        _fail(f"--ttl: {exc} (got {args.ttl!r})")
+    try:
+        keys = KeySet.load(Path(args.keys))
+    except OSError as exc:
+        _fail(f"--keys: cannot read {args.keys}: {exc.strerror or exc}")
+    except ValueError as exc:
+        _fail(f"--keys: {exc}")
     key = keys.get(args.kid) if args.kid else keys.first()
     if key is None:
         _fail(f"--kid: no key {args.kid!r} in {args.keys}")
@@ -141,7 +143,7 @@ def _cmd_token_issue(args: argparse.Namespace) -> int:
         token = issue_token(key, user=args.user, org=args.org, bot=args.bot, ttl=ttl,
                             audience=ADMIN_AUDIENCE if args.admin else DATA_AUDIENCE)
     except ValueError as exc:
-        _fail(str(exc))
+        _fail(f"--kid: {exc}")
     print(token)
     return 0
 

@@ -159,7 +159,7 @@ class Lifecycle:
         """
         router, store, tuning = self._router, self._router.store, self._router.tuning
         now = router.clock()
-        if not await store.acquire_lease(REAPER_LEASE, router.replica_id, ttl=tuning.reaper_lease_ttl):
+        if not await router.renew_reaper_lease():
             return []
         reaped = []
         pools = router.policy.pools
@@ -202,7 +202,7 @@ class Lifecycle:
         objects of a store that was just reset.
         """
         router, store, provider = self._router, self._router.store, self._router.provider
-        if not await store.acquire_lease(REAPER_LEASE, router.replica_id, ttl=router.tuning.reaper_lease_ttl):
+        if not await router.renew_reaper_lease():
             return []
         page = await provider.managed_page(self._sweep_from, router.tuning.sweep_batch)
         self._sweep_from = page.next

@@ -116,7 +116,10 @@ class RouterTuning:
     route_cache_size: int = 100_000
     lease_seconds: float = 180.0     # creation lease; renewed by nothing, so > any provisioning timeout
     session_ttl: float = 86_400.0    # a binding idle this long is forgotten
-    reaper_lease_ttl: float = 60.0   # must exceed the reap interval so the holder keeps it
+    # The holder renews the reaper lease every reaper_lease_renew seconds (and on each pass), so a
+    # dead holder's lease lapses within reaper_lease_ttl and another replica reaps from its next pass.
+    reaper_lease_ttl: float = 15.0   # a few renewals long: one slow store call does not lose it
+    reaper_lease_renew: float = 5.0
     reap_batch: int = 500            # index entries (and sessions) one reaper pass examines at most
     sweep_batch: int = 500           # provider objects one orphan sweep checks at most
     # No sandbox is reaped or suspended sooner than this after its last request began, whatever its
@@ -536,6 +539,12 @@ class SessionRouter:
         record = await self.store.get_sandbox(sandbox_id)
         if record is not None and record.state is SandboxState.READY:
             await self.store.release_sandbox(sandbox_id, error="sandbox died")
+
+    async def renew_reaper_lease(self) -> bool:
+        """Take or keep the reaper lease; True while this replica holds it. Called every
+        ``reaper_lease_renew`` seconds besides each pass, so the lease can be much shorter than the
+        reap interval (or a long pass) and a dead holder's lease lapses quickly."""
+        return await self.store.acquire_lease(REAPER_LEASE, self.replica_id, ttl=self.tuning.reaper_lease_ttl)
 
     async def flush_activity(self) -> None:
         sandboxes, sessions, streams = self.activity.take()

@@ -10,15 +10,17 @@ already use, and what the platform says about where we run: ``KUBERNETES_SERVICE
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import socket
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -36,6 +38,59 @@ DEFAULT_SESSION_TTL = 86_400.0
 
 SESSION_TTL_SETTING = "session_ttl (SANDBOX_GATEWAY_SESSION_TTL)"
 """How errors name ``session_ttl``: the policy refuses one shorter than a pool's idle sandboxes live."""
+
+ENV_PREFIX = "SANDBOX_GATEWAY_"
+
+SERVE_FLAGS: dict[str, str] = {
+    "host": "--host", "data_port": "--data-port", "control_port": "--control-port", "grpc_port": "--grpc-port",
+    "workers": "--workers", "policy_file": "--policy", "data_dir": "--data-dir", "redis_url": "--redis-url",
+    "log_level": "--log-level", "log_format": "--log-format", "access_log": "--access-log",
+    "auth_mode": "--auth-mode", "auth_keys_file": "--auth-keys",
+}
+"""The one map from a setting to the ``serve`` flag that sets it (the CLI builds its overrides from
+it; a setting with no flag is set by its environment variable alone). Refusals name both."""
+
+_UNPREFIXED_ENV = {"redis_url": "REDIS_URL", "per_session_org_ids": "PER_SESSION_SANDBOX_ORG_IDS",
+                   "kubernetes_service_host": "KUBERNETES_SERVICE_HOST",
+                   "prometheus_multiproc_dir": "PROMETHEUS_MULTIPROC_DIR"}
+
+
+def env_var(field: str) -> str:
+    """The environment variable a setting is read from (the unprefixed one where other systems set it)."""
+    return _UNPREFIXED_ENV.get(field, ENV_PREFIX + field.upper())
+
+
+def option(field: str, flags: Mapping[str, str] = SERVE_FLAGS) -> str:
+    """How a refusal names a setting: its flag (where the command has one) and its environment variable."""
+    flag = flags.get(field)
+    return env_var(field) if flag is None else f"{flag} / {env_var(field)}"
+
+
+def refusal(exc: ValidationError, flags: Mapping[str, str] = SERVE_FLAGS) -> str:
+    """One line for the first error of a settings validation: the flag and environment variable to
+    change, what is wrong and the value given; never pydantic's field paths or error URLs."""
+    error = exc.errors(include_url=False)[0]
+    cause = (error.get("ctx") or {}).get("error")
+    if not error["loc"]:  # a check across settings (_auth_is_explicit_off_loopback): it names its options
+        return str(cause) if cause is not None else error["msg"]
+    field = str(error["loc"][0])
+    field = next((name for name, env in _UNPREFIXED_ENV.items() if env == field), field)
+    message = str(cause) if cause is not None else error["msg"]
+    message = message.replace("Input should be", "must be", 1).replace("String should", "must", 1)
+    value = error.get("input")
+    shown = "" if isinstance(value, dict) or value is None else f" (got {value!r})"
+    return f"{option(field, flags)}: {message}{shown}"
+
+
+def _json_list(value: Any) -> Any:
+    """A list setting from the environment is JSON (``'["agents"]'``); refused here, where the error
+    names the setting, rather than by pydantic-settings' decoder, whose error names no variable."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise ValueError("must be a JSON list such as [\"a\", \"b\"]") from None
 
 
 def _default_replica_id() -> str:
@@ -106,8 +161,8 @@ class Settings(BaseSettings):
 
     # agent-sandbox router headers (gateway/compat.py): honoured only in these namespaces, only with an
     # admin token, only on these ports; empty = off (the headers are then dropped and never forwarded)
-    router_compat_namespaces: list[str] = []
-    router_compat_ports: list[int] = [8888]
+    router_compat_namespaces: Annotated[list[str], NoDecode, BeforeValidator(_json_list)] = []
+    router_compat_ports: Annotated[list[int], NoDecode, BeforeValidator(_json_list)] = [8888]
     router_compat_api_version: Literal["v1alpha1", "v1beta1"] = "v1beta1"  # v1alpha1: agent-sandbox v0.4/v0.5
 
     # logging
@@ -170,23 +225,26 @@ class Settings(BaseSettings):
     def _auth_is_explicit_off_loopback(self) -> Settings:
         if self.auth_mode is None and not _is_loopback(self.host):
             raise ValueError(
-                f"listening on {self.host} needs an explicit auth_mode: 'token' (signed bearer tokens), or "
-                "'trusted-headers' only behind an agent backend on a private network")
+                f"listening on {self.host} needs an explicit {option('auth_mode')}: 'token' (signed bearer tokens), "
+                "or 'trusted-headers' only behind an agent backend on a private network")
         if self.auth_mode == "token" and self.auth_keys_file is None:
-            raise ValueError("auth_mode 'token' needs auth_keys_file (see examples/auth/keys.yaml)")
+            raise ValueError(f"{option('auth_mode')} 'token' needs {option('auth_keys_file')} "
+                             "(see examples/auth/keys.yaml)")
         if self.auth_keys_file is None and not _is_loopback(self.host):
             raise ValueError(
-                f"listening on {self.host} needs auth_keys_file: without keys the control API (binding and "
-                "deleting sessions) is open to anyone who reaches it; admin tokens come from that file "
+                f"listening on {self.host} needs {option('auth_keys_file')}: without keys the control API (binding "
+                "and deleting sessions) is open to anyone who reaches it; admin tokens come from that file "
                 "(see examples/auth/keys.yaml)")
         if (self.grpc_tls_cert_file is None) != (self.grpc_tls_key_file is None):
-            raise ValueError("grpc_tls_cert_file and grpc_tls_key_file go together (a PEM certificate chain and its key)")
+            raise ValueError(f"{option('grpc_tls_cert_file')} and {option('grpc_tls_key_file')} go together "
+                             "(a PEM certificate chain and its key)")
         if (self.preview_domain or self.preview_path_prefix) and self.auth_keys_file is None:
-            raise ValueError("preview_domain and preview_path_prefix need auth_keys_file: the sandbox access tokens "
-                             "that open them are signed with its keys (see examples/auth/keys.yaml)")
+            raise ValueError(f"{option('preview_domain')} and {option('preview_path_prefix')} need "
+                             f"{option('auth_keys_file')}: the sandbox access tokens that open them are signed "
+                             "with its keys (see examples/auth/keys.yaml)")
         if self.router_compat_namespaces and self.auth_keys_file is None:
-            raise ValueError("router_compat_namespaces needs auth_keys_file: the router headers are honoured "
-                             "only with an admin token")
+            raise ValueError(f"{option('router_compat_namespaces')} needs {option('auth_keys_file')}: the router "
+                             "headers are honoured only with an admin token")
         return self
 
     @field_validator("workers", mode="before")
@@ -199,7 +257,7 @@ class Settings(BaseSettings):
         except (TypeError, ValueError):
             count = 0
         if not 1 <= count <= 64 or isinstance(value, float):
-            raise ValueError(f"must be a number of worker processes from 1 to 64, or 'auto' (got {value!r})")
+            raise ValueError("must be a number of worker processes from 1 to 64, or 'auto'")
         return count
 
     @field_validator("router_compat_namespaces")

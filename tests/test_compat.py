@@ -72,7 +72,7 @@ def test_a_valid_request_is_a_target(keyfile):
 
 
 def test_turning_it_on_needs_admin_keys():
-    with pytest.raises(ValueError, match="needs auth_keys_file"):
+    with pytest.raises(ValueError, match="needs --auth-keys"):
         Settings(router_compat_namespaces=["agents"])
     with pytest.raises(ValueError, match="not a Kubernetes namespace"):
         Settings(router_compat_namespaces=["Agents!"], auth_keys_file=Path("k.yaml"))

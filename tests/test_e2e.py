@@ -146,7 +146,7 @@ def test_bad_settings_exit_2_with_one_line(tmp_path):
     result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--data-port", "70000"],
                             capture_output=True, text=True, cwd=tmp_path, timeout=30)
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "data_port" in result.stderr
+    assert result.stderr.count("\n") == 1 and "--data-port / SANDBOX_GATEWAY_DATA_PORT" in result.stderr
 
 
 async def test_a_second_gateway_on_the_same_port_is_refused(gateway, tmp_path):

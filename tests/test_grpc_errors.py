@@ -39,5 +39,5 @@ def test_a_tls_certificate_needs_its_key(tmp_path):
 
     from gateway.settings import Settings
 
-    with pytest.raises(ValidationError, match="grpc_tls_cert_file and grpc_tls_key_file go together"):
+    with pytest.raises(ValidationError, match="_CERT_FILE and SANDBOX_GATEWAY_GRPC_TLS_KEY_FILE go together"):
         Settings(grpc_tls_cert_file=tmp_path / "grpc.crt")

@@ -375,7 +375,7 @@ def test_off_by_default():
 
     plane = DataPlane(_NeverResolver(), PlaneOptions.from_settings(Settings()))
     assert plane.keys is None and not plane.keyed
-    with pytest.raises(ValueError, match="need auth_keys_file"):
+    with pytest.raises(ValueError, match="need --auth-keys / SANDBOX_GATEWAY_AUTH_KEYS_FILE"):
         Settings(preview_domain="preview.example.com")
     with pytest.raises(ValueError, match="not a DNS name"):
         Settings(preview_domain="bad_domain!", auth_keys_file="k.yaml")

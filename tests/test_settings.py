@@ -22,10 +22,10 @@ def clean_env(monkeypatch):
 
 
 @pytest.mark.parametrize(("fields", "fragment"), [
-    pytest.param({"host": "0.0.0.0"}, "needs an explicit auth_mode", id="off loopback, no mode"),
+    pytest.param({"host": "0.0.0.0"}, "needs an explicit --auth-mode", id="off loopback, no mode"),
     pytest.param({"host": "0.0.0.0", "auth_mode": "trusted-headers"}, "control API",
                  id="off loopback, no keys: the control API would be open"),
-    pytest.param({"host": "10.1.2.3", "auth_mode": "token"}, "needs auth_keys_file", id="token without keys"),
+    pytest.param({"host": "10.1.2.3", "auth_mode": "token"}, "needs --auth-keys", id="token without keys"),
     pytest.param({"router_compat_namespaces": ["agents"]}, "admin token", id="router headers without keys"),
 ])
 def test_refused(fields, fragment):

@@ -10,12 +10,15 @@ hash tag, so every key of one installation lives in one slot and every script
 is cluster-safe)::
 
     key                        type    TTL            contents
-    {P}:b:<session_id>         string  none           the binding, compact (redis_codec.binding_value): a JSON
-                                                      [pool, isolation, created_at, org, user, bot], plus the
-                                                      sandbox ID only where the binding does not derive it
+    {P}:b:<session_id>         string  none           the binding, compact (redis_codec.binding_value): pool,
+                                                      s|h, created ms, org, user[, bot[, sandbox ID]] joined by
+                                                      \x1f, UUIDs in 23 chars; the sandbox ID only where the
+                                                      binding does not derive it (JSON, as earlier versions
+                                                      wrote, where a field cannot be text; both are read)
     {P}:seen                   zset    none           session_id -> last seen (idle_sessions, oldest first)
     {P}:s:<sandbox_id>         hash    none           the record (one-letter fields, see redis_scripts; the
-                                                      owner in u, b, v) and one "+<session_id>" field per bound
+                                                      owner in u, b, v, UUIDs packed as in bindings; c in whole
+                                                      seconds, an integer) and one "+<session_id>" field per bound
                                                       session with their count n: no per-sandbox set. A
                                                       listpack for ordinary IDs (every value <= 64 bytes)
     {P}:idx                    zset    none           sandbox_id -> last_active, one entry per record: the
@@ -34,12 +37,17 @@ is cluster-safe)::
     {P}:settled                channel                {"id", "gen", "state": "ready"|"removed"|"suspended", "error"}
     {P}:invalidate             channel                [origin, "session"|"sandbox", id]
 
-Footprint (``benchmarks/fleet_bench.py``, ``used_memory`` over 10,000 sessions, Redis 7.0): about
-1,170 B per session bound to its own sandbox (the binding ~230 B, its ``seen`` entry ~150 B,
-the sandbox hash ~360 B, its ``idx`` entry ~150 B, and the dictionaries' own overhead; 949 B at
-1,000,000), and about 630 B per session sharing a sandbox with nine others. This layout (version 2) does not read the
-keys of versions before it (``binding:``, ``sandbox:``, ``sandbox-sessions:``): upgrading a live
-installation needs an empty Redis or a migration.
+Footprint (``benchmarks/footprint_bench.py``, Redis 7.0, 10,000 sessions each bound to its own
+ready sandbox, UUID org and user, a pod-IP endpoint): 926 B of ``used_memory`` per session (1,028 B
+before the text bindings and packed IDs); 845 B at 1,000,000 (949 B before). By ``MEMORY USAGE``: the binding 184 B (key name, value
+and object), the sandbox hash 328 B (a listpack), its ``seen`` entry 145 B and its ``idx`` entry
+154 B (skiplist nodes: the member, the score, the dict entry), the main dictionary ~100 B for
+the two keys. Two keys and two sorted-set entries per session are the floor of this layout; going
+under 600 B needs the binding of a per-session sandbox folded into the sandbox hash (not built).
+
+This layout (version 2) does not read the keys of versions before it (``binding:``, ``sandbox:``,
+``sandbox-sessions:``): upgrading a live installation needs an empty Redis or a migration. Within
+version 2, JSON bindings and plain owner IDs written before the compact encodings still read.
 
 Background work is bounded whatever the fleet size: the gauges read ``count:state`` and
 ``count:sessions`` (kept by the same scripts that keep the caps), and reaping and listing read
