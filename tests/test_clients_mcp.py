@@ -66,7 +66,10 @@ async def server_log(gw: ClientGateway) -> list[dict[str, str]]:
 @contextlib.asynccontextmanager
 async def connect(url: str, headers: dict[str, str], mode: str = "auto") -> AsyncIterator[Client]:
     """The SDK's client on its own transport, whose HTTP client sends ``headers`` on every request."""
-    async with httpx2.AsyncClient(headers=headers) as http, \
+    # The SDK's own timeouts (30 s, 300 s between bytes of a stream): httpx2's default 5 s read timeout
+    # would cut the legacy protocol's idle GET stream under a loaded CI machine.
+    timeout = httpx2.Timeout(30.0, read=300.0)
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http, \
             Client(streamable_http_client(url, http_client=http), mode=mode) as client:
         yield client
 
