@@ -1,8 +1,9 @@
-"""The control API (port 8081): sessions, sandboxes, route dry runs, health.
+"""The control API (port 8081): sessions, sandbox access grants, kagent's sandbox API, sandboxes,
+route dry runs, health.
 
 Every error leaves through :func:`error_middleware`, the one place where a
 ``GatewayError`` (or aiohttp's own 404/405/413) becomes the documented JSON
-shape; an unexpected exception is logged with its stack and answered with a
+shape (a page for a browser's navigation, rendered by ``gateway.errors.render``); an unexpected exception is logged with its stack and answered with a
 bare 500 that says nothing about internals. Bytes that never became a request
 (malformed HTTP) are answered in the same shape by :class:`ControlRunner`.
 Credentials and routing headers are read one way: each may come once
@@ -22,12 +23,17 @@ from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 
 from gateway.auth import AdminCheck, AllowAll, parse_headers
-from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, error_body
+from gateway.errors import (
+    BadRequest, GatewayError, NotFound, NotImplementedByGateway, UnsupportedMediaType, render, wants_html,
+)
+from gateway.grants import Grants, McpTarget, NoGrants
 from gateway.metrics import Metrics
 from gateway.model import Binding, SandboxRecord, SandboxState
+from gateway.policy import allowed_ports
 from gateway.sessions import SessionRouter
 from gateway.store.base import Position, SandboxFilter
 from routing import Identity, InvalidIdentity, is_valid_sandbox_id
+from routing.ports import PortSet
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +42,8 @@ ADMIN = web.AppKey("admin", AdminCheck)
 _OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 READINESS = web.AppKey("readiness", Callable[[], Awaitable[list[str]]])
 METRICS = web.AppKey("metrics", Metrics)
+GRANTS = web.AppKey("grants", Grants)
+MCP_TARGET = web.AppKey("mcp_target", McpTarget)
 #: Notices every caller of GET /v1/sandboxes sees (e.g. local sandboxes that run unconfined).
 WARNINGS = web.AppKey("warnings", list)
 
@@ -50,9 +58,11 @@ _SINGLE_HEADERS = (
 )
 
 
-def json_error(exc: GatewayError) -> web.Response:
-    return web.Response(status=exc.status, body=error_body(exc), content_type="application/json",
-                        headers=exc.headers())
+def error_response(exc: GatewayError, request: web.BaseRequest | None = None) -> web.Response:
+    """``exc`` in the JSON shape, or as a small page when ``request`` is a browser's navigation."""
+    as_html = request is not None and wants_html(request.headers.get("Sec-Fetch-Mode"), request.headers.get("Accept"))
+    content_type, body, headers = render(exc, as_html=as_html)
+    return web.Response(status=exc.status, body=body, headers={"Content-Type": content_type, **headers})
 
 
 @web.middleware
@@ -60,19 +70,19 @@ async def error_middleware(request: web.Request, handler: Callable[[web.Request]
     try:
         return await handler(request)
     except GatewayError as exc:
-        return json_error(exc)
+        return error_response(exc, request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status, "bad_request")
         error = GatewayError(exc.reason, code=code)
         error.status = exc.status  # type: ignore[misc]  # keep aiohttp's status, our body shape
-        return json_error(error)
+        return error_response(error, request)
     except asyncio.CancelledError:
         raise
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return json_error(GatewayError("internal error; the gateway logged the details"))
+        return error_response(GatewayError("internal error; the gateway logged the details"), request)
 
 
 @web.middleware
@@ -118,7 +128,11 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-async def _json_object(request: web.Request) -> dict[str, Any]:
+async def _json_object(request: web.Request, allowed: tuple[str, ...] = _IDENTITY_FIELDS, *,
+                       optional: bool = False) -> dict[str, Any]:
+    """The body as a JSON object with only ``allowed`` fields; ``{}`` for no body at all when ``optional``."""
+    if optional and not request.body_exists:
+        return {}
     # Only application/json: a web page can POST text/plain to localhost without a CORS preflight,
     # which would let any site create sandboxes through an embedded gateway without admin keys.
     if request.content_type != "application/json":
@@ -129,9 +143,9 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
         raise BadRequest("the request body is not valid JSON (or nests too deeply)", code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object", code="invalid_json")
-    unknown = sorted(set(body) - set(_IDENTITY_FIELDS))
+    unknown = sorted(set(body) - set(allowed))
     if unknown:
-        raise BadRequest(f"unknown field {unknown[0]!r} (allowed: {', '.join(_IDENTITY_FIELDS)})")
+        raise BadRequest(f"unknown field {unknown[0]!r} (allowed: {', '.join(allowed)})")
     return body
 
 
@@ -172,6 +186,75 @@ async def delete_session(request: web.Request) -> web.Response:
     session_id = _path_session(request)
     binding = await request.app[ROUTER].close_session(session_id, _caller(request, session_id))
     return web.json_response({"session_id": session_id, "sandbox_id": binding.sandbox_id, "deleted": True})
+
+
+# -- access to a session's sandbox by URL -----------------------------------------------------
+_ACCESS_FIELDS = ("ports", "ttl")
+# kagent's CreateSandboxRequest fields (agent name, namespace, workspace reference): accepted so its
+# controller can call as it is, not used (the policy places the sandbox).
+_KAGENT_FIELDS = ("agent_name", "namespace", "workspace")
+
+
+def _owner(request: web.Request, session_id: str) -> Identity:
+    """The caller's identity from X-* headers, required: access is granted to a session's owner only."""
+    headers = request.headers
+    return parse_headers(headers.get("X-Org-Id"), headers.get("X-User-Id"), session_id, headers.get("X-Bot-Id"))
+
+
+def _allowed_ports(router: SessionRouter, record: SandboxRecord) -> PortSet:
+    assert record.endpoint is not None  # a ready sandbox has one
+    return allowed_ports(router.policy.pools.get(record.pool), record.endpoint)
+
+
+async def grant_access(request: web.Request) -> web.Response:
+    """A sandbox access token for the session's owner (anyone else: 404), with its host and path URLs."""
+    session_id = _path_session(request)
+    body = await _json_object(request, _ACCESS_FIELDS, optional=True)
+    router = request.app[ROUTER]
+    binding = await router.lookup(session_id, _owner(request, session_id))
+    record = await router.ensure_sandbox(binding)  # the current incarnation, woken or re-created if need be
+    grant = request.app[GRANTS].grant(record, _allowed_ports(router, record), ports=body.get("ports"),
+                                      ttl=body.get("ttl"), request_host=request.host)
+    return web.json_response({"session_id": session_id, **grant.as_dict()})
+
+
+async def kagent_bind(request: web.Request) -> web.Response:
+    """kagent's ``POST /api/sessions/{id}/sandbox``: bind per policy (creating the sandbox), then its MCP URL."""
+    session_id = _path_session(request)
+    await _json_object(request, _KAGENT_FIELDS, optional=True)
+    _, record = await request.app[ROUTER].bind(_owner(request, session_id))
+    return web.json_response(_kagent_view(request, record))
+
+
+async def kagent_status(request: web.Request) -> web.Response:
+    """kagent's ``GET /api/sessions/{id}/sandbox``: the session's sandbox as it is now; creates nothing."""
+    session_id = _path_session(request)
+    router = request.app[ROUTER]
+    record = await router.sandbox_of(await router.lookup(session_id, _owner(request, session_id)))
+    if record is None:
+        raise NotFound(f"session {session_id!r} has no sandbox now; POST /api/sessions/{session_id}/sandbox "
+                       "creates it", code="sandbox_not_found")
+    return web.json_response(_kagent_view(request, record))
+
+
+def _kagent_view(request: web.Request, record: SandboxRecord) -> dict[str, Any]:
+    """kagent's SandboxResponse: ``mcp_url`` is a path URL carrying an access token (so an agent given only
+    the URL gets through), ``headers`` the same token as a bearer (for clients that drop cookies)."""
+    view: dict[str, Any] = {"sandbox_id": record.sandbox_id, "mcp_url": "", "protocol": "streamable-http",
+                            "headers": {}, "ready": record.state is SandboxState.READY}
+    if record.endpoint is None:  # suspended or on its way: no port to name until it is up again
+        view["ready"] = False
+        return view
+    target = request.app[MCP_TARGET]
+    port = target.port if target.port is not None else record.endpoint.port
+    grant = request.app[GRANTS].grant(record, _allowed_ports(request.app[ROUTER], record), ports=[port],
+                                      request_host=request.host)
+    mcp_url = grant.path_url(port, target.path)
+    if mcp_url is None:
+        raise NotImplementedByGateway("kagent's mcp_url is a path URL: set preview_path_prefix "
+                                      "(SANDBOX_GATEWAY_PREVIEW_PATH_PREFIX), e.g. /s", code="path_urls_off")
+    view.update(mcp_url=mcp_url, headers=grant.as_dict()["headers"])
+    return view
 
 
 LIST_DEFAULT_LIMIT = 100
@@ -275,7 +358,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[list[str]]], metrics_: Metrics,
-                       admin: AdminCheck = AllowAll(), *, warnings: list[str] | None = None) -> web.Application:
+                       admin: AdminCheck = AllowAll(), *, warnings: list[str] | None = None,
+                       grants: Grants = NoGrants(), mcp: McpTarget = McpTarget()) -> web.Application:
     app = web.Application(middlewares=[error_middleware, headers_middleware, admin_middleware],
                           client_max_size=64 * 1024)
     app[WARNINGS] = list(warnings or [])
@@ -283,9 +367,14 @@ def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[
     app[ADMIN] = admin
     app[READINESS] = readiness
     app[METRICS] = metrics_
+    app[GRANTS] = grants
+    app[MCP_TARGET] = mcp
     app.router.add_post("/v1/sessions", create_session)
     app.router.add_get("/v1/sessions/{session_id}", get_session)
     app.router.add_delete("/v1/sessions/{session_id}", delete_session)
+    app.router.add_post("/v1/sessions/{session_id}/access", grant_access)
+    app.router.add_post("/api/sessions/{session_id}/sandbox", kagent_bind)
+    app.router.add_get("/api/sessions/{session_id}/sandbox", kagent_status)
     app.router.add_get("/v1/sandboxes", list_sandboxes)
     app.router.add_post("/v1/sandboxes/{sandbox_id}/suspend", suspend_sandbox)
     app.router.add_post("/v1/sandboxes/{sandbox_id}/resume", resume_sandbox)
@@ -325,7 +414,7 @@ class _JsonErrorHandler(web.RequestHandler):
                      message: str | None = None) -> web.StreamResponse:
         # aiohttp's own: logs, and raises when part of a response already left (then it closes).
         super().handle_error(request, status, exc, None)
-        response = json_error(_protocol_error(status, exc))
+        response = error_response(_protocol_error(status, exc))
         response.force_close()
         return response
 

@@ -26,6 +26,7 @@ from gateway.access import AccessTokens
 from gateway.api import ControlRunner, create_control_app
 from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySet, TokenAuth, TrustedHeaders
 from gateway.compat import RouterCompat
+from gateway.grants import AccessGrants, Grants, McpTarget, NoGrants
 from gateway.errors import GatewayError
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics, RequestMetrics
@@ -211,6 +212,14 @@ class Gateway:
         return PreviewKeys(self.access_tokens, domain=self.settings.preview_domain,
                            path_prefix=self.settings.preview_path_prefix)
 
+    def _grants(self, data_sock: socket.socket) -> Grants:
+        """What the control API mints access tokens and their URLs with (NoGrants without signing keys)."""
+        if self.access_tokens is None:
+            return NoGrants()
+        s = self.settings
+        return AccessGrants(self.access_tokens, data_port=data_sock.getsockname()[1], public_url=s.public_url,
+                            preview_domain=s.preview_domain, path_prefix=s.preview_path_prefix)
+
     @classmethod
     def create(cls, settings: Settings, access: AccessLog | None = None) -> Gateway:
         """``access``: where request lines go (``configure_logging`` makes it; None = no access log)."""
@@ -266,7 +275,8 @@ class Gateway:
             await self.grpc_front.start(grpc_sock)
             self.grpc_address = self.grpc_front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
-                                     warnings=self._provider_warnings())
+                                     warnings=self._provider_warnings(), grants=self._grants(data_sock),
+                                     mcp=McpTarget(self.settings.kagent_mcp_port, self.settings.kagent_mcp_path))
         self._control_runner = ControlRunner(control, access_log=None, handle_signals=False)
         await self._control_runner.setup()
         undo.push_async_callback(self._control_runner.cleanup)

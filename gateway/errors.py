@@ -25,13 +25,17 @@
 
 Code that calls aiohttp, redis or kubernetes wraps their errors into these
 (``raise ... from exc``) so that handlers never classify foreign exceptions,
-and :func:`error_body` is the only place an error becomes a response body.
+and :func:`render` is the only place an error becomes a response body: the
+JSON shape for programs, the same status, code and message as a small HTML
+page for a browser's navigation (:func:`wants_html`), so a preview URL that
+fails shows a page rather than raw JSON.
 The gRPC front (``gateway.grpcfront``) reads ``grpc_status`` beside ``status``:
 one tree, two wire mappings, both in the table above.
 """
 
 from __future__ import annotations
 
+import html
 import json
 from typing import ClassVar
 
@@ -197,3 +201,43 @@ def error_body(exc: GatewayError) -> bytes:
     if exc.sandbox_id:
         error["sandbox_id"] = exc.sandbox_id
     return json.dumps({"error": error}).encode()
+
+
+def wants_html(fetch_mode: str | bytes | None, accept: str | bytes | None) -> bool:
+    """A browser navigation: ``Sec-Fetch-Mode: navigate``, or an ``Accept`` that names ``text/html``
+    and no JSON (what browsers send on a top-level load without Fetch Metadata). ``fetch()``, SDKs and
+    curl get JSON: they send ``cors``/``no-cors``, ``*/*``, ``application/json`` or nothing."""
+    if isinstance(fetch_mode, bytes):
+        fetch_mode = fetch_mode.decode("latin-1")
+    if fetch_mode is not None and fetch_mode.strip().lower() == "navigate":
+        return True
+    if isinstance(accept, bytes):
+        accept = accept.decode("latin-1")
+    if not accept:
+        return False
+    accept = accept.lower()
+    return "text/html" in accept and "json" not in accept
+
+
+# Everything interpolated is escaped (messages quote what a client sent); the headers that go with
+# it (HTML_HEADERS) forbid scripts, styles from elsewhere and sniffing all the same.
+_PAGE = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{status} {code}</title>"
+         "<meta name=\"viewport\" content=\"width=device-width\"></head>\n"
+         "<body style=\"font-family:sans-serif;max-width:40em;margin:3em auto;padding:0 1em\">"
+         "<h1>{status} {code}</h1>\n<p>{message}</p>\n{sandbox}</body></html>\n")
+HTML_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
+                "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+
+
+def error_html(exc: GatewayError) -> bytes:
+    """The same status, code and message as :func:`error_body`, as a page a browser shows."""
+    sandbox = f"<p>sandbox: <code>{html.escape(exc.sandbox_id)}</code></p>\n" if exc.sandbox_id else ""
+    return _PAGE.format(status=exc.status, code=html.escape(exc.code), message=html.escape(exc.message),
+                        sandbox=sandbox).encode()
+
+
+def render(exc: GatewayError, *, as_html: bool = False) -> tuple[str, bytes, dict[str, str]]:
+    """``(content type, body, headers)`` for ``exc``: the one rendering of an error, both planes."""
+    if as_html:
+        return "text/html; charset=utf-8", error_html(exc), {**exc.headers(), **HTML_HEADERS}
+    return "application/json", error_body(exc), exc.headers()

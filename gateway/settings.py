@@ -152,6 +152,12 @@ class Settings(BaseSettings):
     # {port}-{sandbox_id}.{preview_domain} and {preview_path_prefix}/{sandbox_id}/{port}/...
     preview_domain: str | None = None
     preview_path_prefix: str | None = Field(default=None, pattern=r"^(/[A-Za-z0-9._~-]+)+$")
+    # The data plane as clients reach it (scheme://host[:port]), for the URLs the control API hands out
+    # (gateway/grants.py); unset: http://<the host the control API was called by>:<data_port>.
+    public_url: str | None = Field(default=None, pattern=r"^https?://[^/?#\s]+$")
+    # kagent's mcp_url (POST /api/sessions/{id}/sandbox): the sandbox's port (unset: its runtime port) and path.
+    kagent_mcp_port: int | None = Field(default=None, ge=1, le=65535)
+    kagent_mcp_path: str = Field(default="/mcp", pattern=r"^/[A-Za-z0-9._~/-]*$")
 
     # agent-sandbox router headers (gateway/compat.py): honoured only in these namespaces, only with an
     # admin token, only on these ports; empty = off (the headers are then dropped and never forwarded)

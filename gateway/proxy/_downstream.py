@@ -438,7 +438,8 @@ class DownstreamConnection(RequestReader, KeyedRequests, asyncio.Protocol):
         ex.status = exc.status
         ex.code = exc.code
         close = not ex.req_done or not ex.keep_alive or self.plane.draining or bool(self.mode & M_UPGRADED)
-        self._send(w.error_response(exc, ex.request_id or b"-", close=close, keep_alive_10=ex.version10))
+        self._send(w.error_response(exc, ex.request_id or b"-", close=close, keep_alive_10=ex.version10,
+                                     as_html=w.navigation(ex.headers)))
         self.finish(ex, close)
 
     def _send(self, data: bytes) -> None:

@@ -1,4 +1,4 @@
-"""Bytes on the wire: header tables, response heads, error pages, request IDs.
+"""Bytes on the wire: header tables, response heads, error pages (JSON or HTML), request IDs.
 
 Everything here is a pure function or a constant, so the protocol classes in
 ``_request``, ``_downstream`` and ``_upstream`` only move bytes and never format text on the hot
@@ -14,7 +14,7 @@ import secrets
 from http import HTTPStatus
 
 from gateway.access import COOKIE_NAME
-from gateway.errors import BadRequest, GatewayError, error_body
+from gateway.errors import BadRequest, GatewayError, error_body, render, wants_html
 
 # -- request headers ----------------------------------------------------------
 # Lower-cased names with a meaning to the proxy; every other header passes through.
@@ -241,21 +241,36 @@ def status_line(status: int, reason: bytes) -> bytes:
     return b"HTTP/1.1 %d %s\r\n" % (status, reason or _REASONS.get(status, b"Unknown"))
 
 
-def error_response(exc: GatewayError, request_id: bytes, *, close: bool, keep_alive_10: bool = False) -> bytes:
-    """A complete JSON error response (head and body) for a request the proxy answers itself."""
-    body = error_body(exc)
+def error_response(exc: GatewayError, request_id: bytes, *, close: bool, keep_alive_10: bool = False,
+                   as_html: bool = False) -> bytes:
+    """A complete error response (head and body) for a request the proxy answers itself: JSON, or the
+    same error as a page for a browser's navigation (``as_html``, see :func:`navigation`)."""
+    content_type, body, headers = render(exc, as_html=as_html)
     parts = [
         b"HTTP/1.1 %d %s\r\n" % (exc.status, _REASONS.get(exc.status, b"Error")),
-        b"Content-Type: application/json\r\nContent-Length: %d\r\nX-Request-Id: " % len(body),
+        b"Content-Type: %s\r\nContent-Length: %d\r\nX-Request-Id: " % (content_type.encode(), len(body)),
         request_id,
         CRLF,
     ]
-    for name, value in exc.headers().items():
+    for name, value in headers.items():
         parts.append(f"{name}: {value}\r\n".encode("latin-1"))
     parts.append(CONN_CLOSE if close else CONN_KEEP_ALIVE if keep_alive_10 else b"")
     parts.append(CRLF)
     parts.append(body)
     return b"".join(parts)
+
+
+def navigation(headers: list[bytes]) -> bool:
+    """A browser's navigation (errors.wants_html) by the request's forwarded headers (as in Exchange).
+    Read only when an error is answered, so the hot path pays nothing for it."""
+    fetch_mode = accept = None
+    for i in range(0, len(headers), 4):
+        name = headers[i].lower()
+        if name == b"sec-fetch-mode":
+            fetch_mode = headers[i + 2]
+        elif name == b"accept":
+            accept = headers[i + 2]
+    return wants_html(fetch_mode, accept)
 
 
 def redirect_response(status: int, location: bytes, set_cookie: bytes | None, request_id: bytes, *, close: bool) -> bytes:
