@@ -15,6 +15,8 @@ import pytest
 from routing import Identity, default_policy, place
 from tests.client_gateway import PATH_PREFIX, PREVIEW_DOMAIN, ClientGateway, Loopback, client_gateway
 
+NAVIGATE = {"Sec-Fetch-Mode": "navigate"}  # what a browser sends following a link: a URL token is swapped for a cookie
+
 
 @pytest.fixture
 async def gw(tmp_path):
@@ -41,7 +43,7 @@ async def test_the_owner_gets_a_token_and_urls_that_open_in_a_browser(gw):
     assert urls["host"] == f"http://{port}-{sandbox_id}.{PREVIEW_DOMAIN}:{gw.data_port}/?access_token={grant['token']}"
 
     jar = aiohttp.CookieJar(unsafe=True)
-    async with aiohttp.ClientSession(cookie_jar=jar, connector=aiohttp.TCPConnector(resolver=Loopback())) as browser:
+    async with aiohttp.ClientSession(cookie_jar=jar, headers=NAVIGATE, connector=aiohttp.TCPConnector(resolver=Loopback())) as browser:
         for kind in ("path", "host"):
             async with browser.get(urls[kind]) as response:  # the token swapped for a cookie, then the page
                 assert response.status == 200, await response.text()

@@ -35,6 +35,7 @@ from tests.proxy_helpers import aiohttp_backend, listening_socket
 
 SECRET = b"preview-test-secret-of-32-bytes!!"
 DOMAIN = "preview.localhost"
+NAVIGATE = {"Sec-Fetch-Mode": "navigate"}  # what a browser sends following a link: a URL token is swapped for a cookie
 OTHER = "usr-" + "b" * 48  # a well-formed ID that no session created
 
 
@@ -222,7 +223,7 @@ async def test_a_browser_follows_a_preview_url_by_host_with_cookies(preview):
     token = await preview.mint()
     jar = aiohttp.CookieJar(unsafe=True)
     connector = aiohttp.TCPConnector(resolver=Loopback(preview.port))
-    async with aiohttp.ClientSession(connector=connector, cookie_jar=jar) as browser:
+    async with aiohttp.ClientSession(connector=connector, cookie_jar=jar, headers=NAVIGATE) as browser:
         start = f"http://{preview.host()}/page?a=1&access_token={token}&b=2"
         async with browser.get(start, headers={"Cookie": "theirs=1"}) as response:
             assert response.status == 200
@@ -245,7 +246,7 @@ async def test_a_browser_follows_a_preview_url_by_host_with_cookies(preview):
 async def test_a_browser_follows_a_preview_url_by_path_with_cookies(preview):
     token = await preview.mint()
     jar = aiohttp.CookieJar(unsafe=True)
-    async with aiohttp.ClientSession(cookie_jar=jar) as browser:
+    async with aiohttp.ClientSession(cookie_jar=jar, headers=NAVIGATE) as browser:
         async with browser.get(preview.url + preview.path(f"?access_token={token}")) as response:
             assert response.status == 200
             assert str(response.history[0].headers["Location"]) == preview.path("/")
@@ -261,10 +262,24 @@ async def test_a_browser_follows_a_preview_url_by_path_with_cookies(preview):
         assert_clean(request)
 
 
+async def test_a_program_sending_the_token_in_every_url_is_served_without_a_redirect(preview):
+    """kagent's mcp_url carries its token: an MCP client posts to it on every call. Only a browser's
+    navigation is redirected; a program is served at once, the token cut from the URL forwarded."""
+    token = await preview.mint()
+    for method in ("GET", "POST"):
+        async with aiohttp.ClientSession() as client, client.request(
+                method, preview.url + preview.path(f"/mcp?a=1&access_token={token}"), data=b"{}",
+                allow_redirects=False) as response:
+            assert response.status == 200 and not response.cookies
+        request = preview.seen.last
+        assert request["path"] == "/mcp?a=1" and token not in json.dumps(request)
+        assert_clean(request)
+
+
 async def test_secure_cookie_off_loopback(preview):
     token = await preview.mint()
     status, headers, _ = await get(preview, preview.path(f"/x?access_token={token}"),
-                                   headers={"Host": "gateway.example.com"})
+                                   headers={"Host": "gateway.example.com", **NAVIGATE})
     assert status == 303 and headers["Location"] == preview.path("/x")
     assert headers["Set-Cookie"].endswith("; HttpOnly; SameSite=Lax; Secure")
 

@@ -107,9 +107,11 @@ class PreviewKeys:
                                "mints one)", code="access_token_required")
         claims = self._first_good(candidates, keyed)
         keyed.incarnation = claims.incarnation
-        if ex.websocket:
-            # A WebSocket handshake is not redirected (browsers do not follow): the token in its URL
-            # is accepted as it is and cut from the URL forwarded.
+        if ex.websocket or (from_query is not None and not _navigation(ex)):
+            # Only a browser's navigation is redirected (the token leaves its address bar and history
+            # for a cookie). A WebSocket handshake (browsers do not follow) and a program that sends
+            # the token in every URL (an MCP client given kagent's mcp_url, curl) are served as they
+            # are, the token cut from the URL forwarded: no redirect round trip per call.
             rest = keyed.rest if keyed.rest is not None else b"/" + url[len(keyed.prefix or b""):]
             keyed.rest = _without_token(rest, None) if from_query is not None else rest
             return None
@@ -323,3 +325,7 @@ def _location_under(value: bytes, prefix: bytes, authorities: tuple[bytes, ...])
 
 
 __all__ = ["Keyed", "KeyedRequests", "PreviewKeys", "query_token", "rewrite_under_prefix"]
+
+
+def _navigation(ex: Exchange) -> bool:
+    return ex.method in (b"GET", b"HEAD") and w.navigation(ex.headers)
