@@ -204,10 +204,12 @@ class Lifecycle:
         router, store, provider = self._router, self._router.store, self._router.provider
         if not await router.renew_reaper_lease():
             return []
+        cutoff = router.clock() - grace
+        if await store.epoch() > cutoff:
+            return []  # the store began (or lost its data) within the grace: sessions may yet come back
         page = await provider.managed_page(self._sweep_from, router.tuning.sweep_batch)
         self._sweep_from = page.next
         known = await store.existing_sandboxes([managed.sandbox_id for managed in page.items])
-        cutoff = router.clock() - grace
         swept = []
         for managed in page.items:
             if managed.sandbox_id not in known and managed.created_at < cutoff:

@@ -279,6 +279,24 @@ async def test_state_survives_a_restart_with_appendonly(redis_server_factory: Se
         await store.close()
 
 
+@pytest.mark.parametrize("appendonly", [pytest.param(True, id="aof"), pytest.param(False, id="no-persistence")])
+async def test_the_epoch_is_when_the_data_began(redis_server_factory: ServerFactory, prefix: str,
+                                                appendonly: bool) -> None:
+    """The orphan sweep's grace counts from it: a Redis back without its data begins again."""
+    server = redis_server_factory(appendonly=appendonly)
+    clock = FakeClock(1000.0)
+    store, other = RedisStore(server.url, prefix, "replica-a", clock=clock), RedisStore(server.url, prefix, "replica-b")
+    try:
+        assert await store.epoch() == 1000.0
+        clock.advance(50)
+        assert await store.epoch() == 1000.0 and await other.epoch() == 1000.0  # the first writer's, for all
+        server.restart(kill=True)
+        assert await store.epoch() == (1000.0 if appendonly else 1050.0)
+    finally:
+        await store.close()
+        await other.close()
+
+
 async def test_outage_is_store_unavailable_and_the_store_recovers(redis_server_factory: ServerFactory,
                                                                   prefix: str) -> None:
     server = redis_server_factory(appendonly=True)

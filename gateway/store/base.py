@@ -285,6 +285,10 @@ class SessionStore(Protocol):
     async def open_streams(self, sandbox_id: str) -> int: ...
 
     # coordination
+    async def epoch(self) -> float:
+        """When this store's data began: its creation, or the moment a store that lost its data (Redis
+        restarted without persistence) was first used again. Sandboxes older than the store are not
+        orphans until their sessions had time to come back for them (the orphan sweep's grace)."""
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> bool:
         """Take or renew a named lease; True while ``holder`` holds it."""
     def subscribe(self, callback: Invalidation) -> None: ...

@@ -35,6 +35,7 @@ class MemoryStore:
         self._sandbox_sessions: dict[str, set[str]] = defaultdict(set)
         self._streams: dict[str, int] = defaultdict(int)
         self._leases: dict[str, tuple[str, float]] = {}
+        self._epoch = clock()
         self._waiters: dict[str, list[asyncio.Future[Settlement]]] = defaultdict(list)
         self._subscribers: list[Invalidation] = []
 
@@ -244,6 +245,9 @@ class MemoryStore:
         return self._streams.get(sandbox_id, 0)
 
     # coordination -------------------------------------------------------
+    async def epoch(self) -> float:
+        return self._epoch
+
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> bool:
         now = self._clock()
         current = self._leases.get(name)

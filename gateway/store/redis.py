@@ -32,6 +32,8 @@ is cluster-safe)::
                                        on release)
     {P}:replica:<replica_id>   string  heartbeat_ttl  heartbeat (refreshed every heartbeat_interval);
                                                       while absent, that replica's streams don't count
+    {P}:epoch                  string  none           when this data began (written by the first replica
+                                                      to look after a reset): orphan grace counts from it
     {P}:lease:<name>           hash    lease ttl      holder, until (the clock's deadline; the lease ends
                                                       at the deadline or the TTL, whichever comes first)
     {P}:settled                channel                {"id", "gen", "state": "ready"|"removed"|"suspended", "error"}
@@ -493,6 +495,14 @@ class RedisStore:
             self._unsynced.add(sandbox_id)
         self._start_heartbeat()
         await self._sync_streams()
+
+    @_translated("read when its data began")
+    async def epoch(self) -> float:
+        # SET NX GET: the first caller after the data began (a fresh Redis, or one restarted without
+        # persistence) writes the time; everyone reads the first writer's.
+        now = codec.num(self._clock())
+        began = await self._redis.set(self.keys.epoch, now, nx=True, get=True)
+        return float(began if began is not None else now)
 
     @_translated("count open streams")
     async def open_streams(self, sandbox_id: str) -> int:

@@ -36,12 +36,12 @@ class RedisKeys:
     """Every key and channel name of one installation (the table is in ``gateway.store.redis``)."""
 
     __slots__ = ("_base", "session_seen", "sandboxes", "count_pool", "count_org", "count_state", "count_sessions",
-                 "settled", "invalidate")
+                 "settled", "invalidate", "epoch")
 
     # Fixed parts of the variable keys; kept prefix-free (tests check it). Short on purpose:
     # a key name is paid for once per session or sandbox.
     VARIABLE = ("b:", "s:", "streams:", "replica:", "lease:")
-    FIXED = ("seen", "idx", "count:pool", "count:org", "count:state", "count:sessions")
+    FIXED = ("seen", "idx", "count:pool", "count:org", "count:state", "count:sessions", "epoch")
 
     def __init__(self, prefix: str) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
@@ -55,6 +55,7 @@ class RedisKeys:
         self.count_sessions = self._base + "count:sessions"
         self.settled = self._base + "settled"
         self.invalidate = self._base + "invalidate"
+        self.epoch = self._base + "epoch"
 
     def binding(self, session_id: str) -> str:
         return self._base + "b:" + session_id

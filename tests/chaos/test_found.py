@@ -89,10 +89,6 @@ class ListingProvider(CountingProvider):
         return ManagedPage(list(self.managed), None)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "orphan grace counts from the object's creation, not from the store's reset: after Redis comes back "
-    "empty, the first sweep deletes every sandbox older than the grace whose session has not re-bound yet, "
-    "active ones served from the route cache included (reported to the lead; the fix is in the store seam)"))
 async def test_orphan_grace_counts_from_a_store_reset() -> None:
     """SessionRouter.sweep_orphans says ``grace`` protects "objects of a store that was just reset".
     A sandbox an hour old whose store was reset a moment ago is swept at once today."""
