@@ -35,7 +35,7 @@ from gateway.policy import allowed_ports
 from gateway.providers.base import ForeignSandbox, Probe, SandboxProvider
 from gateway.store.base import (
     ANY_SANDBOX, INVALIDATE_ALL, Caps, FleetCounts, NotReserved, Position, Released, Reserved, SandboxFilter,
-    SandboxPage, SessionStore, Settled, SettleTimeout,
+    SandboxPage, SessionStore, Settled, Settlement, SettleTimeout,
 )
 from routing import Identity, Isolation, Placement, Policy, place
 from routing.ports import PortSet
@@ -284,17 +284,21 @@ class SessionRouter:
         self.activity.sandboxes[sandbox_id] = now
         return entry.at(port)
 
+    async def _settled(self, sandbox_id: str, timeout: float) -> Settlement:
+        """How a creation or wake another caller runs ended; ProvisionTimeout past ``timeout``."""
+        try:
+            return await self.store.wait_settled(sandbox_id, timeout)
+        except SettleTimeout:
+            raise ProvisionTimeout(f"sandbox {sandbox_id} was not ready within {timeout:g}s",
+                                   sandbox_id=sandbox_id) from None
+
     async def _running(self, record: SandboxRecord) -> SandboxRecord:
         if record.state is SandboxState.READY:
             return record
         if record.state is SandboxState.CREATING:
             pool = self.policy.pools.get(record.pool)
             timeout = pool.provisioning_timeout if pool is not None else 120.0
-            try:
-                settlement = await self.store.wait_settled(record.sandbox_id, timeout)
-            except SettleTimeout:
-                raise ProvisionTimeout(f"sandbox {record.sandbox_id} was not ready within {timeout:g}s",
-                                       sandbox_id=record.sandbox_id) from None
+            settlement = await self._settled(record.sandbox_id, timeout)
             if settlement.outcome is Settled.READY and settlement.record is not None:
                 return settlement.record
             raise NotFound(f"sandbox {record.sandbox_id} did not come up; a request through its session re-creates it",
@@ -418,11 +422,7 @@ class SessionRouter:
                 return await self.lifecycle.resume(reservation.record, binding, timeout)
             if reservation.record.state is SandboxState.READY:
                 return reservation.record
-            try:
-                settlement = await self.store.wait_settled(binding.sandbox_id, timeout)
-            except SettleTimeout:
-                raise ProvisionTimeout(f"sandbox {binding.sandbox_id} was not ready within {timeout:g}s",
-                                       sandbox_id=binding.sandbox_id) from None
+            settlement = await self._settled(binding.sandbox_id, timeout)
             if settlement.outcome is Settled.READY and settlement.record is not None:
                 return settlement.record
             if settlement.outcome is Settled.FAILED:
