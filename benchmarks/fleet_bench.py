@@ -207,12 +207,8 @@ def main() -> None:
         return
     from tests.redis_server import RedisServer
 
-    server = RedisServer()
-    server.start()
-    try:
+    with RedisServer() as server:  # a private one, removed with its data afterwards
         asyncio.run(run(args, server.url))
-    finally:
-        server.stop()
 
 
 if __name__ == "__main__":
