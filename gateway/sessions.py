@@ -306,10 +306,15 @@ class SessionRouter:
         if record.state in (SandboxState.FAILED, SandboxState.DELETING):  # never stored today; a defence
             raise NotFound(f"sandbox {record.sandbox_id} is not running ({record.state.value}); a request through "
                            "its session re-creates it", code="sandbox_not_found")
-        # Suspended (or on its way there or back): woken the way a binding's request wakes it.
+        # Suspended (or on its way there or back): woken the way a binding's request wakes it, as its
+        # recorded owner (were the record gone meanwhile, what ensure_sandbox creates is that owner's).
+        # A record with no owner is not woken by a token: only a request through its session proves whose it is.
+        if record.owner is None:
+            raise NotFound(f"sandbox {record.sandbox_id} is suspended; a request through its session wakes it",
+                           code="sandbox_not_found")
         isolation = Isolation.PER_SESSION if record.sandbox_id.startswith("ses-") else Isolation.SHARED
         return await self.ensure_sandbox(Binding("", record.sandbox_id, record.pool, isolation,
-                                                 record.owner or _NO_OWNER, record.created_at))
+                                                 record.owner, record.created_at))
 
     def stream_opened(self, sandbox_id: str) -> None:
         self.activity.streams[sandbox_id] = self.activity.streams.get(sandbox_id, 0) + 1

@@ -444,3 +444,22 @@ def test_the_gateway_wires_keys_from_settings(tmp_path):
     assert keys.prefix == b"/s/" and keys.suffix is None and keys.routes
     assert gateway.access_tokens.max_ttl == 600 and gateway.access_tokens.can_mint
     assert Gateway.create(Settings(data_dir=tmp_path / "data2")).access_tokens is None
+
+
+async def test_an_ownerless_suspended_sandbox_is_not_woken_by_a_token(preview):
+    """A record from a version that kept no owner: a token wakes nothing, for it is unknown whose
+    sandbox a wake (or, were the record gone meanwhile, a creation) would be. Its session wakes it."""
+    from gateway.errors import NotFound
+    from gateway.model import Endpoint, SandboxRecord, SandboxState
+    from gateway.store.base import Caps
+
+    store, sandbox_id = preview.router.store, "usr-" + "c" * 48
+    made = SandboxRecord(sandbox_id, "shared", None, SandboxState.CREATING, created_at=time.time())
+    await store.reserve_sandbox(made, Caps(), 30)
+    await store.mark_ready(sandbox_id, Endpoint("127.0.0.1", preview.runtime))
+    await store.begin_suspend(sandbox_id, 30)
+    await store.mark_suspended(sandbox_id)
+    with pytest.raises(NotFound, match="a request through its session wakes it"):
+        await preview.router.route_for_sandbox(sandbox_id, preview.runtime, incarnation_of(made.created_at))
+    record = await store.get_sandbox(sandbox_id)
+    assert record is not None and record.state is SandboxState.SUSPENDED and record.owner is None
