@@ -8,7 +8,8 @@ the same read. Anything slower (resolving, creating, connecting) runs in one
 task. Body bytes are then written through as they arrive; reading from the
 client pauses while the upstream's write buffer is full. Pipelined requests
 wait, in order, behind the one in flight. Requests are parsed by the httptools
-callbacks of :class:`~gateway.proxy._request.RequestReader`.
+callbacks of :class:`~gateway.proxy._request.RequestReader`; the answers the
+gateway gives itself when a request ends badly are :class:`~gateway.proxy._refusals.Refusals`.
 
 This module is the hot path: the common case is written out inline rather than
 spread over small helpers, because every Python call shows in the throughput.
@@ -23,18 +24,16 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 
-from gateway.errors import (
-    BadRequest, CapacityExceeded, GatewayError, HeaderTooLarge, PayloadTooLarge, RequestTimeout, UpstreamError,
-    UpstreamTimeout, UriTooLong,
-)
+from gateway.errors import BadRequest, CapacityExceeded, GatewayError, UpstreamError
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
 from gateway.proxy._keys import KeyedRequests
+from gateway.proxy._refusals import Refusals
 from gateway.proxy._request import (
-    M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED,
-    PAUSE_DISCARD, PAUSE_PIPELINE, PAUSE_WAIT, RequestReader, _BodyTooLarge, _HeadTooLarge,
+    M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED, PAUSE_PIPELINE, PAUSE_WAIT,
+    RequestReader, _BodyTooLarge, _HeadTooLarge,
 )
-from gateway.proxy._wsframe import CLOSE_GOING_AWAY, CLOSE_MESSAGE_TOO_BIG, MessageSizeGuard, close_frame
+from gateway.proxy._wsframe import MessageSizeGuard
 
 if TYPE_CHECKING:
     from collections import deque
@@ -49,11 +48,34 @@ log = logging.getLogger("gateway.proxy")
 LINGER_TIME = 2.0    # how long a refused upload is read and dropped before the connection closes
 
 
-class DownstreamConnection(RequestReader, KeyedRequests, asyncio.Protocol):
+class DownstreamConnection(RequestReader, KeyedRequests, Refusals, asyncio.Protocol):
     __slots__ = (
-        "plane", "transport", "parser", "parsing", "last", "current", "queue", "mode", "rpause", "wpaused",
-        "big", "head_seen", "up_out", "up_conn", "ident_key", "ident", "peer", "conn_line", "route_key",
-        "route_pool", "route_line", "idle_since", "head_key", "head_at", "linger_until", "ws_guard",
+        "big",
+        "conn_line",
+        "current",
+        "head_at",
+        "head_key",
+        "head_seen",
+        "ident",
+        "ident_key",
+        "idle_since",
+        "last",
+        "linger_until",
+        "mode",
+        "parser",
+        "parsing",
+        "peer",
+        "plane",
+        "queue",
+        "route_key",
+        "route_line",
+        "route_pool",
+        "rpause",
+        "transport",
+        "up_conn",
+        "up_out",
+        "wpaused",
+        "ws_guard",
     )
 
     def __init__(self, plane: DataPlane) -> None:
@@ -481,67 +503,6 @@ class DownstreamConnection(RequestReader, KeyedRequests, asyncio.Protocol):
         self.resume(PAUSE_WAIT)
         self.resume(PAUSE_PIPELINE)
 
-    def _ws_refused(self, ex: Exchange, code: int) -> None:
-        """The client sent a WebSocket message over ws_max_message_bytes (1009) or broke the framing
-        (1002): it gets a close frame with that code; the sandbox's connection is dropped (it sees
-        an abnormal closure, 1006), since the offending frame may already be partly on its way."""
-        reason = "message too big" if code == CLOSE_MESSAGE_TOO_BIG else "protocol error"
-        log.info("closing WebSocket %s to sandbox %s: %s", (ex.request_id or b"").decode(),
-                 ex.route.sandbox_id if ex.route else None, reason)
-        ex.refused = "ws_message"
-        up = ex.upstream
-        if up is not None:
-            up.abort()
-        self._send(close_frame(code, reason, masked=False))
-        self.finish(ex, True)
-
-    def end_streams(self) -> None:
-        """Shutdown began: a WebSocket whose sandbox-side bytes end between frames gets close 1001 now; one
-        mid-frame gets it once that frame is through (UpstreamConnection). Event streams end at their next
-        event boundary (UpstreamConnection._end_stream_at_event). What is left is cut at drain_timeout."""
-        ex = self.current
-        if ex is not None and ex.state == TUNNEL and ex.upstream is not None and ex.upstream.at_frame_boundary():
-            self.going_away(ex)
-
-    def going_away(self, ex: Exchange) -> None:
-        """Close 1001 Going Away to the client; the sandbox's connection is dropped (it sees 1006), since
-        a frame from the client may be partly on its way to it."""
-        up = ex.upstream
-        if up is not None:
-            up.abort()
-        self._send(close_frame(CLOSE_GOING_AWAY, "gateway shutting down", masked=False))
-        self.finish(ex, True)
-
-    def timed_out(self, ex: Exchange, deadline: bool) -> None:
-        """No response head in time: ``deadline`` (X-Sandbox-Timeout or the pool's request_timeout,
-        whichever is shorter), else upstream_read_timeout. The 504 names the one that fired."""
-        route = ex.route
-        sandbox_id = route.sandbox_id if route else None
-        if not deadline:
-            why = (f"for {self.plane.options.upstream_read_timeout:g}s after the request (upstream_read_timeout); "
-                   "raise or unset upstream_read_timeout (SANDBOX_GATEWAY_UPSTREAM_READ_TIMEOUT) to wait longer")
-        else:
-            pool = route.pool if route else ""
-            pool_limit = self.plane.request_timeouts.get(pool)
-            if ex.timeout and (pool_limit is None or ex.timeout <= pool_limit):
-                most = f" (pool {pool} allows up to {pool_limit:g}s)" if pool_limit is not None else ""
-                why = (f"within {ex.timeout:g}s, the X-Sandbox-Timeout this request sent; send a larger "
-                       f"X-Sandbox-Timeout to wait longer{most}")
-            else:  # (pool_limit is None only if a policy reload removed it meanwhile)
-                within = f"{pool_limit:g}s" if pool_limit is not None else "the time"
-                why = (f"within {within}, pool {pool}'s request_timeout; raise pools.{pool}.request_timeout "
-                       "in the policy to wait longer")
-        self.fail(ex, UpstreamTimeout(f"sandbox {sandbox_id} sent no response {why}", sandbox_id=sandbox_id))
-
-    def body_stalled(self, ex: Exchange) -> None:
-        """The client stopped sending its request body: its fault, not the sandbox's (408, not 504)."""
-        self.fail(ex, RequestTimeout(
-            f"the request body stopped arriving: no bytes for {self.plane.options.stream_idle_timeout:g}s "
-            "(stream_idle_timeout); send the rest of the body, or Content-Length: 0 when there is none"))
-
-    def idled_out(self, ex: Exchange) -> None:
-        self.abort(ex, None, f"no bytes either way for {self.plane.options.stream_idle_timeout:g}s")
-
     def _upgrade_requested(self, rest: bytes) -> None:
         """The parser stopped after an upgrade request; what follows is not HTTP any more."""
         self.mode |= M_UPGRADED
@@ -554,68 +515,6 @@ class DownstreamConnection(RequestReader, KeyedRequests, asyncio.Protocol):
             ex.early = [rest]
         if ex.state != TUNNEL:
             self.pause(PAUSE_WAIT)
-
-    def _body_too_large(self) -> None:
-        """A chunked request body passed max_body_bytes: 413 if the response has not started (the
-        sandbox's connection is dropped mid-body either way); nothing more is read."""
-        ex = self.parsing
-        assert ex is not None
-        self.parsing = None
-        self.mode |= M_DISCARD
-        if ex.state == DONE:
-            return  # already answered (a declared length over the cap, say); the rest is dropped
-        exc = PayloadTooLarge(f"the request body exceeds max_body_bytes ({self.plane.max_body})")
-        ex.refused = "max_body"
-        if ex is self.current:
-            self.fail(ex, exc)
-        else:
-            ex.reject = exc  # pipelined behind the current request: answered in turn, then closed
-            self.pause(PAUSE_DISCARD)
-
-    def _head_too_large(self) -> None:
-        """A request head over max_header_bytes: 414 when its target is the bulk of it, else 431."""
-        limit = self.plane.max_head
-        ex = self.parsing
-        if ex is not None and len(ex.url) * 2 > limit:
-            exc: GatewayError = UriTooLong(
-                f"the request target makes the request head exceed {limit} bytes (max_header_bytes); "
-                "send long data in the request body")
-        else:
-            exc = HeaderTooLarge(f"the request head exceeds {limit} bytes (max_header_bytes)")
-        self._malformed(exc, linger=True)  # the client may still be sending its head
-
-    def _malformed(self, exc: GatewayError, h2: bool = False, linger: bool = False) -> None:
-        """Bytes that are not HTTP: answer 400 if nothing is in flight, then close.
-
-        ``h2``: the client spoke HTTP/2 (prior knowledge); it gets the error in HTTP/2 frames it can read.
-        ``linger``: the client is likely still sending; close as ``linger`` does, so it reads the answer.
-        """
-        self.parsing = None
-        ex = self.current
-        if ex is not None and ex.state != DONE:
-            ex.req_done = False
-            if ex.started:
-                self.abort(ex, None, exc.message)
-            else:
-                self.fail(ex, exc)  # drops the sandbox's connection (it has part of the request) too
-            return
-        bad = Exchange(self)
-        bad.t0 = perf_counter()
-        bad.request_id = self.plane.ids.next()
-        bad.status = exc.status
-        bad.code = exc.code
-        bad.state = RESOLVING
-        self.plane.inflight += 1
-        if h2:
-            self._send(w.h2_goaway(exc))
-            self.linger()  # the client is still sending its request: a plain close could reset our answer away
-        else:
-            self._send(w.error_response(exc, bad.request_id, close=True))
-            if linger:
-                self.linger()
-            else:
-                self.close()
-        self.plane.finished(bad)
 
     def finish(self, ex: Exchange, close: bool) -> None:
         """``ex`` is over (its response complete, failed or cut): report it, then close or serve the next."""
