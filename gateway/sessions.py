@@ -1,9 +1,9 @@
 """SessionRouter: identity -> binding -> sandbox -> endpoint.
 
 The hot path is :meth:`SessionRouter.resolve`: a request for a known session
-is answered from a per-process route cache (no store round trip), with the
-owner checked on every hit; activity is recorded in memory and flushed to the
-store in batches (:class:`ActivityLog`), never one write per request.
+is answered from a per-process route cache (``gateway.route_cache``: no store
+round trip), with the owner checked on every hit; activity is recorded in
+memory and flushed to the store in batches (:class:`ActivityLog`), never one write per request.
 
 The slow path binds the session (a stored binding wins over re-derivation, so a
 policy change never moves a live session), then makes sure its sandbox exists,
@@ -21,24 +21,23 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from gateway.access import Refusal, incarnation_of, stale
+from gateway.access import incarnation_of, stale
 from gateway.errors import (
-    CapacityExceeded, Conflict, Forbidden, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout,
-    StoreUnavailable,
+    CapacityExceeded, Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable,
 )
 from gateway.lifecycle import REAPER_LEASE, WAKING_STATES, Lifecycle, outcome_of, unknown_sandbox
 from gateway.model import Binding, Endpoint, Owner, Route, SandboxRecord, SandboxRequest, SandboxState, may_claim
 from gateway.policy import allowed_ports
 from gateway.providers.base import ForeignSandbox, Probe, SandboxProvider
+from gateway.route_cache import CachedRoute, RouteCache, SandboxRoutes
 from gateway.store.base import (
-    ANY_SANDBOX, INVALIDATE_ALL, Caps, FleetCounts, NotReserved, Position, Released, Reserved, SandboxFilter,
-    SandboxPage, SessionStore, Settled, Settlement, SettleTimeout,
+    ANY_SANDBOX, Caps, FleetCounts, NotReserved, Position, Released, Reserved, SandboxFilter, SandboxPage,
+    SessionStore, Settled, Settlement, SettleTimeout,
 )
 from routing import Identity, Isolation, Placement, Policy, place
-from routing.ports import PortSet
 
 log = logging.getLogger(__name__)
 
@@ -76,37 +75,6 @@ class NoEvents:
     def resumed(self, pool: str, outcome: str) -> None: ...
     def wake_waiting(self, pool: str, delta: int) -> None: ...
     def woken(self, pool: str, seconds: float) -> None: ...
-
-
-@dataclass(slots=True)
-class _Cached:
-    route: Route
-    fresh_until: float
-    stale_until: float
-
-
-@dataclass(slots=True)
-class _ByID:
-    """A sandbox's routes by port, for route_for_sandbox: one per port asked for, made once."""
-
-    route: Route           # at the runtime port
-    incarnation: str
-    ports: PortSet         # what the pool opens (gateway.policy.allowed_ports)
-    fresh_until: float
-    at_port: dict[int, Route] = field(default_factory=dict)
-
-    def at(self, port: int) -> Route:
-        route = self.at_port.get(port)
-        if route is not None:
-            return route
-        if port not in self.ports:
-            raise Forbidden(f"port {port} is not open on sandbox {self.route.sandbox_id}: pool {self.route.pool!r} "
-                            f"opens {self.ports.describe()} (pools.{self.route.pool}.ports)", code=Refusal.PORT)
-        endpoint = self.route.endpoint
-        # Only the port varies: the host is always the provider's.
-        route = self.route if port == endpoint.port else replace(self.route, endpoint=replace(endpoint, port=port))
-        self.at_port[port] = route
-        return route
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,16 +131,16 @@ class SessionRouter:
         self.replica_id = replica_id
         self.tuning = tuning
         self.clock = clock
-        self._cache: dict[str, _Cached] = {}
-        self._sessions_by_sandbox: dict[str, set[str]] = {}
+        self.routes = RouteCache(tuning.route_cache_size)
+        self._cache = self.routes.by_session  # the same dicts, read directly on the hot path
+        self._by_sandbox = self.routes.by_sandbox  # routes by sandbox ID (route_for_sandbox)
         # Per sandbox *and* owner: a foreign claimant never shares (nor spoils) the owner's creation.
         self._inflight: dict[tuple[str, Owner], asyncio.Task[SandboxRecord]] = {}
         self._resolving: dict[tuple[str, str | None, str, str | None], asyncio.Future[Route]] = {}
         self._healing: dict[tuple[str, Endpoint], asyncio.Task[None]] = {}
-        self._by_sandbox: dict[str, _ByID] = {}  # routes by sandbox ID (route_for_sandbox)
         self.activity = ActivityLog()
         self.lifecycle = Lifecycle(self)
-        store.subscribe(self.invalidate)
+        store.subscribe(self.routes.invalidate)
 
     # hot path ---------------------------------------------------------------
     def cached_route(self, identity: Identity) -> Route | None:
@@ -208,7 +176,7 @@ class SessionRouter:
         self.activity.sessions[route.session_id] = now
         return route
 
-    async def _resolve_uncached(self, identity: Identity, cached: _Cached | None, now: float) -> Route:
+    async def _resolve_uncached(self, identity: Identity, cached: CachedRoute | None, now: float) -> Route:
         """One store conversation per session and owner at a time: concurrent misses share it."""
         key = (identity.session_id, identity.org_id, identity.user_id, identity.bot_id)
         pending = self._resolving.get(key)
@@ -228,7 +196,7 @@ class SessionRouter:
         finally:
             del self._resolving[key]
 
-    async def _resolve_from_store(self, identity: Identity, cached: _Cached | None, now: float) -> Route:
+    async def _resolve_from_store(self, identity: Identity, cached: CachedRoute | None, now: float) -> Route:
         try:
             binding, record = await self.bind(identity)
         except StoreUnavailable:
@@ -237,7 +205,7 @@ class SessionRouter:
             raise
         assert record.endpoint is not None
         route = Route(binding.session_id, binding.sandbox_id, binding.pool, record.endpoint, binding.owner)
-        self._remember(route, now)
+        self.routes.remember(route, now + self.tuning.route_ttl, now + self.tuning.route_stale_ttl)
         return route
 
     # by sandbox ID (the data plane's host and path keys, authorised by an access token) ------------
@@ -276,11 +244,9 @@ class SessionRouter:
             raise stale()  # re-created meanwhile (it vanished between the two reads)
         now = self.clock()
         base = Route("", sandbox_id, record.pool, record.endpoint, record.owner or _NO_OWNER)
-        entry = _ByID(base, incarnation, allowed_ports(self.policy.pools.get(record.pool), record.endpoint),
-                      now + self.tuning.route_ttl)
-        if len(self._by_sandbox) >= self.tuning.route_cache_size:
-            self._by_sandbox.pop(next(iter(self._by_sandbox)))
-        self._by_sandbox[sandbox_id] = entry
+        entry = SandboxRoutes(base, incarnation, allowed_ports(self.policy.pools.get(record.pool), record.endpoint),
+                              now + self.tuning.route_ttl)
+        self.routes.remember_sandbox(entry)
         self.activity.sandboxes[sandbox_id] = now
         return entry.at(port)
 
@@ -559,35 +525,12 @@ class SessionRouter:
             await self.store.touch(sandboxes, sessions)
 
     # route cache ------------------------------------------------------------
-    def _remember(self, route: Route, now: float) -> None:
-        if len(self._cache) >= self.tuning.route_cache_size:
-            oldest = next(iter(self._cache))
-            self.invalidate(oldest)
-        self._cache[route.session_id] = _Cached(route, now + self.tuning.route_ttl, now + self.tuning.route_stale_ttl)
-        self._sessions_by_sandbox.setdefault(route.sandbox_id, set()).add(route.session_id)
-
     def invalidate(self, key: str) -> None:
         """Forget cached routes for a session ID or a sandbox ID (store pub/sub calls this)."""
-        if key == INVALIDATE_ALL:
-            # Invalidations may have been missed: re-read every route from the store on next use,
-            # but keep them for stale-if-error in case the store goes away again.
-            for cached in self._cache.values():
-                cached.fresh_until = 0.0
-            self._by_sandbox.clear()
-            return
-        self._by_sandbox.pop(key, None)
-        cached = self._cache.pop(key, None)
-        if cached is not None:
-            sessions = self._sessions_by_sandbox.get(cached.route.sandbox_id)
-            if sessions is not None:
-                sessions.discard(key)
-                if not sessions:
-                    del self._sessions_by_sandbox[cached.route.sandbox_id]
-        for session_id in self._sessions_by_sandbox.pop(key, ()):
-            self._cache.pop(session_id, None)
+        self.routes.invalidate(key)
 
     def cached_route_count(self) -> int:
-        return len(self._cache)
+        return len(self.routes)
 
 
 def _shared(tasks: dict[_K, asyncio.Task[_T]], key: _K, start: Callable[[], Coroutine[Any, Any, _T]]) -> asyncio.Task[_T]:

@@ -1,0 +1,97 @@
+"""The per-process route cache: what lets a request for a known session skip the store.
+
+Two maps, both bounded (oldest first out) and both forgotten by the store's
+invalidations on every replica: routes by session ID (identity-routed
+requests, owner checked on each hit by ``SessionRouter.cached_route``) and
+routes by sandbox ID (host, path and token keyed requests, one per port asked
+for). :class:`SessionRouter` reads the two dicts directly on its hot path;
+this class owns how entries come and go.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from gateway.access import Refusal
+from gateway.errors import Forbidden
+from gateway.model import Route
+from gateway.store.base import INVALIDATE_ALL
+from routing.ports import PortSet
+
+
+@dataclass(slots=True)
+class CachedRoute:
+    route: Route
+    fresh_until: float   # served from the cache until then
+    stale_until: float   # and, while the store is down, until then (stale-if-error)
+
+
+@dataclass(slots=True)
+class SandboxRoutes:
+    """A sandbox's routes by port, for ``route_for_sandbox``: one per port asked for, made once."""
+
+    route: Route           # at the runtime port
+    incarnation: str
+    ports: PortSet         # what the pool opens (gateway.policy.allowed_ports)
+    fresh_until: float
+    at_port: dict[int, Route] = field(default_factory=dict)
+
+    def at(self, port: int) -> Route:
+        route = self.at_port.get(port)
+        if route is not None:
+            return route
+        if port not in self.ports:
+            raise Forbidden(f"port {port} is not open on sandbox {self.route.sandbox_id}: pool {self.route.pool!r} "
+                            f"opens {self.ports.describe()} (pools.{self.route.pool}.ports)", code=Refusal.PORT)
+        endpoint = self.route.endpoint
+        # Only the port varies: the host is always the provider's.
+        route = self.route if port == endpoint.port else replace(self.route, endpoint=replace(endpoint, port=port))
+        self.at_port[port] = route
+        return route
+
+
+class RouteCache:
+    __slots__ = ("by_session", "by_sandbox", "_sessions_of", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.by_session: dict[str, CachedRoute] = {}
+        self.by_sandbox: dict[str, SandboxRoutes] = {}
+        self._sessions_of: dict[str, set[str]] = {}  # sandbox ID -> its cached sessions, to invalidate them
+
+    def __len__(self) -> int:
+        return len(self.by_session)
+
+    def remember(self, route: Route, fresh_until: float, stale_until: float) -> None:
+        if len(self.by_session) >= self.size:
+            self.invalidate(next(iter(self.by_session)))
+        self.by_session[route.session_id] = CachedRoute(route, fresh_until, stale_until)
+        self._sessions_of.setdefault(route.sandbox_id, set()).add(route.session_id)
+
+    def remember_sandbox(self, entry: SandboxRoutes) -> None:
+        if len(self.by_sandbox) >= self.size:
+            self.by_sandbox.pop(next(iter(self.by_sandbox)))
+        self.by_sandbox[entry.route.sandbox_id] = entry
+
+    def invalidate(self, key: str) -> None:
+        """Forget cached routes for a session ID or a sandbox ID (store pub/sub calls this)."""
+        if key == INVALIDATE_ALL:
+            # Invalidations may have been missed: re-read every route from the store on next use,
+            # but keep them for stale-if-error in case the store goes away again.
+            for cached in self.by_session.values():
+                cached.fresh_until = 0.0
+            self.by_sandbox.clear()
+            return
+        self.by_sandbox.pop(key, None)
+        cached = self.by_session.pop(key, None)
+        if cached is not None:
+            sessions = self._sessions_of.get(cached.route.sandbox_id)
+            if sessions is not None:
+                sessions.discard(key)
+                if not sessions:
+                    del self._sessions_of[cached.route.sandbox_id]
+        for session_id in self._sessions_of.pop(key, ()):
+            self.by_session.pop(session_id, None)
+
+
+__all__ = ["CachedRoute", "RouteCache", "SandboxRoutes"]
