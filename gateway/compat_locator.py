@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from gateway.errors import NotFound, ProvisionFailed
-from gateway.providers.kubernetes import api_client, read_object, routable_pod_ip, sandbox_kind
+from gateway.providers.kubernetes_api import api_client, read_object, routable_pod_ip, sandbox_kind
 
 # What the locator calls in each router_compat_namespaces entry (the chart's router-compat Roles).
 LOCATOR_RBAC_RULES: tuple[dict[str, Any], ...] = (

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gateway.compat_locator import LOCATOR_RBAC_RULES
-from gateway.providers.kubernetes import RBAC_RULES
+from gateway.providers.kubernetes_api import RBAC_RULES
 import yaml
 
 try:

@@ -40,187 +40,26 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio import client
 
 from gateway.errors import Conflict, ProvisionFailed, ProvisionTimeout
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
+from gateway.providers.kubernetes_api import (
+    ANNOTATION, INSTALLATION, ISOLATION, MANAGED_BY, MERGE_PATCH, POOL, SUSPEND_WAIT, Kind, KubeApiError,
+    ObjectExists, ObjectMissing, WatchExpired, api_client, mode_patch, observed, pod_ips, read_object, routable,
+    sandbox_kind, suspended_spec, terminal_failure, translated, watch_events,
+)
 from gateway.providers.kubernetes_options import KubernetesPoolOptions, pool_options
 
 log = logging.getLogger(__name__)
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
-INSTALLATION = "sandbox-gateway.io/installation"
-POOL = "sandbox-gateway.io/pool"
-ISOLATION = "sandbox-gateway.io/isolation"
-ANNOTATION = "sandbox-gateway.io/"
 #: Creates tried when each one finds the name taken and the read after it finds it free again (a delete raced us).
 _CREATE_ATTEMPTS = 3
-
-TERMINAL_REASONS = frozenset({
-    "SandboxExpired", "ClaimExpired", "TemplateNotFound", "WarmPoolNotFound", "ReconcilerError",
-    "PodFailed", "PodSucceeded", "InvalidMetadata", "EnvVarsInjectionRejected",
-})
-
-# Exactly what this provider calls, per pool namespace; the Helm chart's Role renders these.
-RBAC_RULES: tuple[dict[str, Any], ...] = (
-    # patch: suspend and resume (spec.operatingMode, or spec.replicas at v1alpha1)
-    {"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"],
-     "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
-    {"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
-     "verbs": ["get", "list", "watch", "create", "delete"]},
-)
-
-@dataclass(frozen=True, slots=True)
-class _Kind:
-    group: str
-    version: str
-    plural: str
-    kind: str
-
-    @classmethod
-    def of(cls, pool: KubernetesPoolOptions) -> _Kind:
-        if pool.mode == "claim":
-            return cls("extensions.agents.x-k8s.io", pool.api_version, "sandboxclaims", "SandboxClaim")
-        return cls("agents.x-k8s.io", pool.api_version, "sandboxes", "Sandbox")
-
-
-def sandbox_kind(api_version: str) -> _Kind:
-    """The ``Sandbox`` resource (agents.x-k8s.io) at one API version."""
-    return _Kind("agents.x-k8s.io", api_version, "sandboxes", "Sandbox")
-
-
-class KubeApiError(ProvisionFailed):
-    """A Kubernetes API call failed: 503 ``provision_failed`` like any provider failure. The
-    statuses a caller acts on have their own classes, so no caller looks at a status code."""
-
-
-class ObjectMissing(KubeApiError):
-    """404: no object of that name (a delete treats it as done, a read as None)."""
-
-
-class ObjectExists(KubeApiError):
-    """409: an object of that name exists already (a create adopts it)."""
-
-
-class WatchExpired(KubeApiError):
-    """410 Gone: the resourceVersion fell out of the watch cache; read afresh and watch again."""
-
-
-MERGE_PATCH = "application/merge-patch+json"
-# How long suspend waits for the controller to take the pod away (the spec is patched at once).
-SUSPEND_WAIT = 120.0
-
-_BY_STATUS: dict[int, type[KubeApiError]] = {404: ObjectMissing, 409: ObjectExists, 410: WatchExpired}
-
-
-@contextlib.contextmanager
-def translated(doing: str, sandbox_id: str | None = None) -> Iterator[None]:
-    """Every ``ApiException`` raised inside becomes a ``KubeApiError`` (by status, never by message)
-    saying what we were ``doing``, raised from it."""
-    try:
-        yield
-    except ApiException as exc:
-        error = _BY_STATUS.get(exc.status or 0, KubeApiError)
-        raise error(f"Kubernetes API error {exc.status} {exc.reason} while {doing}", sandbox_id=sandbox_id) from exc
-
-
-async def read_object(api: client.CustomObjectsApi, kind: _Kind, namespace: str, name: str) -> dict[str, Any] | None:
-    """The object, or None when there is none of that name."""
-    try:
-        with translated(f"reading {kind.kind} {namespace}/{name}", name):
-            return await api.get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name)
-    except ObjectMissing:
-        return None
-
-
-def _ready_condition(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    for condition in (obj.get("status") or {}).get("conditions") or ():
-        if condition.get("type") == "Ready":
-            return condition
-    return None
-
-
-def _pod_ips(obj: Mapping[str, Any]) -> list[str]:
-    status = obj.get("status") or {}
-    if obj.get("kind") == "SandboxClaim":
-        return list((status.get("sandbox") or {}).get("podIPs") or ())
-    return list(status.get("podIPs") or ())
-
-
-def routable(obj: Mapping[str, Any]) -> bool:
-    ready = _ready_condition(obj)
-    return ready is not None and ready.get("status") == "True" and bool(_pod_ips(obj))
-
-
-def routable_pod_ip(obj: Mapping[str, Any]) -> str | None:
-    """The address to route to: the first pod IP of a routable object, else None."""
-    return _pod_ips(obj)[0] if routable(obj) else None
-
-
-def suspended_spec(obj: Mapping[str, Any]) -> bool:
-    """Whether a Sandbox's spec asks for no pod (v1beta1 ``operatingMode``, v1alpha1 ``replicas``)."""
-    spec = obj.get("spec") or {}
-    return spec.get("operatingMode") == "Suspended" or spec.get("replicas") == 0
-
-
-def _mode_patch(api_version: str, running: bool) -> dict[str, Any]:
-    if api_version == "v1alpha1":
-        return {"spec": {"replicas": 1 if running else 0}}
-    return {"spec": {"operatingMode": "Running" if running else "Suspended"}}
-
-
-def observed(obj: Mapping[str, Any], generation: int | None) -> bool:
-    """The Ready condition reflects ``generation`` of the spec (or says nothing either way)."""
-    seen = (_ready_condition(obj) or {}).get("observedGeneration")
-    return generation is None or seen is None or seen >= generation
-
-
-def terminal_failure(obj: Mapping[str, Any]) -> str | None:
-    ready = _ready_condition(obj)
-    if ready is not None and ready.get("status") == "False" and ready.get("reason") in TERMINAL_REASONS:
-        return f"{ready['reason']}: {ready.get('message') or 'no message'}"
-    return None
-
-
-async def _events(api: client.CustomObjectsApi, kind: _Kind, namespace: str,
-                  **params: Any) -> AsyncIterator[dict[str, Any]]:
-    """Watch events as dicts, through the real client's list call with ``watch=True``.
-
-    Not ``kubernetes_asyncio.watch.Watch``: each of those builds its own ApiClient
-    and SSL context (~50 ms of CPU on the event loop), once per sandbox here.
-    An ERROR event (410 Gone above all) is raised as the ``ApiException`` it means.
-    """
-    response = await api.list_namespaced_custom_object(
-        kind.group, kind.version, namespace, kind.plural, watch=True, _preload_content=False, **params)
-    try:
-        async for line in response.content:
-            if not line.strip():
-                continue
-            event = json.loads(line)
-            if event.get("type") == "ERROR":
-                status = event.get("object") or {}
-                raise ApiException(status=status.get("code", 500), reason=f"{status.get('reason')}: {status.get('message')}")
-            yield event
-    finally:
-        response.release()
-
-
-async def api_client(kubeconfig: str | None, *, in_cluster: bool = False) -> client.ApiClient:
-    """An API client: the pod's service account when ``in_cluster`` (``Settings.in_cluster``: in a
-    pod, no kubeconfig given), else from the kubeconfig."""
-    configuration = client.Configuration()
-    if in_cluster and kubeconfig is None:
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return client.ApiClient(configuration)
 
 
 class KubernetesProvider:
@@ -252,7 +91,7 @@ class KubernetesProvider:
     async def start(self, on_lost: LostHandler) -> None:
         if self._api_client is None:
             self._api_client = await api_client(self._kubeconfig, in_cluster=self._in_cluster)
-        targets = {(o.namespace, _Kind.of(o)) for o in self._pools.values()}
+        targets = {(o.namespace, Kind.of(o)) for o in self._pools.values()}
         for namespace, kind in sorted(targets, key=str):
             self._tasks.append(asyncio.create_task(self._watch_managed(namespace, kind, on_lost)))
 
@@ -268,7 +107,7 @@ class KubernetesProvider:
     # create ---------------------------------------------------------------
     async def ensure(self, request: SandboxRequest) -> Endpoint:
         pool = self._pool(request.pool, request.sandbox_id)
-        kind = _Kind.of(pool)
+        kind = Kind.of(pool)
         obj = await self._create_or_adopt(pool, kind, request)
         try:
             obj = await asyncio.wait_for(self._await_ready(pool, kind, obj), request.timeout)
@@ -282,7 +121,7 @@ class KubernetesProvider:
             raise
         return self._endpoint(pool, obj)
 
-    async def _create_or_adopt(self, pool: KubernetesPoolOptions, kind: _Kind,
+    async def _create_or_adopt(self, pool: KubernetesPoolOptions, kind: Kind,
                                request: SandboxRequest) -> dict[str, Any]:
         body = self._manifest(pool, kind, request)
         existing = None
@@ -306,7 +145,7 @@ class KubernetesProvider:
         _check_owner(request, existing)
         return existing
 
-    async def _await_ready(self, pool: KubernetesPoolOptions, kind: _Kind, obj: dict[str, Any],
+    async def _await_ready(self, pool: KubernetesPoolOptions, kind: Kind, obj: dict[str, Any],
                            generation: int | None = None) -> dict[str, Any]:
         """The object once routable (and observed at ``generation``); a terminal reason raises."""
         name = obj["metadata"]["name"]
@@ -319,7 +158,7 @@ class KubernetesProvider:
             raise ProvisionFailed(f"{kind.kind} {name} failed: {failure}", sandbox_id=name)
         return found
 
-    async def _watch_until(self, namespace: str, kind: _Kind, obj: dict[str, Any],
+    async def _watch_until(self, namespace: str, kind: Kind, obj: dict[str, Any],
                            done: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
         """The first state of ``obj`` (this one, then its watch events) that is ``done``; None once
         it is deleted. Resumes a dropped stream from the last version seen, re-reads on 410."""
@@ -328,7 +167,7 @@ class KubernetesProvider:
         while not done(obj):
             try:
                 with translated(f"watching {kind.kind} {name}", name):
-                    async for event in _events(self._api, kind, namespace, field_selector=f"metadata.name={name}",
+                    async for event in watch_events(self._api, kind, namespace, field_selector=f"metadata.name={name}",
                                                resource_version=version, timeout_seconds=300):
                         if event["type"] == "DELETED":
                             return None
@@ -349,7 +188,7 @@ class KubernetesProvider:
                 pass  # the stream dropped: resume from the last version we saw
         return obj
 
-    def _manifest(self, pool: KubernetesPoolOptions, kind: _Kind, request: SandboxRequest) -> dict[str, Any]:
+    def _manifest(self, pool: KubernetesPoolOptions, kind: Kind, request: SandboxRequest) -> dict[str, Any]:
         owner = request.owner
         annotations = {f"{ANNOTATION}user-id": owner.user_id, f"{ANNOTATION}session-id": request.session_id}
         if owner.org_id is not None:
@@ -390,7 +229,7 @@ class KubernetesProvider:
         return {"apiVersion": f"{kind.group}/{kind.version}", "kind": kind.kind, "metadata": metadata, "spec": spec}
 
     def _endpoint(self, pool: KubernetesPoolOptions, obj: Mapping[str, Any]) -> Endpoint:
-        return Endpoint(_pod_ips(obj)[0], pool.port)
+        return Endpoint(pod_ips(obj)[0], pool.port)
 
     # suspend, resume ---------------------------------------------------------
     def can_suspend(self, pool: str) -> bool:
@@ -414,14 +253,14 @@ class KubernetesProvider:
         except TimeoutError:
             raise ProvisionTimeout(
                 f"Sandbox {options.namespace}/{name} still had its pod {SUSPEND_WAIT:g}s after being set "
-                f"{_mode_patch(options.api_version, False)['spec']}; check the agent-sandbox controller",
+                f"{mode_patch(options.api_version, False)['spec']}; check the agent-sandbox controller",
                 sandbox_id=sandbox_id) from None
 
     async def resume(self, request: SandboxRequest) -> Endpoint:
         """Patch the Sandbox to run and wait by watch until it is routable again (a new pod IP).
         Idempotent. An object deleted while suspended is created anew (``ensure``)."""
         pool = self._pool(request.pool, request.sandbox_id)
-        kind = _Kind.of(pool)
+        kind = Kind.of(pool)
         obj = await self._get(pool, kind, request.sandbox_id)
         if obj is None:
             log.warning("%s %s/%s was deleted while suspended: creating it anew (its files are gone)",
@@ -455,7 +294,7 @@ class KubernetesProvider:
         """The Sandbox behind a pool's object: itself, or the one a claim names (None: no object)."""
         if pool.mode == "sandbox":
             return sandbox_id
-        claim = await self._get(pool, _Kind.of(pool), sandbox_id)
+        claim = await self._get(pool, Kind.of(pool), sandbox_id)
         return None if claim is None else _claimed_name(claim)
 
     async def _set_running(self, pool: KubernetesPoolOptions, name: str, sandbox_id: str, *,
@@ -465,12 +304,12 @@ class KubernetesProvider:
         with translated(f"{verb} Sandbox {pool.namespace}/{name}", sandbox_id):
             return await self._api.patch_namespaced_custom_object(
                 kind.group, kind.version, pool.namespace, kind.plural, name,
-                _mode_patch(pool.api_version, running), _content_type=MERGE_PATCH)
+                mode_patch(pool.api_version, running), _content_type=MERGE_PATCH)
 
     # delete, list -------------------------------------------------------
     async def delete(self, sandbox_id: str, pool: str) -> None:
         options = self._pool(pool, sandbox_id)
-        kind = _Kind.of(options)
+        kind = Kind.of(options)
         self._routable.discard(sandbox_id)
         try:
             with translated(f"deleting {kind.kind} {sandbox_id}", sandbox_id):
@@ -482,9 +321,9 @@ class KubernetesProvider:
 
     async def list_managed(self) -> list[ManagedSandbox]:
         found: list[ManagedSandbox] = []
-        seen: set[tuple[str, _Kind]] = set()
+        seen: set[tuple[str, Kind]] = set()
         for options in self._pools.values():
-            target = (options.namespace, _Kind.of(options))
+            target = (options.namespace, Kind.of(options))
             if target in seen:
                 continue
             seen.add(target)
@@ -498,7 +337,7 @@ class KubernetesProvider:
     async def managed_page(self, cursor: str | None, limit: int) -> ManagedPage:
         """One API page (``limit``/``continue``) of one (namespace, kind) at a time; the cursor is
         [target index, continue token]. An expired token (410) restarts that target's listing."""
-        targets = sorted({(o.namespace, _Kind.of(o)) for o in self._pools.values()}, key=str)
+        targets = sorted({(o.namespace, Kind.of(o)) for o in self._pools.values()}, key=str)
         index, token = json.loads(cursor) if cursor else (0, None)
         if index >= len(targets):
             return ManagedPage([], None)
@@ -524,7 +363,7 @@ class KubernetesProvider:
         if options is None:
             return Probe.UNKNOWN
         try:
-            obj = await self._get(options, _Kind.of(options), sandbox_id)
+            obj = await self._get(options, Kind.of(options), sandbox_id)
         except KubeApiError:
             return Probe.UNKNOWN  # the API server did not answer: never re-create on a guess
         if obj is None:
@@ -532,7 +371,7 @@ class KubernetesProvider:
         return Probe.ALIVE if routable(obj) else Probe.UNKNOWN
 
     # lost sandboxes -------------------------------------------------------
-    async def _watch_managed(self, namespace: str, kind: _Kind, on_lost: LostHandler) -> None:
+    async def _watch_managed(self, namespace: str, kind: Kind, on_lost: LostHandler) -> None:
         """Report objects of ours that are deleted or stop being routable; reconnect forever."""
         version: str | None = None
         while True:
@@ -544,7 +383,7 @@ class KubernetesProvider:
                         version = listing["metadata"].get("resourceVersion")
                         self._routable.update(item["metadata"]["name"] for item in listing.get("items", ())
                                               if routable(item))
-                    async for event in _events(self._api, kind, namespace, label_selector=self._selector(),
+                    async for event in watch_events(self._api, kind, namespace, label_selector=self._selector(),
                                                resource_version=version, timeout_seconds=300):
                         obj = event["object"]
                         version = obj["metadata"].get("resourceVersion", version)
@@ -580,7 +419,7 @@ class KubernetesProvider:
             raise ProvisionFailed(f"pool {pool!r} is not a kubernetes pool", sandbox_id=sandbox_id)
         return options
 
-    async def _get(self, pool: KubernetesPoolOptions, kind: _Kind, name: str) -> dict[str, Any] | None:
+    async def _get(self, pool: KubernetesPoolOptions, kind: Kind, name: str) -> dict[str, Any] | None:
         return await read_object(self._api, kind, pool.namespace, name)
 
     def describe(self) -> str:

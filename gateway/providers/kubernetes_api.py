@@ -1,0 +1,187 @@
+"""The agent-sandbox API as this gateway speaks it: labels and annotations, the resource kinds,
+``ApiException`` mapped to typed errors in one place, the readiness rules read from an object's
+status, watch events, and the API client.
+
+Shared by :class:`~gateway.providers.kubernetes.KubernetesProvider` (which creates, watches,
+suspends and deletes) and the router-compat locator (which only reads a Sandbox's pod IP), so
+neither imports the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gateway.errors import ProvisionFailed
+from gateway.providers.kubernetes_options import KubernetesPoolOptions
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+INSTALLATION = "sandbox-gateway.io/installation"
+POOL = "sandbox-gateway.io/pool"
+ISOLATION = "sandbox-gateway.io/isolation"
+ANNOTATION = "sandbox-gateway.io/"
+
+TERMINAL_REASONS = frozenset({
+    "SandboxExpired", "ClaimExpired", "TemplateNotFound", "WarmPoolNotFound", "ReconcilerError",
+    "PodFailed", "PodSucceeded", "InvalidMetadata", "EnvVarsInjectionRejected",
+})
+
+# Exactly what this provider calls, per pool namespace; the Helm chart's Role renders these.
+RBAC_RULES: tuple[dict[str, Any], ...] = (
+    # patch: suspend and resume (spec.operatingMode, or spec.replicas at v1alpha1)
+    {"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"],
+     "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
+    {"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
+     "verbs": ["get", "list", "watch", "create", "delete"]},
+)
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @classmethod
+    def of(cls, pool: KubernetesPoolOptions) -> Kind:
+        if pool.mode == "claim":
+            return cls("extensions.agents.x-k8s.io", pool.api_version, "sandboxclaims", "SandboxClaim")
+        return cls("agents.x-k8s.io", pool.api_version, "sandboxes", "Sandbox")
+
+
+def sandbox_kind(api_version: str) -> Kind:
+    """The ``Sandbox`` resource (agents.x-k8s.io) at one API version."""
+    return Kind("agents.x-k8s.io", api_version, "sandboxes", "Sandbox")
+
+
+class KubeApiError(ProvisionFailed):
+    """A Kubernetes API call failed: 503 ``provision_failed`` like any provider failure. The
+    statuses a caller acts on have their own classes, so no caller looks at a status code."""
+
+
+class ObjectMissing(KubeApiError):
+    """404: no object of that name (a delete treats it as done, a read as None)."""
+
+
+class ObjectExists(KubeApiError):
+    """409: an object of that name exists already (a create adopts it)."""
+
+
+class WatchExpired(KubeApiError):
+    """410 Gone: the resourceVersion fell out of the watch cache; read afresh and watch again."""
+
+
+MERGE_PATCH = "application/merge-patch+json"
+# How long suspend waits for the controller to take the pod away (the spec is patched at once).
+SUSPEND_WAIT = 120.0
+
+_BY_STATUS: dict[int, type[KubeApiError]] = {404: ObjectMissing, 409: ObjectExists, 410: WatchExpired}
+
+
+@contextlib.contextmanager
+def translated(doing: str, sandbox_id: str | None = None) -> Iterator[None]:
+    """Every ``ApiException`` raised inside becomes a ``KubeApiError`` (by status, never by message)
+    saying what we were ``doing``, raised from it."""
+    try:
+        yield
+    except ApiException as exc:
+        error = _BY_STATUS.get(exc.status or 0, KubeApiError)
+        raise error(f"Kubernetes API error {exc.status} {exc.reason} while {doing}", sandbox_id=sandbox_id) from exc
+
+
+async def read_object(api: client.CustomObjectsApi, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+    """The object, or None when there is none of that name."""
+    try:
+        with translated(f"reading {kind.kind} {namespace}/{name}", name):
+            return await api.get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name)
+    except ObjectMissing:
+        return None
+
+
+def ready_condition(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for condition in (obj.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "Ready":
+            return condition
+    return None
+
+
+def pod_ips(obj: Mapping[str, Any]) -> list[str]:
+    status = obj.get("status") or {}
+    if obj.get("kind") == "SandboxClaim":
+        return list((status.get("sandbox") or {}).get("podIPs") or ())
+    return list(status.get("podIPs") or ())
+
+
+def routable(obj: Mapping[str, Any]) -> bool:
+    ready = ready_condition(obj)
+    return ready is not None and ready.get("status") == "True" and bool(pod_ips(obj))
+
+
+def routable_pod_ip(obj: Mapping[str, Any]) -> str | None:
+    """The address to route to: the first pod IP of a routable object, else None."""
+    return pod_ips(obj)[0] if routable(obj) else None
+
+
+def suspended_spec(obj: Mapping[str, Any]) -> bool:
+    """Whether a Sandbox's spec asks for no pod (v1beta1 ``operatingMode``, v1alpha1 ``replicas``)."""
+    spec = obj.get("spec") or {}
+    return spec.get("operatingMode") == "Suspended" or spec.get("replicas") == 0
+
+
+def mode_patch(api_version: str, running: bool) -> dict[str, Any]:
+    if api_version == "v1alpha1":
+        return {"spec": {"replicas": 1 if running else 0}}
+    return {"spec": {"operatingMode": "Running" if running else "Suspended"}}
+
+
+def observed(obj: Mapping[str, Any], generation: int | None) -> bool:
+    """The Ready condition reflects ``generation`` of the spec (or says nothing either way)."""
+    seen = (ready_condition(obj) or {}).get("observedGeneration")
+    return generation is None or seen is None or seen >= generation
+
+
+def terminal_failure(obj: Mapping[str, Any]) -> str | None:
+    ready = ready_condition(obj)
+    if ready is not None and ready.get("status") == "False" and ready.get("reason") in TERMINAL_REASONS:
+        return f"{ready['reason']}: {ready.get('message') or 'no message'}"
+    return None
+
+
+async def watch_events(api: client.CustomObjectsApi, kind: Kind, namespace: str,
+                  **params: Any) -> AsyncIterator[dict[str, Any]]:
+    """Watch events as dicts, through the real client's list call with ``watch=True``.
+
+    Not ``kubernetes_asyncio.watch.Watch``: each of those builds its own ApiClient
+    and SSL context (~50 ms of CPU on the event loop), once per sandbox here.
+    An ERROR event (410 Gone above all) is raised as the ``ApiException`` it means.
+    """
+    response = await api.list_namespaced_custom_object(
+        kind.group, kind.version, namespace, kind.plural, watch=True, _preload_content=False, **params)
+    try:
+        async for line in response.content:
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event.get("type") == "ERROR":
+                status = event.get("object") or {}
+                raise ApiException(status=status.get("code", 500), reason=f"{status.get('reason')}: {status.get('message')}")
+            yield event
+    finally:
+        response.release()
+
+
+async def api_client(kubeconfig: str | None, *, in_cluster: bool = False) -> client.ApiClient:
+    """An API client: the pod's service account when ``in_cluster`` (``Settings.in_cluster``: in a
+    pod, no kubeconfig given), else from the kubeconfig."""
+    configuration = client.Configuration()
+    if in_cluster and kubeconfig is None:
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return client.ApiClient(configuration)
