@@ -84,6 +84,22 @@ def _alive(pid: int, sandbox_id: str) -> bool:
         return False
 
 
+def _pidfd(pid: int, sandbox_id: str) -> int | None:
+    """A pidfd for this sandbox's runtime, or None when ``pid`` is not (or no longer) it.
+
+    Opened first, checked second: a check before the open could pass for the runtime and the
+    open then name whatever process took its PID meanwhile (which ``_reap`` would then reap).
+    With the pidfd open, the PID cannot be reused, so the check is about the process it names."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    if _alive(pid, sandbox_id):
+        return fd
+    os.close(fd)
+    return None
+
+
 class LocalProvider:
     def __init__(self, data_dir: Path, *, stop_on_close: bool, confinement: Confinement | None = None,
                  networks: Mapping[str, str] | None = None, policy_source: str = "the policy") -> None:
@@ -158,7 +174,7 @@ class LocalProvider:
         if not await self._answers(path, pid, request.sandbox_id):
             raise ProvisionFailed(f"local sandbox {request.sandbox_id} exited before answering its health check "
                                   f"(see {box / 'runtime.log'})", sandbox_id=request.sandbox_id)
-        self._watch(request.sandbox_id, pid)
+        self._watch(request.sandbox_id, pid, spawned=True)
         return _endpoint(request.sandbox_id, path)
 
     async def _answers(self, path: str, pid: int, sandbox_id: str) -> bool:
@@ -320,12 +336,17 @@ class LocalProvider:
         await _stop_helper(state)
 
     # death notification ----------------------------------------------------
-    def _watch(self, sandbox_id: str, pid: int) -> None:
+    def _watch(self, sandbox_id: str, pid: int, *, spawned: bool = False) -> None:
+        """Watch the runtime's exit. ``spawned``: this process just started it, so it is our child that
+        nobody has reaped and its PID cannot have been reused (even if it already exited: the watch
+        then fires at once and reaps it); any other PID comes from the registry and is checked."""
         if sandbox_id in self._watched:
             return
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:
+        if spawned:
+            fd: int | None = os.pidfd_open(pid)
+        else:
+            fd = _pidfd(pid, sandbox_id)
+        if fd is None:
             self._on_lost(sandbox_id)
             return
         self._watched[sandbox_id] = (fd, pid)
@@ -503,11 +524,8 @@ def _terminate(pid: int, sandbox_id: str) -> None:
 
 async def _stop(pid: int, sandbox_id: str) -> None:
     """SIGTERM the sandbox's process group, SIGKILL it after a grace period; wait on a pidfd."""
-    if not _alive(pid, sandbox_id):
-        return
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
+    fd = _pidfd(pid, sandbox_id)
+    if fd is None:
         return
     try:
         with contextlib.suppress(ProcessLookupError):
