@@ -337,6 +337,23 @@ class StoreContract:
         assert await store.idle_sessions(T0 + 101, 2) == ["old", "mid"]
         assert await store.idle_sessions(T0, 10) == []
 
+    async def test_a_session_with_its_own_sandbox_is_idle_only_once_the_sandbox_is_gone(
+            self, store: SessionStore, clock: FakeClock) -> None:
+        own = per_session_sandbox_id("agent_1")
+        await store.put_binding(Binding("agent_1", own, "small", Isolation.PER_SESSION, Owner("acme", "alice", None), T0))
+        await store.put_binding(binding("shared_1", created_at=T0))
+        assert await store.idle_sessions(T0 + 1, 10) == ["agent_1", "shared_1"]  # no sandbox yet: idle as any
+        await store.reserve_sandbox(record(own, pool="small"), Caps(), 30)
+        assert await store.idle_sessions(T0 + 1, 10) == ["shared_1"]  # kept by its sandbox's record
+        await store.mark_ready(own, Endpoint("10.0.0.1", 8888))
+        assert await store.idle_sessions(clock() + 1e6, 10) == ["shared_1"]
+        clock.advance(100)
+        await store.release_sandbox(own)
+        assert await store.idle_sessions(clock(), 10) == ["shared_1"]  # idle from the release, not before
+        assert await store.idle_sessions(clock() + 1, 10) == ["shared_1", "agent_1"]
+        assert await store.sessions_of(own) == ["agent_1"]  # the binding outlived its sandbox
+        assert (await store.get_binding("agent_1")).sandbox_id == own  # type: ignore[union-attr]
+
     # the activity index: listing and reaping page through it ----------------
     async def test_scan_pages_oldest_activity_first(self, store: SessionStore) -> None:
         await ready_at(store, {"org-c": T0 + 1, "org-a": T0 + 3, "org-b": T0 + 2, "org-d": T0 + 3})

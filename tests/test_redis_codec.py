@@ -66,3 +66,21 @@ def test_a_record_reads_packed_and_plain_owner_ids() -> None:
         view = ["ready", "small", ORG, fields["c"], "http 10.0.0.1 8888", "0", "g1", user, bot, None, None, "1", "5.0"]
         read, gen = codec.record_of("ses-x", view)
         assert read.owner == owner and read.created_at == 1_700_000_000.0 and gen == "g1"
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_a_folded_binding_is_the_text_form_split_in_two_short_values(binding: Binding) -> None:
+    value = codec.binding_value(binding)
+    parts = codec.folded(binding, value)
+    per_session_text = binding.isolation is Isolation.PER_SESSION and not value.startswith("[")
+    assert (parts is not None) == per_session_text  # shared, or JSON: kept under a key of its own
+    if parts is not None:
+        head, tail = parts
+        assert head + "\x1f" + tail == value
+        if binding.owner.bot_id is None:
+            assert len(head.encode()) <= 64 and len(tail.encode()) <= 64  # each within a listpack value
+
+
+def test_a_per_session_binding_to_another_sessions_sandbox_does_not_fold() -> None:
+    binding = Binding("s1", per_session_sandbox_id("other"), "small", Isolation.PER_SESSION, Owner(ORG, USER, None), 1.0)
+    assert codec.folded(binding, codec.binding_value(binding)) is None

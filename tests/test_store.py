@@ -18,12 +18,13 @@ from hypothesis import strategies as st
 from redis import exceptions as redis_errors
 
 from gateway.errors import CapacityExceeded, StoreUnavailable
-from gateway.model import SandboxState
+from gateway.model import Binding, Owner, SandboxState
 from gateway.store.base import Caps, Reserved, SessionStore, Settled, Settlement
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisKeys, RedisStore, unavailable
 from tests.clock import FakeClock
 from tests.redis_server import RedisServer, free_port, redis_process, redis_server, redis_server_factory  # noqa: F401
+from routing import Isolation, per_session_sandbox_id
 from tests.store_contract import ENDPOINT, StoreContract, binding, record, still_waiting
 
 ServerFactory = Callable[..., RedisServer]
@@ -257,6 +258,52 @@ async def test_installations_do_not_see_each_other(redis_server: RedisServer) ->
     finally:
         await one.close()
         await two.close()
+
+
+# the layout: a per-session binding folded into its sandbox's hash ---------------------------
+def _own_binding(session_id: str) -> Binding:
+    return Binding(session_id, per_session_sandbox_id(session_id), "small", Isolation.PER_SESSION,
+                   Owner("9d278969-5453-4ae3-a51f-a8d2274a7b56", "fd93a81c-63c2-4d14-84b3-60d6ac3b592f", None), 1e9)
+
+
+async def test_a_per_session_binding_lives_in_its_sandboxs_hash(redis_server: RedisServer, replicas) -> None:
+    store = replicas()
+    own = _own_binding("agent_1")
+    await store.put_binding(own)
+    await store.reserve_sandbox(record(own.sandbox_id, pool="small"), Caps(), 30)
+    await store.mark_ready(own.sandbox_id, ENDPOINT)
+    raw = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        assert not raw.exists(store.keys.binding("agent_1"))  # no key of its own
+        assert raw.zscore(store.keys.session_seen, "agent_1") is None  # nor a seen entry, while its record lives
+        assert raw.object("encoding", store.keys.sandbox(own.sandbox_id)) == "listpack"
+        assert await replicas("replica-b").get_binding("agent_1") == own  # any replica reads it
+    finally:
+        raw.close()
+
+
+async def test_a_binding_written_by_the_previous_layout_still_reads_and_deletes(redis_server: RedisServer,
+                                                                               replicas) -> None:
+    """Before folding, a per-session binding had its own key, a seen entry and an empty session field:
+    an upgraded fleet reads it, keeps it (a second put does not fold over it) and deletes it whole."""
+    store = replicas()
+    own = _own_binding("agent_old")
+    keys, sandbox = store.keys, per_session_sandbox_id("agent_old")
+    raw = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        raw.set(keys.binding("agent_old"), RedisStore.binding_value(own))  # exactly what the previous PUT_BINDING wrote
+        raw.zadd(keys.session_seen, {"agent_old": own.created_at})
+        raw.hset(keys.sandbox(sandbox), mapping={"+agent_old": "", "n": 1})
+        raw.hincrby(keys.count_sessions, "small", 1)
+        assert await store.get_binding("agent_old") == own
+        assert await store.put_binding(_own_binding("agent_old")) == own and not raw.hexists(keys.sandbox(sandbox), "=")
+        assert await store.sessions_of(sandbox) == ["agent_old"]
+        assert await store.delete_binding("agent_old") == own
+        assert await store.get_binding("agent_old") is None
+        assert not raw.exists(keys.binding("agent_old"), keys.sandbox(sandbox))
+        assert raw.zscore(keys.session_seen, "agent_old") is None and not raw.hget(keys.count_sessions, "small")
+    finally:
+        raw.close()
 
 
 # Redis trouble ----------------------------------------------------------------

@@ -280,7 +280,9 @@ class SessionStore(Protocol):
     # activity and streams
     async def touch(self, sandboxes: Mapping[str, float], sessions: Mapping[str, float]) -> None: ...
     async def idle_sessions(self, before: float, limit: int) -> list[str]:
-        """Up to ``limit`` sessions last seen before ``before``, least recently seen first."""
+        """Up to ``limit`` sessions last seen before ``before``, least recently seen first. A session
+        bound to its own per-session sandbox is not idle while that sandbox has a record (its binding
+        lives as long as the sandbox); from the record's release its idle time starts."""
     async def add_streams(self, deltas: Mapping[str, int]) -> None: ...
     async def open_streams(self, sandbox_id: str) -> int: ...
 

@@ -18,6 +18,7 @@ from gateway.store.base import (
     ANY_SANDBOX, LIVE_STATES, UNSETTLED_STATES, Caps, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved, SandboxFilter,
     SandboxPage, Settled, Settlement, SettleTimeout,
 )
+from routing import Isolation, per_session_sandbox_id
 
 class MemoryStore:
     """``SessionStore`` for a single gateway process."""
@@ -187,6 +188,9 @@ class MemoryStore:
         self._settle(sandbox_id, Settlement.removed(error))
         if record is not None:
             self._count(record, -1)
+            for session_id in self._sandbox_sessions.get(sandbox_id, ()):
+                if self._kept_by(session_id) == sandbox_id:
+                    self._session_seen[session_id] = self._clock()  # it outlived its sandbox: idle from now
             self._publish(sandbox_id)
         return record
 
@@ -230,8 +234,19 @@ class MemoryStore:
                 self._session_seen[session_id] = at
 
     async def idle_sessions(self, before: float, limit: int) -> list[str]:
-        idle = sorted((seen, s) for s, seen in self._session_seen.items() if seen < before)
+        idle = sorted((seen, s) for s, seen in self._session_seen.items()
+                      if seen < before and self._kept_by(s) not in self._sandboxes)
         return [s for _seen, s in idle[:limit]]
+
+    def _kept_by(self, session_id: str) -> str | None:
+        """The sandbox a session's binding lives as long as: its own per-session sandbox (whose record
+        keeps it from being idle; its release starts its idle time), else None."""
+        binding = self._bindings.get(session_id)
+        if binding is None or binding.isolation is not Isolation.PER_SESSION:
+            return None
+        if binding.sandbox_id != per_session_sandbox_id(session_id):
+            return None
+        return binding.sandbox_id
 
     async def add_streams(self, deltas: Mapping[str, int]) -> None:
         for sandbox_id, delta in deltas.items():

@@ -113,6 +113,7 @@ from gateway.store.base import (
 from gateway.store.redis_listener import RedisListener
 from gateway.store import redis_codec as codec
 from gateway.store.redis_scripts import RedisKeys
+from routing import per_session_sandbox_id
 
 __all__ = ["RedisKeys", "RedisStore", "unavailable"]
 
@@ -205,6 +206,7 @@ class RedisStore:
         )
         self._redis: Redis = Redis.from_pool(pool)
         self._get_sandbox = self._redis.register_script(lua.GET_SANDBOX)
+        self._get_binding = self._redis.register_script(lua.GET_BINDING)
         self._put_binding = self._redis.register_script(lua.PUT_BINDING)
         self._delete_binding = self._redis.register_script(lua.DELETE_BINDING)
         self._reserve = self._redis.register_script(lua.RESERVE_SANDBOX)
@@ -235,7 +237,7 @@ class RedisStore:
     @_translated("look up a session")
     async def get_binding(self, session_id: str) -> Binding | None:
         self._listener.start()
-        raw = await self._redis.get(self.keys.binding(session_id))
+        raw = await self._read_binding(session_id)
         return None if raw is None else codec.binding_of(session_id, raw)
 
     @_translated("bind a session")
@@ -249,7 +251,7 @@ class RedisStore:
         key = self.keys.binding(session_id)
         message = self._invalidation("session", session_id)
         for _attempt in range(5):
-            raw = await self._redis.get(key)
+            raw = await self._read_binding(session_id)
             if raw is None:
                 return None
             read = codec.binding_of(session_id, raw)
@@ -263,6 +265,12 @@ class RedisStore:
                 self._listener.notify(session_id)
                 return codec.binding_of(session_id, deleted)
         raise StoreUnavailable(f"session {session_id!r} kept changing while being deleted; retry", retry_after=1.0)
+
+    async def _read_binding(self, session_id: str) -> str | None:
+        """The binding as stored: its own key, else folded into its per-session sandbox's hash."""
+        keys = [self.keys.binding(session_id), self.keys.sandbox(per_session_sandbox_id(session_id))]
+        raw: str | None = await self._get_binding(keys=keys, args=[session_id])
+        return raw
 
     @_translated("list a sandbox's sessions")
     async def sessions_of(self, sandbox_id: str) -> list[str]:
@@ -382,10 +390,10 @@ class RedisStore:
         async with self._streams_lock:
             view = await self._release(
                 keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
-                      self.keys.streams(sandbox_id), self.keys.count_state],
+                      self.keys.streams(sandbox_id), self.keys.count_state, self.keys.session_seen],
                 args=[sandbox_id, error or "", self.keys.settled, self.keys.invalidate,
                       self._invalidation("sandbox", sandbox_id),
-                      "" if only_endpoint is None else codec.endpoint_text(only_endpoint)],
+                      "" if only_endpoint is None else codec.endpoint_text(only_endpoint), codec.num(self._clock())],
             )
             if isinstance(view, list) or view is None:  # released (or nothing to release)
                 self._streams.pop(sandbox_id, None)
@@ -461,14 +469,17 @@ class RedisStore:
 
     # the scripts' keys and arguments, built in one place for the single and the bulk calls
     def _put_binding_call(self, binding: Binding) -> dict[str, list[str]]:
-        return {"keys": [self.keys.binding(binding.session_id), self.keys.session_seen,
-                         self.keys.sandbox(binding.sandbox_id), self.keys.count_sessions],
-                "args": [codec.binding_value(binding), binding.session_id, codec.num(binding.created_at), binding.pool]}
+        value = codec.binding_value(binding)
+        head, tail = codec.folded(binding, value) or (value, "")
+        session_id = binding.session_id
+        return {"keys": [self.keys.binding(session_id), self.keys.session_seen, self.keys.sandbox(binding.sandbox_id),
+                         self.keys.count_sessions, self.keys.sandbox(per_session_sandbox_id(session_id))],
+                "args": [head, session_id, codec.num(binding.created_at), binding.pool, tail]}
 
     def _reserve_call(self, record: SandboxRecord, caps: Caps, now: float, lease_seconds: float) -> dict[str, list[str]]:
         sandbox_id = record.sandbox_id
         return {"keys": [self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool,
-                         self.keys.count_org, self.keys.count_state],
+                         self.keys.count_org, self.keys.count_state, self.keys.session_seen],
                 "args": [codec.num(now), sandbox_id, record.pool, record.org_id or "",
                          "0" if record.org_id is None else "1",
                          "" if caps.pool_max is None else str(caps.pool_max),

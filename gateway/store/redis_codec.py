@@ -11,7 +11,8 @@ itself (a per-session ID hashes the session ID, a shared one the owner), and the
 (``\x1e`` for none) comes before it. Where a field could not be told from these marks (a control
 character in a pool name), the binding is the JSON array ``[pool, isolation, created_at, org, user,
 bot(, sandbox_id)]`` that earlier versions wrote, and both forms are read. Every byte counts: a
-binding of two UUIDs is 70 bytes (an 80-byte allocation) instead of 118 as JSON (128).
+binding of two UUIDs is 70 bytes (an 80-byte allocation) instead of 118 as JSON (128). A session's
+binding to its own per-session sandbox is kept in that sandbox's hash, split in two (``folded``).
 
 A sandbox record is the one-letter fields of its hash (see ``redis_scripts``): ``c`` is written in
 whole seconds where it is one (Redis keeps it as an integer), else to the millisecond, and the
@@ -133,6 +134,19 @@ def binding_value(binding: Binding) -> str:
     elif owner.bot_id is not None:
         fields.append(packed_id(owner.bot_id))
     return _SEP.join(fields)
+
+
+def folded(binding: Binding, value: str) -> tuple[str, str] | None:
+    """A per-session binding kept in its own sandbox's hash instead of a key of its own: its head
+    (pool, isolation, created) and its tail (the owner), or None where it does not fold (shared, or
+    a sandbox ID the session does not derive, or the JSON form). Two fields rather than one, so
+    that each stays within a listpack's 64 bytes; ``binding_of`` reads them rejoined."""
+    if binding.isolation is not Isolation.PER_SESSION or value.startswith("["):
+        return None
+    if binding.sandbox_id != per_session_sandbox_id(binding.session_id):
+        return None
+    pool, mark, millis, tail = value.split(_SEP, 3)
+    return _SEP.join((pool, mark, millis)), tail
 
 
 def binding_of(session_id: str, raw: str) -> Binding:

@@ -23,6 +23,9 @@ long as either):
 ``v``  the owner's org as a JSON ``[org]``, only where it differs from ``o``
 ``m``  meta JSON (absent when empty)
 ``n``  how many sessions are bound (absent: none)      ``+<session_id>``  one field per bound session
+``=``  a per-session sandbox's own session's binding, folded in: ``+<session_id>`` then holds the
+       binding's head (pool, isolation, created) and ``=`` its tail (the owner), each short enough
+       for a listpack; that session has no ``b:`` key, and no ``seen`` entry while a record exists
 
 A record in any state but ``suspended`` is *live* and counted once in ``count:pool[pool]`` and
 (when it has an org) ``count:org[org]``; every record is counted once in
@@ -92,6 +95,15 @@ end
 local function is_live(state)
   return state ~= 'suspended'
 end
+-- the session whose binding is folded into this sandbox's hash (its '=' field), or nil: only a
+-- per-session sandbox has one, and only its own session is bound to it, so its hash is small
+local function folded_session(sandbox_key)
+  if redis.call('HEXISTS', sandbox_key, '=') == 0 then return nil end
+  for _, name in ipairs(redis.call('HKEYS', sandbox_key)) do
+    if string.sub(name, 1, 1) == '+' then return string.sub(name, 2) end
+  end
+  return nil
+end
 -- count:state fields are '<state>:<pool>' (states hold no ':'): the gauges read one small hash
 local function restate(key, pool, from, to)
   if not pool then return end
@@ -110,26 +122,56 @@ GET_SANDBOX = _HELPERS + """
 return view(KEYS[1], KEYS[2], ARGV[1])
 """
 
+GET_BINDING = """
+-- KEYS[1] binding string  KEYS[2] the session's per-session sandbox hash (where a binding may be folded)
+-- ARGV[1] session id
+-- returns the binding as stored (a folded one rejoined), or false (nil)
+local current = redis.call('GET', KEYS[1])
+if current then return current end
+local f = redis.call('HMGET', KEYS[2], '+' .. ARGV[1], '=')
+if f[2] then return f[1] .. '\\31' .. f[2] end
+return false
+"""
+
 PUT_BINDING = """
 -- KEYS[1] binding string  KEYS[2] seen zset  KEYS[3] the binding's sandbox hash  KEYS[4] count:sessions hash
--- ARGV[1] binding (compact)  ARGV[2] session id  ARGV[3] created_at (first "seen" time)  ARGV[4] the binding's pool
+-- KEYS[5] the session's per-session sandbox hash (where a binding may be folded)
+-- ARGV[1] binding (compact; folded: its head)  ARGV[2] session id  ARGV[3] created_at (first "seen" time)
+-- ARGV[4] the binding's pool  ARGV[5] folded: the binding's tail, kept in KEYS[3] (= KEYS[5]) field '='; '' = not
 -- returns the binding already stored: it wins; false (nil) when ARGV[1] was stored
 local current = redis.call('GET', KEYS[1])
 if current then return current end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
-if redis.call('HSETNX', KEYS[3], '+' .. ARGV[2], '') == 1 then redis.call('HINCRBY', KEYS[3], 'n', 1) end
+local f = redis.call('HMGET', KEYS[5], '+' .. ARGV[2], '=')
+if f[2] then return f[1] .. '\\31' .. f[2] end
+local session = '+' .. ARGV[2]
+if ARGV[5] == '' then
+  redis.call('SET', KEYS[1], ARGV[1])
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+  if redis.call('HSETNX', KEYS[3], session, '') == 1 then redis.call('HINCRBY', KEYS[3], 'n', 1) end
+else
+  -- folded: no key of its own; listed in seen only while its sandbox has no record (RESERVE_SANDBOX
+  -- takes it out, RELEASE_SANDBOX puts it back): until then it lives as long as its sandbox
+  if not redis.call('HGET', KEYS[3], 's') then redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2]) end
+  if redis.call('HEXISTS', KEYS[3], session) == 0 then redis.call('HINCRBY', KEYS[3], 'n', 1) end
+  redis.call('HSET', KEYS[3], session, ARGV[1], '=', ARGV[5])
+end
 redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
 return false
 """
 
 DELETE_BINDING = _HELPERS + """
 -- KEYS[1] binding string  KEYS[2] seen zset  KEYS[3] the sandbox hash named in ARGV[2]  KEYS[4] count:sessions hash
--- ARGV[1] session id  ARGV[2] the binding the caller read (KEYS[3] and ARGV[5] were derived from it)
+-- (a folded binding is in KEYS[3], its per-session sandbox's hash)
+-- ARGV[1] session id  ARGV[2] the binding the caller read, as GET_BINDING returns it (KEYS[3] and ARGV[5] were derived from it)
 -- ARGV[3] invalidate channel  ARGV[4] invalidate message  ARGV[5] the binding's pool
 -- returns the deleted binding; false (nil) when there was none;
 --         0 when the binding changed since the caller read it (read again and retry)
 local current = redis.call('GET', KEYS[1])
+local folded = false
+if not current then
+  local f = redis.call('HMGET', KEYS[3], '+' .. ARGV[1], '=')
+  if f[2] then current, folded = f[1] .. '\\31' .. f[2], true end
+end
 if not current then
   redis.call('ZREM', KEYS[2], ARGV[1])
   return false
@@ -138,6 +180,7 @@ if current ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 if redis.call('HDEL', KEYS[3], '+' .. ARGV[1]) == 1 then uncount(KEYS[3], 'n') end
+if folded then redis.call('HDEL', KEYS[3], '=') end
 uncount(KEYS[4], ARGV[5])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return current
@@ -145,7 +188,7 @@ return current
 
 RESERVE_SANDBOX = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:pool hash  KEYS[4] count:org hash
--- KEYS[5] count:state hash
+-- KEYS[5] count:state hash  KEYS[6] seen zset
 -- ARGV[1] now  ARGV[2] sandbox id  ARGV[3] pool  ARGV[4] org id ('' when none)  ARGV[5] '1' when there is an org
 -- ARGV[6] pool cap ('' = none)  ARGV[7] org cap ('' = none)  ARGV[8] lease_until  ARGV[9] last_active
 -- ARGV[10] reservation token (gen)  ARGV[11] invalidate channel  ARGV[12] invalidate message (on a takeover)
@@ -213,6 +256,8 @@ if has_org then
   redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
 end
 redis.call('ZADD', KEYS[2], ARGV[9], ARGV[2])
+local folded = folded_session(KEYS[1])
+if folded then redis.call('ZREM', KEYS[6], folded) end  -- it lives as long as this record now
 if stale then redis.call('PUBLISH', ARGV[11], ARGV[12]) end
 local v = view(KEYS[1], KEYS[2], ARGV[2])
 if stale then return {'taken', unpack(v)} end
@@ -241,10 +286,11 @@ return v
 
 RELEASE_SANDBOX = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:pool hash  KEYS[4] count:org hash
--- KEYS[5] streams hash  KEYS[6] count:state hash
+-- KEYS[5] streams hash  KEYS[6] count:state hash  KEYS[7] seen zset
 -- ARGV[1] sandbox id  ARGV[2] error for the waiters  ARGV[3] settled channel
 -- ARGV[4] invalidate channel  ARGV[5] invalidate message
 -- ARGV[6] only this endpoint ('' = any): release a ready record only while it still has that endpoint
+-- ARGV[7] now: a binding folded into this hash is listed in seen from now (it outlived its sandbox)
 -- returns the removed record's view; false (nil) when there was no record (waiters are woken either way);
 --         with ARGV[6] (nothing changed, nobody woken): 0 when the record does not match, -1 when there is none
 local found = view(KEYS[1], KEYS[2], ARGV[1])
@@ -263,6 +309,8 @@ if found then
   gen = found[7] or ''
   drop_record(KEYS[1])
   redis.call('ZREM', KEYS[2], ARGV[1])
+  local folded = folded_session(KEYS[1])
+  if folded then redis.call('ZADD', KEYS[7], ARGV[7], folded) end
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
 redis.call('DEL', KEYS[5])
