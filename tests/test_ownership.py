@@ -136,9 +136,11 @@ async def lose_binding_by_restart(stack: Stack, redis: RedisServer) -> None:
         await stack.router.lookup("S")
 
 
-async def lose_binding_by_ttl(stack: Stack, redis: RedisServer) -> None:
-    stack.clock.advance(120)  # past session_ttl (60 s), well inside the pool's idle_timeout (1 h)
-    await stack.router.reap_once()
+async def lose_binding_by_deletion(stack: Stack, redis: RedisServer) -> None:
+    """The binding goes while its sandbox lives: an earlier version's session_ttl shorter than the pool's
+    idle timeout did this; today a session's binding to its own sandbox lives as long as the sandbox
+    (test_a_per_session_binding_outlives_session_ttl_while_its_sandbox_lives), so it is deleted directly."""
+    await stack.router.store.delete_binding("S")
     with pytest.raises(NotFound):
         await stack.router.lookup("S")
     assert (await stack.router.sandboxes()).records  # the sandbox record lives on
@@ -146,7 +148,7 @@ async def lose_binding_by_ttl(stack: Stack, redis: RedisServer) -> None:
 
 @pytest.mark.parametrize("lose_binding", [
     pytest.param(lose_binding_by_restart, id="redis restarted without persistence"),
-    pytest.param(lose_binding_by_ttl, id="binding expired before its sandbox"),
+    pytest.param(lose_binding_by_deletion, id="binding deleted before its sandbox"),
 ])
 async def test_a_lost_binding_never_hands_the_sandbox_to_another_tenant(stack: Stack, redis: RedisServer,
                                                                         lose_binding: Any) -> None:
@@ -169,6 +171,14 @@ async def test_a_lost_binding_never_hands_the_sandbox_to_another_tenant(stack: S
     assert await execute(again["endpoint"], "cat note.txt") == "alice-secret\n"
     status, _ = await stack.bind(EVE)
     assert status == 404 and stack.denials(DENIED) == 1  # bound again: refused at the binding, as before
+
+
+async def test_a_per_session_binding_outlives_session_ttl_while_its_sandbox_lives(stack: Stack) -> None:
+    status, alice = await stack.bind(ALICE)
+    assert status == 200
+    stack.clock.advance(120)  # past session_ttl (60 s), well inside the pool's idle_timeout (1 h)
+    await stack.router.reap_once()
+    assert (await stack.router.lookup("S")).sandbox_id == alice["sandbox_id"]
 
 
 # what an ownerless sandbox (made by an older version) may be claimed by -------------------

@@ -21,7 +21,8 @@ from gateway.errors import CapacityExceeded, StoreUnavailable
 from gateway.model import Binding, Owner, SandboxState
 from gateway.store.base import Caps, Reserved, SessionStore, Settled, Settlement
 from gateway.store.memory import MemoryStore
-from gateway.store.redis import RedisKeys, RedisStore, unavailable
+from gateway.store.redis import RedisKeys, RedisStore
+from gateway.store.redis_errors import unavailable
 from tests.clock import FakeClock
 from tests.redis_server import RedisServer, free_port, redis_process, redis_server, redis_server_factory  # noqa: F401
 from routing import Isolation, per_session_sandbox_id

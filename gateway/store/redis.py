@@ -14,12 +14,17 @@ is cluster-safe)::
                                                       s|h, created ms, org, user[, bot[, sandbox ID]] joined by
                                                       \x1f, UUIDs in 23 chars; the sandbox ID only where the
                                                       binding does not derive it (JSON, as earlier versions
-                                                      wrote, where a field cannot be text; both are read)
-    {P}:seen                   zset    none           session_id -> last seen (idle_sessions, oldest first)
+                                                      wrote, where a field cannot be text; both are read).
+                                                      None for a session bound to its own per-session sandbox:
+                                                      that binding is folded into the sandbox's hash
+    {P}:seen                   zset    none           session_id -> last seen (idle_sessions, oldest first); a
+                                                      folded binding is here only while its sandbox has no record
     {P}:s:<sandbox_id>         hash    none           the record (one-letter fields, see redis_scripts; the
                                                       owner in u, b, v, UUIDs packed as in bindings; c in whole
                                                       seconds, an integer) and one "+<session_id>" field per bound
-                                                      session with their count n: no per-sandbox set. A
+                                                      session with their count n: no per-sandbox set. A per-session
+                                                      sandbox's own session's binding is folded in: "+<session_id>"
+                                                      holds its head (pool, s, created ms), "=" its owner. A
                                                       listpack for ordinary IDs (every value <= 64 bytes)
     {P}:idx                    zset    none           sandbox_id -> last_active, one entry per record: the
                                                       index that listing and reaping page through
@@ -39,17 +44,18 @@ is cluster-safe)::
     {P}:settled                channel                {"id", "gen", "state": "ready"|"removed"|"suspended", "error"}
     {P}:invalidate             channel                [origin, "session"|"sandbox", id]
 
-Footprint (``benchmarks/footprint_bench.py``, Redis 7.0, 10,000 sessions each bound to its own
-ready sandbox, UUID org and user, a pod-IP endpoint): 926 B of ``used_memory`` per session (1,028 B
-before the text bindings and packed IDs); 845 B at 1,000,000 (949 B before). By ``MEMORY USAGE``: the binding 184 B (key name, value
-and object), the sandbox hash 328 B (a listpack), its ``seen`` entry 145 B and its ``idx`` entry
-154 B (skiplist nodes: the member, the score, the dict entry), the main dictionary ~100 B for
-the two keys. Two keys and two sorted-set entries per session are the floor of this layout; going
-under 600 B needs the binding of a per-session sandbox folded into the sandbox hash (not built).
+Footprint (``benchmarks/footprint_bench.py``, Redis 7.0, sessions each bound to its own ready
+sandbox, UUID org and user, a pod-IP endpoint): 599 B of ``used_memory`` per session at 1,000,000
+and 654 B at 10,000 (845 B and 907 B before the binding was folded in; 949 B and 1,028 B before the
+text bindings and packed IDs). By ``MEMORY USAGE``: the sandbox hash 424 B (a listpack, the folded
+binding included), its ``idx`` entry 150 B (a skiplist node: the member, the score, the dict entry),
+the main dictionary ~25 B for its one key. A session of a shared sandbox still has its own binding
+key (184 B) and ``seen`` entry (~140 B).
 
 This layout (version 2) does not read the keys of versions before it (``binding:``, ``sandbox:``,
 ``sandbox-sessions:``): upgrading a live installation needs an empty Redis or a migration. Within
-version 2, JSON bindings and plain owner IDs written before the compact encodings still read.
+version 2, JSON bindings, plain owner IDs and per-session bindings under their own ``b:`` key (as
+written before folding) still read, and such a binding keeps winning over a new put until deleted.
 
 Background work is bounded whatever the fleet size: the gauges read ``count:state`` and
 ``count:sessions`` (kept by the same scripts that keep the caps), and reaping and listing read
@@ -90,13 +96,12 @@ record, since messages sent while disconnected are lost.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -110,52 +115,15 @@ from gateway.store.base import (
     ANY_SANDBOX, UNSETTLED_STATES, Caps, CapScope, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved,
     SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
 )
+from gateway.store.redis_errors import translated
 from gateway.store.redis_listener import RedisListener
 from gateway.store import redis_codec as codec
 from gateway.store.redis_scripts import RedisKeys
 from routing import per_session_sandbox_id
 
-__all__ = ["RedisKeys", "RedisStore", "unavailable"]
+__all__ = ["RedisKeys", "RedisStore"]
 
 log = logging.getLogger(__name__)
-
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
-
-
-def _translated(action: str) -> Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Awaitable[_T]]]:
-    """Turn every redis error raised by the wrapped call into ``StoreUnavailable``."""
-
-    def decorate(method: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
-        @functools.wraps(method)
-        async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-            try:
-                return await method(*args, **kwargs)
-            except redis_errors.RedisError as exc:
-                raise unavailable(action, exc) from exc
-
-        return wrapper
-
-    return decorate
-
-
-def unavailable(action: str, exc: redis_errors.RedisError) -> StoreUnavailable:
-    """The ``StoreUnavailable`` for a redis error, classified by type (never by message text)."""
-    if isinstance(exc, redis_errors.BusyLoadingError):
-        reason, retry_after = "it is loading its dataset", 2.0
-    elif isinstance(exc, redis_errors.ConnectionError):
-        reason, retry_after = "it cannot be reached", 5.0
-    elif isinstance(exc, redis_errors.TimeoutError):
-        reason, retry_after = "it did not answer in time", 2.0
-    elif isinstance(exc, redis_errors.ReadOnlyError):
-        reason, retry_after = "it is a read-only replica", 5.0
-    elif isinstance(exc, redis_errors.OutOfMemoryError):
-        reason, retry_after = "it is out of memory", 30.0
-    else:
-        reason, retry_after = f"it refused the command ({type(exc).__name__})", 5.0
-    return StoreUnavailable(f"the session store (redis) could not {action}: {reason}; retry shortly",
-                            retry_after=retry_after)
-
 
 class RedisStore:
     """``SessionStore`` shared by every replica of one installation (``prefix``).
@@ -234,19 +202,19 @@ class RedisStore:
         return codec.binding_value(binding)
 
     # bindings ------------------------------------------------------------
-    @_translated("look up a session")
+    @translated("look up a session")
     async def get_binding(self, session_id: str) -> Binding | None:
         self._listener.start()
         raw = await self._read_binding(session_id)
         return None if raw is None else codec.binding_of(session_id, raw)
 
-    @_translated("bind a session")
+    @translated("bind a session")
     async def put_binding(self, binding: Binding) -> Binding:
         self._listener.start()
         stored = await self._put_binding(**self._put_binding_call(binding))
         return binding if stored is None else codec.binding_of(binding.session_id, stored)
 
-    @_translated("delete a session")
+    @translated("delete a session")
     async def delete_binding(self, session_id: str) -> Binding | None:
         key = self.keys.binding(session_id)
         message = self._invalidation("session", session_id)
@@ -272,18 +240,18 @@ class RedisStore:
         raw: str | None = await self._get_binding(keys=keys, args=[session_id])
         return raw
 
-    @_translated("list a sandbox's sessions")
+    @translated("list a sandbox's sessions")
     async def sessions_of(self, sandbox_id: str) -> list[str]:
         fields = await self._redis.hkeys(self.keys.sandbox(sandbox_id))
         return sorted(name[1:] for name in fields if name.startswith("+"))
 
     # sandboxes -----------------------------------------------------------
-    @_translated("look up a sandbox")
+    @translated("look up a sandbox")
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
         found = await self._read_sandbox(sandbox_id)
         return None if found is None else found[0]
 
-    @_translated("list sandboxes")
+    @translated("list sandboxes")
     async def scan_sandboxes(self, after: Position | None, *, limit: int, scan: int,
                              before: float = math.inf, where: SandboxFilter = ANY_SANDBOX) -> SandboxPage:
         flat = await self._index_page(
@@ -305,7 +273,7 @@ class RedisStore:
                     break
         return SandboxPage(found, entries[-1] if more and entries else None)
 
-    @_translated("look up sandboxes")
+    @translated("look up sandboxes")
     async def existing_sandboxes(self, sandbox_ids: Sequence[str]) -> set[str]:
         if not sandbox_ids:
             return set()
@@ -315,7 +283,7 @@ class RedisStore:
             found = await pipe.execute()
         return {sandbox_id for sandbox_id, exists in zip(sandbox_ids, found, strict=True) if exists}
 
-    @_translated("count sandboxes")
+    @translated("count sandboxes")
     async def fleet_counts(self) -> FleetCounts:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(self.keys.count_state)
@@ -328,7 +296,7 @@ class RedisStore:
                 sandboxes[pool, SandboxState(state)] = int(count)
         return FleetCounts(sandboxes, {pool: int(n) for pool, n in by_pool.items() if int(n) > 0})
 
-    @_translated("reserve a sandbox")
+    @translated("reserve a sandbox")
     async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
         self._listener.start()
         now = self._clock()
@@ -341,7 +309,7 @@ class RedisStore:
             self._listener.notify(sandbox_id)
         return Reservation(codec.record_of(sandbox_id, result[1:])[0], outcome)
 
-    @_translated("mark a sandbox ready")
+    @translated("mark a sandbox ready")
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
         view = await self._mark_ready(**self._mark_ready_call(sandbox_id, endpoint))
         if view is None:
@@ -351,7 +319,7 @@ class RedisStore:
             self._listener.notify(sandbox_id)  # a resumed sandbox may answer at a new endpoint (others: by pub/sub)
         return codec.record_of(sandbox_id, view)[0]
 
-    @_translated("suspend a sandbox")
+    @translated("suspend a sandbox")
     async def begin_suspend(self, sandbox_id: str, lease_seconds: float) -> SandboxRecord | None:
         view = await self._begin_suspend(
             keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_state],
@@ -362,7 +330,7 @@ class RedisStore:
         self._listener.notify(sandbox_id)
         return codec.record_of(sandbox_id, view)[0]
 
-    @_translated("suspend a sandbox")
+    @translated("suspend a sandbox")
     async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         view = await self._mark_suspended(
             keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
@@ -374,12 +342,12 @@ class RedisStore:
         self._listener.notify(sandbox_id)
         return codec.record_of(sandbox_id, view)[0]
 
-    @_translated("release a sandbox")
+    @translated("release a sandbox")
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         view = await self._release_record(sandbox_id, error, only_endpoint=None)
         return None if view is None else codec.record_of(sandbox_id, view)[0]
 
-    @_translated("release a sandbox")
+    @translated("release a sandbox")
     async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint) -> Released:
         view = await self._release_record(sandbox_id, None, only_endpoint=endpoint)
         if view == 0:
@@ -402,7 +370,7 @@ class RedisStore:
             self._listener.notify(sandbox_id)
         return view
 
-    @_translated("wait for a sandbox")
+    @translated("wait for a sandbox")
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -438,7 +406,7 @@ class RedisStore:
                 # "ready", another incarnation's message, or a pub/sub reconnect: read again
 
     # activity and streams -----------------------------------------------
-    @_translated("record activity")
+    @translated("record activity")
     async def touch(self, sandboxes: Mapping[str, float], sessions: Mapping[str, float]) -> None:
         if not sandboxes and not sessions:
             return
@@ -449,12 +417,12 @@ class RedisStore:
                 pipe.zadd(self.keys.session_seen, dict(sessions), xx=True, gt=True)
             await pipe.execute()
 
-    @_translated("list idle sessions")
+    @translated("list idle sessions")
     async def idle_sessions(self, before: float, limit: int) -> list[str]:
         return await self._redis.zrangebyscore(self.keys.session_seen, "-inf", f"({codec.num(before)}",
                                                start=0, num=limit)
 
-    @_translated("load sessions")
+    @translated("load sessions")
     async def load_ready(self, sessions: Sequence[tuple[Binding, SandboxRecord, Endpoint]]) -> None:
         """Bind each session and make its sandbox ready, many per round trip (one pipeline of the
         very scripts ``put_binding``, ``reserve_sandbox`` and ``mark_ready`` run): for benchmarks and
@@ -493,7 +461,7 @@ class RedisStore:
                 "args": [sandbox_id, codec.endpoint_text(endpoint), self.keys.settled, self.keys.invalidate,
                          self._invalidation("sandbox", sandbox_id), codec.num(self._clock())]}
 
-    @_translated("count open streams")
+    @translated("count open streams")
     async def add_streams(self, deltas: Mapping[str, int]) -> None:
         # Each replica owns one field per sandbox and writes its absolute count: a retried
         # write cannot double-count, and a write that failed is repeated by the next one.
@@ -507,7 +475,7 @@ class RedisStore:
         self._start_heartbeat()
         await self._sync_streams()
 
-    @_translated("read when its data began")
+    @translated("read when its data began")
     async def epoch(self) -> float:
         # SET NX GET: the first caller after the data began (a fresh Redis, or one restarted without
         # persistence) writes the time; everyone reads the first writer's.
@@ -515,7 +483,7 @@ class RedisStore:
         began = await self._redis.set(self.keys.epoch, now, nx=True, get=True)
         return float(began if began is not None else now)
 
-    @_translated("count open streams")
+    @translated("count open streams")
     async def open_streams(self, sandbox_id: str) -> int:
         counts: dict[str, str] = await self._redis.hgetall(self.keys.streams(sandbox_id))
         if not counts:
@@ -525,7 +493,7 @@ class RedisStore:
         return sum(int(counts[r]) for r, beat in zip(replicas, alive, strict=True) if beat is not None)
 
     # coordination -------------------------------------------------------
-    @_translated("take a lease")
+    @translated("take a lease")
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> bool:
         now = self._clock()
         held = await self._acquire_lease(keys=[self.keys.lease(name)],
@@ -548,7 +516,7 @@ class RedisStore:
         """
         await self._listener.subscribed(timeout)
 
-    @_translated("answer a ping")
+    @translated("answer a ping")
     async def ping(self) -> None:
         self._listener.start()
         await self._redis.ping()
