@@ -34,7 +34,8 @@ class Endpoint:
 
     ``unix``, when set, is a Unix socket path to connect to instead of ``host:port`` (a confined
     local sandbox, which has no network the gateway shares). ``host`` and ``port`` still name
-    it (the Host header, the upstream pool key), so they must be unique to the sandbox.
+    it (the Host header, the upstream pool key), so they must be unique to the sandbox. Such a
+    sandbox answers gRPC on a second socket beside it (:attr:`grpc_unix`).
     """
 
     host: str
@@ -47,6 +48,14 @@ class Endpoint:
             return f"unix:{self.unix}"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}"
+
+    @property
+    def grpc_unix(self) -> str | None:
+        """The Unix socket of the sandbox's gRPC service: ``unix`` with ``.grpc`` for ``.sock`` (the
+        local provider binds both; one name per start, as the HTTP one). None for a TCP endpoint."""
+        if self.unix is None:
+            return None
+        return self.unix.removesuffix(".sock") + ".grpc"
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"host": self.host, "port": self.port, "scheme": self.scheme}

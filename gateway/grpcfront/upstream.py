@@ -25,20 +25,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.grpc")
 
-Target = tuple[str, int]
+Target = tuple[str, int | None]  # (host, port), or (Unix socket path, None)
 
 
 def grpc_target(route: Route, pool: PoolSpec | None) -> Target:
-    """Where the sandbox behind ``route`` answers gRPC: its endpoint's host, its pool's ``grpc_port``.
+    """Where the sandbox behind ``route`` answers gRPC: its endpoint's host, its pool's ``grpc_port``;
+    a confined local sandbox, its gRPC socket beside its HTTP one (``Endpoint.grpc_unix``).
 
-    The one place that picks the address. A confined local sandbox is reached only over its
-    Unix socket, which carries HTTP alone: it has no gRPC address yet (say so, don't dial a name).
+    The one place that picks the address, always from the provider's endpoint.
     """
-    if route.endpoint.unix is not None:
-        raise UpstreamConnectError(f"sandbox {route.sandbox_id} is a local sandbox, reached over a Unix socket "
-                                   "that serves HTTP only; gRPC reaches Kubernetes and static pools",
-                                   sandbox_id=route.sandbox_id)
-    return route.endpoint.host, pool.grpc_port if pool is not None else 50051
+    endpoint = route.endpoint
+    if endpoint.grpc_unix is not None:
+        return endpoint.grpc_unix, None
+    return endpoint.host, pool.grpc_port if pool is not None else 50051
 
 
 class _ClientSide(AbstractHandler):
@@ -94,18 +93,25 @@ class UpstreamChannels:
 
     async def _connect(self, target: Target) -> H2Protocol:
         host, port = target
+        where = f"{host}:{port}" if port is not None else f"unix:{host}"
         loop = asyncio.get_running_loop()
+
+        def protocol_factory() -> H2Protocol:
+            return H2Protocol(_ClientSide(), self._config, self._h2)
+
         try:
             async with asyncio.timeout(self._connect_timeout):
-                _, protocol = await loop.create_connection(
-                    lambda: H2Protocol(_ClientSide(), self._config, self._h2), host, port)
+                if port is None:
+                    _, protocol = await loop.create_unix_connection(protocol_factory, host)
+                else:
+                    _, protocol = await loop.create_connection(protocol_factory, host, port)
         except TimeoutError:
             raise UpstreamConnectError(
-                f"the sandbox's gRPC server at {host}:{port} did not accept a connection within "
+                f"the sandbox's gRPC server at {where} did not accept a connection within "
                 f"{self._connect_timeout:g}s") from None
         except OSError as exc:
             raise UpstreamConnectError(
-                f"the sandbox's gRPC server at {host}:{port} is unreachable: {exc.strerror or exc}") from None
+                f"the sandbox's gRPC server at {where} is unreachable: {exc.strerror or exc}") from None
         return protocol
 
     def close(self) -> None:

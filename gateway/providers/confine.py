@@ -49,6 +49,8 @@ from gateway.providers import outbound
 HOME = "/home/sandbox"
 #: The listening socket the runtime inherits (the gateway binds it; the sandbox never sees its path).
 LISTEN_FD = 3
+#: The gRPC service's listening socket, likewise (after outbound's INFO_FD, BLOCK_FD and SYNC_FD).
+GRPC_FD = 7
 #: The UID a sandbox has inside its user namespace when the gateway is not root.
 INNER_UID = 1000
 #: Host UIDs given to sandboxes when the gateway is root: far above any login or subuid range.
@@ -102,7 +104,8 @@ class Unconfined:
         root.mkdir(parents=True, exist_ok=True)
         # No RLIMIT_NPROC here: it would count every process of the gateway's user.
         return Launch(["prlimit", f"--nofile={self._limits.open_files}", "--",
-            self._python, "-m", "gateway.runtime", "--listen-fd", str(LISTEN_FD), "--root", str(root),
+            self._python, "-m", "gateway.runtime", "--listen-fd", str(LISTEN_FD), "--grpc-fd", str(GRPC_FD),
+            "--root", str(root),
             "--sandbox-id", sandbox_id], [])
 
     def release(self, launch_cgroups: list[str]) -> None:
@@ -251,7 +254,8 @@ class Bubblewrap:
         else:
             view.args += ["--unshare-user", "--uid", str(INNER_UID), "--gid", str(INNER_UID), "--cap-drop", "ALL"]
             drop = []
-        runtime = [self._python, "-m", "gateway.runtime", "--listen-fd", str(LISTEN_FD), "--root", HOME,
+        runtime = [self._python, "-m", "gateway.runtime", "--listen-fd", str(LISTEN_FD), "--grpc-fd", str(GRPC_FD),
+                   "--root", HOME,
                    "--sandbox-id", sandbox_id]
         network: list[str] = []
         if blocked is not None:  # root only (check_outbound): the network is set up before privileges drop

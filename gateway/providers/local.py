@@ -52,7 +52,7 @@ from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from gateway.providers import outbound
 from gateway.providers._exits import exit_or_kill
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
-from gateway.providers.confine import LISTEN_FD, Bubblewrap, Launch
+from gateway.providers.confine import GRPC_FD, LISTEN_FD, Bubblewrap, Launch
 
 log = logging.getLogger(__name__)
 
@@ -203,18 +203,24 @@ class LocalProvider:
         """
         assert self._run is not None  # start() refused otherwise
         path = str(self._run / f"{secrets.token_hex(8)}.sock")
+        grpc_path = _endpoint(request.sandbox_id, path).grpc_unix
+        assert grpc_path is not None
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        grpc_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         read_fd, write_fd = os.pipe()
         network = outbound.Attachment() if launch.outbound else None
         helper = None
         try:
             listener.bind(path)
             listener.listen(1024)
+            grpc_listener.bind(grpc_path)
+            grpc_listener.listen(1024)
             pid = os.posix_spawnp(launch.argv[0], launch.argv, _ENV, setsid=True, file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, write_fd, 1),
                 (os.POSIX_SPAWN_OPEN, 2, str(box / "runtime.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
                 (os.POSIX_SPAWN_DUP2, listener.fileno(), LISTEN_FD),
+                (os.POSIX_SPAWN_DUP2, grpc_listener.fileno(), GRPC_FD),
                 *(network.file_actions() if network is not None else ()),
             ])
         except OSError as exc:
@@ -227,6 +233,7 @@ class LocalProvider:
         finally:
             os.close(write_fd)
             listener.close()  # the runtime holds it now: when it exits, connects are refused
+            grpc_listener.close()
         failure = "failed to start"
         if network is not None:
             network.spawned()
@@ -496,8 +503,10 @@ def _endpoint(sandbox_id: str, path: str) -> Endpoint:
 
 
 def _unlink(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+    """Remove a runtime's socket and the gRPC socket beside it."""
+    for name in (path, _endpoint("", path).grpc_unix):
+        with contextlib.suppress(OSError):
+            os.unlink(name)  # type: ignore[arg-type]
 
 
 def _reap(pidfd: int) -> None:

@@ -22,8 +22,9 @@ Three rooms, each with its own modules:
   stands in for admission, the route comes by sandbox ID, path mode rewrites
   ``Location`` and ``Set-Cookie``.
 - **Carrying**: the downstream side (``_downstream``: serving a client's
-  requests in order, head rewrite, body streaming, pipelining, upgrades, errors;
-  ``_request``: the httptools callbacks that read them) and the upstream side
+  requests in order, head rewrite, body streaming, pipelining, upgrades;
+  ``_request``: the httptools callbacks that read them; ``_refusals``: the
+  answers the gateway gives itself and the ways a stream is ended) and the upstream side
   (``_upstream``: responses, and the per-endpoint keep-alive pool that alone
   takes and releases connections), with the bytes they write (``_wire``), the
   per-request state (``_exchange``) and WebSocket frame checks (``_wsframe``).

@@ -31,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sandbox-id", default="", help="reported by / and in X-Runtime-Sandbox-Id")
     parser.add_argument("--grpc-port", type=_port, default=None,
                         help="also serve the gRPC service (runtime.proto) on this port; 0 picks a free one")
+    parser.add_argument(
+        "--grpc-fd", type=int, default=None, metavar="N",
+        help="also serve the gRPC service on this inherited listening socket (the local provider passes a "
+             "second Unix socket beside the HTTP one)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,7 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        run(args.host, args.port, args.root, args.sandbox_id, listen_fd=args.listen_fd, grpc_port=args.grpc_port)
+        run(args.host, args.port, args.root, args.sandbox_id, listen_fd=args.listen_fd, grpc_port=args.grpc_port,
+            grpc_fd=args.grpc_fd)
     except OSError as exc:  # cannot bind, cannot create root: one line, not a traceback
         print(f"sandbox runtime: {exc}", file=sys.stderr)
         return 1

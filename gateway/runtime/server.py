@@ -153,14 +153,16 @@ def create_app(
 
 
 async def serve(host: str, port: int, root: Path, sandbox_id: str = "", *, listen_fd: int | None = None,
-                grpc_port: int | None = None) -> None:
+                grpc_port: int | None = None, grpc_fd: int | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then drain briefly and return.
 
     Prints ``LISTENING <host> <port>`` once bound (the real port when 0 was
     asked for), or ``LISTENING fd <n>`` when serving an inherited socket
     (``listen_fd``): the local provider reads that line to know we started.
     With ``grpc_port`` the gRPC service (``grpc_service``) serves too, and
-    ``GRPC_LISTENING <host> <port>`` follows.
+    ``GRPC_LISTENING <host> <port>`` follows. With ``grpc_fd`` it serves on that
+    inherited socket, started before ``LISTENING`` and announced by nothing: the
+    local provider reads that one line and then closes the pipe.
     """
     app = create_app(root, sandbox_id)
     runner = web.AppRunner(
@@ -172,23 +174,27 @@ async def serve(host: str, port: int, root: Path, sandbox_id: str = "", *, liste
         handler_cancellation=True,
     )
     await runner.setup()
+    grpc = None
     try:
+        if grpc_fd is not None:
+            grpc = await _start_grpc_on(socket.socket(fileno=grpc_fd), app[CONFIG])
         if listen_fd is not None:
             await web.SockSite(runner, socket.socket(fileno=listen_fd)).start()
             print(f"LISTENING fd {listen_fd}", flush=True)
         else:
             await web.TCPSite(runner, host, port).start()
             print(f"LISTENING {host} {runner.addresses[0][1]}", flush=True)
-        grpc = await _start_grpc(host, grpc_port, app[CONFIG]) if grpc_port is not None else None
+        if grpc_port is not None:
+            grpc = await _start_grpc(host, grpc_port, app[CONFIG])
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
+    finally:
         if grpc is not None:
             grpc.close()
             await grpc.wait_closed()
-    finally:
         await runner.cleanup()
 
 
@@ -202,8 +208,16 @@ async def _start_grpc(host: str, port: int, config: RuntimeConfig) -> Any:
     return server
 
 
+async def _start_grpc_on(sock: socket.socket, config: RuntimeConfig) -> Any:
+    from .grpc_service import create_server
+
+    server = create_server(config.root, config.sandbox_id, config.max_output_bytes)
+    await server.start(sock=sock)
+    return server
+
+
 def run(host: str, port: int, root: Path, sandbox_id: str = "", *, listen_fd: int | None = None,
-        grpc_port: int | None = None) -> None:
+        grpc_port: int | None = None, grpc_fd: int | None = None) -> None:
     """Blocking entry point for the CLI.
 
     The standard asyncio loop, not uvloop: uvloop's subprocesses inherited the runtime's own
@@ -211,4 +225,4 @@ def run(host: str, port: int, root: Path, sandbox_id: str = "", *, listen_fd: in
     the runtime open and ``/execute`` waited for it until the timeout. The stdlib closes them.
     """
     with asyncio.Runner() as runner:
-        runner.run(serve(host, port, root, sandbox_id, listen_fd=listen_fd, grpc_port=grpc_port))
+        runner.run(serve(host, port, root, sandbox_id, listen_fd=listen_fd, grpc_port=grpc_port, grpc_fd=grpc_fd))

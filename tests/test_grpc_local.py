@@ -1,0 +1,76 @@
+"""Local sandboxes answer gRPC: the runtime's service on a second Unix socket the gateway binds and
+the sandbox inherits (``--grpc-fd``), reached through the gRPC front like any other sandbox."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from grpclib.client import Channel
+
+from gateway.app import Gateway
+from gateway.runtime.grpc_service import SERVICE, ExecuteReply, ExecuteRequest, HealthReply, HealthRequest, MessageCodec, Output
+from gateway.settings import Settings
+from tests.grpc_helpers import SERVER_STREAM, UNARY, _listen, ident
+
+
+@asynccontextmanager
+async def local_gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    """A whole Gateway on its embedded default: local pools, confined sandboxes, a memory store."""
+    gateway = Gateway.create(Settings(data_dir=tmp_path / "data", drain_timeout=1.0, access_log=False))
+    await gateway.start(_listen(), _listen(), _listen())
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+async def _health(channel: Channel, session: str, user: str = "u1") -> HealthReply:
+    async with channel.request(SERVICE + "Health", UNARY, HealthRequest, HealthReply,
+                               metadata=ident(session, user)) as stream:
+        await stream.send_message(HealthRequest(), end=True)
+        reply = await stream.recv_message()
+    assert reply is not None
+    return reply
+
+
+async def _execute(channel: Channel, session: str, command: str, user: str = "u1") -> ExecuteReply:
+    async with channel.request(SERVICE + "Execute", UNARY, ExecuteRequest, ExecuteReply,
+                               metadata=ident(session, user)) as stream:
+        await stream.send_message(ExecuteRequest(command), end=True)
+        reply = await stream.recv_message()
+    assert reply is not None
+    return reply
+
+
+async def test_a_local_sandbox_answers_grpc_as_it_answers_http(tmp_path):
+    async with local_gateway(tmp_path) as gw:
+        assert gw.grpc_address is not None
+        channel = Channel(*gw.grpc_address, codec=MessageCodec())
+        try:
+            mine = await _health(channel, "s1")
+            assert mine.status == "ok" and mine.sandbox_id.startswith(("ses-", "usr-"))
+            assert await _execute(channel, "s1", "echo mine > note.txt; pwd") == ExecuteReply("/home/sandbox\n", "", 0)
+
+            # Output as it comes: the second line waits for a file the test creates after reading the first.
+            root = tmp_path / "data" / "sandboxes" / mine.sandbox_id / "root"
+            async with channel.request(SERVICE + "ExecuteStream", SERVER_STREAM, ExecuteRequest, Output,
+                                       metadata=ident("s1")) as stream:
+                await stream.send_message(ExecuteRequest(
+                    "echo first; while [ ! -f go ]; do sleep 0.02; done; echo second"), end=True)
+                assert await stream.recv_message() == Output(stdout=b"first\n")
+                (root / "go").touch()
+                assert await stream.recv_message() == Output(stdout=b"second\n")
+                assert await stream.recv_message() == Output(exit_code=0)
+
+            # Suspended, then woken by a gRPC call: the same sandbox, its files kept.
+            await gw.router.suspend_sandbox(mine.sandbox_id)
+            assert (await _execute(channel, "s1", "cat note.txt")).stdout == "mine\n"
+
+            # Another tenant's session has its own sandbox and never sees the first one's files.
+            other = await _health(channel, "s2", user="u2")
+            assert other.sandbox_id != mine.sandbox_id
+            assert (await _execute(channel, "s2", "cat note.txt", user="u2")).exit_code != 0
+        finally:
+            channel.close()
