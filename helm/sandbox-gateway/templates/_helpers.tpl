@@ -130,7 +130,7 @@ routing:
 
 {{/*
 The API calls of the Kubernetes provider, and nothing more: exactly RBAC_RULES in
-gateway/providers/kubernetes_api.py (tests/test_helm.py compares).
+gateway/providers/kubernetes_api.py (tests/helm/test_rbac.py compares).
 */}}
 {{- define "sandbox-gateway.providerRules" -}}
 - apiGroups: ["agents.x-k8s.io"]
@@ -145,7 +145,7 @@ gateway/providers/kubernetes_api.py (tests/test_helm.py compares).
 {{/*
 The API calls of the router headers' Sandbox lookup (SandboxLocator) in each routerCompat
 namespace, and nothing more: exactly LOCATOR_RBAC_RULES in gateway/compat_locator.py
-(tests/test_helm.py compares).
+(tests/helm/test_rbac.py compares).
 */}}
 {{- define "sandbox-gateway.locatorRules" -}}
 - apiGroups: ["agents.x-k8s.io"]
