@@ -17,7 +17,11 @@
     ├── NotImplementedByGateway       501 not_implemented                   UNIMPLEMENTED
     ├── StoreUnavailable              503 store_unavailable (+ Retry-After) UNAVAILABLE (+ retry-after)
     ├── ProvisionFailed               503 provision_failed                  UNAVAILABLE
-    │   └── ProvisionTimeout          504 provision_timeout                 UNAVAILABLE (retry: it is still coming)
+    │   ├── ProvisionTimeout          504 provision_timeout                 UNAVAILABLE (retry: it is still coming)
+    │   └── KubeApiError              503 provision_failed                  UNAVAILABLE (a Kubernetes API call failed)
+    │       ├── ObjectMissing         503 provision_failed                  UNAVAILABLE (404: read as "gone")
+    │       ├── ObjectExists          503 provision_failed                  UNAVAILABLE (409: a create adopts it)
+    │       └── WatchExpired          503 provision_failed                  UNAVAILABLE (410: read afresh, watch again)
     ├── WakeTimeout                   503 wake_timeout (+ Retry-After)      UNAVAILABLE (+ retry-after)
     └── UpstreamError                 502 upstream_error                    UNAVAILABLE
         ├── UpstreamConnectError      502 upstream_unreachable              UNAVAILABLE
@@ -162,6 +166,32 @@ class ProvisionFailed(GatewayError):
 class ProvisionTimeout(ProvisionFailed):
     status = 504
     code = "provision_timeout"
+    grpc_status = Status.UNAVAILABLE
+
+
+class KubeApiError(ProvisionFailed):
+    """A Kubernetes API call failed: 503 ``provision_failed`` like any provider failure. The
+    statuses a caller acts on have their own classes, so no caller looks at a status code
+    (``gateway.providers.kubernetes_api.translated`` raises them)."""
+
+    grpc_status = Status.UNAVAILABLE
+
+
+class ObjectMissing(KubeApiError):
+    """404: no object of that name (a delete treats it as done, a read as None)."""
+
+    grpc_status = Status.UNAVAILABLE
+
+
+class ObjectExists(KubeApiError):
+    """409: an object of that name exists already (a create adopts it)."""
+
+    grpc_status = Status.UNAVAILABLE
+
+
+class WatchExpired(KubeApiError):
+    """410 Gone: the resourceVersion fell out of the watch cache; read afresh and watch again."""
+
     grpc_status = Status.UNAVAILABLE
 
 

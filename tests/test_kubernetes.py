@@ -12,12 +12,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gateway.compat_locator import KubernetesSandboxLocator
-from gateway.errors import Conflict, NotFound, ProvisionFailed, ProvisionTimeout
+from gateway.errors import (
+    Conflict, KubeApiError, NotFound, ObjectExists, ObjectMissing, ProvisionFailed, ProvisionTimeout, WatchExpired,
+)
 from gateway.model import Owner, SandboxRequest
 from gateway.providers.base import PoolProviders, Probe
 from gateway.providers.kubernetes import KubernetesProvider
-from gateway.providers.kubernetes_api import (
-    INSTALLATION, KubeApiError, ObjectExists, ObjectMissing, WatchExpired, translated)
+from gateway.providers.kubernetes_api import INSTALLATION, translated
 from gateway.providers.kubernetes_options import KubernetesPoolOptions
 from gateway.runtime import create_app
 from gateway.sessions import RouterTuning, SessionRouter

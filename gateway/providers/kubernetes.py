@@ -46,13 +46,15 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client
 
-from gateway.errors import Conflict, ProvisionFailed, ProvisionTimeout
+from gateway.errors import (
+    Conflict, KubeApiError, ObjectExists, ObjectMissing, ProvisionFailed, ProvisionTimeout, WatchExpired,
+)
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.kubernetes_api import (
-    ANNOTATION, INSTALLATION, ISOLATION, MANAGED_BY, MERGE_PATCH, POOL, SUSPEND_WAIT, Kind, KubeApiError,
-    ObjectExists, ObjectMissing, WatchExpired, api_client, mode_patch, observed, pod_ips, read_object, routable,
-    sandbox_kind, suspended_spec, terminal_failure, translated, watch_events,
+    ANNOTATION, INSTALLATION, ISOLATION, MANAGED_BY, MERGE_PATCH, POOL, SUSPEND_WAIT, Kind, api_client, mode_patch,
+    observed, pod_ips, read_object, routable, sandbox_kind, suspended_spec, terminal_failure, translated,
+    watch_events,
 )
 from gateway.providers.kubernetes_options import KubernetesPoolOptions, pool_options
 

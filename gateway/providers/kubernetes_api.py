@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gateway.errors import ProvisionFailed
+from gateway.errors import KubeApiError, ObjectExists, ObjectMissing, WatchExpired
 from gateway.providers.kubernetes_options import KubernetesPoolOptions
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -58,23 +58,6 @@ class Kind:
 def sandbox_kind(api_version: str) -> Kind:
     """The ``Sandbox`` resource (agents.x-k8s.io) at one API version."""
     return Kind("agents.x-k8s.io", api_version, "sandboxes", "Sandbox")
-
-
-class KubeApiError(ProvisionFailed):
-    """A Kubernetes API call failed: 503 ``provision_failed`` like any provider failure. The
-    statuses a caller acts on have their own classes, so no caller looks at a status code."""
-
-
-class ObjectMissing(KubeApiError):
-    """404: no object of that name (a delete treats it as done, a read as None)."""
-
-
-class ObjectExists(KubeApiError):
-    """409: an object of that name exists already (a create adopts it)."""
-
-
-class WatchExpired(KubeApiError):
-    """410 Gone: the resourceVersion fell out of the watch cache; read afresh and watch again."""
 
 
 MERGE_PATCH = "application/merge-patch+json"
