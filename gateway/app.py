@@ -245,8 +245,8 @@ class Gateway:
         from gateway.proxy import DataPlane, NoRouterHeaders, PlaneOptions
 
         # The store is closed last (pushed in __init__), then, in the reverse of this order: the
-        # locator, the provider, what is left in the access log and the activity batch, the
-        # background loops (they keep beating activity while requests drain), the data plane and
+        # locator, the provider, what is left in the access log and the activity batch, the reaper
+        # lease, the background loops (they keep beating activity while requests drain), the data plane and
         # the gRPC front (drained together), the control API.
         if self._locator is not None:
             await self._locator.start()
@@ -256,6 +256,7 @@ class Gateway:
         if self._access is not None:
             undo.callback(self._access.flush)
         undo.push_async_callback(self._flush_activity_once)
+        undo.push_async_callback(self.router.release_reaper_lease)  # once no loop can take it again
         self._start_background_loops()
         undo.push_async_callback(self._stop_background_loops)
         self.data_plane = DataPlane(self.router, PlaneOptions.from_settings(self.settings),

@@ -517,6 +517,15 @@ class SessionRouter:
         reap interval (or a long pass) and a dead holder's lease lapses quickly."""
         return await self.store.acquire_lease(REAPER_LEASE, self.replica_id, ttl=self.tuning.reaper_lease_ttl)
 
+    async def release_reaper_lease(self) -> None:
+        """Give the reaper lease up (this replica stops): another replica reaps from its next renewal,
+        not once the lease lapses. Best effort: a store that is down lets the lease lapse instead."""
+        try:
+            await self.store.release_lease(REAPER_LEASE, self.replica_id)
+        except StoreUnavailable as exc:
+            log.warning("could not give up the reaper lease (it lapses within %gs): %s",
+                        self.tuning.reaper_lease_ttl, exc.message)
+
     async def flush_activity(self) -> None:
         sandboxes, sessions, streams = self.activity.take()
         if streams:

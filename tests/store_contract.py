@@ -465,6 +465,15 @@ class StoreContract:
         assert await store.acquire_lease("reaper", "replica-b", ttl=30)  # replica-a stopped renewing
         assert not await store.acquire_lease("reaper", "replica-a", ttl=30)
 
+    async def test_a_released_lease_is_free_at_once_and_only_its_holder_releases_it(self, store: SessionStore) -> None:
+        assert await store.acquire_lease("reaper", "replica-a", ttl=60)
+        await store.release_lease("reaper", "replica-b")  # not the holder: nothing changes
+        assert not await store.acquire_lease("reaper", "replica-b", ttl=60)
+        await store.release_lease("reaper", "replica-a")
+        assert await store.acquire_lease("reaper", "replica-b", ttl=60)  # at once, not in 60 s
+        await store.release_lease("reaper", "replica-a")  # no longer the holder: replica-b keeps it
+        assert not await store.acquire_lease("reaper", "replica-a", ttl=60)
+
     async def test_list_sandboxes_with_session_counts(self, store: SessionStore) -> None:
         await store.reserve_sandbox(record("org-1"), Caps(), 30)
         await store.mark_ready("org-1", ENDPOINT)

@@ -78,3 +78,28 @@ async def test_a_dead_holders_lease_lapses_within_the_short_ttl(stores, counting
 def test_the_lease_is_renewed_several_times_within_its_ttl() -> None:
     assert TUNING.reaper_lease_ttl >= 3 * TUNING.reaper_lease_renew  # one slow renewal does not lose it
     assert TUNING.reaper_lease_ttl <= 15.0  # reaping pauses at most this long after its holder dies
+
+
+async def test_a_replica_that_stops_gives_the_lease_up_at_once(redis_server: RedisServer, tmp_path) -> None:
+    """Stopping a gateway releases the reaper lease it holds: the other replica takes it on its next
+    renewal, not reaper_lease_ttl later."""
+    from gateway.app import Gateway
+    from gateway.settings import Settings
+    from tests.grpc_helpers import _listen
+
+    prefix = f"stop-{uuid.uuid4().hex[:8]}"
+
+    def replica(name: str) -> Gateway:
+        return Gateway.create(Settings(data_dir=tmp_path / name, redis_url=redis_server.url, replica_id=name,
+                                       redis_prefix=prefix, drain_timeout=1.0, access_log=False))
+
+    first, second = replica("a"), replica("b")
+    await first.start(_listen(), _listen())
+    await second.start(_listen(), _listen())
+    try:
+        assert await first.router.renew_reaper_lease()
+        assert not await second.router.renew_reaper_lease()  # held by the first replica
+        await first.stop()
+        assert await second.router.renew_reaper_lease()  # at once
+    finally:
+        await second.stop()

@@ -293,6 +293,9 @@ class SessionStore(Protocol):
         orphans until their sessions had time to come back for them (the orphan sweep's grace)."""
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> bool:
         """Take or renew a named lease; True while ``holder`` holds it."""
+    async def release_lease(self, name: str, holder: str) -> None:
+        """Give up a lease ``holder`` holds, so the next to ask takes it at once (a replica that
+        stops); another holder's lease is left alone."""
     def subscribe(self, callback: Invalidation) -> None: ...
     async def ping(self) -> None:
         """Raise ``StoreUnavailable`` when the store cannot serve."""

@@ -271,6 +271,11 @@ class MemoryStore:
             return True
         return False
 
+    async def release_lease(self, name: str, holder: str) -> None:
+        current = self._leases.get(name)
+        if current is not None and current[0] == holder:
+            del self._leases[name]
+
     def subscribe(self, callback: Invalidation) -> None:
         self._subscribers.append(callback)
 

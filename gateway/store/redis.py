@@ -69,9 +69,9 @@ Org IDs appear only as hash fields, never in key names.
 
 Ownership: a sandbox serves only its owner, and the owner is kept with the
 sandbox, not only with the binding, because bindings can go while sandboxes
-live (a Redis restarted without persistence, ``session_ttl`` shorter than a
-pool's idle timeout). A record's ``owner`` (fields ``u``, ``b`` and, where it
-differs from the cap org ``o``, ``v``; written once at reservation) is checked by the router against every
+live (a Redis restarted without persistence, a shared sandbox's binding past
+``session_ttl``). A record's ``owner`` (``u``, ``b`` and, where it differs from the
+cap org ``o``, ``v``; written once at reservation) is checked by the router against every
 binding that reaches the sandbox (``gateway.model.may_claim``); a record of an
 older version has none and is claimed only on evidence (see ``may_claim``).
 
@@ -112,12 +112,12 @@ from gateway.errors import StoreUnavailable
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store import redis_scripts as lua
 from gateway.store.base import (
-    ANY_SANDBOX, UNSETTLED_STATES, Caps, CapScope, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved,
-    SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
+    ANY_SANDBOX, UNSETTLED_STATES, Caps, CapScope, FleetCounts, Invalidation, NotReserved, Position, Released,
+    Reservation, Reserved, SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
 )
+from gateway.store import redis_codec as codec
 from gateway.store.redis_errors import translated
 from gateway.store.redis_listener import RedisListener
-from gateway.store import redis_codec as codec
 from gateway.store.redis_scripts import RedisKeys
 from routing import per_session_sandbox_id
 
@@ -183,6 +183,7 @@ class RedisStore:
         self._begin_suspend = self._redis.register_script(lua.BEGIN_SUSPEND)
         self._mark_suspended = self._redis.register_script(lua.MARK_SUSPENDED)
         self._acquire_lease = self._redis.register_script(lua.ACQUIRE_LEASE)
+        self._release_lease = self._redis.register_script(lua.RELEASE_LEASE)
         self._index_page = self._redis.register_script(lua.INDEX_PAGE)
         self._read_records = self._redis.register_script(lua.READ_RECORDS)
         self._origin = uuid.uuid4().hex  # tells this instance's invalidations from other replicas'
@@ -499,6 +500,10 @@ class RedisStore:
         held = await self._acquire_lease(keys=[self.keys.lease(name)],
                                          args=[holder, codec.num(now), codec.num(now + ttl), max(1, math.ceil(ttl * 1000))])
         return held == 1
+
+    @translated("give up a lease")
+    async def release_lease(self, name: str, holder: str) -> None:
+        await self._release_lease(keys=[self.keys.lease(name)], args=[holder])
 
     def subscribe(self, callback: Invalidation) -> None:
         """Call ``callback`` with every session or sandbox ID invalidated on any replica.

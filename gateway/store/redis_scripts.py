@@ -394,6 +394,15 @@ end
 return out
 """
 
+RELEASE_LEASE = """
+-- KEYS[1] lease hash {holder, until}
+-- ARGV[1] holder
+-- returns 1 when ARGV[1] held the lease and it is gone now, 0 when someone else holds it (left alone)
+if redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
 ACQUIRE_LEASE = """
 -- KEYS[1] lease hash {holder, until}
 -- ARGV[1] holder  ARGV[2] now (the store's clock)  ARGV[3] until = now + ttl  ARGV[4] ttl in milliseconds
