@@ -27,12 +27,15 @@ from gateway.errors import CapacityExceeded
 from routing import Identity
 
 if TYPE_CHECKING:
+    from gateway.model import Owner
     from gateway.settings import Settings
 
 _MAX_TRACKED = 100_000  # buckets kept; the least recently refilled go first
 
 
-def limit_key(identity: Identity) -> str:
+def limit_key(identity: Identity | Owner) -> str:
+    """What limits count by: the org, else the user (an identity, or a sandbox's owner for a request
+    addressed by an access token, which carries no identity)."""
     return identity.org_id if identity.org_id is not None else f"user:{identity.user_id}"
 
 

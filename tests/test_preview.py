@@ -31,7 +31,7 @@ from gateway.store.memory import MemoryStore
 from routing import Identity
 from routing.ports import PortSet
 from tests.clock import FakeClock
-from tests.proxy_helpers import aiohttp_backend, listening_socket
+from tests.proxy_helpers import aiohttp_backend, eventually, listening_socket
 
 SECRET = b"preview-test-secret-of-32-bytes!!"
 DOMAIN = "preview.localhost"
@@ -428,6 +428,34 @@ async def test_keyed_requests_count_against_the_owners_rate(preview):
                     body = await response.json()
         assert statuses == [200, 200, 429]
         assert "user:alice" in body["error"]["message"]  # the sandbox owner's bucket
+    finally:
+        await plane.stop(0.5)
+
+
+async def test_keyed_streams_take_the_owners_stream_slots(preview):
+    """A keyed WebSocket or event stream holds one of its sandbox owner's max_streams_per_org slots,
+    as an identity-routed one does: a second is refused while the first is open, and a slot comes
+    back when the stream ends."""
+    limits = OrgLimits(max_streams=1)
+    plane = DataPlane(preview.router, PlaneOptions(), limits=limits, keys=preview.plane.keys)
+    sock = listening_socket()
+    await plane.start(sock)
+    try:
+        base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        token = await preview.mint()
+        events = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
+        async with aiohttp.ClientSession() as client:
+            async with client.ws_connect(base + preview.path(f"/ws?access_token={token}")) as ws:
+                await ws.send_str("hi")
+                assert (await ws.receive_str()) == "dev:hi"
+                async with client.get(base + preview.path("/events"), headers=events) as second:
+                    assert second.status == 429
+                    body = await second.json()
+                assert "max_streams_per_org 1" in body["error"]["message"] and "user:alice" in body["error"]["message"]
+            await eventually(lambda: limits.open_streams("user:alice") == 0)  # the WebSocket's slot comes back
+            async with client.get(base + preview.path("/events"), headers=events) as third:
+                assert third.status == 200
+                assert await third.content.readuntil(b"\n\n") == b"data: one\n\n"
     finally:
         await plane.stop(0.5)
 

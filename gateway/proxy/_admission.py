@@ -75,20 +75,24 @@ class Admission:
         :meth:`stream_closed`), or None. Raises ``CapacityExceeded``, whose
         ``scope`` names the limit.
         """
+        return self.admit_key(limit_key(identity), stream)
+
+    def admit_key(self, key: str, stream: bool) -> str | None:
+        """:meth:`admit` by limit key: a request addressed by an access token counts against its
+        sandbox owner (``limit_key(route.owner)``), as the token carries no identity."""
         limits = self.limits
-        key = limit_key(identity)
         limits.admit(key)
         if stream and self.caps_streams:
             limits.open_stream(key)
             return key
         return None
 
-    def stream_began(self, identity: Identity) -> str | None:
+    def stream_began(self, key: str) -> str | None:
         """A stream that did not declare itself: too late for a 429, so it takes a slot regardless
-        (it counts against the org's next streams). Returns the key, as :meth:`admit` does."""
+        (it counts against the org's next streams). ``key``: ``limit_key`` of the identity (or the
+        owner); returns it, as :meth:`admit` does."""
         if not self.caps_streams:
             return None
-        key = limit_key(identity)
         self.limits.open_stream(key, force=True)
         return key
 

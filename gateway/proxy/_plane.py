@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.auth import Authenticator, TrustedHeaders
 from gateway.errors import CapacityExceeded, NotFound, UpstreamConnectError
-from gateway.limits import OrgLimits
+from gateway.limits import OrgLimits, limit_key
 from gateway.model import Route
 from gateway.proxy._admission import Admission
 from gateway.proxy._downstream import DownstreamConnection
@@ -23,7 +23,7 @@ from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, Reque
 from gateway.proxy._keys import PreviewKeys
 from gateway.proxy._request import PAUSE_UPSTREAM
 from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
-from gateway.proxy._wire import RequestIds
+from gateway.proxy._wire import RequestIds, declares_stream
 from routing import Identity
 
 if TYPE_CHECKING:
@@ -251,10 +251,12 @@ class DataPlane:
             return await self.connect(again, fresh)
 
     def admit_keyed(self, ex: Exchange, route: Route) -> None:
-        """A keyed request counts against its sandbox owner's request rate (the token carries no identity)."""
-        owner = route.owner
+        """A keyed request counts against its sandbox owner's limits (the token carries no identity):
+        the request rate, and a stream slot for a declared stream (released by :meth:`finished`)."""
+        admission = self.admission
+        stream = ex.websocket or (admission.caps_streams and declares_stream(ex.headers))
         try:
-            self.limits.admit(owner.org_id if owner.org_id is not None else f"user:{owner.user_id}")
+            ex.stream_key = admission.admit_key(limit_key(route.owner), stream)
         except CapacityExceeded as exc:
             ex.refused = exc.scope
             raise
@@ -302,10 +304,12 @@ class DataPlane:
         if ex.identity is None:
             if ex.keyed is not None:
                 self.resolver.stream_opened(ex.route.sandbox_id)  # a sandbox of ours, reached by a key
+                if ex.stream_key is None:
+                    ex.stream_key = self.admission.stream_began(limit_key(ex.route.owner))
             return  # else addressed by the router headers: not a sandbox of ours
         self.resolver.stream_opened(ex.route.sandbox_id)
         if ex.stream_key is None:
-            ex.stream_key = self.admission.stream_began(ex.identity)
+            ex.stream_key = self.admission.stream_began(limit_key(ex.identity))
 
     def finished(self, ex: Exchange) -> None:
         """Bookkeeping for an exchange that is over: counters, streams, the on_request record."""
