@@ -347,6 +347,14 @@ async def test_sessions_never_cross(aiohttp_server, start_gateway, resolver_clas
     assert {(r.sandbox_id, r.status) for r in gw.records} == {("ses-a", 200), ("ses-b", 200)}
 
 
+async def test_an_answer_of_the_gateways_own_counts_its_body(aiohttp_server, start_gateway) -> None:
+    gw = await start_gateway(CachingFakeResolver(await backend(aiohttp_server, _echo)))
+    async with aiohttp.ClientSession() as client, client.get(f"{gw.url}/x") as response:  # no identity: 400
+        body = await response.read()
+    assert response.status == 400 and body
+    assert (gw.records[-1].status, gw.records[-1].bytes_out) == (400, len(body))
+
+
 async def test_request_log_record(aiohttp_server, start_gateway) -> None:
     gw = await start_gateway(CachingFakeResolver(await backend(aiohttp_server, _echo), sandbox_id="ses-r", pool="p"))
     async with aiohttp.ClientSession() as client, \

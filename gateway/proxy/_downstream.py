@@ -460,8 +460,10 @@ class DownstreamConnection(RequestReader, KeyedRequests, Refusals, asyncio.Proto
         ex.status = exc.status
         ex.code = exc.code
         close = not ex.req_done or not ex.keep_alive or self.plane.draining or bool(self.mode & M_UPGRADED)
-        self._send(w.error_response(exc, ex.request_id or b"-", close=close, keep_alive_10=ex.version10,
-                                     as_html=w.navigation(ex.headers)))
+        response = w.error_response(exc, ex.request_id or b"-", close=close, keep_alive_10=ex.version10,
+                                    as_html=w.navigation(ex.headers))
+        ex.bytes_out = w.body_length(response)  # the access log counts the body the gateway wrote
+        self._send(response)
         self.finish(ex, close)
 
     def _send(self, data: bytes) -> None:

@@ -160,7 +160,9 @@ class Refusals:
             self._send(w.h2_goaway(exc))
             self.linger()  # the client is still sending its request: a plain close could reset our answer away
         else:
-            self._send(w.error_response(exc, bad.request_id, close=True))
+            response = w.error_response(exc, bad.request_id, close=True)
+            bad.bytes_out = w.body_length(response)
+            self._send(response)
             if linger:
                 self.linger()
             else:

@@ -260,6 +260,11 @@ def error_response(exc: GatewayError, request_id: bytes, *, close: bool, keep_al
     return b"".join(parts)
 
 
+def body_length(response: bytes) -> int:
+    """The body bytes of a whole response the gateway wrote itself (what the access log counts)."""
+    return len(response) - response.find(b"\r\n\r\n") - 4
+
+
 def navigation(headers: list[bytes]) -> bool:
     """A browser's navigation (errors.wants_html) by the request's forwarded headers (as in Exchange).
     Read only when an error is answered, so the hot path pays nothing for it."""
