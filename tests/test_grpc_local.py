@@ -10,16 +10,18 @@ from pathlib import Path
 from grpclib.client import Channel
 
 from gateway.app import Gateway
-from gateway.runtime.grpc_service import SERVICE, ExecuteReply, ExecuteRequest, HealthReply, HealthRequest, MessageCodec, Output
+from gateway.runtime.grpc_service import SERVICE, ExecuteReply, ExecuteRequest, HealthReply, HealthRequest, MessageCodec
 from gateway.settings import Settings
-from tests.grpc_helpers import SERVER_STREAM, UNARY, _listen, ident
+from tests.grpc_helpers import UNARY, ident
+from tests.proxy_helpers import listening_socket
+from tests.test_grpc_runtime import assert_output_as_it_comes
 
 
 @asynccontextmanager
 async def local_gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     """A whole Gateway on its embedded default: local pools, confined sandboxes, a memory store."""
     gateway = Gateway.create(Settings(data_dir=tmp_path / "data", drain_timeout=1.0, access_log=False))
-    await gateway.start(_listen(), _listen(), _listen())
+    await gateway.start(listening_socket(), listening_socket(), listening_socket())
     try:
         yield gateway
     finally:
@@ -53,16 +55,8 @@ async def test_a_local_sandbox_answers_grpc_as_it_answers_http(tmp_path):
             assert mine.status == "ok" and mine.sandbox_id.startswith(("ses-", "usr-"))
             assert await _execute(channel, "s1", "echo mine > note.txt; pwd") == ExecuteReply("/home/sandbox\n", "", 0)
 
-            # Output as it comes: the second line waits for a file the test creates after reading the first.
-            root = tmp_path / "data" / "sandboxes" / mine.sandbox_id / "root"
-            async with channel.request(SERVICE + "ExecuteStream", SERVER_STREAM, ExecuteRequest, Output,
-                                       metadata=ident("s1")) as stream:
-                await stream.send_message(ExecuteRequest(
-                    "echo first; while [ ! -f go ]; do sleep 0.02; done; echo second"), end=True)
-                assert await stream.recv_message() == Output(stdout=b"first\n")
-                (root / "go").touch()
-                assert await stream.recv_message() == Output(stdout=b"second\n")
-                assert await stream.recv_message() == Output(exit_code=0)
+            await assert_output_as_it_comes(channel, tmp_path / "data" / "sandboxes" / mine.sandbox_id / "root",
+                                            ident("s1"))
 
             # Suspended, then woken by a gRPC call: the same sandbox, its files kept.
             await gw.router.suspend_sandbox(mine.sandbox_id)

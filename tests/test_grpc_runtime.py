@@ -64,6 +64,19 @@ async def _execute(channel: Channel, command: str, **metadata: str) -> ExecuteRe
     return reply
 
 
+async def assert_output_as_it_comes(channel: Channel, root: Path, metadata: dict[str, str] | None = None) -> None:
+    """ExecuteStream sends output as it comes: the second line waits for a file this creates (in the
+    sandbox's ``root``) only after reading the first."""
+    async with channel.request(SERVICE + "ExecuteStream", SERVER_STREAM, ExecuteRequest, Output,
+                               metadata=metadata) as stream:
+        await stream.send_message(ExecuteRequest(
+            "echo first; while [ ! -f go ]; do sleep 0.02; done; echo second"), end=True)
+        assert await stream.recv_message() == Output(stdout=b"first\n")
+        (root / "go").touch()
+        assert await stream.recv_message() == Output(stdout=b"second\n")
+        assert await stream.recv_message() == Output(exit_code=0)
+
+
 async def test_health_execute_and_streamed_output_as_it_comes(tmp_path):
     root = tmp_path / "root"
     async with runtime(root) as port:
@@ -74,14 +87,7 @@ async def test_health_execute_and_streamed_output_as_it_comes(tmp_path):
                 assert await stream.recv_message() == HealthReply("ok", "ses-runtime")
             reply = await _execute(channel, "echo hi; echo err >&2; exit 3")
             assert reply == ExecuteReply("hi\n", "err\n", 3)
-            async with channel.request(SERVICE + "ExecuteStream", SERVER_STREAM, ExecuteRequest, Output) as stream:
-                # The second line waits for a file the test creates after reading the first: output as it comes.
-                await stream.send_message(ExecuteRequest(
-                    "echo first; while [ ! -f go ]; do sleep 0.02; done; echo second"), end=True)
-                assert await stream.recv_message() == Output(stdout=b"first\n")
-                (root / "go").touch()
-                assert await stream.recv_message() == Output(stdout=b"second\n")
-                assert await stream.recv_message() == Output(exit_code=0)
+            await assert_output_as_it_comes(channel, root)
             with pytest.raises(GRPCError) as refused:
                 await _execute(channel, "")
             assert refused.value.status is Status.INVALID_ARGUMENT

@@ -85,7 +85,7 @@ async def test_a_replica_that_stops_gives_the_lease_up_at_once(redis_server: Red
     renewal, not reaper_lease_ttl later."""
     from gateway.app import Gateway
     from gateway.settings import Settings
-    from tests.grpc_helpers import _listen
+    from tests.proxy_helpers import listening_socket
 
     prefix = f"stop-{uuid.uuid4().hex[:8]}"
 
@@ -94,8 +94,8 @@ async def test_a_replica_that_stops_gives_the_lease_up_at_once(redis_server: Red
                                        redis_prefix=prefix, drain_timeout=1.0, access_log=False))
 
     first, second = replica("a"), replica("b")
-    await first.start(_listen(), _listen())
-    await second.start(_listen(), _listen())
+    await first.start(listening_socket(), listening_socket())
+    await second.start(listening_socket(), listening_socket())
     try:
         assert await first.router.renew_reaper_lease()
         assert not await second.router.renew_reaper_lease()  # held by the first replica
