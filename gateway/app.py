@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from gateway import _compiled
 from gateway.access import AccessTokens
 from gateway.api import ControlRunner, create_control_app
 from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySet, TokenAuth, TrustedHeaders
@@ -357,7 +358,7 @@ class Gateway:
                 "router headers: " + (f"namespaces {', '.join(self.settings.router_compat_namespaces)}, ports "
                                       f"{', '.join(map(str, self.settings.router_compat_ports))}, admin token"
                                       if self.compat is not None else "off"),
-                tenant_limits(self.settings, policy)]
+                tenant_limits(self.settings, policy), f"data plane: {_compiled.DESCRIPTION}"]
 
     # background work ------------------------------------------------------
     def _every(self, interval: float, job: Callable[[], Awaitable[Any]]) -> None:

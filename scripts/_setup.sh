@@ -9,13 +9,16 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 stamp=".venv/.installed${extra:+-$extra}"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+# Reinstalled when the package's definition changes, or a module the compiled data plane is built
+# from (setup.py, gateway/_compiled.py): pip install -e compiles them in place again.
+want="$(cat pyproject.toml setup.py gateway/_compiled.py gateway/logs.py gateway/metrics.py \
+        gateway/proxy/*.py gateway/proxy/*.pxd | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     started=$SECONDS
     echo "setup: upgrading pip" >&2
     .venv/bin/python -m pip install --quiet --upgrade pip >&2
-    echo "setup: installing sandbox-gateway${extra:+[$extra]} and its dependencies into .venv" \
-         "(about a minute the first time, seconds from pip's cache)" >&2
+    echo "setup: installing sandbox-gateway${extra:+[$extra]} and its dependencies into .venv and compiling" \
+         "its data plane (a minute or two the first time; without a C compiler it runs as pure Python)" >&2
     .venv/bin/python -m pip install --quiet -e ".${extra:+[$extra]}" >&2
     echo "$want" > "$stamp"
     echo "setup: done in $((SECONDS - started)) s; the CLI is .venv/bin/sandbox-gateway" \

@@ -234,6 +234,7 @@ class Bubblewrap:
                 view.ro(prefix)
         package = Path(__file__).resolve().parent.parent  # .../gateway
         view.ro(str(package / "__init__.py"), "/opt/sandbox-runtime/gateway/__init__.py")
+        view.ro(str(package / "_compiled.py"), "/opt/sandbox-runtime/gateway/_compiled.py")  # __init__ imports it
         view.ro(str(package / "runtime"), "/opt/sandbox-runtime/gateway/runtime")
         view.dir("/etc")
         for name in _ETC:

@@ -22,25 +22,20 @@ import logging
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
+from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade
 
 from gateway.errors import BadRequest, CapacityExceeded, GatewayError, UpstreamError
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
-from gateway.proxy._keys import KeyedRequests
-from gateway.proxy._refusals import Refusals
-from gateway.proxy._request import (
+from gateway.proxy._request import RequestReader, _BodyTooLarge, _HeadTooLarge
+from gateway.proxy._state import (
     M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED, PAUSE_PIPELINE, PAUSE_WAIT,
-    RequestReader, _BodyTooLarge, _HeadTooLarge,
 )
 from gateway.proxy._wsframe import MessageSizeGuard
 
 if TYPE_CHECKING:
-    from collections import deque
-
     from gateway.model import Route
-    from gateway.proxy._plane import DataPlane
-    from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
+    from gateway.proxy._upstream import UpstreamConnection
     from routing import Identity
 
 log = logging.getLogger("gateway.proxy")
@@ -48,63 +43,11 @@ log = logging.getLogger("gateway.proxy")
 LINGER_TIME = 2.0    # how long a refused upload is read and dropped before the connection closes
 
 
-class DownstreamConnection(RequestReader, KeyedRequests, Refusals, asyncio.Protocol):
-    __slots__ = (
-        "big",
-        "conn_line",
-        "current",
-        "head_at",
-        "head_key",
-        "head_seen",
-        "ident",
-        "ident_key",
-        "idle_since",
-        "last",
-        "linger_until",
-        "mode",
-        "parser",
-        "parsing",
-        "peer",
-        "plane",
-        "queue",
-        "route_key",
-        "route_line",
-        "route_pool",
-        "rpause",
-        "transport",
-        "up_conn",
-        "up_out",
-        "wpaused",
-        "ws_guard",
-    )
+class DownstreamConnection(RequestReader):
+    """The protocol of one client connection (uvloop, or asyncio, calls it; it is not an
+    ``asyncio.Protocol`` subclass so that the compiled build can make it an extension type)."""
 
-    def __init__(self, plane: DataPlane) -> None:
-        self.plane = plane
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
-        self.parser = HttpRequestParser(self)
-        self.parsing: Exchange | None = None   # the request being parsed
-        self.last: Exchange | None = None      # the most recent request parsed
-        self.current: Exchange | None = None   # the request being served
-        self.queue: deque[Exchange] | None = None
-        self.mode = 0
-        self.rpause = 0
-        self.wpaused = False
-        self.big = False                       # this read is larger than a head may be: count head bytes
-        self.head_seen = 0
-        self.up_out: list[bytes] = []          # bytes for up_conn, written once the current read is parsed
-        self.up_conn: UpstreamConnection | None = None
-        self.ident_key: tuple[bytes | None, ...] | None = None
-        self.ident: Identity | None = None
-        self.peer = b""
-        self.conn_line = w.XFP_HTTP            # X-Forwarded-For + X-Forwarded-Proto for this client
-        self.route_key: Route | None = None   # the last route served, and what it costs to look up
-        self.route_pool: UpstreamPool | None = None
-        self.route_line = b""                  # Host + X-Sandbox-Id for route_key
-        self.idle_since = 0.0
-        self.head_key: object = None           # the head the tick is timing (header_read_timeout)
-        self.head_at = 0.0
-        self.linger_until = 0.0                # set by linger(): the tick closes the connection then
-        self.ws_guard: MessageSizeGuard | None = None  # watches client frames in a tunnel (ws_max_message_bytes)
+    __slots__ = ()
 
     # -- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -31,12 +31,12 @@ from gateway.auth import bearer_token
 from gateway.compat import DEFAULT_PORT
 from gateway.errors import BadRequest, GatewayError, Unauthorized
 from gateway.proxy import _wire as w
-from gateway.proxy._request import M_UPGRADED, PAUSE_WAIT
+from gateway.proxy._refusals import Refusals
+from gateway.proxy._state import M_UPGRADED, PAUSE_WAIT
 
 if TYPE_CHECKING:
     from gateway.model import Route
     from gateway.proxy._exchange import Exchange
-    from gateway.proxy._plane import DataPlane
     from gateway.proxy._upstream import UpstreamConnection
     from routing import Identity
 
@@ -44,8 +44,6 @@ _SANDBOX_ID = re.compile(rb"(ses|org|usr|bot|ubt)-[0-9a-f]{48}")
 _PORT = re.compile(rb"[1-9][0-9]{0,4}")
 _QUERY = QUERY_PARAM.encode() + b"="
 _LOOPBACK_HOSTS = (b"localhost", b"127.0.0.1", b"[::1]")
-_REWRITTEN = re.compile(rb"\r\n(location|set-cookie):[ \t]*([^\r]*)", re.I)
-_COOKIE_PATH = re.compile(rb";[ \t]*path=([^;]*)", re.I)
 _NOT_CACHED = 10_000  # tokens remembered as "not an access token" (router headers with a bearer token)
 
 
@@ -174,14 +172,11 @@ class PreviewKeys:
         return keyed
 
 
-class KeyedRequests:
-    """Serving keyed requests: a mixin of :class:`~gateway.proxy._downstream.DownstreamConnection`
+class KeyedRequests(Refusals):
+    """Serving keyed requests: a base of :class:`~gateway.proxy._downstream.DownstreamConnection`
     (as ``RequestReader`` is), kept here beside the keys it serves."""
 
     __slots__ = ()
-
-    plane: DataPlane
-    mode: int
 
     if TYPE_CHECKING:
         def fail(self, ex: Exchange, exc: GatewayError) -> None: ...
@@ -296,35 +291,7 @@ def _is_loopback(host: bytes | None) -> bool:
     return name in _LOOPBACK_HOSTS or name.endswith(b".localhost") or name.startswith(b"127.")
 
 
-def rewrite_under_prefix(head: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
-    """A response head with ``Location`` (a path, or an absolute URL on one of ``authorities``) and
-    ``Set-Cookie`` ``Path`` put under ``prefix`` (path mode)."""
-    def one(match: re.Match[bytes]) -> bytes:
-        name, value = match.group(1), match.group(2)
-        if name.lower() == b"location":
-            value = _location_under(value, prefix, authorities)
-        else:
-            value = _COOKIE_PATH.sub(lambda m: b"; Path=" + _path_under(m.group(1).strip(), prefix), value)
-        return b"\r\n" + name + b": " + value
-    return _REWRITTEN.sub(one, head)
-
-
-def _path_under(path: bytes, prefix: bytes) -> bytes:
-    return prefix + path if path.startswith(b"/") else path
-
-
-def _location_under(value: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
-    if value.startswith(b"/") and not value.startswith(b"//"):
-        return prefix + value
-    scheme, sep, rest = value.partition(b"://")
-    if sep and scheme.lower() in (b"http", b"https"):
-        authority, slash, path = rest.partition(b"/")
-        if authority.lower() in authorities:
-            return prefix + b"/" + path
-    return value
-
-
-__all__ = ["Keyed", "KeyedRequests", "PreviewKeys", "query_token", "rewrite_under_prefix"]
+__all__ = ["Keyed", "KeyedRequests", "PreviewKeys", "query_token"]
 
 
 def _navigation(ex: Exchange) -> bool:

@@ -21,7 +21,7 @@ from gateway.proxy._admission import Admission
 from gateway.proxy._downstream import DownstreamConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
 from gateway.proxy._keys import PreviewKeys
-from gateway.proxy._request import PAUSE_UPSTREAM
+from gateway.proxy._state import PAUSE_UPSTREAM, PlaneState
 from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
 from gateway.proxy._wire import RequestIds, declares_stream
 from routing import Identity
@@ -114,7 +114,7 @@ def ignore_requests(record: RequestLog) -> None:
     """The null ``on_request`` hook; the plane then builds no RequestLog at all."""
 
 
-class DataPlane:
+class DataPlane(PlaneState):
     """The HTTP/1.1, SSE and WebSocket reverse proxy in front of the sandboxes."""
 
     def __init__(self, resolver: RouteResolver, options: PlaneOptions = PlaneOptions(), *,

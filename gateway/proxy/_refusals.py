@@ -2,7 +2,7 @@
 itself (a 504 naming the limit that fired, 408, 413/414/431, 400 for bytes that are not HTTP) and the
 ways a stream is ended (WebSocket close frames, 1001 at shutdown).
 
-A mixin of :class:`~gateway.proxy._downstream.DownstreamConnection`, as ``RequestReader`` and
+A base of :class:`~gateway.proxy._downstream.DownstreamConnection`, as ``RequestReader`` and
 ``KeyedRequests`` are: none of this is on the common path, so it lives apart from the code that is.
 """
 
@@ -15,25 +15,16 @@ from typing import TYPE_CHECKING
 from gateway.errors import GatewayError, HeaderTooLarge, PayloadTooLarge, RequestTimeout, UpstreamTimeout, UriTooLong
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import DONE, RESOLVING, TUNNEL, Exchange
-from gateway.proxy._request import M_DISCARD, PAUSE_DISCARD
+from gateway.proxy._state import M_DISCARD, PAUSE_DISCARD, ClientState
 from gateway.proxy._wsframe import CLOSE_GOING_AWAY, CLOSE_MESSAGE_TOO_BIG, close_frame
-
-if TYPE_CHECKING:
-    from gateway.proxy._plane import DataPlane
 
 log = logging.getLogger("gateway.proxy")
 
 
-class Refusals:
+class Refusals(ClientState):
     """The gateway's own answers and stream endings, for :class:`DownstreamConnection`."""
 
     __slots__ = ()
-
-    plane: DataPlane
-    mode: int
-    parsing: Exchange | None
-    current: Exchange | None
-    last: Exchange | None
 
     if TYPE_CHECKING:
         def fail(self, ex: Exchange, exc: GatewayError) -> None: ...

@@ -7,7 +7,7 @@ bounded, and a complete head becomes the current request (``begin``) or waits
 behind the one in flight. Body bytes go to the attached upstream connection, or
 are held until one is attached.
 
-:class:`RequestReader` is a mixin of :class:`~gateway.proxy._downstream.DownstreamConnection`
+:class:`RequestReader` is a base of :class:`~gateway.proxy._downstream.DownstreamConnection`
 (httptools calls back into the protocol object itself), kept apart so that the
 connection module reads as serving and this one as parsing.
 """
@@ -16,31 +16,12 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import TYPE_CHECKING
 
 from gateway.errors import BadRequest, NotImplementedByGateway, PayloadTooLarge
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, CODED, DONE, LENGTH, Exchange
-
-if TYPE_CHECKING:
-    from httptools import HttpRequestParser
-
-    from gateway.proxy._plane import DataPlane
-
-# Why reading from the client is paused (DownstreamConnection.rpause bits).
-PAUSE_UPSTREAM = 1   # the upstream's write buffer is full
-PAUSE_WAIT = 2       # no upstream attached yet (resolving, connecting, upgrading)
-PAUSE_PIPELINE = 4   # a pipelined request waits behind the current one
-PAUSE_DISCARD = 8    # M_DISCARD: never resumed
-
-# DownstreamConnection.mode bits: anything set sends data_received down the slow path.
-M_TUNNEL = 1         # spliced to an upstream (WebSocket)
-M_CLOSING = 2        # closing: ignore further bytes
-M_UPGRADED = 4       # after an upgrade request the bytes are not HTTP any more
-M_IN_HEAD = 8        # a request head is being parsed (its size is counted across reads)
-M_EOF = 16           # the client half-closed: answer the request in flight, then close
-M_DISCARD = 32       # a request was refused mid-body: bytes are dropped, no request is parsed any more
-M_LINGER = 64        # our side is shut (FIN sent): nothing may be written
+from gateway.proxy._keys import KeyedRequests
+from gateway.proxy._state import M_CLOSING, M_DISCARD, M_IN_HEAD, PAUSE_PIPELINE
 
 _INF = float("inf")
 
@@ -77,25 +58,10 @@ def _other_target_form(ex: Exchange) -> None:
     ex.host = match.group(1)
 
 
-class RequestReader:
-    """The httptools request callbacks; the state they use lives in DownstreamConnection's slots."""
+class RequestReader(KeyedRequests):
+    """The httptools request callbacks; the state they use is :class:`~gateway.proxy._state.ClientState`."""
 
     __slots__ = ()
-
-    plane: DataPlane
-    parser: HttpRequestParser
-    parsing: Exchange | None
-    last: Exchange | None
-    current: Exchange | None
-    queue: deque[Exchange] | None
-    mode: int
-    big: bool
-    head_seen: int
-
-    if TYPE_CHECKING:
-        def begin(self, ex: Exchange, batch: bool = False) -> None: ...
-
-        def pause(self, bit: int) -> None: ...
 
     def on_message_begin(self) -> None:
         if self.mode & M_DISCARD:

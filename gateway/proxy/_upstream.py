@@ -23,7 +23,6 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from gateway.errors import UpstreamError
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
-from gateway.proxy._keys import rewrite_under_prefix
 from gateway.proxy._wsframe import MessageSizeGuard
 
 if TYPE_CHECKING:
@@ -104,8 +103,10 @@ class _Dechunker:
         return decoded
 
 
-class UpstreamConnection(asyncio.Protocol):
-    """One connection to a sandbox; ``ex`` is the exchange it serves, None while pooled."""
+class UpstreamConnection:
+    """One connection to a sandbox; ``ex`` is the exchange it serves, None while pooled. The transport
+    calls it as an ``asyncio.Protocol`` (not a subclass, so that the compiled build can make it an
+    extension type)."""
 
     __slots__ = (
         "plane", "pool", "transport", "parser", "ex", "client_tr", "reused", "closed", "broken",
@@ -359,14 +360,14 @@ class UpstreamConnection(asyncio.Protocol):
         head = raw[pos:end]
         low = head.lower()
         match = _find_hop_by_hop(low)
-        coding = w.TE_NONE
+        coding = w.CODING_NONE
         if match is not None:
             head, coding = w.strip_hop_by_hop(head, low, match)
         if not head.startswith(b"HTTP/1.1 "):
             head = b"HTTP/1.1" + head[8:]
         keyed = ex.keyed
         if keyed is not None and keyed.prefix is not None and (b"\r\nlocation:" in low or b"\r\nset-cookie:" in low):
-            head = rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
+            head = w.rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
         if low.find(b"\r\nx-request-id:") < 0:  # the client can quote it; a sandbox's own one is kept
             head += b"\r\nX-Request-Id: " + ex.request_id  # type: ignore[operator]
         if (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10
@@ -404,14 +405,14 @@ class UpstreamConnection(asyncio.Protocol):
                 # the next one starts on a fresh parser.
                 self.done = True
                 self.keep = self.parser.should_keep_alive()
-        elif coding == w.TE_CHUNKED or (has_length and coding == w.TE_NONE):
+        elif coding == w.CODING_CHUNKED or (has_length and coding == w.CODING_NONE):
             framing = F_PASS
-            if ex.version10 and coding == w.TE_CHUNKED:
+            if ex.version10 and coding == w.CODING_CHUNKED:
                 framing = F_DECHUNK
                 head = w.without_transfer_encoding(head)
                 self.dechunker = _Dechunker()
                 close = True
-        elif coding == w.TE_OTHER:
+        elif coding == w.CODING_OTHER:
             framing = F_RAW  # e.g. "Transfer-Encoding: gzip": as it came, delimited by closing
             close = True
         elif not ex.version10:
@@ -430,7 +431,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.head_out = b"".join((head, w.CRLF, extra, w.CRLF))
         if framing != F_NONE and w.is_event_stream(low):
             ex.protocol = "sse"
-            chunked = framing == F_RECHUNK or (framing == F_PASS and coding == w.TE_CHUNKED)
+            chunked = framing == F_RECHUNK or (framing == F_PASS and coding == w.CODING_CHUNKED)
             self.sse_end = w.CHUNK_END if chunked else b"" if framing != F_PASS else None
             self.plane.stream_began(ex)
 

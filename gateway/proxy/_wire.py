@@ -116,9 +116,9 @@ HOP_BY_HOP = re.compile(  # on the lower-cased head
 _SSE_CONTENT_TYPE = re.compile(rb"\r\ncontent-type:[ \t]*text/event-stream")  # on the lower-cased head
 _TRANSFER_ENCODING = re.compile(rb"\r\ntransfer-encoding:[^\r]*", re.I)
 
-TE_NONE = 0       # no Transfer-Encoding
-TE_CHUNKED = 1    # chunked last: the body can pass through as it is
-TE_OTHER = 2      # some other coding last: the body ends when the connection does
+CODING_NONE = 0     # no Transfer-Encoding
+CODING_CHUNKED = 1  # chunked last: the body can pass through as it is
+CODING_OTHER = 2    # some other coding last: the body ends when the connection does
 
 
 def strip_hop_by_hop(head: bytes, low: bytes, match: re.Match[bytes]) -> tuple[bytes, int]:
@@ -129,15 +129,15 @@ def strip_hop_by_hop(head: bytes, low: bytes, match: re.Match[bytes]) -> tuple[b
         # The usual case: one "Connection: keep-alive" line.
         start, end = match.span()
         if HOP_BY_HOP.search(low, end) is None:
-            return head[:start] + head[end:], TE_NONE
+            return head[:start] + head[end:], CODING_NONE
     parts = []
     start = 0
-    coding = TE_NONE
+    coding = CODING_NONE
     tokens: set[bytes] | None = None
     while match is not None:
         name = match.group(1)
         if name == b"transfer-encoding":
-            coding = TE_CHUNKED if match.group(2).rsplit(b",", 1)[-1].strip() == b"chunked" else TE_OTHER
+            coding = CODING_CHUNKED if match.group(2).rsplit(b",", 1)[-1].strip() == b"chunked" else CODING_OTHER
         else:
             if name == b"connection":
                 value = match.group(2).strip()
@@ -309,6 +309,39 @@ def h2_goaway(exc: GatewayError) -> bytes:
 
 
 sane_request_id = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}").fullmatch
+
+
+# Path mode (gateway.proxy._keys): the response header lines put under the sandbox's prefix.
+_REWRITTEN = re.compile(rb"\r\n(location|set-cookie):[ \t]*([^\r]*)", re.I)
+_COOKIE_PATH = re.compile(rb";[ \t]*path=([^;]*)", re.I)
+
+
+def rewrite_under_prefix(head: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
+    """A response head with ``Location`` (a path, or an absolute URL on one of ``authorities``) and
+    ``Set-Cookie`` ``Path`` put under ``prefix`` (path mode)."""
+    def one(match: re.Match[bytes]) -> bytes:
+        name, value = match.group(1), match.group(2)
+        if name.lower() == b"location":
+            value = _location_under(value, prefix, authorities)
+        else:
+            value = _COOKIE_PATH.sub(lambda m: b"; Path=" + _path_under(m.group(1).strip(), prefix), value)
+        return b"\r\n" + name + b": " + value
+    return _REWRITTEN.sub(one, head)
+
+
+def _path_under(path: bytes, prefix: bytes) -> bytes:
+    return prefix + path if path.startswith(b"/") else path
+
+
+def _location_under(value: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
+    if value.startswith(b"/") and not value.startswith(b"//"):
+        return prefix + value
+    scheme, sep, rest = value.partition(b"://")
+    if sep and scheme.lower() in (b"http", b"https"):
+        authority, slash, path = rest.partition(b"/")
+        if authority.lower() in authorities:
+            return prefix + b"/" + path
+    return value
 
 
 class RequestIds:

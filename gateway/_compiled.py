@@ -1,0 +1,88 @@
+"""The compiled data plane: which modules Cython builds, and whether this process uses them.
+
+The hot path (``gateway.proxy``'s protocols and per-request state, the access log, the request
+metrics) is plain Python that Cython can also compile, with ``.pxd`` files beside the modules
+declaring the classes as extension types (typed fields, C calls between them). The ``.py`` files
+stay the source and the fallback: ``pip install`` (``./scripts/serve``, ``./scripts/test``)
+compiles them when Cython and a C compiler are there (``setup.py``) and installs them as they are
+when not.
+
+Which one a process runs is decided here, once, before any of them is imported: the compiled
+modules when every one of them is built and newer than its sources, else all of them as Python
+(a compiled ``_upstream`` needs a compiled ``_exchange``: mixing is not possible, and a build older
+than an edited ``.py`` would run code that is no longer there). ``SANDBOX_GATEWAY_PURE_PYTHON=1``
+forces Python; the test command runs the suite both ways. This is the one switch read from the
+environment outside ``gateway.settings``: it must act before ``gateway.settings`` (or anything
+else) is imported, and it chooses code, not configuration.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+PURE_PYTHON_ENV = "SANDBOX_GATEWAY_PURE_PYTHON"
+
+# Dotted names; setup.py builds exactly these (it reads this tuple).
+COMPILED_MODULES = (
+    "gateway.proxy._exchange",
+    "gateway.proxy._upstream",
+    "gateway.proxy._state",
+    "gateway.proxy._refusals",
+    "gateway.proxy._keys",
+    "gateway.proxy._request",
+    "gateway.proxy._downstream",
+    "gateway.proxy._plane",
+    "gateway.proxy._wire",
+    "gateway.proxy._admission",
+    "gateway.logs",
+    "gateway.metrics",
+)
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _paths(module: str) -> tuple[Path, list[Path]]:
+    """The module's .py, and its built extensions (any ABI tag)."""
+    source = _ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    built = [source.with_name(source.stem + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    return source, [path for path in built if path.exists()]
+
+
+def _usable() -> str | None:
+    """None when every compiled module is built and current, else why not."""
+    for module in COMPILED_MODULES:
+        source, built = _paths(module)
+        if not built:
+            return f"{module} is not compiled"
+        newest_source = max(path.stat().st_mtime for path in (source, source.with_suffix(".pxd")) if path.exists())
+        if built[0].stat().st_mtime < newest_source:
+            return f"{module}'s build is older than its source"
+    return None
+
+
+class _PythonSources:
+    """A meta path finder that loads the compiled modules from their .py files."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in COMPILED_MODULES:
+            return None
+        source, _ = _paths(fullname)
+        return importlib.util.spec_from_file_location(fullname, source)
+
+
+def _choose() -> tuple[bool, str]:
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        reason = f"{PURE_PYTHON_ENV} is set"
+    else:
+        reason = _usable()  # type: ignore[assignment]
+        if reason is None:
+            return True, "compiled (Cython)"
+    sys.meta_path.insert(0, _PythonSources())
+    return False, f"pure Python ({reason})"
+
+
+COMPILED, DESCRIPTION = _choose()

@@ -1,0 +1,37 @@
+# The compiled build's declarations for _state.py (gateway/_compiled.py): the fields as C struct members.
+from gateway.proxy._exchange cimport Exchange
+
+cdef class PlaneState:
+    cdef public double now
+    cdef public bint draining, closed, trust_xff, keyed
+    cdef public Py_ssize_t inflight, streams, max_head, body_cap, write_high
+    cdef public object max_body, ws_max_message
+    cdef public dict request_timeouts, pools
+    cdef public set clients
+    cdef public object admission, ids, loop, keys, compat, options
+
+cdef class ClientState:
+    cdef public bint big
+    cdef public bytes conn_line
+    cdef public Exchange current
+    cdef public double head_at
+    cdef public object head_key
+    cdef public Py_ssize_t head_seen
+    cdef public object ident, ident_key
+    cdef public double idle_since
+    cdef public Exchange last
+    cdef public double linger_until
+    cdef public int mode
+    cdef public object parser
+    cdef public Exchange parsing
+    cdef public bytes peer
+    cdef public PlaneState plane
+    cdef public object queue, route_key
+    cdef public bytes route_line
+    cdef public object route_pool
+    cdef public int rpause
+    cdef public object transport
+    cdef public object up_conn
+    cdef public list up_out
+    cdef public bint wpaused
+    cdef public object ws_guard

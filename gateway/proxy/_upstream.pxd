@@ -1,0 +1,27 @@
+# The compiled build's declarations for _upstream.py (gateway/_compiled.py).
+from gateway.proxy._exchange cimport Exchange
+from gateway.proxy._state cimport PlaneState
+
+cdef class UpstreamPool:
+    cdef public PlaneState plane
+    cdef public object host, port
+    cdef public bytes host_line
+    cdef public list idle
+    cdef public Py_ssize_t size
+    cpdef UpstreamConnection take(self)
+    cpdef release(self, UpstreamConnection conn)
+
+cdef class UpstreamConnection:
+    cdef public PlaneState plane
+    cdef public UpstreamPool pool
+    cdef public object transport, parser
+    cdef public Exchange ex
+    cdef public object client_tr
+    cdef public bint reused, closed, broken
+    cdef public double idle_since
+    cdef public bint rpaused, wpaused, done, keep, interim, extra, tunneled
+    cdef public object raw
+    cdef public Py_ssize_t raw_pos
+    cdef public bytes head_out
+    cdef public int framing
+    cdef public object dechunker, frames, sse_end
