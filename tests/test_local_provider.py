@@ -3,6 +3,7 @@ the handshake is the same under bubblewrap, which tests/test_confinement.py cove
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -111,3 +112,33 @@ async def test_probe_reads_the_registry_and_the_process(provider_for, tmp_path):
     finally:
         os.close(fd)
     assert await other.probe("ses-probe", "small") is Probe.GONE
+
+
+async def test_a_late_exit_of_a_runtime_another_replica_restarted_is_not_a_loss(tmp_path):
+    """Replica A watches a sandbox; replica B suspends and wakes it (a new runtime). A's event for the
+    old runtime's exit arrives only after that (a busy loop): A must not report the sandbox lost, which
+    would release the running one (a 502 for the requests the wake was serving)."""
+    exe = stand_in(tmp_path, "slow")
+    lost: list[str] = []
+    a = LocalProvider(tmp_path / "data", stop_on_close=False, confinement=Unconfined(exe))
+    b = LocalProvider(tmp_path / "data", stop_on_close=True, confinement=Unconfined(exe))
+    await a.start(lost.append)
+    await b.start(lost.append)
+    try:
+        await b.ensure(request("ses-late"))
+        await a.ensure(request("ses-late"))  # A finds it running: A watches the same runtime
+        loop = asyncio.get_running_loop()
+        fd, old_pid = a._watched["ses-late"]
+        loop.remove_reader(fd)  # A's loop does not get to the exit event until the wake is done
+        await b.suspend("ses-late", "small")
+        await b.resume(request("ses-late"))
+        assert select.select([fd], [], [], 10)[0]  # the old runtime is gone ...
+        exited = loop.create_future()
+        loop.add_reader(fd, lambda: (a._exited("ses-late"), exited.done() or exited.set_result(None)))
+        await exited  # ... and A handles its exit now, late
+        assert lost == []
+        state = json.loads((tmp_path / "data" / "sandboxes" / "ses-late" / "state.json").read_text())
+        assert state["pid"] != old_pid and await a.probe("ses-late", "small") is Probe.ALIVE
+    finally:
+        await a.close()
+        await b.close()

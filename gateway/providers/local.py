@@ -368,10 +368,17 @@ class LocalProvider:
             os.close(fd)
 
     def _exited(self, sandbox_id: str) -> None:
+        pid = self._watched[sandbox_id][1]
         self._unwatch(sandbox_id)
-        if sandbox_id not in self._deleting:
-            log.warning("local sandbox %s exited; it will be re-created on its next request", sandbox_id)
-            self._on_lost(sandbox_id)
+        if sandbox_id in self._deleting:
+            return
+        state = _read_state(self._dir / sandbox_id)
+        if state is not None and state["pid"] != pid:
+            # Another replica stopped this runtime (a suspend) and has started the sandbox again
+            # since: the event arrived late, and reporting it would release the new runtime.
+            return
+        log.warning("local sandbox %s exited; it will be re-created on its next request", sandbox_id)
+        self._on_lost(sandbox_id)
 
     def _states(self) -> list[tuple[str, dict[str, Any]]]:
         found = []
