@@ -7,6 +7,7 @@ never fails the install; it prints why and the gateway runs its pure-Python modu
 then logs "pure Python" with the reason at startup).
 """
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -17,12 +18,15 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 
 
-def compiled_modules() -> tuple:
-    """gateway._compiled.COMPILED_MODULES, read without importing the package (no dependencies here)."""
-    namespace: dict = {}
-    source = (ROOT / "gateway" / "_compiled.py").read_text()
-    exec(compile(source.split("_ROOT = ")[0], "gateway/_compiled.py", "exec"), namespace)
-    return namespace["COMPILED_MODULES"]
+def _load_compiled():
+    """gateway/_compiled.py, loaded without importing the package (whose dependencies are not here)."""
+    spec = importlib.util.spec_from_file_location("_sandbox_gateway_compiled", ROOT / "gateway" / "_compiled.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+compiled = _load_compiled()
 
 
 def warn(message: str) -> None:
@@ -38,7 +42,7 @@ def extensions() -> list:
         warn("Cython is not installed, so the data plane is not compiled")
         return []
     from setuptools import Extension
-    modules = [Extension(name, [name.replace(".", "/") + ".py"]) for name in compiled_modules()]
+    modules = [Extension(name, [name.replace(".", "/") + ".py"]) for name in compiled.COMPILED_MODULES]
     try:
         return cythonize(modules, language_level=3, quiet=True, build_dir="build/cython",
                          compiler_directives={"annotation_typing": False})
@@ -56,15 +60,22 @@ class OptionalBuildExt(build_ext):
             self.parallel = os.cpu_count() or 1  # a dozen modules: about half the time on two cores
 
     def run(self) -> None:
+        self.failed = False
         try:
             super().run()
         except Exception as exc:
+            self.failed = True
             warn(f"the compiled data plane could not be built ({exc})")
+        if self.extensions and not self.failed:
+            # The stamp says "this build is whole, and made from these sources" (gateway/_compiled.py).
+            stamp = Path(ROOT if self.inplace else self.build_lib) / compiled.STAMP
+            stamp.write_text(compiled.source_digest(ROOT) + "\n")
 
     def build_extension(self, ext) -> None:
         try:
             super().build_extension(ext)
         except Exception as exc:
+            self.failed = True
             warn(f"{ext.name} could not be compiled ({exc})")
 
 

@@ -8,9 +8,10 @@ compiles them when Cython and a C compiler are there (``setup.py``) and installs
 when not.
 
 Which one a process runs is decided here, once, before any of them is imported: the compiled
-modules when every one of them is built and newer than its sources, else all of them as Python
-(a compiled ``_upstream`` needs a compiled ``_exchange``: mixing is not possible, and a build older
-than an edited ``.py`` would run code that is no longer there). ``SANDBOX_GATEWAY_PURE_PYTHON=1``
+modules when every one of them is built and the build's stamp (the digest of the sources it was
+made from) matches the sources there are now, else all of them as Python (a compiled ``_upstream``
+needs a compiled ``_exchange``: mixing is not possible, and a build older than an edited ``.py``
+would run code that is no longer there). ``SANDBOX_GATEWAY_PURE_PYTHON=1``
 forces Python; the test command runs the suite both ways. This is the one switch read from the
 environment outside ``gateway.settings``: it must act before ``gateway.settings`` (or anything
 else) is imported, and it chooses code, not configuration.
@@ -18,6 +19,7 @@ else) is imported, and it chooses code, not configuration.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
 import os
@@ -43,24 +45,35 @@ COMPILED_MODULES = (
 )
 
 _ROOT = Path(__file__).resolve().parent.parent
+STAMP = "gateway/_compiled.stamp"  # written by setup.py beside a complete build: the digest of its sources
 
 
-def _paths(module: str) -> tuple[Path, list[Path]]:
+def _paths(module: str, root: Path = _ROOT) -> tuple[Path, list[Path]]:
     """The module's .py, and its built extensions (any ABI tag)."""
-    source = _ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    source = root.joinpath(*module.split(".")).with_suffix(".py")
     built = [source.with_name(source.stem + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES]
     return source, [path for path in built if path.exists()]
 
 
-def _usable() -> str | None:
-    """None when every compiled module is built and current, else why not."""
+def source_digest(root: Path = _ROOT) -> str:
+    """A digest of everything the build is made from (each module's .py and .pxd)."""
+    digest = hashlib.sha256()
     for module in COMPILED_MODULES:
-        source, built = _paths(module)
-        if not built:
+        source = _paths(module, root)[0]
+        for path in (source, source.with_suffix(".pxd")):
+            if path.exists():
+                digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _usable() -> str | None:
+    """None when every compiled module is built, from the sources there are now, else why not."""
+    for module in COMPILED_MODULES:
+        if not _paths(module)[1]:
             return f"{module} is not compiled"
-        newest_source = max(path.stat().st_mtime for path in (source, source.with_suffix(".pxd")) if path.exists())
-        if built[0].stat().st_mtime < newest_source:
-            return f"{module}'s build is older than its source"
+    stamp = _ROOT / STAMP
+    if not stamp.exists() or stamp.read_text().strip() != source_digest():
+        return "the build is older than the sources: reinstall to compile them"
     return None
 
 
@@ -70,19 +83,22 @@ class _PythonSources:
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in COMPILED_MODULES:
             return None
-        source, _ = _paths(fullname)
-        return importlib.util.spec_from_file_location(fullname, source)
+        return importlib.util.spec_from_file_location(fullname, _paths(fullname)[0])
 
 
-def _choose() -> tuple[bool, str]:
+COMPILED = False
+DESCRIPTION = "not chosen yet"
+
+
+def choose() -> None:
+    """Decide, once per process (gateway/__init__.py), and set COMPILED and DESCRIPTION."""
+    global COMPILED, DESCRIPTION
     if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
         reason = f"{PURE_PYTHON_ENV} is set"
     else:
         reason = _usable()  # type: ignore[assignment]
         if reason is None:
-            return True, "compiled (Cython)"
+            COMPILED, DESCRIPTION = True, "compiled (Cython)"
+            return
     sys.meta_path.insert(0, _PythonSources())
-    return False, f"pure Python ({reason})"
-
-
-COMPILED, DESCRIPTION = _choose()
+    COMPILED, DESCRIPTION = False, f"pure Python ({reason})"

@@ -123,7 +123,7 @@ class AccessLog:
         return who
 
     def log(self, entry: Any) -> None:
-        """``entry`` is a ``gateway.proxy.RequestLog`` (or the gRPC front's ``CallLog``)."""
+        """``entry`` is a ``gateway.proxy.RequestLog`` (the gRPC front's calls are logged as one too)."""
         now = time.time()
         path = entry.target
         if not self.keep_query:

@@ -11,7 +11,7 @@ fi
 stamp=".venv/.installed${extra:+-$extra}"
 # Reinstalled when the package's definition changes, or a module the compiled data plane is built
 # from (setup.py, gateway/_compiled.py): pip install -e compiles them in place again.
-want="$(cat pyproject.toml setup.py gateway/_compiled.py gateway/logs.py gateway/metrics.py \
+want="$(cat pyproject.toml setup.py gateway/_compiled.py gateway/logs.py gateway/logs.pxd gateway/metrics.py gateway/metrics.pxd \
         gateway/proxy/*.py gateway/proxy/*.pxd | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     started=$SECONDS

@@ -53,30 +53,29 @@ def test_the_environment_forces_pure_python() -> None:
     assert description == "pure Python (SANDBOX_GATEWAY_PURE_PYTHON is set)"
 
 
-def _package_with_fake_build(tmp_path: Path) -> Path:
-    """A copy of the package whose compiled modules have (empty, never loaded) builds, older than the sources."""
+def _package_with_fake_build(tmp_path: Path, stamp: str) -> Path:
+    """A copy of the package whose compiled modules have (empty, never loaded) builds, stamped ``stamp``."""
     shutil.copytree(ROOT / "gateway", tmp_path / "gateway", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     shutil.copytree(ROOT / "routing", tmp_path / "routing", ignore=shutil.ignore_patterns("__pycache__"))
     for module in _compiled.COMPILED_MODULES:
         source = tmp_path.joinpath(*module.split(".")).with_suffix(".py")
-        built = source.with_name(source.stem + importlib.machinery.EXTENSION_SUFFIXES[0])
-        built.write_bytes(b"")
-        os.utime(built, (source.stat().st_mtime - 60,) * 2)
+        source.with_name(source.stem + importlib.machinery.EXTENSION_SUFFIXES[0]).write_bytes(b"")
+    (tmp_path / _compiled.STAMP).write_text(stamp + "\n")
     return tmp_path
 
 
-def test_a_build_older_than_its_source_is_not_used(tmp_path: Path) -> None:
-    root = _package_with_fake_build(tmp_path)
+def test_a_build_from_other_sources_is_not_used(tmp_path: Path) -> None:
+    root = _package_with_fake_build(tmp_path, _compiled.source_digest(ROOT))
+    with (root / "gateway" / "proxy" / "_wire.py").open("a") as wire:
+        wire.write("# edited after the build\n")
     compiled, path, description = probe(root, SANDBOX_GATEWAY_PURE_PYTHON="")
     assert not compiled and path == str(root / "gateway" / "proxy" / "_downstream.py")
-    assert description.startswith("pure Python (gateway.proxy._exchange's build is older than its source")
+    assert description == "pure Python (the build is older than the sources: reinstall to compile them)"
 
 
 def test_a_build_missing_one_module_is_not_used(tmp_path: Path) -> None:
-    root = _package_with_fake_build(tmp_path)
-    for built in root.glob("gateway/**/*" + importlib.machinery.EXTENSION_SUFFIXES[0]):
-        os.utime(built)  # all current...
-    next(root.glob("gateway/metrics*" + importlib.machinery.EXTENSION_SUFFIXES[0])).unlink()  # ...but one
+    root = _package_with_fake_build(tmp_path, _compiled.source_digest(ROOT))
+    next(root.glob("gateway/metrics*" + importlib.machinery.EXTENSION_SUFFIXES[0])).unlink()
     compiled, path, description = probe(root, SANDBOX_GATEWAY_PURE_PYTHON="")
     assert not compiled and path.endswith("/gateway/proxy/_downstream.py")
     assert description == "pure Python (gateway.metrics is not compiled)"

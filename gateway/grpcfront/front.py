@@ -22,6 +22,7 @@ from gateway.grpcfront.call import Call
 from gateway.grpcfront.metrics import GrpcMetrics
 from gateway.grpcfront.upstream import UpstreamChannels
 from gateway.limits import OrgLimits
+from gateway.proxy import RequestLog
 from gateway.sessions import SessionRouter
 from gateway.settings import Settings
 from routing import Identity
@@ -29,28 +30,14 @@ from routing import Identity
 log = logging.getLogger("gateway.grpc")
 
 
-class CallLog:
-    """An access-log entry for one call (the fields ``gateway.logs.AccessLog`` reads); ``status`` is the gRPC code."""
-
-    __slots__ = ("method", "target", "pool", "sandbox_id", "status", "duration", "protocol", "request_id", "org_id",
-                 "session_id", "bytes_in", "bytes_out", "upstream", "code", "error")
-
-    def __init__(self, call: Call, request_id: str) -> None:
-        self.method = "POST"
-        self.target = call.path  # passed Call's check (two slashes, no space); the access log escapes it
-        route = call.route
-        self.pool = route.pool if route is not None else None
-        self.sandbox_id = route.sandbox_id if route is not None else None
-        self.status = call.status
-        self.duration = time.perf_counter() - call.t0
-        self.protocol = "grpc"
-        self.request_id = request_id
-        self.org_id = call.org_id
-        self.session_id = call.identity.session_id if call.identity is not None else None
-        self.bytes_in = call.to_sandbox
-        self.bytes_out = call.to_client
-        self.upstream = None
-        self.code = self.error = None
+def call_log(call: Call, request_id: str) -> RequestLog:
+    """The access-log entry for one call (the data plane's record; ``status`` is the gRPC code)."""
+    route = call.route
+    return RequestLog(
+        "POST", route.pool if route is not None else None, route.sandbox_id if route is not None else None,
+        call.status, time.perf_counter() - call.t0, call.to_sandbox, call.to_client, "grpc", request_id, None,
+        org_id=call.org_id, target=call.path,  # passed Call's check (two slashes, no space); the log escapes it
+        session_id=call.identity.session_id if call.identity is not None else None)
 
 
 class _ServerSide(AbstractHandler):
@@ -149,7 +136,7 @@ class GrpcFront:
             metrics.open_calls.dec()
             metrics.observe(call.path, call.status, duration, call.to_sandbox, call.to_client)
         if self.access is not None:
-            self.access.log(CallLog(call, f"{self._id_prefix}{next(self._ids):x}"))
+            self.access.log(call_log(call, f"{self._id_prefix}{next(self._ids):x}"))
 
     async def stop(self, drain_timeout: float) -> None:
         """Stop accepting, let calls finish (up to ``drain_timeout``), then end the rest with UNAVAILABLE."""

@@ -21,7 +21,7 @@ from gateway.proxy._admission import Admission
 from gateway.proxy._downstream import DownstreamConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
 from gateway.proxy._keys import PreviewKeys
-from gateway.proxy._state import PAUSE_UPSTREAM, PlaneState
+from gateway.proxy._state import PAUSE_UPSTREAM, PlaneState, ignore_requests
 from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
 from gateway.proxy._wire import RequestIds, declares_stream
 from routing import Identity
@@ -110,10 +110,6 @@ class NoRouterHeaders:
         pass
 
 
-def ignore_requests(record: RequestLog) -> None:
-    """The null ``on_request`` hook; the plane then builds no RequestLog at all."""
-
-
 class DataPlane(PlaneState):
     """The HTTP/1.1, SSE and WebSocket reverse proxy in front of the sandboxes."""
 
@@ -156,7 +152,7 @@ class DataPlane(PlaneState):
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
         self._server: asyncio.Server | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._drained: asyncio.Future[None] | None = None
+        self.drained: asyncio.Future[None] | None = None
         self._ticks = 0
         self._tick_interval = max(0.01, min(0.5, (options.upstream_read_timeout or 2.0) / 4,
                                             options.stream_idle_timeout / 4, options.header_read_timeout / 4))
@@ -181,9 +177,9 @@ class DataPlane(PlaneState):
             client.close_if_idle()
             client.end_streams()
         if self.inflight:
-            self._drained = self.loop.create_future()
+            self.drained = self.loop.create_future()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._drained), drain_timeout)
+                await asyncio.wait_for(asyncio.shield(self.drained), drain_timeout)
         self.closed = True
         for client in list(self.clients):
             client.abort_connection()
@@ -294,51 +290,6 @@ class DataPlane(PlaneState):
         raise UpstreamConnectError(
             f"sandbox {route.sandbox_id} is unreachable at {where}: {reason}",
             sandbox_id=route.sandbox_id)
-
-    # -- exchange bookkeeping -------------------------------------------------
-    def stream_began(self, ex: Exchange) -> None:
-        if ex.stream or ex.route is None:
-            return
-        ex.stream = True
-        self.streams += 1
-        if ex.identity is None:
-            if ex.keyed is not None:
-                self.resolver.stream_opened(ex.route.sandbox_id)  # a sandbox of ours, reached by a key
-                if ex.stream_key is None:
-                    ex.stream_key = self.admission.stream_began(limit_key(ex.route.owner))
-            return  # else addressed by the router headers: not a sandbox of ours
-        self.resolver.stream_opened(ex.route.sandbox_id)
-        if ex.stream_key is None:
-            ex.stream_key = self.admission.stream_began(limit_key(ex.identity))
-
-    def finished(self, ex: Exchange) -> None:
-        """Bookkeeping for an exchange that is over: counters, streams, the on_request record."""
-        ex.state = DONE
-        self.inflight -= 1
-        if ex.stream:
-            ex.stream = False
-            self.streams -= 1
-            if ex.identity is not None or ex.keyed is not None:
-                self.resolver.stream_closed(ex.route.sandbox_id)  # type: ignore[union-attr]
-        if ex.stream_key is not None:
-            self.admission.stream_closed(ex.stream_key)
-            ex.stream_key = None
-        hook = self.on_request
-        if hook is not ignore_requests:  # the null hook needs no record: none is built (hot path)
-            route = ex.route
-            identity = ex.identity
-            record = RequestLog(
-                ex.method.decode("latin-1") or "-", route.pool if route else None,
-                route.sandbox_id if route else None, ex.status, perf_counter() - ex.t0, ex.bytes_in, ex.bytes_out,
-                ex.protocol, (ex.request_id or b"").decode("latin-1"), ex.error,
-                identity.org_id if identity is not None else None, ex.refused, ex.url.decode("latin-1") or "-",
-                identity.session_id if identity is not None else None, ex.upstream_time, ex.code)
-            try:
-                hook(record)
-            except Exception:
-                log.exception("on_request hook failed")
-        if self._drained is not None and not self.inflight and not self._drained.done():
-            self._drained.set_result(None)
 
     # -- the clock ------------------------------------------------------------
     def _tick(self) -> None:

@@ -8,7 +8,9 @@ cdef class PlaneState:
     cdef public object max_body, ws_max_message
     cdef public dict request_timeouts, pools
     cdef public set clients
-    cdef public object admission, ids, loop, keys, compat, options
+    cdef public object admission, ids, loop, keys, compat, options, resolver, on_request, drained
+    cpdef stream_began(self, Exchange ex)
+    cpdef finished(self, Exchange ex)
 
 cdef class ClientState:
     cdef public bint big

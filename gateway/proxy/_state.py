@@ -13,11 +13,16 @@ type, and an extension type has one base whose fields it extends.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from httptools import HttpRequestParser
 
+from gateway.limits import limit_key
 from gateway.proxy import _wire as w
+from gateway.proxy._exchange import DONE, Exchange, RequestLog
 
 if TYPE_CHECKING:
     import asyncio
@@ -25,13 +30,14 @@ if TYPE_CHECKING:
 
     from gateway.model import Route
     from gateway.proxy._admission import Admission
-    from gateway.proxy._exchange import Exchange
     from gateway.proxy._keys import PreviewKeys
-    from gateway.proxy._plane import DataPlane, PlaneOptions, RouterHeaders
+    from gateway.proxy._plane import DataPlane, PlaneOptions, RouteResolver, RouterHeaders
     from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
     from gateway.proxy._wire import RequestIds
     from gateway.proxy._wsframe import MessageSizeGuard
     from routing import Identity
+
+log = logging.getLogger("gateway.proxy")
 
 # Why reading from the client is paused (ClientState.rpause bits).
 PAUSE_UPSTREAM = 1   # the upstream's write buffer is full
@@ -47,6 +53,10 @@ M_IN_HEAD = 8        # a request head is being parsed (its size is counted acros
 M_EOF = 16           # the client half-closed: answer the request in flight, then close
 M_DISCARD = 32       # a request was refused mid-body: bytes are dropped, no request is parsed any more
 M_LINGER = 64        # our side is shut (FIN sent): nothing may be written
+
+
+def ignore_requests(record: RequestLog) -> None:
+    """The null ``on_request`` hook; the plane then builds no RequestLog at all."""
 
 
 class PlaneState:
@@ -73,6 +83,54 @@ class PlaneState:
     keys: PreviewKeys | None
     compat: RouterHeaders
     options: PlaneOptions
+    resolver: RouteResolver
+    on_request: Callable[[RequestLog], None]  # called with a RequestLog for every finished request (settable)
+    drained: asyncio.Future[None] | None      # set while stop() waits for the requests in flight
+
+    # -- exchange bookkeeping -------------------------------------------------
+    def stream_began(self, ex: Exchange) -> None:
+        if ex.stream or ex.route is None:
+            return
+        ex.stream = True
+        self.streams += 1
+        if ex.identity is None:
+            if ex.keyed is not None:
+                self.resolver.stream_opened(ex.route.sandbox_id)  # a sandbox of ours, reached by a key
+                if ex.stream_key is None:
+                    ex.stream_key = self.admission.stream_began(limit_key(ex.route.owner))
+            return  # else addressed by the router headers: not a sandbox of ours
+        self.resolver.stream_opened(ex.route.sandbox_id)
+        if ex.stream_key is None:
+            ex.stream_key = self.admission.stream_began(limit_key(ex.identity))
+
+    def finished(self, ex: Exchange) -> None:
+        """Bookkeeping for an exchange that is over: counters, streams, the on_request record."""
+        ex.state = DONE
+        self.inflight -= 1
+        if ex.stream:
+            ex.stream = False
+            self.streams -= 1
+            if ex.identity is not None or ex.keyed is not None:
+                self.resolver.stream_closed(ex.route.sandbox_id)  # type: ignore[union-attr]
+        if ex.stream_key is not None:
+            self.admission.stream_closed(ex.stream_key)
+            ex.stream_key = None
+        hook = self.on_request
+        if hook is not ignore_requests:  # the null hook needs no record: none is built (hot path)
+            route = ex.route
+            identity = ex.identity
+            record = RequestLog(
+                ex.method.decode("latin-1") or "-", route.pool if route else None,
+                route.sandbox_id if route else None, ex.status, perf_counter() - ex.t0, ex.bytes_in, ex.bytes_out,
+                ex.protocol, (ex.request_id or b"").decode("latin-1"), ex.error,
+                identity.org_id if identity is not None else None, ex.refused, ex.url.decode("latin-1") or "-",
+                identity.session_id if identity is not None else None, ex.upstream_time, ex.code)
+            try:
+                hook(record)
+            except Exception:
+                log.exception("on_request hook failed")
+        if self.drained is not None and not self.inflight and not self.drained.done():
+            self.drained.set_result(None)
 
 
 class ClientState:
@@ -113,4 +171,4 @@ class ClientState:
         self.ws_guard: MessageSizeGuard | None = None  # watches client frames in a tunnel (ws_max_message_bytes)
 
 
-__all__ = ["ClientState", "PlaneState"]
+__all__ = ["ClientState", "PlaneState", "ignore_requests"]

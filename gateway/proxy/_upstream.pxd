@@ -25,3 +25,9 @@ cdef class UpstreamConnection:
     cdef public bytes head_out
     cdef public int framing
     cdef public object dechunker, frames, sse_end
+    cpdef pause_for_client(self)
+    cpdef resume_for_client(self)
+    cpdef _detach(self, Exchange ex)
+    cpdef abort(self)
+    cpdef _body(self, Exchange ex, object data, object head)
+    cpdef _complete(self, Exchange ex)

@@ -1,0 +1,13 @@
+# The compiled build's declarations for logs.py (gateway/_compiled.py).
+from gateway.proxy._exchange cimport RequestLog
+
+cdef class AccessLog:
+    cdef public object _stream
+    cdef public bint _json, keep_query
+    cdef public list _pending
+    cdef public Py_ssize_t _max_pending
+    cdef public dict _quoted, _whos
+    cdef public long long _second, _milli
+    cdef public str _stamp, _ts
+    cpdef log(self, RequestLog entry)
+    cpdef flush(self)
