@@ -24,15 +24,20 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # Only what the wheel needs (see .dockerignore); pyproject.toml names README.md as the readme.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY routing ./routing
 COPY gateway ./gateway
-# Every runtime dependency ships manylinux wheels, so no compiler is needed. pip and setuptools
+# Every runtime dependency ships manylinux wheels; the compiler is for the gateway's own compiled
+# data plane (setup.py, Cython), and stays in this stage: the runtime stage copies the built
+# virtualenv only. Where apt cannot install it, the image runs the pure-Python data plane
+# (the gateway logs which at startup). pip and setuptools
 # leave the virtualenv once it is built: the running gateway installs nothing. Behind a
 # TLS-inspecting proxy, pass its CA bundle as the build secret pip-ca (scripts/build-image
 # --ca-bundle FILE): a secret is mounted for this step only and never lands in a layer.
 RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+ && { (apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null) \
+      || echo "no C compiler: the image runs the pure-Python data plane"; } \
  && python3 -m venv /opt/sandbox-gateway \
  && /opt/sandbox-gateway/bin/pip install . \
  && /opt/sandbox-gateway/bin/pip uninstall --yes pip setuptools \
