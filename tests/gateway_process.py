@@ -49,6 +49,22 @@ class GatewayProcess:
         if not serving.done():
             serving.set_exception(RuntimeError("gateway exited before serving:\n" + "\n".join(self.log[-30:])))
 
+    async def exit_status(self, timeout: float = 30.0) -> int:
+        """Run a gateway that is expected to refuse to start, to its exit; its exit status as its
+        own parent saw it. The gateway runs under ``sh``, which reports the status on stderr:
+        this test process can lose a child's status to whatever else reaps children in it
+        (asyncio then reports 255, "Unknown child process"), a shell parent cannot."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", '"$@"; echo "exit status $?" >&2', "sh", sys.executable, "-m", "gateway.cli",
+            *self.args, cwd=self.workdir, env=self.env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        stderr = (await asyncio.wait_for(proc.communicate(), timeout))[1]
+        *self.log, last = stderr.decode(errors="replace").rstrip().splitlines()
+        assert last.startswith("exit status "), last
+        assert _SERVING.search("\n".join(self.log)) is None, "the gateway served"
+        return int(last.removeprefix("exit status "))
+
     async def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         assert self.proc is not None
         if self.proc.returncode is None:

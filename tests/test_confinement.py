@@ -228,9 +228,7 @@ def test_a_host_without_bubblewrap_is_refused_unless_accepted(tmp_path):
 async def test_serve_refuses_a_host_without_bubblewrap_unless_told_to_accept_it(tmp_path):
     no_bwrap = {"PATH": str(tmp_path / "empty-bin")}  # the gateway itself needs nothing from PATH to start
     refused = GatewayProcess(tmp_path / "refused", env=no_bwrap)
-    with pytest.raises(RuntimeError, match="gateway exited before serving"):
-        await refused.start()
-    assert await refused.stop() == 2
+    assert await refused.exit_status() == 2
     assert any("local sandboxes cannot be confined" in line and "SANDBOX_GATEWAY_LOCAL_UNCONFINED" in line
                for line in refused.log)
 
