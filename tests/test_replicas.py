@@ -195,18 +195,26 @@ async def test_workers_metrics_add_up_in_every_scrape(tmp_path: Path, redis_serv
         kill_sandboxes(tmp_path)
 
 
-def _wait_dead(pid: int, timeout: float = 10.0) -> None:
-    """Until ``pid`` has exited (its pidfd turns readable), whoever its parent is."""
+def _kill_sandbox(sandbox_id: str, leader: int, timeout: float = 10.0) -> None:
+    """SIGKILL the sandbox's process group and wait until every process of it has exited (their
+    pidfds turn readable), the runtime inside bubblewrap's PID namespace included: the leader (outer
+    bubblewrap) can be gone while the runtime is still dying with its listening socket open, and
+    a request then would be accepted and dropped instead of finding the sandbox unreachable."""
     import select
 
+    pidfds = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _is_runtime_of(int(entry), sandbox_id):
+            with contextlib.suppress(ProcessLookupError):  # gone already
+                pidfds.append(os.pidfd_open(int(entry)))
+    assert pidfds, f"no process of sandbox {sandbox_id}"
     try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        assert select.select([fd], [], [], timeout)[0], f"process {pid} did not exit"
+        os.killpg(leader, signal.SIGKILL)
+        for fd in pidfds:
+            assert select.select([fd], [], [], timeout)[0], f"a process of sandbox {sandbox_id} did not exit"
     finally:
-        os.close(fd)
+        for fd in pidfds:
+            os.close(fd)
 
 
 async def test_a_dead_sandbox_is_healed_by_a_replica_that_did_not_create_it(replicas_factory,
@@ -224,8 +232,7 @@ async def test_a_dead_sandbox_is_healed_by_a_replica_that_did_not_create_it(repl
             first_pid = json.loads((registry / sandbox / "state.json").read_text())["pid"]
             creator.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
             await creator.proc.wait()  # type: ignore[union-attr]
-            os.killpg(first_pid, signal.SIGKILL)
-            _wait_dead(first_pid)
+            _kill_sandbox(sandbox, first_pid)
             results = await asyncio.gather(*(whoami(http, survivor, who("iso", "heal-1")) for _ in range(20)))
             assert results == [(200, sandbox)] * 20
             again = await whoami(http, survivor, who("iso", "heal-1"))
