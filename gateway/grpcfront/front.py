@@ -21,6 +21,7 @@ from gateway.errors import Unauthorized
 from gateway.grpcfront.call import Call
 from gateway.grpcfront.metrics import GrpcMetrics
 from gateway.grpcfront.upstream import UpstreamChannels
+from gateway.grpcfront.wire import BatchingProtocol
 from gateway.limits import OrgLimits
 from gateway.sessions import SessionRouter
 from gateway.settings import Settings
@@ -173,8 +174,8 @@ class GrpcFront:
         self._server = None
 
 
-class _TrackedProtocol(H2Protocol):
-    """grpclib's server protocol, registered with the front so that stop() can close idle connections."""
+class _TrackedProtocol(BatchingProtocol):
+    """grpclib's server protocol (writes batched), registered with the front so that stop() can close idle connections."""
 
     def __init__(self, front: GrpcFront, handler: AbstractHandler, config: Configuration,
                  h2_config: H2Configuration) -> None:

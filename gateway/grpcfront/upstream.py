@@ -18,6 +18,7 @@ from grpclib.protocol import AbstractHandler, H2Protocol, Stream
 from h2.config import H2Configuration
 
 from gateway.errors import UpstreamConnectError
+from gateway.grpcfront.wire import BatchingProtocol
 
 if TYPE_CHECKING:
     from gateway.model import Route
@@ -97,7 +98,7 @@ class UpstreamChannels:
         loop = asyncio.get_running_loop()
 
         def protocol_factory() -> H2Protocol:
-            return H2Protocol(_ClientSide(), self._config, self._h2)
+            return BatchingProtocol(_ClientSide(), self._config, self._h2)
 
         try:
             async with asyncio.timeout(self._connect_timeout):
