@@ -73,12 +73,13 @@ class _Side:
         self.call.sandbox_reset = True
 
 
-async def relay(src: Stream, dst: Stream) -> int:
+async def relay(src: Stream, dst: Stream, end_stream: bool = False) -> int:
     """Copy length-prefixed messages from ``src`` to ``dst`` until ``src`` ends; returns how many.
 
     Messages already received are batched into one write (up to CHUNK bytes): a stream of small
     messages costs one DATA frame per batch rather than one per message. A message whose bytes are
-    not all here yet is never waited for while others are held: the batch is sent first.
+    not all here yet is never waited for while others are held: the batch is sent first. With
+    ``end_stream``, ``dst`` is ended too, on the last batch's DATA frame when there is one.
     """
     read = src.recv_data
     send = dst.send_data
@@ -94,7 +95,9 @@ async def relay(src: Stream, dst: Stream) -> int:
         prefix = await read(5)
         if not prefix:
             if batch:
-                await send(b"".join(batch))
+                await send(b"".join(batch), end_stream)
+            elif end_stream:
+                await dst.end()
             return count
         size = int.from_bytes(prefix[1:], "big")
         count += 1
@@ -292,7 +295,10 @@ class Call:
             head.append(("grpc-timeout", encode_timeout_ms(self.deadline - asyncio.get_running_loop().time())))
         up = self.up = protocol.connection.create_stream(wrapper=_Side(self, "sandbox"))  # type: ignore[arg-type]
         self.release_up = await up.send_request(head, _processor=protocol.processor)
-        self.pump = asyncio.create_task(self._pump_request(up))
+        if self._request_fits(up):
+            await self._send_request(up)  # nothing in it can wait: no task needed (a unary call, typically)
+        else:
+            self.pump = asyncio.create_task(self._send_request(up))
         response = await up.recv_headers()
         status = status_of(response)
         if status is not None:  # trailers-only: the whole answer is this one HEADERS frame
@@ -311,10 +317,22 @@ class Call:
         await self.down.send_headers(trailers, end_stream=True)
         self._settled(status_of(trailers) or 0)
 
-    async def _pump_request(self, up: Stream) -> None:
+    def _request_fits(self, up: Stream) -> bool:
+        """The client's whole request is here and the sandbox's windows and our write buffer take it now.
+
+        Then relaying it cannot wait (not for the client, not for a window, not for the transport), so
+        it is sent before the response is awaited, without a task of its own; otherwise a task sends it
+        while the response is relayed (a sandbox may answer before it has read the request).
+        """
+        down = self.down
+        if not down.buffer._eof or not up.connection.write_ready.is_set():
+            return False
+        h2_conn = up._h2_connection  # grpclib's Stream keeps its h2 connection only under this name
+        return down.data_received <= min(h2_conn.local_flow_control_window(up.id), CHUNK)
+
+    async def _send_request(self, up: Stream) -> None:
         try:
-            self.to_sandbox = await relay(self.down, up)
-            await up.end()
+            self.to_sandbox = await relay(self.down, up, end_stream=True)
         except asyncio.CancelledError:
             raise
         except (H2Error, ConnectionError):

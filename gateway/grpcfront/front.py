@@ -21,7 +21,7 @@ from gateway.errors import Unauthorized
 from gateway.grpcfront.call import Call
 from gateway.grpcfront.metrics import GrpcMetrics
 from gateway.grpcfront.upstream import UpstreamChannels
-from gateway.grpcfront.wire import BatchingProtocol
+from gateway.grpcfront.wire import BatchingProtocol, defer_h2_frame_repr
 from gateway.limits import OrgLimits
 from gateway.sessions import SessionRouter
 from gateway.settings import Settings
@@ -113,6 +113,7 @@ class GrpcFront:
                                    validate_outbound_headers=False, normalize_inbound_headers=False,
                                    normalize_outbound_headers=False)
         self._config = Configuration().__for_server__()
+        defer_h2_frame_repr()  # h2 would format every received frame for a log line nobody reads (wire.py)
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
