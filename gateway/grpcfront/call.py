@@ -1,13 +1,13 @@
 """One gRPC call through the front: admit it, open a stream to the sandbox, relay both ways.
 
 Messages are relayed as the bytes of their length-prefixed frames (compression
-flag included), read from one HTTP/2 stream's receive buffer and written to the
-other's. grpclib's protocol layer acknowledges received DATA (opens the HTTP/2
-window) only when a frame is read out of the buffer, and ``send_data`` waits
-for the peer's window and for the transport's write buffer: so a slow reader on
-either side stops the writer on the other, end to end, and what the gateway
-holds per call is bounded by the HTTP/2 windows plus one relay chunk. A large
-message is relayed in ``CHUNK`` pieces and is never held whole.
+flag included), taken from one HTTP/2 stream's receive buffer and written to the
+other's (``relay``: a received DATA frame's bytes are acknowledged, opening the
+sender's window, only when the relay takes them, and ``send_data`` waits for the
+peer's window and for the transport's write buffer): so a slow reader on either
+side stops the writer on the other, end to end, and what the gateway holds per
+call is bounded by the HTTP/2 windows plus one relay piece. A large message is
+relayed piece by piece and is never held whole.
 
 Termination is reported by grpclib through a stream's ``wrapper``: the call
 installs a :class:`_Side` for each of its two streams, which records which side
@@ -30,6 +30,7 @@ from h2.errors import ErrorCodes
 from h2.exceptions import H2Error
 
 from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, UpstreamError
+from gateway.grpcfront.relay import CHUNK, RelayBuffer, Truncated, relay
 from gateway.grpcfront.upstream import grpc_target
 from gateway.limits import limit_key
 
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.grpc")
 
-CHUNK = 64 * 1024
 IDENTITY_METADATA = ("x-org-id", "x-user-id", "x-session-id", "x-bot-id", "authorization")
 # Not forwarded: hop-by-hop headers (invalid in HTTP/2 anyway), and grpc-timeout, which is re-sent as the
 # time left. Every x-sandbox-* key is dropped too (the gateway sets x-sandbox-id itself).
@@ -51,10 +51,6 @@ _CANCELLED = 1
 _DEADLINE_EXCEEDED = 4
 _INTERNAL = 13
 _UNAVAILABLE = 14
-
-
-class _Truncated(Exception):
-    """A stream ended in the middle of a message."""
 
 
 class _Side:
@@ -71,63 +67,6 @@ class _Side:
 
     def upstream_reset(self) -> None:
         self.call.sandbox_reset = True
-
-
-async def relay(src: Stream, dst: Stream, end_stream: bool = False) -> int:
-    """Copy length-prefixed messages from ``src`` to ``dst`` until ``src`` ends; returns how many.
-
-    Messages already received are batched into one write (up to CHUNK bytes): a stream of small
-    messages costs one DATA frame per batch rather than one per message. A message whose bytes are
-    not all here yet is never waited for while others are held: the batch is sent first. With
-    ``end_stream``, ``dst`` is ended too, on the last batch's DATA frame when there is one.
-    """
-    read = src.recv_data
-    send = dst.send_data
-    buffer = src.buffer  # grpclib's Buffer: _acked_size = bytes readable without waiting
-    count = 0
-    batch: list[bytes] = []
-    batched = 0
-    while True:
-        if batch and buffer._acked_size < 5:
-            await send(b"".join(batch))
-            batch.clear()
-            batched = 0
-        prefix = await read(5)
-        if not prefix:
-            if batch:
-                await send(b"".join(batch), end_stream)
-            elif end_stream:
-                await dst.end()
-            return count
-        size = int.from_bytes(prefix[1:], "big")
-        count += 1
-        if size <= CHUNK:
-            if batch and buffer._acked_size < size:
-                await send(b"".join(batch))
-                batch.clear()
-                batched = 0
-            body = await read(size) if size else b""
-            if len(body) != size:
-                raise _Truncated
-            batch += (prefix, body)
-            batched += size + 5
-            if batched >= CHUNK:
-                await send(b"".join(batch))
-                batch.clear()
-                batched = 0
-            continue
-        if batch:
-            await send(b"".join(batch))
-            batch.clear()
-            batched = 0
-        await send(prefix)
-        left = size
-        while left:
-            piece = await read(min(left, CHUNK))
-            if not piece:
-                raise _Truncated
-            await send(piece)
-            left -= len(piece)
 
 
 def status_of(headers: list[tuple[str, str]]) -> int | None:
@@ -176,6 +115,7 @@ class Call:
         self.identity: Identity | None = None
         self.running = False                # run() has begun (a task cancelled before it starts never runs)
         down.wrapper = _Side(self, "client")  # type: ignore[assignment]
+        RelayBuffer.install(down)  # grpclib is still handling the request's HEADERS: no DATA received yet
 
     # -- termination reported by grpclib -------------------------------------------
     def terminated(self, side: str) -> None:
@@ -212,7 +152,7 @@ class Call:
             self._reset_up()
             self.refused = getattr(exc, "scope", None)
             await self._refuse(exc)
-        except _Truncated:
+        except Truncated:
             self._reset_up()
             await self._answer(_INTERNAL, "the sandbox's stream ended in the middle of a message")
         except (H2Error, ConnectionError) as exc:
@@ -295,6 +235,7 @@ class Call:
             head.append(("grpc-timeout", encode_timeout_ms(self.deadline - asyncio.get_running_loop().time())))
         up = self.up = protocol.connection.create_stream(wrapper=_Side(self, "sandbox"))  # type: ignore[arg-type]
         self.release_up = await up.send_request(head, _processor=protocol.processor)
+        RelayBuffer.install(up)  # no DATA can have arrived: nothing ran since grpclib made its buffer
         if self._request_fits(up):
             await self._send_request(up)  # nothing in it can wait: no task needed (a unary call, typically)
         else:
@@ -324,11 +265,11 @@ class Call:
         it is sent before the response is awaited, without a task of its own; otherwise a task sends it
         while the response is relayed (a sandbox may answer before it has read the request).
         """
-        down = self.down
-        if not down.buffer._eof or not up.connection.write_ready.is_set():
+        buffer: RelayBuffer = self.down.buffer  # type: ignore[assignment]
+        if not buffer.complete or not up.connection.write_ready.is_set():
             return False
         h2_conn = up._h2_connection  # grpclib's Stream keeps its h2 connection only under this name
-        return down.data_received <= min(h2_conn.local_flow_control_window(up.id), CHUNK)
+        return buffer.size <= min(h2_conn.local_flow_control_window(up.id), CHUNK)
 
     async def _send_request(self, up: Stream) -> None:
         try:
@@ -337,7 +278,7 @@ class Call:
             raise
         except (H2Error, ConnectionError):
             pass  # the sandbox's stream is closed already: it answered, or it is gone (the response side says which)
-        except _Truncated:
+        except Truncated:
             self.terminated("client")
 
     def _settled(self, status: int) -> None:
