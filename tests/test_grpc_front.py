@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from grpclib.client import Channel
 from grpclib.const import Status
-from grpclib.exceptions import GRPCError
+from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from routing.ids import per_session_sandbox_id
 from tests.grpc_helpers import (BIDI, CLIENT_STREAM, SERVER_STREAM, STRIPPED, UNARY, RawCodec, echo_server, grpc_gateway,
@@ -252,3 +252,51 @@ async def test_a_slow_reader_pauses_the_sandbox(channels, sandbox):
         async for _ in stream:  # reading resumes the sandbox, to the end
             received += 1
     assert received == 2000 and service.flooded == 2000
+
+
+async def test_a_slow_sandbox_pauses_the_client(channels, sandbox):
+    """Flow control end to end the other way: while the sandbox reads nothing, the client's sends stall
+    after a few HTTP/2 windows; once it reads, every byte arrives."""
+    service, _ = sandbox
+    _, front = channels
+    sent = 0
+
+    async def send_all(stream: Any) -> None:
+        nonlocal sent
+        for _ in range(1000):
+            await stream.send_message(b"s" * 65536)
+            sent += 1
+        await stream.end()
+
+    async with front.request("/test.Echo/Sink", CLIENT_STREAM, bytes, bytes, metadata=ident()) as stream:
+        sender = asyncio.create_task(send_all(stream))
+        await asyncio.sleep(1.0)  # a stall cannot be awaited as an event: give the client time to run ahead
+        assert not sender.done() and sent * 65536 < 32 * 1024 * 1024, f"the client sent {sent} messages unread"
+        service.sink_open.set()
+        await sender
+        assert await stream.recv_message() == str(1000 * 65536).encode()
+    assert service.sunk == 1000 * 65536
+
+
+@pytest.mark.parametrize("size", [pytest.param(100, id="small request"),
+                                  pytest.param(4 * 1024 * 1024, id="request beyond the windows")])
+async def test_a_sandbox_answering_before_it_reads_the_request(channels, size):
+    """The sandbox's status reaches the client whether the request was all sent at once or is still
+    being sent (then the client is told to stop sending), as it does direct."""
+    direct, front = channels
+    results = []
+    for channel in (direct, front):
+        with pytest.raises(GRPCError) as caught:
+            async with channel.request("/test.Echo/Early", CLIENT_STREAM, bytes, bytes, metadata=ident()) as stream:
+                await stream.send_request()
+                sending = asyncio.create_task(stream.send_message(b"e" * size, end=True))
+                try:
+                    await stream.recv_message()
+                except StreamTerminatedError:  # grpclib's client: the reset can overtake the status here
+                    pass
+                finally:
+                    await asyncio.wait([sending])  # the sending ends (sent, or stopped by a reset: racy, either way)
+                    if not sending.cancelled():
+                        sending.exception()
+        results.append((caught.value.status, caught.value.message))
+    assert results[0] == results[1] == (Status.FAILED_PRECONDITION, "answered before reading")
