@@ -10,10 +10,13 @@ import asyncio
 import json
 from typing import Any
 
+import h2.connection
+import h2.events
 import pytest
 from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from h2.config import H2Configuration
 
 from routing.ids import per_session_sandbox_id
 from tests.grpc_helpers import (BIDI, CLIENT_STREAM, SERVER_STREAM, STRIPPED, UNARY, RawCodec, echo_server, grpc_gateway,
@@ -300,3 +303,35 @@ async def test_a_sandbox_answering_before_it_reads_the_request(channels, size):
                         sending.exception()
         results.append((caught.value.status, caught.value.message))
     assert results[0] == results[1] == (Status.FAILED_PRECONDITION, "answered before reading")
+
+
+async def test_a_non_ascii_metadata_value_is_refused_for_its_call_only(gateway, sandbox):
+    """gRPC metadata values are ASCII. One that is not gets INVALID_ARGUMENT for its own call; the other
+    calls on the connection (and on the sandbox's, shared with other clients) go on."""
+    service, _ = sandbox
+    reader, writer = await asyncio.open_connection(*gateway.grpc_address)
+    client = h2.connection.H2Connection(H2Configuration(client_side=True, header_encoding=None))
+    client.initiate_connection()
+    for stream_id, note in ((1, "caf\u00e9".encode()), (3, b"plain")):
+        client.send_headers(stream_id, [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/test.Echo/Unary"),
+                                        (b":authority", b"gw"), (b"content-type", b"application/grpc"),
+                                        (b"te", b"trailers"), (b"x-user-id", b"u1"), (b"x-session-id", b"s1"),
+                                        (b"x-note", note)])
+        client.send_data(stream_id, b"\x00\x00\x00\x00\x02hi", end_stream=True)
+    writer.write(client.data_to_send())
+    heads: dict[int, list[tuple[bytes, bytes]]] = {1: [], 3: []}
+    ended: set[int] = set()
+    while ended != {1, 3}:
+        data = await reader.read(65536)
+        assert data, "the gateway closed the connection"
+        for event in client.receive_data(data):
+            if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                heads[event.stream_id] += event.headers
+            elif isinstance(event, h2.events.StreamEnded):
+                ended.add(event.stream_id)
+    writer.close()
+    await writer.wait_closed()
+    refused, served = dict(heads[1]), dict(heads[3])
+    assert refused[b"grpc-status"] == b"3" and refused[b"grpc-message"].startswith(b"bad_request: x-note: ")
+    assert served[b"grpc-status"] == b"0"
+    assert [seen.get("x-note") for seen in service.seen] == ["plain"]

@@ -40,13 +40,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.grpc")
 
-IDENTITY_METADATA = ("x-org-id", "x-user-id", "x-session-id", "x-bot-id", "authorization")
+# Header names and values are bytes as h2 decoded them (``header_encoding=None``): forwarded as received,
+# with no per-header decoding; only what the gateway reads itself is decoded (ASCII, else INVALID_ARGUMENT).
+IDENTITY_METADATA = (b"x-org-id", b"x-user-id", b"x-session-id", b"x-bot-id", b"authorization")
 # Not forwarded: hop-by-hop headers (invalid in HTTP/2 anyway), and grpc-timeout, which is re-sent as the
 # time left. Every x-sandbox-* key is dropped too (the gateway sets x-sandbox-id itself).
-_DROPPED = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "host",
-                      "grpc-timeout", "proxy-authorization"))
+_DROPPED = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"host",
+                      b"grpc-timeout", b"proxy-authorization"))
 # A proto service and method name: also what keeps the access log and metric labels free of odd bytes.
-_METHOD_PATH = re.compile(r"/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+").fullmatch
+_METHOD_PATH = re.compile(rb"/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+").fullmatch
 _CANCELLED = 1
 _DEADLINE_EXCEEDED = 4
 _INTERNAL = 13
@@ -69,9 +71,17 @@ class _Side:
         self.call.sandbox_reset = True
 
 
-def status_of(headers: list[tuple[str, str]]) -> int | None:
+Headers = list[tuple[bytes, bytes]]
+
+
+def _text(value: bytes) -> str:
+    """A header value the gateway reads; shown in an error message, so never raises."""
+    return value.decode("ascii", "backslashreplace")
+
+
+def status_of(headers: Headers) -> int | None:
     for name, value in headers:
-        if name == "grpc-status":
+        if name == b"grpc-status":
             return int(value) if value.isdigit() else _INTERNAL
     return None
 
@@ -87,7 +97,7 @@ class Call:
                  "sandbox_reset", "head_sent", "done", "status", "path", "t0", "route", "deadline", "stream_key",
                  "to_sandbox", "to_client", "org_id", "refused", "running", "identity")
 
-    def __init__(self, front: GrpcFront, conn: _ServerSide, down: Stream, headers: list[tuple[str, str]],
+    def __init__(self, front: GrpcFront, conn: _ServerSide, down: Stream, headers: Headers,
                  release: object) -> None:
         self.front = front
         self.conn = conn
@@ -174,42 +184,49 @@ class Call:
         async with asyncio.timeout_at(self.deadline):
             await self._forward(out)
 
-    def _admit_headers(self) -> list[tuple[str, str]]:
+    def _admit_headers(self) -> Headers:
         """Validate the request head; take the identity metadata out; returns the headers to forward."""
         method = path = content_type = timeout = None
         ident: dict[str, str] = {}
-        out: list[tuple[str, str]] = []
+        out: Headers = []
         for name, value in self.headers:
-            if name[0] == ":":
-                if name == ":path":
+            if name.startswith(b":"):
+                if name == b":path":
                     path = value
-                elif name == ":method":
+                elif name == b":method":
                     method = value
                 continue
             if name in IDENTITY_METADATA:
-                if name in ident:
-                    raise BadRequest(f"{name}: must be given once", code="invalid_identity")
-                ident[name] = value
+                key = name.decode()
+                if key in ident:
+                    raise BadRequest(f"{key}: must be given once", code="invalid_identity")
+                if not value.isascii():
+                    raise BadRequest(f"{key}: must be ASCII", code="invalid_identity")
+                ident[key] = value.decode()
                 continue
-            if name in _DROPPED or name.startswith("x-sandbox-"):
-                if name == "grpc-timeout":
+            if name in _DROPPED or name.startswith(b"x-sandbox-"):
+                if name == b"grpc-timeout":
                     timeout = value
                 continue
-            if name == "content-type":
+            if name == b"content-type":
                 content_type = value
-            out.append((name, value))
-        if method != "POST":
-            raise BadRequest(f":method must be POST for gRPC, got {method!r}")
-        if content_type is None or not content_type.startswith("application/grpc"):
-            raise UnsupportedMediaType(f"content-type must be application/grpc[+codec], got {content_type!r}")
+            if not value.isascii():  # gRPC metadata values are ASCII (-bin ones base64): refused here, per call,
+                raise BadRequest(f"{_text(name)}: a metadata value must be ASCII (binary ones base64, in -bin keys)")
+            out.append((name, value))  # rather than killing the sandbox's connection, shared by other calls
+        if method != b"POST":
+            raise BadRequest(f":method must be POST for gRPC, got {_text(method) if method else method!r}")
+        if content_type is None or not content_type.startswith(b"application/grpc"):
+            shown = repr(_text(content_type)) if content_type is not None else None
+            raise UnsupportedMediaType(f"content-type must be application/grpc[+codec], got {shown}")
         if path is None or len(path) > 512 or not _METHOD_PATH(path):
-            raise BadRequest(f":path must be /package.Service/Method, got {path[:100] if path else path!r}")
-        self.path = path
+            raise BadRequest(f":path must be /package.Service/Method, got {_text(path[:100]) if path else path!r}")
+        self.path = path.decode()
         if timeout is not None:
             try:
-                self.deadline = asyncio.get_running_loop().time() + decode_timeout(timeout)
-            except ValueError:
-                raise BadRequest(f"grpc-timeout: {timeout!r} is not a gRPC timeout (such as 100m or 5S)") from None
+                self.deadline = asyncio.get_running_loop().time() + decode_timeout(timeout.decode("ascii"))
+            except (ValueError, UnicodeDecodeError):
+                raise BadRequest(f"grpc-timeout: {_text(timeout)!r} is not a gRPC timeout (such as 100m or 5S)"
+                                 ) from None
         self.identity = self.conn.identify(ident)
         self.org_id = self.identity.org_id
         return out
@@ -228,11 +245,12 @@ class Call:
         front.router.stream_opened(route.sandbox_id)
         host, port = target = grpc_target(route, front.router.policy.pools.get(route.pool))
         protocol = await front.channels.connection(target)
-        head = [(":method", "POST"), (":scheme", "http"), (":path", self.path),
-                (":authority", f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"), *out,
-                ("x-sandbox-id", route.sandbox_id)]
+        authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+        head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", self.path.encode()),
+                (b":authority", authority.encode()), *out, (b"x-sandbox-id", route.sandbox_id.encode())]
         if self.deadline is not None:
-            head.append(("grpc-timeout", encode_timeout_ms(self.deadline - asyncio.get_running_loop().time())))
+            timeout = encode_timeout_ms(self.deadline - asyncio.get_running_loop().time())
+            head.append((b"grpc-timeout", timeout.encode()))
         up = self.up = protocol.connection.create_stream(wrapper=_Side(self, "sandbox"))  # type: ignore[arg-type]
         self.release_up = await up.send_request(head, _processor=protocol.processor)
         RelayBuffer.install(up)  # no DATA can have arrived: nothing ran since grpclib made its buffer
@@ -246,9 +264,10 @@ class Call:
             await self.down.send_headers(response, end_stream=True)
             self._settled(status)
             return
-        code = next((value for name, value in response if name == ":status"), "")
-        if code != "200":
-            raise UpstreamError(f"the sandbox answered HTTP {code or '?'} without a gRPC status", sandbox_id=route.sandbox_id)
+        code = next((value for name, value in response if name == b":status"), b"")
+        if code != b"200":
+            raise UpstreamError(f"the sandbox answered HTTP {_text(code) or '?'} without a gRPC status",
+                                sandbox_id=route.sandbox_id)
         await self.down.send_headers(response)
         self.head_sent = True
         self.to_client = await relay(up, self.down)

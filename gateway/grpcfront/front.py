@@ -109,7 +109,8 @@ class GrpcFront:
         self._draining = False
         self._ids = itertools.count(1)
         self._id_prefix = f"g{secrets.token_hex(4)}{os.getpid():x}-"
-        self._h2 = H2Configuration(client_side=False, header_encoding="ascii", validate_inbound_headers=False,
+        # header_encoding=None: headers stay bytes, forwarded as received (call.py decodes what it reads)
+        self._h2 = H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=False,
                                    validate_outbound_headers=False, normalize_inbound_headers=False,
                                    normalize_outbound_headers=False)
         self._config = Configuration().__for_server__()

@@ -66,7 +66,8 @@ class UpstreamChannels:
         self._connect_timeout = connect_timeout
         self._connections: dict[Target, H2Protocol] = {}
         self._connecting: dict[Target, asyncio.Future[H2Protocol]] = {}
-        self._h2 = H2Configuration(client_side=True, header_encoding="ascii", validate_inbound_headers=False,
+        # header_encoding=None: the sandbox's headers and trailers stay bytes, forwarded as received
+        self._h2 = H2Configuration(client_side=True, header_encoding=None, validate_inbound_headers=False,
                                    validate_outbound_headers=False, normalize_inbound_headers=False,
                                    normalize_outbound_headers=False)
         self._config = Configuration().__for_client__()
