@@ -377,3 +377,9 @@ class Call:
         if self.route is not None:
             front.router.stream_closed(self.route.sandbox_id)
         front.finished(self)
+        # Break the call <-> stream cycles (Call -> Stream -> _Side -> Call): the call, its streams and
+        # their buffers, events and headers are then freed as the call ends, by reference counting, rather
+        # than left to the cyclic GC, whose collections cost the gateway about a tenth of its time.
+        self.down.wrapper = None
+        if self.up is not None:
+            self.up.wrapper = None
