@@ -77,7 +77,7 @@ def test_scan_reports_a_stream_that_stops_inside_a_message(data, left, prefix):
 
 async def test_the_buffer_opens_the_window_only_for_what_is_taken():
     acked: list[int] = []
-    buffer = RelayBuffer(acked.append)
+    buffer = RelayBuffer(lambda stream_id, size: acked.append(size), 1)
     buffer.add(b"a" * 10, 10)
     buffer.add(b"b" * 5, 9)  # padding counts towards the window, not the data
     assert buffer.size == 15 and buffer.unacked_size() == 19 and acked == []
@@ -95,7 +95,7 @@ async def test_the_buffer_opens_the_window_only_for_what_is_taken():
 async def test_the_buffer_hands_out_about_a_chunk_at_a_time():
     """The bound on what a call holds: one piece of about CHUNK (whole DATA payloads), not all received."""
     acked: list[int] = []
-    buffer = RelayBuffer(acked.append)
+    buffer = RelayBuffer(lambda stream_id, size: acked.append(size), 1)
     frame = b"x" * 16_384
     for _ in range(10):
         buffer.add(frame, len(frame))

@@ -33,9 +33,9 @@ sandboxes are h2c.
 
 Modules: ``front`` (listener, connections, draining, access log), ``call`` (one
 call: admission, endings), ``relay`` (one direction of a call: receive buffer and
-forwarding), ``wire`` (batched writes under grpclib, h2's deferred frame repr), ``upstream`` (connections to sandboxes and
-:func:`grpc_target`, the one place that picks a sandbox's gRPC address),
-``metrics``.
+forwarding), ``wire`` (batched writes under grpclib, h2's deferred frame repr),
+``upstream`` (connections to sandboxes and :func:`grpc_target`, the one place
+that picks a sandbox's gRPC address), ``metrics``.
 """
 
 from gateway.grpcfront.front import GrpcFront

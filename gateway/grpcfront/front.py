@@ -177,7 +177,7 @@ class GrpcFront:
 
 
 class _TrackedProtocol(BatchingProtocol):
-    """grpclib's server protocol (writes batched), registered with the front so that stop() can close idle connections."""
+    """grpclib's server protocol (writes batched), registered with the front so that stop() can close idle ones."""
 
     def __init__(self, front: GrpcFront, handler: AbstractHandler, config: Configuration,
                  h2_config: H2Configuration) -> None:

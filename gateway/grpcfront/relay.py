@@ -39,10 +39,11 @@ class Truncated(Exception):
 class RelayBuffer:
     """A stream's receive buffer, read whole by :func:`relay`; installed in place of grpclib's ``Buffer``."""
 
-    __slots__ = ("_ack", "_chunks", "size", "_ended", "_waiter")
+    __slots__ = ("_ack", "_stream_id", "_chunks", "size", "_ended", "_waiter")
 
-    def __init__(self, ack: Callable[[int], None]) -> None:
-        self._ack = ack                                   # opens the sender's window by that many bytes
+    def __init__(self, ack: Callable[[int, int], None], stream_id: int = 0) -> None:
+        self._ack = ack                                   # ack(stream_id, n) opens the sender's window by n bytes
+        self._stream_id = stream_id
         self._chunks: deque[tuple[bytes, int]] = deque()  # (DATA payload, its flow-controlled length)
         self.size = 0                                     # bytes received and not yet taken
         self._ended = False                               # the sender ended the stream
@@ -51,7 +52,8 @@ class RelayBuffer:
     @classmethod
     def install(cls, stream: Stream) -> RelayBuffer:
         """Put a RelayBuffer on ``stream``; call before any of its DATA can have been received."""
-        buffer = stream.buffer = cls(lambda size, ack=stream.connection.ack, sid=stream.id: ack(sid, size))  # type: ignore[assignment,arg-type]
+        buffer = cls(stream.connection.ack, stream.id)  # type: ignore[arg-type]
+        stream.buffer = buffer  # type: ignore[assignment]
         return buffer
 
     # -- grpclib's side (EventsProcessor) ---------------------------------------------
@@ -101,7 +103,7 @@ class RelayBuffer:
             data = b"".join(parts)
         self.size -= len(data)
         if owed:
-            self._ack(owed)
+            self._ack(self._stream_id, owed)
         return data
 
 
