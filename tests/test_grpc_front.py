@@ -305,33 +305,48 @@ async def test_a_sandbox_answering_before_it_reads_the_request(channels, size):
     assert results[0] == results[1] == (Status.FAILED_PRECONDITION, "answered before reading")
 
 
-async def test_a_non_ascii_metadata_value_is_refused_for_its_call_only(gateway, sandbox):
-    """gRPC metadata values are ASCII. One that is not gets INVALID_ARGUMENT for its own call; the other
-    calls on the connection (and on the sandbox's, shared with other clients) go on."""
-    service, _ = sandbox
-    reader, writer = await asyncio.open_connection(*gateway.grpc_address)
+async def _raw_h2_calls(address: Any, calls: dict[int, tuple[bytes, list[bytes]]]
+                        ) -> dict[int, tuple[dict[bytes, bytes], bytes]]:
+    """Unary calls written with h2, all in one write: {stream id: (x-note value, DATA payloads, the last
+    ending the stream)} -> {stream id: (response headers and trailers, response body)}."""
+    reader, writer = await asyncio.open_connection(*address)
     client = h2.connection.H2Connection(H2Configuration(client_side=True, header_encoding=None))
     client.initiate_connection()
-    for stream_id, note in ((1, "caf\u00e9".encode()), (3, b"plain")):
+    for stream_id, (note, payloads) in calls.items():
         client.send_headers(stream_id, [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/test.Echo/Unary"),
                                         (b":authority", b"gw"), (b"content-type", b"application/grpc"),
                                         (b"te", b"trailers"), (b"x-user-id", b"u1"), (b"x-session-id", b"s1"),
                                         (b"x-note", note)])
-        client.send_data(stream_id, b"\x00\x00\x00\x00\x02hi", end_stream=True)
+        for i, payload in enumerate(payloads):
+            client.send_data(stream_id, payload, end_stream=i == len(payloads) - 1)
     writer.write(client.data_to_send())
-    heads: dict[int, list[tuple[bytes, bytes]]] = {1: [], 3: []}
+    heads: dict[int, dict[bytes, bytes]] = {stream_id: {} for stream_id in calls}
+    bodies = dict.fromkeys(calls, b"")
     ended: set[int] = set()
-    while ended != {1, 3}:
+    while ended != set(calls):
         data = await reader.read(65536)
         assert data, "the gateway closed the connection"
         for event in client.receive_data(data):
             if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-                heads[event.stream_id] += event.headers
+                heads[event.stream_id].update(event.headers)
+            elif isinstance(event, h2.events.DataReceived):
+                bodies[event.stream_id] += event.data
             elif isinstance(event, h2.events.StreamEnded):
                 ended.add(event.stream_id)
+        writer.write(client.data_to_send())
     writer.close()
     await writer.wait_closed()
-    refused, served = dict(heads[1]), dict(heads[3])
+    return {stream_id: (heads[stream_id], bodies[stream_id]) for stream_id in calls}
+
+
+async def test_a_non_ascii_metadata_value_is_refused_for_its_call_only(gateway, sandbox):
+    """gRPC metadata values are ASCII. One that is not gets INVALID_ARGUMENT for its own call; the other
+    calls on the connection (and on the sandbox's, shared with other clients) go on."""
+    service, _ = sandbox
+    answers = await _raw_h2_calls(gateway.grpc_address, {1: ("caf\u00e9".encode(), [b"\x00\x00\x00\x00\x02hi"]),
+                                                         3: (b"plain", [b"\x00\x00\x00\x00\x02hi"])})
+    refused, served = answers[1][0], answers[3][0]
     assert refused[b"grpc-status"] == b"3" and refused[b"grpc-message"].startswith(b"bad_request: x-note: ")
     assert served[b"grpc-status"] == b"0"
     assert [seen.get("x-note") for seen in service.seen] == ["plain"]
+

@@ -92,6 +92,23 @@ async def test_the_buffer_opens_the_window_only_for_what_is_taken():
     assert buffer.complete and await buffer.take() == b""
 
 
+async def test_an_empty_data_frame_is_not_the_end_of_the_stream():
+    """HTTP/2 allows empty DATA frames mid-stream, padded or not; only END_STREAM ends the relay."""
+    acked: list[int] = []
+    buffer = RelayBuffer(lambda stream_id, size: acked.append(size), 1)
+    buffer.add(b"", 0)
+    buffer.add(b"", 8)  # padding only: the window is reopened at once, there is nothing to hold
+    assert acked == [8] and buffer.size == 0
+    buffer.add(b"more", 4)
+    assert await buffer.take() == b"more"
+    waiting = asyncio.ensure_future(buffer.take())
+    buffer.add(b"", 0)
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    buffer.eof()
+    assert await waiting == b""
+
+
 async def test_the_buffer_hands_out_about_a_chunk_at_a_time():
     """The bound on what a call holds: one piece of about CHUNK (whole DATA payloads), not all received."""
     acked: list[int] = []

@@ -58,6 +58,10 @@ class RelayBuffer:
 
     # -- grpclib's side (EventsProcessor) ---------------------------------------------
     def add(self, data: bytes, ack_size: int) -> None:
+        if not data:  # an empty DATA frame (legal mid-stream; perhaps padded): nothing to hold, b"" means the end
+            if ack_size:
+                self._ack(self._stream_id, ack_size)
+            return
         self._chunks.append((data, ack_size))
         self.size += len(data)
         self._wake()
