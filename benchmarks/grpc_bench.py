@@ -14,6 +14,11 @@ in a loop on one shared HTTP/2 connection. Streaming: server streams of
 
 Everything shares the machine's cores: read the ratios, not the absolute
 numbers. Goals (issue 18): unary >= 0.5 of direct, streaming >= 0.8.
+
+It also prints the CPU time each process spent per call and per streamed
+message through the gateway (from /proc, Linux only; medians over the rounds):
+on a machine shared with other work the rates swing with the neighbours' load,
+while CPU per operation stays within a few percent, so compare changes by it.
 """
 
 from __future__ import annotations
@@ -130,6 +135,26 @@ async def stream_rate(host: str, port: int, streams: int, messages: int) -> floa
     return received / elapsed
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc (0.0 where there is none)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(run: object, ops: object, procs: list[subprocess.Popen[str]], cpu: list[list[float]]) -> float:
+    """Run one load (``run()`` returns its rate); append the client's, then each process's CPU us per op."""
+    before = [time.process_time(), *(cpu_seconds(p.pid) for p in procs)]
+    started = time.perf_counter()
+    rate = run()  # type: ignore[operator]
+    count = ops(rate, time.perf_counter() - started)  # type: ignore[operator]
+    after = [time.process_time(), *(cpu_seconds(p.pid) for p in procs)]
+    cpu.append([1e6 * (b - a) / max(count, 1) for a, b in zip(before, after)])
+    return rate  # type: ignore[no-any-return]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short runs (about 20 seconds in all)")
@@ -148,12 +173,25 @@ def main() -> None:
     gateway, ghost, gport = start_gateway(workdir, sandbox_port)
     results: dict[str, list[float]] = {"unary direct": [], "unary gateway": [], "stream direct": [],
                                        "stream gateway": []}
+    cpu: dict[str, list[list[float]]] = {"unary": [], "stream": []}  # client, sandbox, gateway us per op
     try:
         for _ in range(args.repeat):
             for name, (host, port) in (("direct", ("127.0.0.1", sandbox_port)), ("gateway", (ghost, gport))):
-                results[f"unary {name}"].append(uvloop.run(unary_rate(host, port, args.concurrency, args.duration)))
-                results[f"stream {name}"].append(
-                    uvloop.run(stream_rate(host, port, args.streams, args.stream_messages)))
+                def unary(host: str = host, port: int = port) -> float:
+                    return uvloop.run(unary_rate(host, port, args.concurrency, args.duration))
+
+                def stream(host: str = host, port: int = port) -> float:
+                    return uvloop.run(stream_rate(host, port, args.streams, args.stream_messages))
+                if name == "direct":
+                    results["unary direct"].append(unary())
+                    results["stream direct"].append(stream())
+                    continue
+                # calls made: the rate times the load's duration (its callers stop then; to within one call each)
+                results["unary gateway"].append(measured(unary, lambda rate, took: rate * args.duration,
+                                                         [sandbox, gateway], cpu["unary"]))
+                messages = args.streams * args.stream_messages
+                results["stream gateway"].append(measured(stream, lambda rate, took: messages, [sandbox, gateway],
+                                                          cpu["stream"]))
     finally:
         for proc in (gateway, sandbox):
             proc.send_signal(signal.SIGTERM)
@@ -165,6 +203,12 @@ def main() -> None:
           f"ratio {medians['unary gateway'] / medians['unary direct']:.2f}  (goal >= 0.5)")
     print(f"streamed messages/s  direct {medians['stream direct']:9.0f}   gateway {medians['stream gateway']:9.0f}   "
           f"ratio {medians['stream gateway'] / medians['stream direct']:.2f}  (goal >= 0.8)")
+    for kind, what in (("unary", "call"), ("stream", "streamed message")):
+        client, sandbox_us, gateway_us = (statistics.median(row[i] for row in cpu[kind]) for i in range(3))
+        print(f"CPU per {what} through the gateway: gateway {gateway_us:.1f} us, sandbox {sandbox_us:.1f} us, "
+              f"client {client:.1f} us")
+    load = Path("/proc/loadavg")
+    print(f"load average: {' '.join(load.read_text().split()[:3]) if load.exists() else '?'}")
 
 
 if __name__ == "__main__":

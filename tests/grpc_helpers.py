@@ -45,6 +45,8 @@ class EchoSandbox:
         self.slow_started = asyncio.Event()
         self.seen: list[dict[str, str]] = []  # request metadata of every call, in order
         self.flooded = 0                      # messages Flood has handed to grpclib so far
+        self.sink_open = asyncio.Event()      # Sink reads nothing until this is set
+        self.sunk = 0                         # bytes Sink has read so far
 
     def _note(self, stream: Stream[Any, Any]) -> dict[str, str]:
         metadata = {k: v for k, v in (stream.metadata or {}).items() if isinstance(v, str)}
@@ -92,6 +94,19 @@ class EchoSandbox:
             await stream.send_message(chunk)
             self.flooded += 1
 
+    async def early(self, stream: Stream[bytes, bytes]) -> None:
+        """Answers with a status before reading any of the request."""
+        self._note(stream)
+        raise GRPCError(Status.FAILED_PRECONDITION, "answered before reading")
+
+    async def sink(self, stream: Stream[bytes, bytes]) -> None:
+        """Reads the client's messages only once ``sink_open`` is set, then answers with their total size."""
+        self._note(stream)
+        await self.sink_open.wait()
+        async for message in stream:
+            self.sunk += len(message)
+        await stream.send_message(str(self.sunk).encode())
+
     async def meta(self, stream: Stream[bytes, bytes]) -> None:
         """Answers with what it received; initial metadata, trailers and the status the request asks for."""
         metadata = self._note(stream)
@@ -118,6 +133,8 @@ class EchoSandbox:
             "/test.Echo/Meta": Handler(self.meta, UNARY, bytes, bytes),
             "/test.Echo/Fail": Handler(self.fail, UNARY, bytes, bytes),
             "/test.Echo/Flood": Handler(self.flood, SERVER_STREAM, bytes, bytes),
+            "/test.Echo/Early": Handler(self.early, CLIENT_STREAM, bytes, bytes),
+            "/test.Echo/Sink": Handler(self.sink, CLIENT_STREAM, bytes, bytes),
         }
 
 

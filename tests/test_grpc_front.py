@@ -10,10 +10,13 @@ import asyncio
 import json
 from typing import Any
 
+import h2.connection
+import h2.events
 import pytest
 from grpclib.client import Channel
 from grpclib.const import Status
-from grpclib.exceptions import GRPCError
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+from h2.config import H2Configuration
 
 from routing.ids import per_session_sandbox_id
 from tests.grpc_helpers import (BIDI, CLIENT_STREAM, SERVER_STREAM, STRIPPED, UNARY, RawCodec, echo_server, grpc_gateway,
@@ -252,3 +255,98 @@ async def test_a_slow_reader_pauses_the_sandbox(channels, sandbox):
         async for _ in stream:  # reading resumes the sandbox, to the end
             received += 1
     assert received == 2000 and service.flooded == 2000
+
+
+async def test_a_slow_sandbox_pauses_the_client(channels, sandbox):
+    """Flow control end to end the other way: while the sandbox reads nothing, the client's sends stall
+    after a few HTTP/2 windows; once it reads, every byte arrives."""
+    service, _ = sandbox
+    _, front = channels
+    sent = 0
+
+    async def send_all(stream: Any) -> None:
+        nonlocal sent
+        for _ in range(1000):
+            await stream.send_message(b"s" * 65536)
+            sent += 1
+        await stream.end()
+
+    async with front.request("/test.Echo/Sink", CLIENT_STREAM, bytes, bytes, metadata=ident()) as stream:
+        sender = asyncio.create_task(send_all(stream))
+        await asyncio.sleep(1.0)  # a stall cannot be awaited as an event: give the client time to run ahead
+        assert not sender.done() and sent * 65536 < 32 * 1024 * 1024, f"the client sent {sent} messages unread"
+        service.sink_open.set()
+        await sender
+        assert await stream.recv_message() == str(1000 * 65536).encode()
+    assert service.sunk == 1000 * 65536
+
+
+@pytest.mark.parametrize("size", [pytest.param(100, id="small request"),
+                                  pytest.param(4 * 1024 * 1024, id="request beyond the windows")])
+async def test_a_sandbox_answering_before_it_reads_the_request(channels, size):
+    """The sandbox's status reaches the client whether the request was all sent at once or is still
+    being sent (then the client is told to stop sending), as it does direct."""
+    direct, front = channels
+    results = []
+    for channel in (direct, front):
+        with pytest.raises(GRPCError) as caught:
+            async with channel.request("/test.Echo/Early", CLIENT_STREAM, bytes, bytes, metadata=ident()) as stream:
+                await stream.send_request()
+                sending = asyncio.create_task(stream.send_message(b"e" * size, end=True))
+                try:
+                    await stream.recv_message()
+                except StreamTerminatedError:  # grpclib's client: the reset can overtake the status here
+                    pass
+                finally:
+                    await asyncio.wait([sending])  # the sending ends (sent, or stopped by a reset: racy, either way)
+                    if not sending.cancelled():
+                        sending.exception()
+        results.append((caught.value.status, caught.value.message))
+    assert results[0] == results[1] == (Status.FAILED_PRECONDITION, "answered before reading")
+
+
+async def _raw_h2_calls(address: Any, calls: dict[int, tuple[bytes, list[bytes]]]
+                        ) -> dict[int, tuple[dict[bytes, bytes], bytes]]:
+    """Unary calls written with h2, all in one write: {stream id: (x-note value, DATA payloads, the last
+    ending the stream)} -> {stream id: (response headers and trailers, response body)}."""
+    reader, writer = await asyncio.open_connection(*address)
+    client = h2.connection.H2Connection(H2Configuration(client_side=True, header_encoding=None))
+    client.initiate_connection()
+    for stream_id, (note, payloads) in calls.items():
+        client.send_headers(stream_id, [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/test.Echo/Unary"),
+                                        (b":authority", b"gw"), (b"content-type", b"application/grpc"),
+                                        (b"te", b"trailers"), (b"x-user-id", b"u1"), (b"x-session-id", b"s1"),
+                                        (b"x-note", note)])
+        for i, payload in enumerate(payloads):
+            client.send_data(stream_id, payload, end_stream=i == len(payloads) - 1)
+    writer.write(client.data_to_send())
+    heads: dict[int, dict[bytes, bytes]] = {stream_id: {} for stream_id in calls}
+    bodies = dict.fromkeys(calls, b"")
+    ended: set[int] = set()
+    while ended != set(calls):
+        data = await reader.read(65536)
+        assert data, "the gateway closed the connection"
+        for event in client.receive_data(data):
+            if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                heads[event.stream_id].update(event.headers)
+            elif isinstance(event, h2.events.DataReceived):
+                bodies[event.stream_id] += event.data
+            elif isinstance(event, h2.events.StreamEnded):
+                ended.add(event.stream_id)
+        writer.write(client.data_to_send())
+    writer.close()
+    await writer.wait_closed()
+    return {stream_id: (heads[stream_id], bodies[stream_id]) for stream_id in calls}
+
+
+async def test_a_non_ascii_metadata_value_is_refused_for_its_call_only(gateway, sandbox):
+    """gRPC metadata values are ASCII. One that is not gets INVALID_ARGUMENT for its own call; the other
+    calls on the connection (and on the sandbox's, shared with other clients) go on."""
+    service, _ = sandbox
+    answers = await _raw_h2_calls(gateway.grpc_address, {1: ("caf\u00e9".encode(), [b"\x00\x00\x00\x00\x02hi"]),
+                                                         3: (b"plain", [b"\x00\x00\x00\x00\x02hi"])})
+    refused, served = answers[1][0], answers[3][0]
+    assert refused[b"grpc-status"] == b"3" and refused[b"grpc-message"].startswith(b"bad_request: x-note: ")
+    assert served[b"grpc-status"] == b"0"
+    assert [seen.get("x-note") for seen in service.seen] == ["plain"]
+

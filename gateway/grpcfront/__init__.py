@@ -10,7 +10,8 @@ HTTP status), with ``retry-after`` metadata where the HTTP answer has Retry-Afte
 
 What is forwarded: every message byte for byte (the length prefix and its
 compression flag included), metadata both ways except the identity keys and
-every ``x-sandbox-*`` key (``x-sandbox-id`` is added), the sandbox's status,
+every ``x-sandbox-*`` key (``x-sandbox-id`` is added; a request metadata value
+that is not ASCII, as gRPC requires, is refused with INVALID_ARGUMENT), the sandbox's status,
 message, details and trailers as it sent them, ``grpc-timeout`` as the time left
 (the gateway enforces the deadline too), and cancellation both ways (a client's
 RST_STREAM becomes one towards the sandbox and back).
@@ -31,9 +32,10 @@ when ``grpc_tls_cert_file`` and ``grpc_tls_key_file`` are set; connections to
 sandboxes are h2c.
 
 Modules: ``front`` (listener, connections, draining, access log), ``call`` (one
-call: admission, relay, endings), ``upstream`` (connections to sandboxes and
-:func:`grpc_target`, the one place that picks a sandbox's gRPC address),
-``metrics``.
+call: admission, endings), ``relay`` (one direction of a call: receive buffer and
+forwarding), ``wire`` (batched writes under grpclib, h2's deferred frame repr),
+``upstream`` (connections to sandboxes and :func:`grpc_target`, the one place
+that picks a sandbox's gRPC address), ``metrics``.
 """
 
 from gateway.grpcfront.front import GrpcFront

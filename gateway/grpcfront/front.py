@@ -21,6 +21,7 @@ from gateway.errors import Unauthorized
 from gateway.grpcfront.call import Call
 from gateway.grpcfront.metrics import GrpcMetrics
 from gateway.grpcfront.upstream import UpstreamChannels
+from gateway.grpcfront.wire import BatchingProtocol, defer_h2_frame_repr
 from gateway.limits import OrgLimits
 from gateway.proxy import RequestLog
 from gateway.sessions import SessionRouter
@@ -95,10 +96,12 @@ class GrpcFront:
         self._draining = False
         self._ids = itertools.count(1)
         self._id_prefix = f"g{secrets.token_hex(4)}{os.getpid():x}-"
-        self._h2 = H2Configuration(client_side=False, header_encoding="ascii", validate_inbound_headers=False,
+        # header_encoding=None: headers stay bytes, forwarded as received (call.py decodes what it reads)
+        self._h2 = H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=False,
                                    validate_outbound_headers=False, normalize_inbound_headers=False,
                                    normalize_outbound_headers=False)
         self._config = Configuration().__for_server__()
+        defer_h2_frame_repr()  # h2 would format every received frame for a log line nobody reads (wire.py)
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -160,8 +163,8 @@ class GrpcFront:
         self._server = None
 
 
-class _TrackedProtocol(H2Protocol):
-    """grpclib's server protocol, registered with the front so that stop() can close idle connections."""
+class _TrackedProtocol(BatchingProtocol):
+    """grpclib's server protocol (writes batched), registered with the front so that stop() can close idle ones."""
 
     def __init__(self, front: GrpcFront, handler: AbstractHandler, config: Configuration,
                  h2_config: H2Configuration) -> None:

@@ -18,6 +18,7 @@ from grpclib.protocol import AbstractHandler, H2Protocol, Stream
 from h2.config import H2Configuration
 
 from gateway.errors import UpstreamConnectError
+from gateway.grpcfront.wire import BatchingProtocol
 
 if TYPE_CHECKING:
     from gateway.model import Route
@@ -65,7 +66,8 @@ class UpstreamChannels:
         self._connect_timeout = connect_timeout
         self._connections: dict[Target, H2Protocol] = {}
         self._connecting: dict[Target, asyncio.Future[H2Protocol]] = {}
-        self._h2 = H2Configuration(client_side=True, header_encoding="ascii", validate_inbound_headers=False,
+        # header_encoding=None: the sandbox's headers and trailers stay bytes, forwarded as received
+        self._h2 = H2Configuration(client_side=True, header_encoding=None, validate_inbound_headers=False,
                                    validate_outbound_headers=False, normalize_inbound_headers=False,
                                    normalize_outbound_headers=False)
         self._config = Configuration().__for_client__()
@@ -97,7 +99,7 @@ class UpstreamChannels:
         loop = asyncio.get_running_loop()
 
         def protocol_factory() -> H2Protocol:
-            return H2Protocol(_ClientSide(), self._config, self._h2)
+            return BatchingProtocol(_ClientSide(), self._config, self._h2)
 
         try:
             async with asyncio.timeout(self._connect_timeout):
