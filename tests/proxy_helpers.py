@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import re
@@ -177,11 +178,24 @@ async def aiohttp_backend(handler: Callable[..., Awaitable[object]]) -> AsyncIte
         await runner.cleanup()
 
 
+_HELD: dict[int, socket.socket] = {}
+atexit.register(lambda: [sock.close() for sock in _HELD.values()])
+
+
 def dead_port() -> int:
-    """A port nothing listens on (bound once, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing listens on: bound and never listening, and held until the test process exits
+    (or ``release_port``), so connecting is refused and no listener (a gateway's own ports, chosen by
+    the kernel) takes it meanwhile."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    _HELD[port] = sock
+    return port
+
+
+def release_port(port: int) -> None:
+    """Let a test's own server bind a ``dead_port`` after all."""
+    _HELD.pop(port).close()
 
 
 @contextlib.asynccontextmanager

@@ -19,6 +19,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from h2.config import H2Configuration
 
 from routing.ids import per_session_sandbox_id
+from tests.proxy_helpers import dead_port
 from tests.grpc_helpers import (BIDI, CLIENT_STREAM, SERVER_STREAM, STRIPPED, UNARY, RawCodec, echo_server, grpc_gateway,
                                 ident, static_policy)
 
@@ -162,8 +163,7 @@ async def test_a_partial_identity_is_invalid_argument_naming_the_key(channels):
 
 
 async def test_sandbox_down_is_unavailable(tmp_path):
-    async with echo_server() as (_, port):
-        pass  # the port is free again: nothing listens there
+    port = dead_port()
     async with grpc_gateway(tmp_path, static_policy(tmp_path / "p.yaml", ["127.0.0.1"], port)) as gw:
         channel = Channel(*gw.grpc_address, codec=RawCodec())
         try:

@@ -29,6 +29,7 @@ from tests.proxy_helpers import (
     raw_client,
     read_head,
     read_response,
+    release_port,
     request_bytes,
     resolver_class,
     start_gateway,
@@ -175,6 +176,7 @@ async def test_connect_is_retried_until_the_server_binds(start_gateway) -> None:
 
     async def bind_late() -> asyncio.Server:
         await asyncio.sleep(0.1)
+        release_port(port)
         return await asyncio.start_server(ok, "127.0.0.1", port)
 
     binding = asyncio.ensure_future(bind_late())
