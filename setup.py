@@ -34,7 +34,7 @@ def warn(message: str) -> None:
 
 
 def extensions() -> list:
-    if os.environ.get("SANDBOX_GATEWAY_PURE_PYTHON", "") not in ("", "0"):
+    if os.environ.get(compiled.PURE_PYTHON_ENV, "") not in ("", "0"):
         return []
     try:
         from Cython.Build import cythonize
