@@ -9,10 +9,16 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 stamp=".venv/.installed${extra:+-$extra}"
-# Reinstalled when the package's definition changes, or a module the compiled data plane is built
-# from (setup.py, gateway/_compiled.py): pip install -e compiles them in place again.
-want="$(cat pyproject.toml setup.py gateway/_compiled.py gateway/logs.py gateway/logs.pxd gateway/metrics.py gateway/metrics.pxd \
-        gateway/proxy/*.py gateway/proxy/*.pxd | sha256sum | cut -d' ' -f1)"
+# Reinstalled when the package's definition changes (pyproject.toml, setup.py) or a source of the
+# compiled data plane does (the digest its build is stamped with, from the module list in
+# gateway/_compiled.py, loaded by path: the venv may not have the package yet): pip install -e
+# compiles them in place again.
+sources="$("$PYTHON" -c 'import importlib.util as u
+spec = u.spec_from_file_location("compiled", "gateway/_compiled.py")
+module = u.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(module.source_digest())')"
+want="$( { cat pyproject.toml setup.py gateway/_compiled.py; echo "$sources"; } | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     started=$SECONDS
     echo "setup: upgrading pip" >&2

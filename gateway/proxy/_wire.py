@@ -123,7 +123,7 @@ CODING_OTHER = 2    # some other coding last: the body ends when the connection 
 
 def strip_hop_by_hop(head: bytes, low: bytes, match: re.Match[bytes]) -> tuple[bytes, int]:
     """``head`` without its hop-by-hop lines (``match`` is the first) except Transfer-Encoding, and
-    headers named in Connection; and what the Transfer-Encoding says (TE_*)."""
+    headers named in Connection; and what the Transfer-Encoding says (CODING_*)."""
     name = match.group(1)
     if name == b"connection" and match.group(2).strip() in CONNECTION_OPTIONS:
         # The usual case: one "Connection: keep-alive" line.
