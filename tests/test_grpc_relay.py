@@ -1,4 +1,4 @@
-"""The gRPC front's relay pieces on their own: message boundaries, the receive buffer, batched writes, h2's repr.
+"""The gRPC front's relay pieces on their own: message boundaries, the receive buffer, the frame layer.
 
 The end-to-end behaviour (byte-exactness, flow control both ways, cancellation)
 is in test_grpc_front.py and test_grpc_grpcio.py; these pin the parts whose
@@ -8,19 +8,19 @@ mistakes would only show under particular packet boundaries or timings.
 from __future__ import annotations
 
 import asyncio
-import builtins
-import io
 import random
 import socket
 import struct
 
 import h2.connection
+import h2.events
 import pytest
-from h2.config import H2Configuration, OutputLogger
-from hyperframe.frame import DataFrame, SettingsFrame
+from h2.config import H2Configuration
 
+from gateway.grpcfront import frames
+from gateway.grpcfront.connection import Connection
 from gateway.grpcfront.relay import CHUNK, RelayBuffer, scan
-from gateway.grpcfront.wire import BatchingTransport, defer_h2_frame_repr
+from gateway.grpcfront.stream import Stream
 
 
 def _message(size: int, compressed: int = 0) -> bytes:
@@ -138,64 +138,131 @@ class _RecordingTransport:
         self.closed = True
 
 
+class _Accepting:
+    """A server-side connection handler that keeps the streams it is given."""
+
+    def __init__(self) -> None:
+        self.streams: list[Stream] = []
+        self.lost = asyncio.Event()
+
+    def accept(self, stream: Stream) -> None:
+        self.streams.append(stream)
+
+    def connection_lost(self, connection: Connection) -> None:
+        self.lost.set()
+
+
+def _h2_client() -> h2.connection.H2Connection:
+    """h2 as an independent peer: what it accepts from us is well-formed HTTP/2."""
+    peer = h2.connection.H2Connection(H2Configuration(client_side=True, header_encoding=None))
+    peer.initiate_connection()
+    return peer
+
+
 async def test_writes_of_one_loop_step_go_out_as_one_in_order():
-    real = _RecordingTransport()
-    batching = BatchingTransport(real, asyncio.get_running_loop())  # type: ignore[arg-type]
-    batching.write(b"one ")
-    batching.write(b"")
-    batching.write(b"two ")
-    batching.write(b"three")
-    assert real.writes == []
+    transport = _RecordingTransport()
+    connection = Connection(_Accepting(), client_side=False)
+    connection.connection_made(transport)
+    assert transport.writes == []  # our SETTINGS and window are queued, not yet written
+    connection.write(b"one ")
+    connection.write(b"two")
     await asyncio.sleep(0)
-    assert real.writes == [b"one two three"]
-    batching.write(b"four")
-    batching.close()  # what is pending goes out before the close
-    assert real.writes == [b"one two three", b"four"] and real.closed
-    await asyncio.sleep(0)
-    assert real.writes == [b"one two three", b"four"]
+    assert len(transport.writes) == 1 and transport.writes[0].endswith(b"one two")
+    connection.write(b"three")
+    connection.close(message="bye")  # what is pending goes out before the close, the GOAWAY last
+    assert transport.closed and transport.writes[1].startswith(b"three")
+    assert transport.writes[1][3 + 5:3 + 6] == bytes([frames.GOAWAY])
 
 
-async def test_a_batched_connection_delivers_everything_before_closing():
-    """Over a real socket: bytes written just before close() reach the peer."""
+async def test_a_request_from_h2_becomes_a_stream_and_its_answer_reads_back_in_h2():
+    """Headers, DATA (split over several frames by our window and frame size), trailers, as h2 sees them."""
+    transport = _RecordingTransport()
+    handler = _Accepting()
+    connection = Connection(handler, client_side=False)
+    connection.connection_made(transport)
+    peer = _h2_client()
+    peer.send_headers(1, [(b":method", b"POST"), (b":path", b"/a.B/C"), (b":scheme", b"http"),
+                          (b":authority", b"x"), (b"content-type", b"application/grpc")])
+    peer.send_data(1, b"\x00\x00\x00\x00\x02hi", end_stream=True)
+    connection.data_received(peer.data_to_send())
+    [stream] = handler.streams
+    assert (b":path", b"/a.B/C") in stream.headers and stream.buffer.complete
+    assert await stream.buffer.take() == b"\x00\x00\x00\x00\x02hi"
+    stream.send_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
+    body = bytes(range(256)) * 200  # over 16 KiB: more than one frame
+    await stream.send_data(body)
+    stream.send_headers([(b"grpc-status", b"0")], end_stream=True)
+    await asyncio.sleep(0)
+    events = peer.receive_data(b"".join(transport.writes))
+    kinds = [type(event) for event in events]
+    assert h2.events.ResponseReceived in kinds and h2.events.TrailersReceived in kinds
+    assert b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived)) == body
+    assert [e for e in events if isinstance(e, h2.events.TrailersReceived)][0].headers == [(b"grpc-status", b"0")]
+    assert not connection.streams  # closed both ways: forgotten
+
+
+def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    """(type, flags, stream id, payload) of each whole frame in ``data``."""
+    found, pos = [], 0
+    while pos + 9 <= len(data):
+        size = int.from_bytes(data[pos:pos + 3], "big")
+        found.append((data[pos + 3], data[pos + 4], int.from_bytes(data[pos + 5:pos + 9], "big"),
+                      data[pos + 9:pos + 9 + size]))
+        pos += 9 + size
+    return found
+
+
+def test_a_long_header_block_is_split_into_continuation_frames():
+    block = bytes(40_000)
+    found = _frames(frames.header_frames(3, block, True, 16_384))
+    assert b"".join(payload for *_, payload in found) == block
+    assert [(kind, flags, stream_id) for kind, flags, stream_id, _ in found] == [
+        (frames.HEADERS, frames.END_STREAM, 3), (frames.CONTINUATION, 0, 3),
+        (frames.CONTINUATION, frames.END_HEADERS, 3)]
+
+
+async def test_the_window_opens_a_quarter_at_a_time_as_the_relay_takes():
+    """WINDOW_UPDATEs follow what the relay has taken, not what arrived, and come in few, large steps."""
+    transport = _RecordingTransport()
+    handler = _Accepting()
+    connection = Connection(handler, client_side=False)
+    connection.connection_made(transport)
+    peer = _h2_client()
+    peer.send_headers(1, [(b":method", b"POST"), (b":path", b"/a.B/C"), (b":scheme", b"http"),
+                          (b":authority", b"x")])
+    connection.data_received(peer.data_to_send())
+    await asyncio.sleep(0)
+    peer.receive_data(b"".join(transport.writes))  # our SETTINGS: the 4 MiB windows
+    [stream] = handler.streams
+    transport.writes.clear()
+    chunk = b"z" * 16_384
+    for _ in range(80):  # 1.25 MiB: more than a quarter of the 4 MiB windows
+        peer.send_data(1, chunk)
+    connection.data_received(peer.data_to_send())
+    await asyncio.sleep(0)
+    assert not any(kind == frames.WINDOW_UPDATE for kind, *_ in _frames(b"".join(transport.writes)))
+    taken = 0
+    while taken < 80 * len(chunk):
+        taken += len(await stream.buffer.take())
+    await asyncio.sleep(0)
+    updates = [e for e in peer.receive_data(b"".join(transport.writes)) if isinstance(e, h2.events.WindowUpdated)]
+    assert {e.stream_id for e in updates} == {0, 1} and len(updates) == 2
+    assert all(e.delta >= 1024 * 1024 for e in updates)
+
+
+async def test_a_connection_delivers_everything_before_closing():
+    """Over a real socket: frames queued just before close() reach the peer, the GOAWAY last."""
     left, right = socket.socketpair()
     loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_connection(asyncio.Protocol, sock=left)
+    handler = _Accepting()
+    _, connection = await loop.create_connection(lambda: Connection(handler, client_side=False), sock=left)
     reader, writer = await asyncio.open_connection(sock=right)
-    batching = BatchingTransport(transport, loop)  # type: ignore[arg-type]
     for i in range(100):
-        batching.write(b"%03d," % i)
-    batching.close()
-    assert await reader.read() == b"".join(b"%03d," % i for i in range(100))
+        connection.write(frames.frame(frames.PING, frames.ACK, 0, b"%08d" % i))
+    connection.close(message="done")
+    found = _frames(await reader.read())
+    assert [payload for kind, _, _, payload in found if kind == frames.PING] == [b"%08d" % i for i in range(100)]
+    assert found[-1][0] == frames.GOAWAY and found[-1][3].endswith(b"done")
+    await handler.lost.wait()
     writer.close()
     await writer.wait_closed()
-
-
-def test_h2_still_logs_every_frame_it_receives_when_asked_to():
-    """The deferred repr changes when h2's trace line is formatted, not what it says."""
-    defer_h2_frame_repr()
-    frame = DataFrame(1, b"payload")
-    assert str(h2.connection.repr(frame)) == builtins.repr(frame)  # type: ignore[attr-defined]
-    out = io.StringIO()
-    conn = h2.connection.H2Connection(H2Configuration(client_side=True, logger=OutputLogger(out, trace_level=True)))
-    conn.initiate_connection()
-    settings = SettingsFrame(0)
-    conn.receive_data(settings.serialize())
-    assert f"Received frame: {builtins.repr(settings)}" in out.getvalue()
-
-
-def test_h2_formats_no_frame_when_nothing_logs_it():
-    defer_h2_frame_repr()
-    formatted = []
-
-    class _Counting(SettingsFrame):
-        def __repr__(self) -> str:
-            formatted.append(self)
-            return "counted"
-
-    conn = h2.connection.H2Connection(H2Configuration(client_side=True))
-    conn.initiate_connection()
-    # h2 dispatches on the exact frame class: route the subclass as SETTINGS, then feed it through h2's real path
-    conn._frame_dispatch_table[_Counting] = conn._frame_dispatch_table[SettingsFrame]
-    conn._receive_frame(_Counting(0))
-    assert formatted == []
-    assert conn.data_to_send().endswith(SettingsFrame(0, flags=["ACK"]).serialize())  # it was received and acked

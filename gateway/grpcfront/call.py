@@ -9,8 +9,8 @@ side stops the writer on the other, end to end, and what the gateway holds per
 call is bounded by the HTTP/2 windows plus one relay piece. A large message is
 relayed piece by piece and is never held whole.
 
-Termination is reported by grpclib through a stream's ``wrapper``: the call
-installs a :class:`_Side` for each of its two streams, which records which side
+Termination is reported through a stream's ``owner``: the call gives each of
+its two streams a :class:`_Side`, which records which side
 ended (the client reset or left, the sandbox reset or its connection dropped)
 and cancels the call's task; the task then settles the other side.
 """
@@ -25,12 +25,11 @@ import time
 from typing import TYPE_CHECKING
 
 from grpclib.metadata import decode_timeout, encode_grpc_message
-from grpclib.protocol import Stream
-from h2.errors import ErrorCodes
-from h2.exceptions import H2Error
 
 from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, UpstreamError
-from gateway.grpcfront.relay import CHUNK, RelayBuffer, Truncated, relay
+from gateway.grpcfront.frames import CANCEL, NO_ERROR
+from gateway.grpcfront.relay import CHUNK, Truncated, relay
+from gateway.grpcfront.stream import Stream, StreamClosed
 from gateway.grpcfront.upstream import grpc_target
 from gateway.limits import limit_key
 
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.grpc")
 
-# Header names and values are bytes as h2 decoded them (``header_encoding=None``): forwarded as received,
+# Header names and values are bytes as HPACK decoded them: forwarded as received,
 # with no per-header decoding; only what the gateway reads itself is decoded (ASCII, else INVALID_ARGUMENT).
 IDENTITY_METADATA = (b"x-org-id", b"x-user-id", b"x-session-id", b"x-bot-id", b"authorization")
 # Not forwarded: hop-by-hop headers (invalid in HTTP/2 anyway), and grpc-timeout, which is re-sent as the
@@ -56,7 +55,7 @@ _UNAVAILABLE = 14
 
 
 class _Side:
-    """Stands in for grpclib's ``Wrapper`` on one of the call's streams."""
+    """The owner of one of the call's streams: told when that stream ends early."""
 
     __slots__ = ("call", "name")
 
@@ -64,11 +63,10 @@ class _Side:
         self.call = call
         self.name = name
 
-    def cancel(self, error: Exception) -> None:
+    def stream_ended(self, reset: bool) -> None:
+        if reset and self.name == "sandbox":
+            self.call.sandbox_reset = True
         self.call.terminated(self.name)
-
-    def upstream_reset(self) -> None:
-        self.call.sandbox_reset = True
 
 
 Headers = list[tuple[bytes, bytes]]
@@ -93,20 +91,17 @@ def encode_timeout_ms(seconds: float) -> str:
 
 
 class Call:
-    __slots__ = ("front", "conn", "down", "headers", "release", "task", "up", "release_up", "pump", "side",
+    __slots__ = ("front", "conn", "down", "headers", "task", "up", "pump", "side",
                  "sandbox_reset", "head_sent", "done", "status", "path", "t0", "route", "deadline", "stream_key",
                  "to_sandbox", "to_client", "org_id", "refused", "running", "identity")
 
-    def __init__(self, front: GrpcFront, conn: _ServerSide, down: Stream, headers: Headers,
-                 release: object) -> None:
+    def __init__(self, front: GrpcFront, conn: _ServerSide, down: Stream) -> None:
         self.front = front
         self.conn = conn
         self.down = down
-        self.headers = headers
-        self.release = release
+        self.headers: Headers = down.headers  # type: ignore[assignment]  # a stream is accepted with its head
         self.task: asyncio.Task[None] | None = None
         self.up: Stream | None = None
-        self.release_up: object = None
         self.pump: asyncio.Task[None] | None = None
         self.side: str | None = None        # who ended the call early: "client", "sandbox", "stopping"
         self.sandbox_reset = False          # the sandbox reset its stream (rather than its connection dropping)
@@ -124,10 +119,9 @@ class Call:
         self.refused: str | None = None
         self.identity: Identity | None = None
         self.running = False                # run() has begun (a task cancelled before it starts never runs)
-        down.wrapper = _Side(self, "client")  # type: ignore[assignment]
-        RelayBuffer.install(down)  # grpclib is still handling the request's HEADERS: no DATA received yet
+        down.owner = _Side(self, "client")
 
-    # -- termination reported by grpclib -------------------------------------------
+    # -- termination reported by the streams ----------------------------------------
     def terminated(self, side: str) -> None:
         if self.done or self.side is not None:
             return
@@ -147,32 +141,32 @@ class Call:
         self.running = True
         try:
             if self.side is not None:  # ended before it began (the client reset at once, or we are draining)
-                await self._ended_early()
+                self._ended_early()
                 return
             await self._serve()
         except asyncio.CancelledError:
             if self.side is None:
                 self.side = "stopping"
             self.task.uncancel()  # type: ignore[union-attr]
-            await self._ended_early()
+            self._ended_early()
         except TimeoutError:
             self._reset_up()
-            await self._answer(_DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
+            self._answer(_DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
         except GatewayError as exc:
             self._reset_up()
             self.refused = getattr(exc, "scope", None)
-            await self._refuse(exc)
+            self._refuse(exc)
         except Truncated:
             self._reset_up()
-            await self._answer(_INTERNAL, "the sandbox's stream ended in the middle of a message")
-        except (H2Error, ConnectionError) as exc:
+            self._answer(_INTERNAL, "the sandbox's stream ended in the middle of a message")
+        except ConnectionError as exc:
             self._reset_up()
             log.info("gRPC call %s: %s", self.path, exc)
-            await self._answer(_UNAVAILABLE, "the connection to the sandbox failed")
+            self._answer(_UNAVAILABLE, "the connection to the sandbox failed")
         except Exception:
             log.exception("gRPC call %s failed", self.path)
             self._reset_up()
-            await self._answer(_INTERNAL, "internal error in the gateway")
+            self._answer(_INTERNAL, "internal error in the gateway")
         finally:
             self._cleanup()
 
@@ -244,16 +238,14 @@ class Call:
         route = self.route = await front.router.resolve(identity)
         front.router.stream_opened(route.sandbox_id)
         host, port = target = grpc_target(route, front.router.policy.pools.get(route.pool))
-        protocol = await front.channels.connection(target)
+        connection = await front.channels.connection(target)
         authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", self.path.encode()),
                 (b":authority", authority.encode()), *out, (b"x-sandbox-id", route.sandbox_id.encode())]
         if self.deadline is not None:
             timeout = encode_timeout_ms(self.deadline - asyncio.get_running_loop().time())
             head.append((b"grpc-timeout", timeout.encode()))
-        up = self.up = protocol.connection.create_stream(wrapper=_Side(self, "sandbox"))  # type: ignore[arg-type]
-        self.release_up = await up.send_request(head, _processor=protocol.processor)
-        RelayBuffer.install(up)  # no DATA can have arrived: nothing ran since grpclib made its buffer
+        up = self.up = await connection.open_stream(head, _Side(self, "sandbox"))
         if self._request_fits(up):
             await self._send_request(up)  # nothing in it can wait: no task needed (a unary call, typically)
         else:
@@ -261,20 +253,20 @@ class Call:
         response = await up.recv_headers()
         status = status_of(response)
         if status is not None:  # trailers-only: the whole answer is this one HEADERS frame
-            await self.down.send_headers(response, end_stream=True)
+            self.down.send_headers(response, end_stream=True)
             self._settled(status)
             return
         code = next((value for name, value in response if name == b":status"), b"")
         if code != b"200":
             raise UpstreamError(f"the sandbox answered HTTP {_text(code) or '?'} without a gRPC status",
                                 sandbox_id=route.sandbox_id)
-        await self.down.send_headers(response)
+        self.down.send_headers(response)
         self.head_sent = True
         self.to_client = await relay(up, self.down)
         trailers = up.trailers
         if trailers is None:
             raise UpstreamError("the sandbox ended its response without a gRPC status", sandbox_id=route.sandbox_id)
-        await self.down.send_headers(trailers, end_stream=True)
+        self.down.send_headers(trailers, end_stream=True)
         self._settled(status_of(trailers) or 0)
 
     def _request_fits(self, up: Stream) -> bool:
@@ -284,18 +276,17 @@ class Call:
         it is sent before the response is awaited, without a task of its own; otherwise a task sends it
         while the response is relayed (a sandbox may answer before it has read the request).
         """
-        buffer: RelayBuffer = self.down.buffer  # type: ignore[assignment]
-        if not buffer.complete or not up.connection.write_ready.is_set():
+        buffer = self.down.buffer
+        if not buffer.complete or up.conn.write_paused:
             return False
-        h2_conn = up._h2_connection  # grpclib's Stream keeps its h2 connection only under this name
-        return buffer.size <= min(h2_conn.local_flow_control_window(up.id), CHUNK)
+        return buffer.size <= min(up.send_window, up.conn.send_window, CHUNK)
 
     async def _send_request(self, up: Stream) -> None:
         try:
             self.to_sandbox = await relay(self.down, up, end_stream=True)
         except asyncio.CancelledError:
             raise
-        except (H2Error, ConnectionError):
+        except ConnectionError:
             pass  # the sandbox's stream is closed already: it answered, or it is gone (the response side says which)
         except Truncated:
             self.terminated("client")
@@ -308,10 +299,10 @@ class Call:
         if pump is not None and not pump.done():
             pump.cancel()
             if self.down.closable:
-                self.down.reset_nowait()
+                self.down.reset(NO_ERROR)
 
     # -- endings --------------------------------------------------------------------
-    async def _ended_early(self) -> None:
+    def _ended_early(self) -> None:
         side = self.side
         if side == "client":
             self.status = _CANCELLED
@@ -321,23 +312,23 @@ class Call:
             self.status = _CANCELLED
             self.done = True
             if self.down.closable:
-                self.down.reset_nowait(ErrorCodes.CANCEL)
+                self.down.reset(CANCEL)
         elif side == "sandbox":
-            await self._answer(_UNAVAILABLE, "the connection to the sandbox was lost")
+            self._answer(_UNAVAILABLE, "the connection to the sandbox was lost")
         else:
             self._reset_up()
-            await self._answer(_UNAVAILABLE, "the gateway is shutting down; retry")
+            self._answer(_UNAVAILABLE, "the gateway is shutting down; retry")
 
-    async def _refuse(self, exc: GatewayError) -> None:
+    def _refuse(self, exc: GatewayError) -> None:
         extra: list[tuple[str, str]] = []
         if exc.retry_after is not None:
             seconds = max(1, round(exc.retry_after))
             extra = [("retry-after", str(seconds)), ("grpc-retry-pushback-ms", str(seconds * 1000))]
         if exc.sandbox_id:
             extra.append(("x-sandbox-id", exc.sandbox_id))
-        await self._answer(int(exc.grpc_status.value), f"{exc.code}: {exc.message}", extra)
+        self._answer(int(exc.grpc_status.value), f"{exc.code}: {exc.message}", extra)
 
-    async def _answer(self, status: int, message: str, extra: list[tuple[str, str]] | None = None) -> None:
+    def _answer(self, status: int, message: str, extra: list[tuple[str, str]] | None = None) -> None:
         """The call's final status from the gateway itself: trailers, or a trailers-only response."""
         self.status = status
         if self.done:
@@ -350,27 +341,22 @@ class Call:
         head += [("grpc-status", str(status)), ("grpc-message", encode_grpc_message(message))]
         if extra:
             head += extra
-        try:
-            await down.send_headers(head, end_stream=True)
-        except H2Error:
-            return
-        if down.closable:
-            down.reset_nowait()
+        down.send_headers(head, end_stream=True)  # a client still sending is told to stop when it is released
 
     def _reset_up(self) -> None:
         """Close our end of the sandbox's stream: CANCEL unless the sandbox has answered (then NO_ERROR)."""
         up = self.up
-        if up is not None and up.id is not None and up.closable:
-            up.reset_nowait(ErrorCodes.NO_ERROR if self._sandbox_answered() else ErrorCodes.CANCEL)
+        if up is not None and not up.gone and not (up.local_closed and up.remote_closed):
+            up.reset(NO_ERROR if self._sandbox_answered() else CANCEL)
 
     def _cleanup(self) -> None:
         pump = self.pump
         if pump is not None and not pump.done():
             pump.cancel()
         self._reset_up()
-        if self.release_up is not None:
-            self.release_up()  # type: ignore[operator]
-        self.release()  # type: ignore[operator]
+        if self.up is not None:
+            self.up.release()
+        self.down.release()
         front = self.front
         if self.stream_key is not None:
             front.limits.close_stream(self.stream_key)
@@ -378,8 +364,8 @@ class Call:
             front.router.stream_closed(self.route.sandbox_id)
         front.finished(self)
         # Break the call <-> stream cycles (Call -> Stream -> _Side -> Call): the call, its streams and
-        # their buffers, events and headers are then freed as the call ends, by reference counting, rather
+        # their buffers and headers are then freed as the call ends, by reference counting, rather
         # than left to the cyclic GC, whose collections cost the gateway about a tenth of its time.
-        self.down.wrapper = None
+        self.down.owner = None
         if self.up is not None:
-            self.up.wrapper = None
+            self.up.owner = None

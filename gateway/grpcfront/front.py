@@ -12,16 +12,13 @@ import ssl
 import time
 from typing import Any
 
-from grpclib.config import Configuration
-from grpclib.protocol import AbstractHandler, H2Protocol, Stream
-from h2.config import H2Configuration
-
 from gateway.auth import Authenticator, TrustedHeaders
 from gateway.errors import Unauthorized
 from gateway.grpcfront.call import Call
+from gateway.grpcfront.connection import Connection
 from gateway.grpcfront.metrics import GrpcMetrics
+from gateway.grpcfront.stream import Stream
 from gateway.grpcfront.upstream import UpstreamChannels
-from gateway.grpcfront.wire import BatchingProtocol, defer_h2_frame_repr
 from gateway.limits import OrgLimits
 from gateway.proxy import RequestLog
 from gateway.sessions import SessionRouter
@@ -41,8 +38,8 @@ def call_log(call: Call, request_id: str) -> RequestLog:
         session_id=call.identity.session_id if call.identity is not None else None)
 
 
-class _ServerSide(AbstractHandler):
-    """One client connection: starts a Call per stream; remembers the last identity it checked.
+class _ServerSide:
+    """One client connection's handler: starts a Call per stream; remembers the last identity it checked.
 
     Each call keeps its own identity (``Call.identity``): calls on one connection may carry different ones.
     """
@@ -52,15 +49,11 @@ class _ServerSide(AbstractHandler):
         self.ident_key: tuple[str | None, ...] | None = None
         self.identity: Identity = None  # type: ignore[assignment]  # set by identify() before it is read
 
-    def accept(self, stream: Stream, headers: Any, release_stream: Any) -> None:
-        call = Call(self.front, self, stream, headers, release_stream)
-        self.front.begin(call)
+    def accept(self, stream: Stream) -> None:
+        self.front.begin(Call(self.front, self, stream))
 
-    def cancel(self, stream: Stream) -> None:
-        pass  # the stream's wrapper (call._Side) was told already
-
-    def close(self) -> None:
-        pass  # every open stream was terminated through its wrapper
+    def connection_lost(self, connection: Connection) -> None:
+        self.front.connections.discard(connection)  # its streams' calls were told through their owners
 
     def identify(self, metadata: dict[str, str]) -> Identity:
         """The caller's identity; the last one is reused while the metadata is the same (trusted metadata only)."""
@@ -90,18 +83,12 @@ class GrpcFront:
         self.access = access  # a gateway.logs.AccessLog, or None
         self.channels = UpstreamChannels(connect_timeout=settings.upstream_connect_timeout)
         self.calls: set[Call] = set()
-        self.connections: set[H2Protocol] = set()
+        self.connections: set[Connection] = set()
         self.address: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None
         self._draining = False
         self._ids = itertools.count(1)
         self._id_prefix = f"g{secrets.token_hex(4)}{os.getpid():x}-"
-        # header_encoding=None: headers stay bytes, forwarded as received (call.py decodes what it reads)
-        self._h2 = H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=False,
-                                   validate_outbound_headers=False, normalize_inbound_headers=False,
-                                   normalize_outbound_headers=False)
-        self._config = Configuration().__for_server__()
-        defer_h2_frame_repr()  # h2 would format every received frame for a log line nobody reads (wire.py)
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -119,9 +106,11 @@ class GrpcFront:
         context.set_alpn_protocols(["h2"])
         return context
 
-    def _protocol(self) -> H2Protocol:
-        protocol = _TrackedProtocol(self, _ServerSide(self), self._config, self._h2)
-        return protocol
+    def _protocol(self) -> Connection:
+        # pause_reading: a client that floods PINGs or SETTINGS and reads nothing stops being read
+        connection = Connection(_ServerSide(self), client_side=False, pause_reading=True)
+        self.connections.add(connection)
+        return connection
 
     def begin(self, call: Call) -> None:
         if self._draining:
@@ -156,25 +145,9 @@ class GrpcFront:
                     call.task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=2.0)
-        for protocol in list(self.connections):
-            protocol.processor.close("gateway stopping")
+        for connection in list(self.connections):
+            connection.close(message="gateway stopping")
         self.channels.close()
         await self._server.wait_closed()
         self._server = None
 
-
-class _TrackedProtocol(BatchingProtocol):
-    """grpclib's server protocol (writes batched), registered with the front so that stop() can close idle ones."""
-
-    def __init__(self, front: GrpcFront, handler: AbstractHandler, config: Configuration,
-                 h2_config: H2Configuration) -> None:
-        super().__init__(handler, config, h2_config)
-        self._front = front
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._front.connections.add(self)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._front.connections.discard(self)
-        super().connection_lost(exc)

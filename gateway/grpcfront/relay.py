@@ -1,15 +1,13 @@
 """Relaying one direction of a call: the receive buffer of a stream and the loop that forwards it.
 
-grpclib's own ``Buffer`` reads by size (``recv_data(n)``), moves one DATA
-frame's bytes per queue step and acknowledges each frame separately; a relay
-that reads prefix by prefix costs two reads, an acknowledgement and a send per
-message, which profiled as half the gateway's time in a stream of small
-messages. :class:`RelayBuffer` takes its place on both of a call's streams
-(grpclib calls only ``add``, ``eof`` and ``unacked_size`` on a stream's buffer)
-and hands the relay everything received so far in one piece, acknowledged in
-one h2 call. The relay forwards those bytes as they are, one ``send_data`` per
-piece, and only scans them for message boundaries: to count messages and to
-notice a stream that ends in the middle of one.
+:class:`RelayBuffer` is each stream's receive buffer (``Stream.buffer``): the
+connection adds DATA payloads as they arrive, and it hands the relay everything
+received so far in one piece, acknowledged in one call. The relay forwards
+those bytes as they are, one ``send_data`` per piece, and only scans them for
+message boundaries: to count messages and to notice a stream that ends in the
+middle of one. (Reading prefix by prefix, as a codec would, cost two reads, an
+acknowledgement and a send per message: half the gateway's time in a stream of
+small messages, profiled under grpclib.)
 
 Flow control stays end to end: bytes are acknowledged (the sender's HTTP/2
 window reopened) only when the relay takes them, and the relay takes the next
@@ -25,8 +23,11 @@ import asyncio
 import struct
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from grpclib.protocol import Stream
+
+if TYPE_CHECKING:
+    from gateway.grpcfront.stream import Stream
 
 CHUNK = 64 * 1024
 _SIZE = struct.Struct("!xI").unpack_from  # a message's length prefix: compression flag, 4-byte big-endian size
@@ -37,7 +38,7 @@ class Truncated(Exception):
 
 
 class RelayBuffer:
-    """A stream's receive buffer, read whole by :func:`relay`; installed in place of grpclib's ``Buffer``."""
+    """A stream's receive buffer, read whole by :func:`relay`."""
 
     __slots__ = ("_ack", "_stream_id", "_chunks", "size", "_ended", "_waiter")
 
@@ -49,14 +50,7 @@ class RelayBuffer:
         self._ended = False                               # the sender ended the stream
         self._waiter: asyncio.Future[None] | None = None
 
-    @classmethod
-    def install(cls, stream: Stream) -> RelayBuffer:
-        """Put a RelayBuffer on ``stream``; call before any of its DATA can have been received."""
-        buffer = cls(stream.connection.ack, stream.id)  # type: ignore[arg-type]
-        stream.buffer = buffer  # type: ignore[assignment]
-        return buffer
-
-    # -- grpclib's side (EventsProcessor) ---------------------------------------------
+    # -- the connection's side -------------------------------------------------------
     def add(self, data: bytes, ack_size: int) -> None:
         if not data:  # an empty DATA frame (legal mid-stream; perhaps padded): nothing to hold, b"" means the end
             if ack_size:
@@ -71,7 +65,7 @@ class RelayBuffer:
         self._wake()
 
     def unacked_size(self) -> int:
-        """What was received and never taken: grpclib acknowledges it when the stream is released."""
+        """What was received and never taken: given back to the connection when the stream is released."""
         return sum(ack for _, ack in self._chunks)
 
     def _wake(self) -> None:

@@ -13,12 +13,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from grpclib.config import Configuration
-from grpclib.protocol import AbstractHandler, H2Protocol, Stream
-from h2.config import H2Configuration
-
 from gateway.errors import UpstreamConnectError
-from gateway.grpcfront.wire import BatchingProtocol
+from gateway.grpcfront.connection import Connection
 
 if TYPE_CHECKING:
     from gateway.model import Route
@@ -41,22 +37,14 @@ def grpc_target(route: Route, pool: PoolSpec | None) -> Target:
     return endpoint.host, pool.grpc_port if pool is not None else 50051
 
 
-class _ClientSide(AbstractHandler):
-    """The client end of a connection never accepts streams; it only notes that it was lost."""
+class _ClientSide:
+    """The handler of a connection to a sandbox: a sandbox opens no streams (the connection refuses them)."""
 
-    def __init__(self) -> None:
-        self.lost = False
+    def accept(self, stream: object) -> None:
+        raise AssertionError("a client-side connection accepts no streams")
 
-    def accept(self, stream: Stream, headers: object, release_stream: object) -> None:
-        raise NotImplementedError("a sandbox cannot open streams towards the gateway")
-
-    def cancel(self, stream: Stream) -> None:
-        wrapper = stream.wrapper
-        if wrapper is not None and hasattr(wrapper, "upstream_reset"):
-            wrapper.upstream_reset()
-
-    def close(self) -> None:
-        self.lost = True
+    def connection_lost(self, connection: Connection) -> None:
+        pass  # its streams' calls were told through their owners; the next call connects anew
 
 
 class UpstreamChannels:
@@ -64,49 +52,44 @@ class UpstreamChannels:
 
     def __init__(self, *, connect_timeout: float) -> None:
         self._connect_timeout = connect_timeout
-        self._connections: dict[Target, H2Protocol] = {}
-        self._connecting: dict[Target, asyncio.Future[H2Protocol]] = {}
-        # header_encoding=None: the sandbox's headers and trailers stay bytes, forwarded as received
-        self._h2 = H2Configuration(client_side=True, header_encoding=None, validate_inbound_headers=False,
-                                   validate_outbound_headers=False, normalize_inbound_headers=False,
-                                   normalize_outbound_headers=False)
-        self._config = Configuration().__for_client__()
+        self._connections: dict[Target, Connection] = {}
+        self._connecting: dict[Target, asyncio.Future[Connection]] = {}
 
-    async def connection(self, target: Target) -> H2Protocol:
-        protocol = self._connections.get(target)
-        if protocol is not None and not protocol.handler.lost:  # type: ignore[attr-defined]
-            return protocol
+    async def connection(self, target: Target) -> Connection:
+        connection = self._connections.get(target)
+        if connection is not None and connection.usable:
+            return connection
         pending = self._connecting.get(target)
         if pending is not None:  # concurrent first calls share one connection attempt
             return await asyncio.shield(pending)
-        future: asyncio.Future[H2Protocol] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
         self._connecting[target] = future
         try:
-            protocol = await self._connect(target)
+            connection = await self._connect(target)
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: a failure nobody else waited for must not warn
             raise
         finally:
             del self._connecting[target]
-        future.set_result(protocol)
-        self._connections[target] = protocol
-        return protocol
+        future.set_result(connection)
+        self._connections[target] = connection
+        return connection
 
-    async def _connect(self, target: Target) -> H2Protocol:
+    async def _connect(self, target: Target) -> Connection:
         host, port = target
         where = f"{host}:{port}" if port is not None else f"unix:{host}"
         loop = asyncio.get_running_loop()
 
-        def protocol_factory() -> H2Protocol:
-            return BatchingProtocol(_ClientSide(), self._config, self._h2)
+        def protocol_factory() -> Connection:
+            return Connection(_ClientSide(), client_side=True)
 
         try:
             async with asyncio.timeout(self._connect_timeout):
                 if port is None:
-                    _, protocol = await loop.create_unix_connection(protocol_factory, host)
+                    _, connection = await loop.create_unix_connection(protocol_factory, host)
                 else:
-                    _, protocol = await loop.create_connection(protocol_factory, host, port)
+                    _, connection = await loop.create_connection(protocol_factory, host, port)
         except TimeoutError:
             raise UpstreamConnectError(
                 f"the sandbox's gRPC server at {where} did not accept a connection within "
@@ -114,9 +97,9 @@ class UpstreamChannels:
         except OSError as exc:
             raise UpstreamConnectError(
                 f"the sandbox's gRPC server at {where} is unreachable: {exc.strerror or exc}") from None
-        return protocol
+        return connection
 
     def close(self) -> None:
-        for protocol in self._connections.values():
-            protocol.processor.close("gateway stopping")
+        for connection in self._connections.values():
+            connection.close(message="gateway stopping")
         self._connections.clear()

@@ -1,0 +1,200 @@
+"""One HTTP/2 stream of a :class:`~gateway.grpcfront.connection.Connection`: head, trailers, buffer, windows."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Protocol
+
+from gateway.grpcfront import frames as f
+from gateway.grpcfront.frames import StreamFailure
+from gateway.grpcfront.relay import RelayBuffer
+
+if TYPE_CHECKING:
+    from gateway.grpcfront.connection import Connection
+
+Headers = list[tuple[bytes, bytes]]
+
+STREAM_WINDOW = 4 * 1024 * 1024  # what each stream may have in flight towards us (grpclib's default)
+
+
+class StreamClosed(ConnectionError):
+    """The stream was reset or its connection lost: nothing more can be sent or received on it."""
+
+
+class StreamOwner(Protocol):
+    """Who is told when a stream ends early: ``reset`` if the peer reset it, else its connection was lost."""
+
+    def stream_ended(self, reset: bool) -> None: ...
+
+
+class Stream:
+    """One HTTP/2 stream: its received head and trailers, its receive buffer, its send window."""
+
+    __slots__ = ("conn", "id", "headers", "trailers", "buffer", "send_window", "recv_window", "_unacked",
+                 "local_closed", "remote_closed", "gone", "owner", "_head_waiter", "_window_waiter", "released")
+
+    def __init__(self, conn: Connection, stream_id: int) -> None:
+        self.conn = conn
+        self.id = stream_id
+        self.headers: Headers | None = None
+        self.trailers: Headers | None = None
+        self.buffer = RelayBuffer(conn.ack, stream_id)
+        self.send_window = conn.peer_initial_window
+        self.recv_window = STREAM_WINDOW
+        self._unacked = 0
+        self.local_closed = False   # we sent END_STREAM (or reset)
+        self.remote_closed = False  # the peer sent END_STREAM (or reset)
+        self.gone = False           # reset (either way) or its connection lost
+        self.owner: StreamOwner | None = None
+        self._head_waiter: asyncio.Future[None] | None = None
+        self._window_waiter: asyncio.Future[None] | None = None
+        self.released = False
+
+    @property
+    def closable(self) -> bool:
+        """We may still send on it (a final HEADERS, DATA or a reset)."""
+        return not self.gone and not self.local_closed
+
+    # -- sending ---------------------------------------------------------------
+    def send_headers(self, headers: Headers | list[tuple[str, str]], end_stream: bool = False) -> None:
+        if self.gone or self.local_closed:
+            raise StreamClosed(f"stream {self.id} is closed")
+        self.conn.write_headers(self.id, headers, end_stream)
+        if end_stream:
+            self._end_local()
+
+    async def send_data(self, data: bytes, end_stream: bool = False) -> None:
+        """Send ``data`` as DATA frames as the peer's windows and our transport allow."""
+        conn = self.conn
+        size = len(data)
+        offset = 0
+        while True:
+            if self.gone or self.local_closed:
+                raise StreamClosed(f"stream {self.id} is closed")
+            if conn.write_paused:
+                await conn.drained()
+                continue
+            count = min(size - offset, self.send_window, conn.send_window, conn.peer_max_frame)
+            if count <= 0 and offset < size:
+                await self._wait_window()
+                continue
+            last = offset + count == size
+            piece = data if count == size else data[offset:offset + count]
+            conn.write(f.frame(f.DATA, f.END_STREAM if end_stream and last else 0, self.id, piece))
+            self.send_window -= count
+            conn.send_window -= count
+            offset += count
+            if last:
+                break
+        if end_stream:
+            self._end_local()
+
+    async def end(self) -> None:
+        await self.send_data(b"", end_stream=True)
+
+    def reset(self, code: int = f.CANCEL) -> None:
+        """RST_STREAM: end the stream both ways now."""
+        if self.gone:
+            return
+        self.conn.write(f.rst_stream(self.id, code))
+        self._close(reset_by_peer=None)
+
+    # -- receiving ---------------------------------------------------------------
+    async def recv_headers(self) -> Headers:
+        """The peer's head (client side: the response head; a trailers-only response ends the stream)."""
+        while self.headers is None:
+            if self.gone:
+                raise StreamClosed(f"stream {self.id} ended before its head")
+            waiter = self._head_waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        return self.headers
+
+    def release(self) -> None:
+        """The stream's user is done with it: give back what it never read, free its slot."""
+        if self.released:
+            return
+        self.released = True
+        conn = self.conn
+        if not self.gone:
+            if self.local_closed:   # our answer is complete; the peer may stop sending (RFC 9113 8.1)
+                self.conn.write(f.rst_stream(self.id, f.NO_ERROR))
+                self._close(reset_by_peer=None)
+            else:
+                self.reset(f.CANCEL)
+        unread = self.buffer.unacked_size()
+        if unread:
+            conn.give_back(unread)
+        conn.released(self)
+
+    # -- the connection's side ----------------------------------------------------
+    def received_headers(self, headers: Headers, end_stream: bool) -> None:
+        if self.remote_closed:
+            raise StreamFailure(self.id, f.STREAM_CLOSED, "HEADERS after the end of the stream")
+        if self.headers is None:
+            if self.conn.client_side and headers and headers[0][1][:1] == b"1" and headers[0][0] == b":status":
+                return  # an informational (1xx) head: gRPC has none to forward
+            self.headers = headers
+            self._wake_head()
+        elif end_stream:
+            self.trailers = headers
+        else:
+            raise StreamFailure(self.id, f.PROTOCOL_ERROR, "trailers must end the stream")
+        if end_stream:
+            self.received_end()
+
+    def received_end(self) -> None:
+        self.remote_closed = True
+        self.buffer.eof()
+        if self.local_closed:
+            self.conn.forget(self)
+
+    def window_opened(self) -> None:
+        waiter = self._window_waiter
+        if waiter is not None:
+            self._window_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def ack(self, size: int) -> None:
+        """The relay took ``size`` bytes: reopen the peer's stream window a quarter at a time."""
+        if self.remote_closed or self.gone:
+            return
+        self._unacked += size
+        if self._unacked >= STREAM_WINDOW // 4:
+            self.conn.write(f.window_update(self.id, self._unacked))
+            self.recv_window += self._unacked
+            self._unacked = 0
+
+    def ended_early(self, reset_by_peer: bool) -> None:
+        """Reset by the peer (``True``) or its connection lost (``False``)."""
+        if self.gone:
+            return
+        self._close(reset_by_peer)
+
+    def _end_local(self) -> None:
+        self.local_closed = True
+        if self.remote_closed:
+            self.conn.forget(self)
+
+    def _close(self, reset_by_peer: bool | None) -> None:
+        self.gone = self.local_closed = self.remote_closed = True
+        self.conn.forget(self)
+        self._wake_head()  # the buffer is left as it is: a relay waiting on it is cancelled by the owner
+        self.window_opened()
+        if reset_by_peer is not None and self.owner is not None:
+            self.owner.stream_ended(reset_by_peer)
+
+    def _wake_head(self) -> None:
+        waiter = self._head_waiter
+        if waiter is not None:
+            self._head_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait_window(self) -> None:
+        waiter = self._window_waiter = asyncio.get_running_loop().create_future()
+        self.conn.blocked.add(self)
+        try:
+            await waiter
+        finally:
+            self.conn.blocked.discard(self)
