@@ -145,6 +145,9 @@ class _Accepting:
         self.streams: list[Stream] = []
         self.lost = asyncio.Event()
 
+    def connection_made(self, connection: Connection) -> None:
+        pass
+
     def accept(self, stream: Stream) -> None:
         self.streams.append(stream)
 

@@ -19,9 +19,11 @@ front, tests/test_grpc_hostile.py):
   compressed bytes: ENHANCE_YOUR_CALM; a CONTINUATION flood ends there.
 - DATA beyond the window we granted, WINDOW_UPDATE past 2^31-1: FLOW_CONTROL_ERROR.
 - More open streams than our SETTINGS_MAX_CONCURRENT_STREAMS: RST_STREAM
-  REFUSED_STREAM. A stream counts until its call has *ended*, not until the
-  peer resets it, so opening and resetting streams in a loop (rapid reset)
-  never has more calls running than the limit.
+  REFUSED_STREAM. Calls are counted until they have *ended*, not until the
+  peer resets their stream: a stream opened while that many calls still run
+  waits for one to end, and a peer that keeps opening and resetting streams
+  (rapid reset) never has more calls running than the limit; when as many
+  wait as may run, the connection ends with ENHANCE_YOUR_CALM.
 - Frames we must answer (PING, SETTINGS) while our writes are backed up: the
   front stops reading from that peer until they drain (``pause_reading``).
 
@@ -34,6 +36,7 @@ the transport to drain.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any, Protocol
 
 from hpack import Decoder, Encoder
@@ -50,6 +53,9 @@ _ENCODER_TABLE = 4096                # our encoder's dynamic table, whatever lar
 
 
 class ConnectionHandler(Protocol):
+    def connection_made(self, connection: Connection) -> None:
+        """Called once the transport is up (after the TLS handshake, on a TLS listener)."""
+
     def accept(self, stream: Stream) -> None:
         """A client opened ``stream``; its request head is ``stream.headers`` (server side only)."""
 
@@ -72,6 +78,8 @@ class Connection:
         self.peer_max_frame = f.DEFAULT_FRAME_SIZE
         self.peer_max_streams = 2**31 - 1
         self.active = 0                     # server side: streams whose users have not released them
+        self._waiting: deque[Stream] = deque()  # server side: opened while ``active`` was at the limit
+        self._reset_ids: deque[int] = deque(maxlen=1024)  # streams we reset lately: their late frames are dropped
         self._pause_reading = pause_reading
         self._transport: Any = None
         self._loop = asyncio.get_running_loop()
@@ -82,6 +90,7 @@ class Connection:
         self._inbox = bytearray()
         self._preface = not client_side     # server side: the client's preface is still to come
         self._settings_seen = False
+        self._settled: asyncio.Future[None] = self._loop.create_future()  # the peer's first SETTINGS applied
         self._recv_window = CONNECTION_WINDOW
         self._unacked = 0
         self._next_id = 1                   # client side: the next stream we open
@@ -105,6 +114,7 @@ class Connection:
             settings[f.MAX_CONCURRENT_STREAMS] = MAX_STREAMS
         self.write(f.settings_frame(settings))
         self.write(f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+        self.handler.connection_made(self)
 
     def data_received(self, data: bytes) -> None:
         inbox = self._inbox
@@ -122,6 +132,9 @@ class Connection:
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
         self._transport = None
+        if not self._settled.done():
+            self._settled.set_exception(ConnectionResetError("the connection closed before its SETTINGS"))
+            self._settled.exception()  # retrieved: nobody may be waiting
         for stream in list(self.streams.values()):
             stream.ended_early(reset_by_peer=False)
         self._wake(self._drain_waiters)
@@ -190,14 +203,32 @@ class Connection:
         """Client side: new streams may be opened on it."""
         return not self.closed and not self.goaway_received and self._next_id < 2**31 - 1
 
+    @property
+    def has_slot(self) -> bool:
+        """Client side: a stream opened now is within the peer's SETTINGS_MAX_CONCURRENT_STREAMS."""
+        return len(self.streams) < self.peer_max_streams and self.usable
+
+    async def settled(self) -> None:
+        """Wait for the peer's first SETTINGS (its stream limit and windows are known then)."""
+        if not self._settled.done():
+            await asyncio.shield(self._settled)
+
     def forget(self, stream: Stream) -> None:
         """``stream`` is closed both ways: it no longer counts against the peer's limit."""
         if self.streams.pop(stream.id, None) is not None and self._slot_waiters:
             self._wake(self._slot_waiters)
 
     def released(self, stream: Stream) -> None:
-        if not self.client_side:
-            self.active -= 1
+        if self.client_side:
+            return
+        self.active -= 1
+        waiting = self._waiting
+        while waiting and self.active < MAX_STREAMS:
+            self._start(waiting.popleft())
+
+    def reset_sent(self, stream_id: int, code: int) -> None:
+        self.write(f.rst_stream(stream_id, code))
+        self._reset_ids.append(stream_id)
 
     def ack(self, stream_id: int, size: int) -> None:
         """``size`` bytes of ``stream_id`` were taken by the relay: reopen the windows."""
@@ -273,6 +304,7 @@ class Connection:
             if kind != f.SETTINGS or flags & f.ACK:
                 raise ConnectionFailure(f.PROTOCOL_ERROR, "the first frame must be SETTINGS")
             self._settings_seen = True
+            self._loop.call_soon(self._settle)  # once this frame's settings are applied
         if kind == f.DATA:
             self._data(flags, stream_id, payload)
         elif kind == f.HEADERS:
@@ -363,24 +395,38 @@ class Connection:
         if stream is not None:
             stream.received_headers(headers, end_stream)
         elif self.client_side or stream_id <= self._last_peer_id or stream_id % 2 == 0:
-            if self._idle(stream_id) or not end_stream and not self.client_side:
+            if self._idle(stream_id) or stream_id not in self._reset_ids:
                 raise ConnectionFailure(f.PROTOCOL_ERROR, f"HEADERS on stream {stream_id}: not a new stream "
                                                           "(client streams are odd and increasing)")
-            # a stream that has ended on our side (we reset it): its late trailers are dropped
+            # a stream we reset: what the peer sent before it knew is dropped (RFC 9113 5.1, closed)
         else:
             self._accept(stream_id, headers, end_stream)
 
     def _accept(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
         self._last_peer_id = stream_id
-        if self.closed or self.active >= MAX_STREAMS:
-            self.write(f.rst_stream(stream_id, f.REFUSED_STREAM))
+        if self.closed or len(self.streams) >= MAX_STREAMS:
+            self.reset_sent(stream_id, f.REFUSED_STREAM)
             return
         stream = Stream(self, stream_id)
         stream.headers = headers
         self.streams[stream_id] = stream
-        self.active += 1
         if end_stream:
             stream.received_end()
+        if self.active < MAX_STREAMS:
+            self._start(stream)
+            return
+        waiting = self._waiting
+        if len(waiting) >= MAX_STREAMS:
+            self._waiting = waiting = deque(s for s in waiting if not s.gone)
+            if len(waiting) >= MAX_STREAMS:
+                raise ConnectionFailure(f.ENHANCE_YOUR_CALM, "too many streams opened while calls still end")
+        waiting.append(stream)
+
+    def _start(self, stream: Stream) -> None:
+        if stream.gone:  # reset while it waited: no call, its window back
+            self.give_back(stream.buffer.unacked_size())
+            return
+        self.active += 1
         self.handler.accept(stream)
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
@@ -472,10 +518,14 @@ class Connection:
             stream.ended_early(reset_by_peer=False)  # never processed: as good as a lost connection
 
     def _stream_failed(self, failure: StreamFailure) -> None:
-        self.write(f.rst_stream(failure.stream_id, failure.code))
+        self.reset_sent(failure.stream_id, failure.code)
         stream = self.streams.get(failure.stream_id)
         if stream is not None:
             stream.ended_early(reset_by_peer=True)
+
+    def _settle(self) -> None:
+        if not self._settled.done():
+            self._settled.set_result(None)
 
     @staticmethod
     def _wake(waiters: list[asyncio.Future[None]]) -> None:

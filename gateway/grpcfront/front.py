@@ -49,6 +49,9 @@ class _ServerSide:
         self.ident_key: tuple[str | None, ...] | None = None
         self.identity: Identity = None  # type: ignore[assignment]  # set by identify() before it is read
 
+    def connection_made(self, connection: Connection) -> None:
+        self.front.connections.add(connection)
+
     def accept(self, stream: Stream) -> None:
         self.front.begin(Call(self.front, self, stream))
 
@@ -108,9 +111,7 @@ class GrpcFront:
 
     def _protocol(self) -> Connection:
         # pause_reading: a client that floods PINGs or SETTINGS and reads nothing stops being read
-        connection = Connection(_ServerSide(self), client_side=False, pause_reading=True)
-        self.connections.add(connection)
-        return connection
+        return Connection(_ServerSide(self), client_side=False, pause_reading=True)
 
     def begin(self, call: Call) -> None:
         if self._draining:

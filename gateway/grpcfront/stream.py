@@ -96,7 +96,7 @@ class Stream:
         """RST_STREAM: end the stream both ways now."""
         if self.gone:
             return
-        self.conn.write(f.rst_stream(self.id, code))
+        self.conn.reset_sent(self.id, code)
         self._close(reset_by_peer=None)
 
     # -- receiving ---------------------------------------------------------------
@@ -115,12 +115,9 @@ class Stream:
             return
         self.released = True
         conn = self.conn
-        if not self.gone:
-            if self.local_closed:   # our answer is complete; the peer may stop sending (RFC 9113 8.1)
-                self.conn.write(f.rst_stream(self.id, f.NO_ERROR))
-                self._close(reset_by_peer=None)
-            else:
-                self.reset(f.CANCEL)
+        if not self.gone and not (self.local_closed and self.remote_closed):
+            # NO_ERROR: our side is complete and the peer may stop sending (RFC 9113 8.1)
+            self.reset(f.NO_ERROR if self.local_closed else f.CANCEL)
         unread = self.buffer.unacked_size()
         if unread:
             conn.give_back(unread)

@@ -1,9 +1,15 @@
-"""HTTP/2 connections to sandboxes' gRPC servers: one multiplexed connection per target.
+"""HTTP/2 connections to sandboxes' gRPC servers: multiplexed, as few per target as its stream limit allows.
 
 A gRPC server takes many concurrent streams on one connection, so the front
-keeps one client connection per (host, port) and opens a stream on it per call;
-a connection that was lost is replaced on the next call. Connecting is bounded
-by ``upstream_connect_timeout`` and failures become ``UpstreamConnectError``
+opens a stream per call on a connection it keeps per (host, port). The calls
+of every client of a sandbox share it, where direct each client would have a
+connection of its own: so when one is at the server's
+SETTINGS_MAX_CONCURRENT_STREAMS (grpclib's and h2's default is 100), the next
+call opens another rather than wait, and the limit never caps what clients may
+run together. A new connection is used only once the server's SETTINGS have
+arrived (a burst of calls must not overrun a limit not yet known); one that was
+lost is dropped on the next call. Connecting is bounded by
+``upstream_connect_timeout`` and failures become ``UpstreamConnectError``
 (UNAVAILABLE at the client).
 """
 
@@ -40,6 +46,9 @@ def grpc_target(route: Route, pool: PoolSpec | None) -> Target:
 class _ClientSide:
     """The handler of a connection to a sandbox: a sandbox opens no streams (the connection refuses them)."""
 
+    def connection_made(self, connection: Connection) -> None:
+        pass
+
     def accept(self, stream: object) -> None:
         raise AssertionError("a client-side connection accepts no streams")
 
@@ -52,16 +61,27 @@ class UpstreamChannels:
 
     def __init__(self, *, connect_timeout: float) -> None:
         self._connect_timeout = connect_timeout
-        self._connections: dict[Target, Connection] = {}
+        self._connections: dict[Target, list[Connection]] = {}
         self._connecting: dict[Target, asyncio.Future[Connection]] = {}
 
     async def connection(self, target: Target) -> Connection:
-        connection = self._connections.get(target)
-        if connection is not None and connection.usable:
-            return connection
-        pending = self._connecting.get(target)
-        if pending is not None:  # concurrent first calls share one connection attempt
-            return await asyncio.shield(pending)
+        """A connection to ``target`` with a free stream slot (returned without yielding once it is found:
+        the caller's ``open_stream`` takes the slot before any other call can)."""
+        while True:
+            connections = self._connections.get(target)
+            if connections:
+                for connection in connections:
+                    if connection.has_slot:
+                        return connection
+                if not all(connection.usable for connection in connections):
+                    connections[:] = [connection for connection in connections if connection.usable]
+            pending = self._connecting.get(target)
+            if pending is not None:  # calls that find no slot meanwhile share one connection attempt
+                await asyncio.shield(pending)
+                continue
+            await self._add(target)
+
+    async def _add(self, target: Target) -> None:
         future: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
         self._connecting[target] = future
         try:
@@ -72,9 +92,8 @@ class UpstreamChannels:
             raise
         finally:
             del self._connecting[target]
+        self._connections.setdefault(target, []).append(connection)
         future.set_result(connection)
-        self._connections[target] = connection
-        return connection
 
     async def _connect(self, target: Target) -> Connection:
         host, port = target
@@ -90,6 +109,7 @@ class UpstreamChannels:
                     _, connection = await loop.create_unix_connection(protocol_factory, host)
                 else:
                     _, connection = await loop.create_connection(protocol_factory, host, port)
+                await connection.settled()
         except TimeoutError:
             raise UpstreamConnectError(
                 f"the sandbox's gRPC server at {where} did not accept a connection within "
@@ -100,6 +120,7 @@ class UpstreamChannels:
         return connection
 
     def close(self) -> None:
-        for connection in self._connections.values():
-            connection.close(message="gateway stopping")
+        for connections in self._connections.values():
+            for connection in connections:
+                connection.close(message="gateway stopping")
         self._connections.clear()
