@@ -42,7 +42,8 @@ class EchoSandbox:
     def __init__(self, name: str = "sandbox") -> None:
         self.name = name
         self.cancelled = asyncio.Event()   # Slow was cancelled (the client left, a deadline, a reset)
-        self.slow_started = asyncio.Event()
+        self.slow_started = asyncio.Event()  # set by every Slow call as it starts
+        self.slow_running = 0                # Slow calls started and not yet ended
         self.seen: list[dict[str, str]] = []  # request metadata of every call, in order
         self.flooded = 0                      # messages Flood has handed to grpclib so far
         self.sink_open = asyncio.Event()      # Sink reads nothing until this is set
@@ -78,12 +79,15 @@ class EchoSandbox:
     async def slow(self, stream: Stream[bytes, bytes]) -> None:
         self._note(stream)
         await stream.recv_message()
+        self.slow_running += 1
         self.slow_started.set()
         try:
             await asyncio.sleep(60)
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
+        finally:
+            self.slow_running -= 1
 
     async def flood(self, stream: Stream[bytes, bytes]) -> None:
         """Up to 2,000 messages of 64 KiB (128 MiB), as fast as the client lets it."""

@@ -245,6 +245,24 @@ async def test_a_client_reset_mid_stream_is_not_an_error_for_the_front(channels,
     assert (await run_call(front, "/test.Echo/Unary", UNARY, [b"y"]))["messages"] == [b"y"]
 
 
+async def test_calls_beyond_the_sandboxs_stream_limit_all_reach_it(channels, sandbox):
+    """grpclib's sandbox takes 100 concurrent streams per connection. Every client's calls to it share the
+    front's connection, so the front opens another rather than hold the 101st call back: 150 Slow calls
+    through the gateway all run in the sandbox at once, as they would direct from 150 clients."""
+    service, _ = sandbox
+    _, front = channels
+    calls = [asyncio.create_task(run_call(front, "/test.Echo/Slow", UNARY, [b"x"])) for _ in range(150)]
+    try:
+        async with asyncio.timeout(10):
+            while service.slow_running < 150:
+                service.slow_started.clear()
+                await service.slow_started.wait()
+    finally:
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+
+
 async def test_a_slow_reader_pauses_the_sandbox(channels, sandbox):
     """Flow control end to end: while the client reads nothing, the sandbox cannot get far ahead of it
     (HTTP/2 windows of a few MiB per hop), and the gateway holds no more than its window in between."""
