@@ -18,6 +18,7 @@ import pytest
 from h2.config import H2Configuration
 
 from gateway.grpcfront import frames
+from gateway.grpcfront.call import forwardable
 from gateway.grpcfront.connection import Connection
 from gateway.grpcfront.relay import CHUNK, RelayBuffer, scan
 from gateway.grpcfront.stream import Stream
@@ -269,3 +270,17 @@ async def test_a_connection_delivers_everything_before_closing():
     await handler.lost.wait()
     writer.close()
     await writer.wait_closed()
+
+
+def test_what_a_sandbox_answers_reaches_the_client_only_as_valid_http2():
+    """Connection-specific fields, stray pseudo-headers and upper-case names make an HTTP/2 message
+    malformed (RFC 9113 8.2.2, 8.3): the gateway drops them rather than send them on; the rest is kept
+    in order, and a clean list is passed through as is."""
+    head = [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"connection", b"close"),
+            (b":path", b"/x"), (b"X-Upper", b"1"), (b"te", b"trailers"), (b"x-kept", b"2")]
+    assert forwardable(head, head=True) == [(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                            (b"x-kept", b"2")]
+    trailers = [(b":status", b"200"), (b"grpc-status", b"0"), (b"keep-alive", b"1")]
+    assert forwardable(trailers, head=False) == [(b"grpc-status", b"0")]
+    clean = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    assert forwardable(clean, head=True) is clean

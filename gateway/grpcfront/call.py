@@ -46,6 +46,10 @@ IDENTITY_METADATA = (b"x-org-id", b"x-user-id", b"x-session-id", b"x-bot-id", b"
 # time left. Every x-sandbox-* key is dropped too (the gateway sets x-sandbox-id itself).
 _DROPPED = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"host",
                       b"grpc-timeout", b"proxy-authorization"))
+# Never in an HTTP/2 message (RFC 9113 8.2.2): dropped from what the sandbox answers, so that a sandbox
+# sending them cannot make the gateway send the client a malformed response.
+_CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
+                                  b"upgrade", b"te"))
 # A proto service and method name: also what keeps the access log and metric labels free of odd bytes.
 _METHOD_PATH = re.compile(rb"/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+").fullmatch
 _CANCELLED = 1
@@ -82,6 +86,22 @@ def status_of(headers: Headers) -> int | None:
         if name == b"grpc-status":
             return int(value) if value.isdigit() else _INTERNAL
     return None
+
+
+def forwardable(headers: Headers, head: bool) -> Headers:
+    """The sandbox's response head (``head``) or trailers as the client may get them: without
+    connection-specific fields, pseudo-headers other than a head's ``:status``, or upper-case names
+    (each makes an HTTP/2 message malformed). The list itself when nothing is dropped, as is usual."""
+    for name, _ in headers:
+        if not _allowed(name, head):
+            return [(name, value) for name, value in headers if _allowed(name, head)]
+    return headers
+
+
+def _allowed(name: bytes, head: bool) -> bool:
+    if name[:1] == b":":
+        return head and name == b":status"
+    return name not in _CONNECTION_SPECIFIC and name == name.lower()
 
 
 def encode_timeout_ms(seconds: float) -> str:
@@ -253,20 +273,20 @@ class Call:
         response = await up.recv_headers()
         status = status_of(response)
         if status is not None:  # trailers-only: the whole answer is this one HEADERS frame
-            self.down.send_headers(response, end_stream=True)
+            self.down.send_headers(forwardable(response, head=True), end_stream=True)
             self._settled(status)
             return
         code = next((value for name, value in response if name == b":status"), b"")
         if code != b"200":
             raise UpstreamError(f"the sandbox answered HTTP {_text(code) or '?'} without a gRPC status",
                                 sandbox_id=route.sandbox_id)
-        self.down.send_headers(response)
+        self.down.send_headers(forwardable(response, head=True))
         self.head_sent = True
         self.to_client = await relay(up, self.down)
         trailers = up.trailers
         if trailers is None:
             raise UpstreamError("the sandbox ended its response without a gRPC status", sandbox_id=route.sandbox_id)
-        self.down.send_headers(trailers, end_stream=True)
+        self.down.send_headers(forwardable(trailers, head=False), end_stream=True)
         self._settled(status_of(trailers) or 0)
 
     def _request_fits(self, up: Stream) -> bool:
