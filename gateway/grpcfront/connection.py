@@ -6,7 +6,8 @@ and h2's general state machine, with hyperframe's frame objects and grpclib's
 events on top, cost about 90 us of the 216 us the gateway spent per unary call
 (profiled). Here a frame is parsed in place, a DATA payload goes straight into
 the stream's :class:`~gateway.grpcfront.relay.RelayBuffer`, and what one loop
-step writes goes out in one ``send()``. HPACK stays the ``hpack`` library's.
+step writes goes out in one ``send()``. HPACK is the ``hpack`` library's, its repeated blocks
+remembered (``headers``).
 
 What the peer may do and what it gets (hostile input is the normal case on the
 front, tests/test_grpc_hostile.py):
@@ -39,11 +40,11 @@ import asyncio
 from collections import deque
 from typing import Any, Protocol
 
-from hpack import Decoder, Encoder
 from hpack.exceptions import HPACKError, OversizedHeaderListError
 
 from gateway.grpcfront import frames as f
 from gateway.grpcfront.frames import ConnectionFailure, StreamFailure
+from gateway.grpcfront.headers import HeaderCodec
 from gateway.grpcfront.stream import STREAM_WINDOW, Headers, Stream, StreamClosed, StreamOwner
 
 CONNECTION_WINDOW = 4 * 1024 * 1024  # what all of a connection's streams may have in flight towards us
@@ -99,8 +100,7 @@ class Connection:
         self._block_stream = 0
         self._block_size = 0
         self._block_end = False
-        self._encoder = Encoder()
-        self._decoder = Decoder(max_header_list_size=MAX_HEADER_BLOCK)
+        self._hpack = HeaderCodec(max_header_list_size=MAX_HEADER_BLOCK)
 
     # -- asyncio protocol --------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -172,7 +172,7 @@ class Connection:
             transport.write(data)
 
     def write_headers(self, stream_id: int, headers: Any, end_stream: bool) -> None:
-        block = self._encoder.encode(headers)
+        block = self._hpack.encode(headers)
         self.write(f.header_frames(stream_id, block, end_stream, self.peer_max_frame))
 
     async def drained(self) -> None:
@@ -386,7 +386,7 @@ class Connection:
 
     def _header_block(self, stream_id: int, end_stream: bool, block: bytes) -> None:
         try:  # decoded whatever the stream: the HPACK state is the connection's
-            headers: Headers = self._decoder.decode(block, raw=True)  # type: ignore[assignment]
+            headers = self._hpack.decode(block)
         except OversizedHeaderListError:
             raise ConnectionFailure(f.ENHANCE_YOUR_CALM, f"a header list over {MAX_HEADER_BLOCK} bytes") from None
         except HPACKError as exc:
@@ -484,7 +484,7 @@ class Connection:
                 self.peer_max_streams = value
                 self._wake(self._slot_waiters)
             elif key == f.HEADER_TABLE_SIZE:
-                self._encoder.header_table_size = min(value, _ENCODER_TABLE)
+                self._hpack.peer_table_size(min(value, _ENCODER_TABLE))
         self.write(f.frame(f.SETTINGS, f.ACK, 0))
 
     def _initial_window(self, value: int) -> None:
