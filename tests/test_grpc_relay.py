@@ -22,6 +22,8 @@ from gateway.grpcfront.call import forwardable
 from gateway.grpcfront.connection import Connection
 from gateway.grpcfront.relay import CHUNK, RelayBuffer, scan
 from gateway.grpcfront.stream import Stream
+from gateway.grpcfront.upstream import UpstreamChannels
+from tests.grpc_helpers import echo_server
 
 
 def _message(size: int, compressed: int = 0) -> bytes:
@@ -284,3 +286,14 @@ def test_what_a_sandbox_answers_reaches_the_client_only_as_valid_http2():
     assert forwardable(trailers, head=False) == [(b"grpc-status", b"0")]
     clean = [(b":status", b"200"), (b"content-type", b"application/grpc")]
     assert forwardable(clean, head=True) is clean
+
+
+async def test_a_connection_to_a_sandbox_that_went_away_is_forgotten():
+    """What the front keeps is bounded by the sandboxes in use, not by every sandbox ever called."""
+    channels = UpstreamChannels(connect_timeout=2.0)
+    async with echo_server() as (_, port):
+        connection = await channels.connection(("127.0.0.1", port))
+        assert len(channels) == 1 and await channels.connection(("127.0.0.1", port)) is connection
+    await connection.wait_closed()  # the sandbox's server closed it
+    assert len(channels) == 0
+    channels.close()

@@ -92,6 +92,7 @@ class Connection:
         self._preface = not client_side     # server side: the client's preface is still to come
         self._settings_seen = False
         self._settled: asyncio.Future[None] = self._loop.create_future()  # the peer's first SETTINGS applied
+        self._lost: asyncio.Future[None] = self._loop.create_future()
         self._recv_window = CONNECTION_WINDOW
         self._unacked = 0
         self._next_id = 1                   # client side: the next stream we open
@@ -140,6 +141,11 @@ class Connection:
         self._wake(self._drain_waiters)
         self._wake(self._slot_waiters)
         self.handler.connection_lost(self)
+        self._lost.set_result(None)
+
+    async def wait_closed(self) -> None:
+        """Until the connection is gone (and its handler told)."""
+        await asyncio.shield(self._lost)
 
     def pause_writing(self) -> None:
         self.write_paused = True

@@ -46,6 +46,12 @@ def grpc_target(route: Route, pool: PoolSpec | None) -> Target:
 class _ClientSide:
     """The handler of a connection to a sandbox: a sandbox opens no streams (the connection refuses them)."""
 
+    __slots__ = ("channels", "target")
+
+    def __init__(self, channels: UpstreamChannels, target: Target) -> None:
+        self.channels = channels
+        self.target = target
+
     def connection_made(self, connection: Connection) -> None:
         pass
 
@@ -53,7 +59,9 @@ class _ClientSide:
         raise AssertionError("a client-side connection accepts no streams")
 
     def connection_lost(self, connection: Connection) -> None:
-        pass  # its streams' calls were told through their owners; the next call connects anew
+        # its streams' calls were told through their owners; it is forgotten at once, so that what is kept
+        # is bounded by the sandboxes in use, not by every sandbox ever called
+        self.channels.forget(self.target, connection)
 
 
 class UpstreamChannels:
@@ -64,6 +72,10 @@ class UpstreamChannels:
         self._connections: dict[Target, list[Connection]] = {}
         self._connecting: dict[Target, asyncio.Future[Connection]] = {}
 
+    def __len__(self) -> int:
+        """Connections kept, to every target."""
+        return sum(len(connections) for connections in self._connections.values())
+
     async def connection(self, target: Target) -> Connection:
         """A connection to ``target`` with a free stream slot (returned without yielding once it is found:
         the caller's ``open_stream`` takes the slot before any other call can)."""
@@ -73,8 +85,6 @@ class UpstreamChannels:
                 for connection in connections:
                     if connection.has_slot:
                         return connection
-                if not all(connection.usable for connection in connections):
-                    connections[:] = [connection for connection in connections if connection.usable]
             pending = self._connecting.get(target)
             if pending is not None:  # calls that find no slot meanwhile share one connection attempt
                 await asyncio.shield(pending)
@@ -92,8 +102,16 @@ class UpstreamChannels:
             raise
         finally:
             del self._connecting[target]
-        self._connections.setdefault(target, []).append(connection)
+        if not connection.closed:
+            self._connections.setdefault(target, []).append(connection)
         future.set_result(connection)
+
+    def forget(self, target: Target, connection: Connection) -> None:
+        connections = self._connections.get(target)
+        if connections is not None and connection in connections:
+            connections.remove(connection)
+            if not connections:
+                del self._connections[target]
 
     async def _connect(self, target: Target) -> Connection:
         host, port = target
@@ -101,7 +119,7 @@ class UpstreamChannels:
         loop = asyncio.get_running_loop()
 
         def protocol_factory() -> Connection:
-            return Connection(_ClientSide(), client_side=True)
+            return Connection(_ClientSide(self, target), client_side=True)
 
         try:
             async with asyncio.timeout(self._connect_timeout):
@@ -120,7 +138,7 @@ class UpstreamChannels:
         return connection
 
     def close(self) -> None:
-        for connections in self._connections.values():
-            for connection in connections:
+        for connections in list(self._connections.values()):
+            for connection in list(connections):
                 connection.close(message="gateway stopping")
         self._connections.clear()
