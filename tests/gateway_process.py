@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
+import select
 import signal
 import sys
 from pathlib import Path
@@ -79,3 +81,33 @@ class GatewayProcess:
         if self._reader is not None:
             await self._reader
         return code
+
+
+def kill_sandbox(sandbox_id: str, leader: int, timeout: float = 10.0) -> None:
+    """SIGKILL the sandbox's process group and wait until every process of it has exited (their
+    pidfds turn readable), the runtime inside bubblewrap's PID namespace included: the leader (outer
+    bubblewrap) can be gone while the runtime is still dying with its listening socket open, and
+    a request then would be accepted and dropped instead of finding the sandbox unreachable."""
+    pidfds = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and is_runtime_of(int(entry), sandbox_id):
+            with contextlib.suppress(ProcessLookupError):  # gone already
+                pidfds.append(os.pidfd_open(int(entry)))
+    assert pidfds, f"no process of sandbox {sandbox_id}"
+    try:
+        os.killpg(leader, signal.SIGKILL)
+        for fd in pidfds:
+            assert select.select([fd], [], [], timeout)[0], f"a process of sandbox {sandbox_id} did not exit"
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+
+
+def is_runtime_of(pid: int, sandbox_id: str) -> bool:
+    """Process ``pid`` is part of sandbox ``sandbox_id`` (bubblewrap or the runtime it runs)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"gateway.runtime" in argv and sandbox_id.encode() in argv

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from routing import per_session_sandbox_id
-from tests.gateway_process import GatewayProcess
+from tests.gateway_process import GatewayProcess, is_runtime_of, kill_sandbox
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -195,28 +195,6 @@ async def test_workers_metrics_add_up_in_every_scrape(tmp_path: Path, redis_serv
         kill_sandboxes(tmp_path)
 
 
-def _kill_sandbox(sandbox_id: str, leader: int, timeout: float = 10.0) -> None:
-    """SIGKILL the sandbox's process group and wait until every process of it has exited (their
-    pidfds turn readable), the runtime inside bubblewrap's PID namespace included: the leader (outer
-    bubblewrap) can be gone while the runtime is still dying with its listening socket open, and
-    a request then would be accepted and dropped instead of finding the sandbox unreachable."""
-    import select
-
-    pidfds = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _is_runtime_of(int(entry), sandbox_id):
-            with contextlib.suppress(ProcessLookupError):  # gone already
-                pidfds.append(os.pidfd_open(int(entry)))
-    assert pidfds, f"no process of sandbox {sandbox_id}"
-    try:
-        os.killpg(leader, signal.SIGKILL)
-        for fd in pidfds:
-            assert select.select([fd], [], [], timeout)[0], f"a process of sandbox {sandbox_id} did not exit"
-    finally:
-        for fd in pidfds:
-            os.close(fd)
-
-
 async def test_a_dead_sandbox_is_healed_by_a_replica_that_did_not_create_it(replicas_factory,
                                                                             redis_server: RedisServer, tmp_path):
     """Its creator is down and its process died: the survivor, which never watched that process,
@@ -232,7 +210,7 @@ async def test_a_dead_sandbox_is_healed_by_a_replica_that_did_not_create_it(repl
             first_pid = json.loads((registry / sandbox / "state.json").read_text())["pid"]
             creator.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
             await creator.proc.wait()  # type: ignore[union-attr]
-            _kill_sandbox(sandbox, first_pid)
+            kill_sandbox(sandbox, first_pid)
             results = await asyncio.gather(*(whoami(http, survivor, who("iso", "heal-1")) for _ in range(20)))
             assert results == [(200, sandbox)] * 20
             again = await whoami(http, survivor, who("iso", "heal-1"))
@@ -242,7 +220,7 @@ async def test_a_dead_sandbox_is_healed_by_a_replica_that_did_not_create_it(repl
         assert new_pid != first_pid
         assert [d.name for d in registry.iterdir()] == [sandbox]  # exactly one sandbox, re-created in place
         assert [(s["sandbox_id"], s["state"], s["sessions"]) for s in listing["sandboxes"]] == [(sandbox, "ready", 1)]
-        runtimes = [p for p in os.listdir("/proc") if p.isdigit() and _is_runtime_of(int(p), sandbox)]
+        runtimes = [p for p in os.listdir("/proc") if p.isdigit() and is_runtime_of(int(p), sandbox)]
         # One sandbox started: every runtime process (bubblewrap, its launcher, the runtime) is of the
         # session the new pid leads (posix_spawn with setsid): the heal ran once, not once per request.
         assert str(new_pid) in runtimes and {_session_of(int(p)) for p in runtimes} == {new_pid}
@@ -259,10 +237,3 @@ def _session_of(pid: int) -> int | None:
         return None
 
 
-def _is_runtime_of(pid: int, sandbox_id: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return False
-    return b"gateway.runtime" in argv and sandbox_id.encode() in argv

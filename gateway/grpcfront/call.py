@@ -29,7 +29,7 @@ from grpclib.metadata import decode_timeout, encode_grpc_message
 from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, UpstreamError
 from gateway.grpcfront.frames import CANCEL, NO_ERROR
 from gateway.grpcfront.relay import CHUNK, Truncated, relay
-from gateway.grpcfront.stream import Stream, StreamClosed
+from gateway.grpcfront.stream import Stream
 from gateway.grpcfront.upstream import grpc_target
 from gateway.limits import limit_key
 

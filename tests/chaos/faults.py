@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
-import signal
 from dataclasses import dataclass, field
 
 from kubernetes_asyncio import client as kube_client
@@ -20,6 +18,7 @@ from kubernetes_asyncio import client as kube_client
 from tests.chaos.cluster import NAMESPACE, Cluster, Replica, provider_store_difference
 from tests.chaos.driver import (DISCONNECTED, OK, REFUSED_CONNECTION, SECRET_MISSING, WRONG_OWNER, Load, Recorder,
                                 Session, Window, http_class, now, session_of)
+from tests.gateway_process import kill_sandbox
 
 REPLICA_GONE = {REFUSED_CONNECTION, DISCONNECTED}
 STORE_DOWN = {http_class(503, "store_unavailable")}
@@ -164,19 +163,10 @@ class Faults:
         self.recorder.close(window)
 
     async def _kill_sandbox_process(self, sandbox_id: str) -> None:
-        """SIGKILL the sandbox's process group, and wait for its leader's pidfd to say it is dead."""
+        """SIGKILL the sandbox's process group and wait until every process of it has exited (not only
+        its leader: the runtime may still be dying with its socket open, and accept a request it drops)."""
         pid = json.loads((self.cluster.registry / sandbox_id / "state.json").read_text())["pid"]
-        pidfd = os.pidfd_open(pid)
-        loop = asyncio.get_running_loop()
-        dead = loop.create_future()
-        loop.add_reader(pidfd, lambda: dead.done() or dead.set_result(None))
-        try:
-            os.killpg(pid, signal.SIGKILL)
-            async with asyncio.timeout(HEAL_TIMEOUT):
-                await dead
-        finally:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
+        await asyncio.to_thread(kill_sandbox, sandbox_id, pid, HEAL_TIMEOUT)
 
     async def delete_kube_sandbox(self, session: Session, *, drop_watches: bool = False) -> None:
         """The Sandbox object deleted behind the gateway's back (after cutting every watch, with
