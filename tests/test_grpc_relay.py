@@ -297,3 +297,37 @@ async def test_a_connection_to_a_sandbox_that_went_away_is_forgotten():
     await connection.wait_closed()  # the sandbox's server closed it
     assert len(channels) == 0
     channels.close()
+
+
+async def test_a_window_the_peer_shrank_below_zero_holds_back_even_the_end_of_the_stream():
+    """SETTINGS_INITIAL_WINDOW_SIZE lowered mid-stream can leave a stream's send window negative:
+    nothing flow-controlled may be sent, an empty END_STREAM DATA frame included, until WINDOW_UPDATEs
+    bring it back (RFC 9113 6.9.2; h2, the peer here, rejects the frame otherwise)."""
+    transport = _RecordingTransport()
+    handler = _Accepting()
+    connection = Connection(handler, client_side=False)
+    connection.connection_made(transport)
+    peer = _h2_client()
+    peer.send_headers(1, [(b":method", b"POST"), (b":path", b"/a.B/C"), (b":scheme", b"http"),
+                          (b":authority", b"x")])
+    connection.data_received(peer.data_to_send())
+    [stream] = handler.streams
+    stream.send_headers([(b":status", b"200")])
+    await stream.send_data(b"d" * 1000)  # within the default 65,535
+    await asyncio.sleep(0)
+    peer.receive_data(b"".join(transport.writes))
+    transport.writes.clear()
+    peer.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 100})
+    connection.data_received(peer.data_to_send())
+    assert stream.send_window == 100 - 1000
+    ending = asyncio.ensure_future(stream.end())
+    await asyncio.sleep(0)
+    assert not ending.done()
+    peer.receive_data(b"".join(transport.writes))  # our SETTINGS ACK: h2 applies the smaller window
+    transport.writes.clear()
+    peer.increment_flow_control_window(900, stream_id=1)
+    connection.data_received(peer.data_to_send())
+    await ending
+    await asyncio.sleep(0)
+    events = peer.receive_data(b"".join(transport.writes))
+    assert any(isinstance(e, h2.events.StreamEnded) and e.stream_id == 1 for e in events)

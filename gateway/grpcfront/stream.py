@@ -75,7 +75,9 @@ class Stream:
                 await conn.drained()
                 continue
             count = min(size - offset, self.send_window, conn.send_window, conn.peer_max_frame)
-            if count <= 0 and offset < size:
+            # A window below zero (the peer lowered SETTINGS_INITIAL_WINDOW_SIZE) holds back even an empty
+            # DATA frame (RFC 9113 6.9.2); a window of zero only holds back data.
+            if count < 0 or (count == 0 and offset < size):
                 await self._wait_window()
                 continue
             last = offset + count == size
