@@ -37,6 +37,7 @@ the transport to drain.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from typing import Any, Protocol
 
@@ -46,6 +47,8 @@ from gateway.grpcfront import frames as f
 from gateway.grpcfront.frames import ConnectionFailure, StreamFailure
 from gateway.grpcfront.headers import HeaderCodec
 from gateway.grpcfront.stream import STREAM_WINDOW, Headers, Stream, StreamClosed, StreamOwner
+
+log = logging.getLogger("gateway.grpc")
 
 CONNECTION_WINDOW = 4 * 1024 * 1024  # what all of a connection's streams may have in flight towards us
 MAX_HEADER_BLOCK = 64 * 1024         # compressed; also the decoded header list size we advertise
@@ -261,8 +264,11 @@ class Connection:
         self._transport.close()
 
     def fail(self, code: int, message: str) -> None:
-        """A connection error: what the peer did is named in the GOAWAY's debug data."""
+        """A connection error: what the peer did is named in the GOAWAY's debug data, and logged."""
         self._inbox.clear()
+        peer = self._transport.get_extra_info("peername") if self._transport is not None else None
+        log.info("HTTP/2 connection %s %s ended, error 0x%x: %s", "to" if self.client_side else "from",
+                 peer, code, message)
         self.close(code, message)
 
     # -- reading ---------------------------------------------------------------------------
