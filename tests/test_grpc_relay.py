@@ -165,6 +165,18 @@ def _h2_client() -> h2.connection.H2Connection:
     return peer
 
 
+def _serving() -> tuple[_RecordingTransport, _Accepting, Connection, h2.connection.H2Connection]:
+    """A server-side connection and an h2 client that has queued a request head on stream 1."""
+    transport = _RecordingTransport()
+    handler = _Accepting()
+    connection = Connection(handler, client_side=False)
+    connection.connection_made(transport)
+    peer = _h2_client()
+    peer.send_headers(1, [(b":method", b"POST"), (b":path", b"/a.B/C"), (b":scheme", b"http"),
+                          (b":authority", b"x"), (b"content-type", b"application/grpc")])
+    return transport, handler, connection, peer
+
+
 async def test_writes_of_one_loop_step_go_out_as_one_in_order():
     transport = _RecordingTransport()
     connection = Connection(_Accepting(), client_side=False)
@@ -182,13 +194,7 @@ async def test_writes_of_one_loop_step_go_out_as_one_in_order():
 
 async def test_a_request_from_h2_becomes_a_stream_and_its_answer_reads_back_in_h2():
     """Headers, DATA (split over several frames by our window and frame size), trailers, as h2 sees them."""
-    transport = _RecordingTransport()
-    handler = _Accepting()
-    connection = Connection(handler, client_side=False)
-    connection.connection_made(transport)
-    peer = _h2_client()
-    peer.send_headers(1, [(b":method", b"POST"), (b":path", b"/a.B/C"), (b":scheme", b"http"),
-                          (b":authority", b"x"), (b"content-type", b"application/grpc")])
+    transport, handler, connection, peer = _serving()
     peer.send_data(1, b"\x00\x00\x00\x00\x02hi", end_stream=True)
     connection.data_received(peer.data_to_send())
     [stream] = handler.streams
@@ -229,13 +235,7 @@ def test_a_long_header_block_is_split_into_continuation_frames():
 
 async def test_the_window_opens_a_quarter_at_a_time_as_the_relay_takes():
     """WINDOW_UPDATEs follow what the relay has taken, not what arrived, and come in few, large steps."""
-    transport = _RecordingTransport()
-    handler = _Accepting()
-    connection = Connection(handler, client_side=False)
-    connection.connection_made(transport)
-    peer = _h2_client()
-    peer.send_headers(1, [(b":method", b"POST"), (b":path", b"/a.B/C"), (b":scheme", b"http"),
-                          (b":authority", b"x")])
+    transport, handler, connection, peer = _serving()
     connection.data_received(peer.data_to_send())
     await asyncio.sleep(0)
     peer.receive_data(b"".join(transport.writes))  # our SETTINGS: the 4 MiB windows
@@ -303,13 +303,7 @@ async def test_a_window_the_peer_shrank_below_zero_holds_back_even_the_end_of_th
     """SETTINGS_INITIAL_WINDOW_SIZE lowered mid-stream can leave a stream's send window negative:
     nothing flow-controlled may be sent, an empty END_STREAM DATA frame included, until WINDOW_UPDATEs
     bring it back (RFC 9113 6.9.2; h2, the peer here, rejects the frame otherwise)."""
-    transport = _RecordingTransport()
-    handler = _Accepting()
-    connection = Connection(handler, client_side=False)
-    connection.connection_made(transport)
-    peer = _h2_client()
-    peer.send_headers(1, [(b":method", b"POST"), (b":path", b"/a.B/C"), (b":scheme", b"http"),
-                          (b":authority", b"x")])
+    transport, handler, connection, peer = _serving()
     connection.data_received(peer.data_to_send())
     [stream] = handler.streams
     stream.send_headers([(b":status", b"200")])

@@ -148,11 +148,8 @@ class Stream:
             self.conn.forget(self)
 
     def window_opened(self) -> None:
-        waiter = self._window_waiter
-        if waiter is not None:
-            self._window_waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        waiter, self._window_waiter = self._window_waiter, None
+        _resolve(waiter)
 
     def ack(self, size: int) -> None:
         """The relay took ``size`` bytes: reopen the peer's stream window a quarter at a time."""
@@ -184,11 +181,8 @@ class Stream:
             self.owner.stream_ended(reset_by_peer)
 
     def _wake_head(self) -> None:
-        waiter = self._head_waiter
-        if waiter is not None:
-            self._head_waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        waiter, self._head_waiter = self._head_waiter, None
+        _resolve(waiter)
 
     async def _wait_window(self) -> None:
         waiter = self._window_waiter = asyncio.get_running_loop().create_future()
@@ -197,3 +191,8 @@ class Stream:
             await waiter
         finally:
             self.conn.blocked.discard(self)
+
+
+def _resolve(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
