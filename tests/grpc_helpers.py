@@ -197,8 +197,8 @@ def _listen() -> socket.socket:
 @asynccontextmanager
 async def grpc_gateway(tmp_path: Path, policy: Path, **settings: Any) -> AsyncIterator[Gateway]:
     """A whole Gateway (app.py's wiring) with its data plane, control API and gRPC front on free ports."""
-    config = Settings(policy_file=policy, data_dir=tmp_path / "data", upstream_connect_timeout=2.0,
-                      drain_timeout=1.0, **settings)
+    config = Settings(policy_file=policy, data_dir=tmp_path / "data",
+                      **{"upstream_connect_timeout": 2.0, "drain_timeout": 1.0, **settings})
     gateway = Gateway.create(config)
     await gateway.start(_listen(), _listen(), _listen())
     try:

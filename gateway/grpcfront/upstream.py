@@ -89,9 +89,17 @@ class UpstreamChannels:
             if pending is not None:  # calls that find no slot meanwhile share one connection attempt
                 await asyncio.shield(pending)
                 continue
-            await self._add(target)
+            connection = await self._add(target)
+            if connection.has_slot:
+                return connection
+            # A connection of our own, just settled, that takes no stream: the sandbox allows none, sent
+            # GOAWAY or closed it. Looping would open connection after connection (thousands a second)
+            # for as long as the client waits: the call fails instead, and that connection is closed.
+            connection.close(message="no stream allowed")
+            raise UpstreamConnectError(f"the sandbox's gRPC server at {_where(target)} takes no new streams ("
+                                       f"{_refusal(connection)})")
 
-    async def _add(self, target: Target) -> None:
+    async def _add(self, target: Target) -> Connection:
         future: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
         self._connecting[target] = future
         try:
@@ -105,6 +113,7 @@ class UpstreamChannels:
         if not connection.closed:
             self._connections.setdefault(target, []).append(connection)
         future.set_result(connection)
+        return connection
 
     def forget(self, target: Target, connection: Connection) -> None:
         connections = self._connections.get(target)
@@ -115,7 +124,7 @@ class UpstreamChannels:
 
     async def _connect(self, target: Target) -> Connection:
         host, port = target
-        where = f"{host}:{port}" if port is not None else f"unix:{host}"
+        where = _where(target)
         loop = asyncio.get_running_loop()
 
         def protocol_factory() -> Connection:
@@ -142,3 +151,17 @@ class UpstreamChannels:
             for connection in list(connections):
                 connection.close(message="gateway stopping")
         self._connections.clear()
+
+
+def _where(target: Target) -> str:
+    host, port = target
+    return f"{host}:{port}" if port is not None else f"unix:{host}"
+
+
+def _refusal(connection: Connection) -> str:
+    """Why a connection that just settled takes no stream, as the sandbox's server made it so."""
+    if connection.goaway_received:
+        return "it sent GOAWAY"
+    if connection.closed:
+        return "it closed the connection"
+    return f"its SETTINGS_MAX_CONCURRENT_STREAMS is {connection.peer_max_streams}"

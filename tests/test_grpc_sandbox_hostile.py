@@ -1,0 +1,203 @@
+"""A hostile or broken sandbox behind the gRPC front: it costs its own calls a clear status (UNAVAILABLE or
+INTERNAL) and its own connection, never a hang, a busy loop or resources the gateway keeps.
+
+A sandbox runs untrusted code, and its gRPC server is whatever that code is: so the sandbox here is a raw
+server speaking HTTP/2 frame by frame (hyperframe frames, hpack header blocks), told per test what to do
+on each connection the gateway opens. Clients are grpclib's, through the gateway.
+
+No sleeps: each wait is for a frame, a connection or its end, bounded by ``IO``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from hpack import Decoder, Encoder
+from hyperframe.frame import (DataFrame, Frame, GoAwayFrame, HeadersFrame, PingFrame, SettingsFrame,
+                              WindowUpdateFrame)
+
+from tests.grpc_helpers import UNARY, RawCodec, grpc_gateway, ident, static_policy
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+IO = 1.5  # the longest any one wait may take; a gateway that behaves answers in milliseconds
+
+
+def grpc_message(body: bytes) -> bytes:
+    return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+class SandboxSide:
+    """One connection the gateway opened to the fake sandbox, spoken frame by frame."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.encoder, self.decoder = Encoder(), Decoder()
+        self.closed = asyncio.Event()  # the gateway closed the connection (we read its end)
+
+    async def frame(self) -> Frame | None:
+        """The gateway's next frame, None at the end of the connection."""
+        try:
+            head = await self.reader.readexactly(9)
+            frame, length = Frame.parse_frame_header(memoryview(head))
+            frame.parse_body(memoryview(await self.reader.readexactly(length)))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.closed.set()
+            return None
+        return frame
+
+    async def send(self, *frames: Frame | bytes) -> None:
+        self.writer.write(b"".join(f if isinstance(f, bytes) else f.serialize() for f in frames))
+        await self.writer.drain()
+
+    async def open(self, **settings: int) -> None:
+        """The gateway's preface read; our SETTINGS sent."""
+        assert await self.reader.readexactly(len(PREFACE)) == PREFACE
+        await self.send(SettingsFrame(0, settings={getattr(SettingsFrame, k): v for k, v in settings.items()}))
+
+    async def request(self) -> tuple[int, dict[bytes, bytes], bytes]:
+        """Reads up to the end of the next request: (stream, its head, its body). SETTINGS are ACKed."""
+        head: dict[int, dict[bytes, bytes]] = {}
+        body: dict[int, bytes] = {}
+        while True:
+            frame = await self.frame()
+            assert frame is not None, "the gateway closed the connection before a whole request"
+            if isinstance(frame, SettingsFrame) and "ACK" not in frame.flags:
+                await self.send(SettingsFrame(0, flags=["ACK"]))
+            elif isinstance(frame, HeadersFrame):
+                head[frame.stream_id] = dict(self.decoder.decode(frame.data, raw=True))
+            elif isinstance(frame, DataFrame):
+                body[frame.stream_id] = body.get(frame.stream_id, b"") + frame.data
+            if isinstance(frame, (HeadersFrame, DataFrame)) and "END_STREAM" in frame.flags:
+                return frame.stream_id, head[frame.stream_id], body.get(frame.stream_id, b"")
+
+    async def answer(self, stream: int, message: bytes) -> None:
+        """A whole unary answer: head, one message, trailers with status 0."""
+        await self.send(
+            HeadersFrame(stream, self.encoder.encode([(":status", "200"), ("content-type", "application/grpc")]),
+                         flags=["END_HEADERS"]),
+            DataFrame(stream, grpc_message(message)),
+            HeadersFrame(stream, self.encoder.encode([("grpc-status", "0")]), flags=["END_HEADERS", "END_STREAM"]))
+
+    async def until_closed(self) -> None:
+        """Reads (and drops) what the gateway sends until it closes the connection."""
+        while await self.frame() is not None:
+            pass
+
+
+Behaviour = Callable[[SandboxSide], Awaitable[None]]
+
+
+class FakeSandbox:
+    """A listener on 127.0.0.1 that hands each connection to ``behaviour``; keeps every connection's side."""
+
+    def __init__(self, behaviour: Behaviour) -> None:
+        self.behaviour = behaviour
+        self.sides: list[SandboxSide] = []
+        self.connected = asyncio.Event()  # set at each new connection
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        side = SandboxSide(reader, writer)
+        self.sides.append(side)
+        self.connected.set()
+        task = asyncio.current_task()
+        self._tasks.add(task)  # type: ignore[arg-type]
+        try:
+            await self.behaviour(side)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._tasks.discard(task)  # type: ignore[arg-type]
+            writer.close()
+
+
+@asynccontextmanager
+async def fake_sandbox(behaviour: Behaviour, *, rcvbuf: int | None = None) -> AsyncIterator[tuple[FakeSandbox, int]]:
+    sandbox = FakeSandbox(behaviour)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if rcvbuf is not None:  # inherited by accepted connections: the gateway's writes back up sooner
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.bind(("127.0.0.1", 0))
+    server = await asyncio.start_server(sandbox._serve, sock=sock)
+    try:
+        yield sandbox, sock.getsockname()[1]
+    finally:
+        server.close()
+        for task in list(sandbox._tasks):
+            task.cancel()
+        await asyncio.gather(*sandbox._tasks, return_exceptions=True)
+        await server.wait_closed()
+
+
+@asynccontextmanager
+async def gateway_to(port: int, tmp_path: Path, **settings: Any) -> AsyncIterator[Channel]:
+    """A gateway whose sandboxes answer gRPC on ``port``, and a grpclib channel to it."""
+    async with grpc_gateway(tmp_path, static_policy(tmp_path / "policy.yaml", ["127.0.0.1"], port), **settings) as gw:
+        channel = Channel(*gw.grpc_address, codec=RawCodec())
+        try:
+            yield channel
+        finally:
+            channel.close()
+
+
+async def unary(channel: Channel, message: bytes = b"ping") -> tuple[Status | None, bytes | str | None]:
+    """(status, the answer or the status message) of a unary call; (None, why) with no answer within ``IO``."""
+    try:
+        async with asyncio.timeout(IO):
+            async with channel.request("/test.Echo/Unary", UNARY, bytes, bytes, metadata=ident()) as stream:
+                await stream.send_message(message, end=True)
+                return Status.OK, await stream.recv_message()
+    except GRPCError as exc:
+        return exc.status, exc.message
+    except TimeoutError:
+        return None, f"no answer within {IO} s"
+
+
+async def serve_unary(side: SandboxSide) -> int:
+    """Answers one unary call with its own request message; returns its stream."""
+    stream, _, body = await side.request()
+    await side.answer(stream, body[5:])
+    return stream
+
+
+# -- a sandbox that takes no streams -----------------------------------------------------------------------
+
+async def no_streams(side: SandboxSide) -> None:
+    await side.open(MAX_CONCURRENT_STREAMS=0)
+    await side.until_closed()
+
+
+async def goaway_at_once(side: SandboxSide) -> None:
+    await side.open()
+    await side.send(GoAwayFrame(0, last_stream_id=0, error_code=0))
+    await side.until_closed()
+
+
+async def close_at_once(side: SandboxSide) -> None:
+    await side.open()
+
+
+@pytest.mark.parametrize("behaviour", [
+    pytest.param(no_streams, id="SETTINGS_MAX_CONCURRENT_STREAMS 0"),
+    pytest.param(goaway_at_once, id="GOAWAY after its SETTINGS"),
+    pytest.param(close_at_once, id="closes after its SETTINGS"),
+])
+async def test_a_sandbox_that_takes_no_streams_is_unavailable_at_once(tmp_path, behaviour):
+    """Each connection the gateway opens is useless at once. The call must end UNAVAILABLE, after a bounded
+    number of connections: not loop, opening connection after connection, until the client gives up."""
+    async with fake_sandbox(behaviour) as (sandbox, port), gateway_to(port, tmp_path) as channel:
+        status, message = await unary(channel)
+        opened = len(sandbox.sides)
+        assert status is Status.UNAVAILABLE, f"{status}: {message} ({opened} connections opened meanwhile)"
+        assert opened <= 2, f"the gateway opened {opened} connections for one call"
