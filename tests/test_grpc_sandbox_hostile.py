@@ -201,3 +201,26 @@ async def test_a_sandbox_that_takes_no_streams_is_unavailable_at_once(tmp_path, 
         opened = len(sandbox.sides)
         assert status is Status.UNAVAILABLE, f"{status}: {message} ({opened} connections opened meanwhile)"
         assert opened <= 2, f"the gateway opened {opened} connections for one call"
+
+
+# -- connections the gateway must not keep ------------------------------------------------------------------
+
+async def silent(side: SandboxSide) -> None:
+    await side.until_closed()  # accepts, reads, never sends a byte (not even SETTINGS)
+
+
+async def test_a_sandbox_that_never_sends_settings_is_unavailable_and_its_connection_closed(tmp_path):
+    """UNAVAILABLE within upstream_connect_timeout, and the connection that never settled is closed: a
+    sandbox that accepts and stays silent must not leave the gateway a socket per call."""
+    async with fake_sandbox(silent) as (sandbox, port), gateway_to(port, tmp_path,
+                                                                  upstream_connect_timeout=0.3) as channel:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        status, message = await unary(channel)
+        assert status is Status.UNAVAILABLE and loop.time() - started < 1.0, (status, message)
+        [side] = sandbox.sides
+        try:
+            await asyncio.wait_for(side.closed.wait(), IO)
+        except TimeoutError:
+            raise AssertionError("the gateway kept the connection that never settled open") from None
+

@@ -130,6 +130,7 @@ class UpstreamChannels:
         def protocol_factory() -> Connection:
             return Connection(_ClientSide(self, target), client_side=True)
 
+        connection: Connection | None = None
         try:
             async with asyncio.timeout(self._connect_timeout):
                 if port is None:
@@ -137,13 +138,19 @@ class UpstreamChannels:
                 else:
                     _, connection = await loop.create_connection(protocol_factory, host, port)
                 await connection.settled()
-        except TimeoutError:
-            raise UpstreamConnectError(
-                f"the sandbox's gRPC server at {where} did not accept a connection within "
-                f"{self._connect_timeout:g}s") from None
-        except OSError as exc:
-            raise UpstreamConnectError(
-                f"the sandbox's gRPC server at {where} is unreachable: {exc.strerror or exc}") from None
+        except BaseException as exc:
+            # connected but never settled (no SETTINGS in time, or the caller was cancelled): nobody will
+            # use it, so it is closed here; else every call to a silent sandbox would leave a socket open
+            if connection is not None:
+                connection.close(message="no SETTINGS in time")
+            if isinstance(exc, TimeoutError):
+                raise UpstreamConnectError(
+                    f"the sandbox's gRPC server at {where} did not accept a connection within "
+                    f"{self._connect_timeout:g}s") from None
+            if isinstance(exc, OSError):
+                raise UpstreamConnectError(
+                    f"the sandbox's gRPC server at {where} is unreachable: {exc.strerror or exc}") from None
+            raise
         return connection
 
     def close(self) -> None:
