@@ -224,3 +224,29 @@ async def test_a_sandbox_that_never_sends_settings_is_unavailable_and_its_connec
         except TimeoutError:
             raise AssertionError("the gateway kept the connection that never settled open") from None
 
+
+async def answer_then_goaway(side: SandboxSide) -> None:
+    """Takes one unary call, sends GOAWAY (NO_ERROR, that stream the last), answers the call and keeps the
+    connection open, as a server draining for a graceful stop may: it is for the client to close it once its
+    streams are done."""
+    await side.open()
+    stream, _, body = await side.request()
+    await side.send(GoAwayFrame(0, last_stream_id=stream, error_code=0))
+    await side.answer(stream, body[5:])
+    await side.until_closed()
+
+
+async def test_a_connection_the_sandbox_sent_goaway_on_is_closed_once_its_calls_end(tmp_path):
+    """Three calls, each on a new connection (the last one's had GOAWAY): each must be closed by the gateway
+    once its call has ended, not kept open for the life of the sandbox, one more per GOAWAY."""
+    async with fake_sandbox(answer_then_goaway) as (sandbox, port), gateway_to(port, tmp_path) as channel:
+        for i in range(3):
+            assert await unary(channel, b"call %d" % i) == (Status.OK, b"call %d" % i)
+        assert len(sandbox.sides) == 3
+        try:
+            async with asyncio.timeout(IO):
+                for side in sandbox.sides:
+                    await side.closed.wait()
+        except TimeoutError:
+            kept = sum(not side.closed.is_set() for side in sandbox.sides)
+            raise AssertionError(f"{kept} connections that had GOAWAY were kept open after their calls") from None

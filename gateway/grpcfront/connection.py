@@ -224,8 +224,16 @@ class Connection:
 
     def forget(self, stream: Stream) -> None:
         """``stream`` is closed both ways: it no longer counts against the peer's limit."""
-        if self.streams.pop(stream.id, None) is not None and self._slot_waiters:
-            self._wake(self._slot_waiters)
+        if self.streams.pop(stream.id, None) is not None:
+            if self._slot_waiters:
+                self._wake(self._slot_waiters)
+            self._close_if_drained()
+
+    def _close_if_drained(self) -> None:
+        """Client side: a connection the peer sent GOAWAY on takes no new stream; once its last one is done
+        it is closed, not left open (a sandbox that GOAWAYs and never closes would leave one per GOAWAY)."""
+        if self.client_side and self.goaway_received and not self.streams and not self.closed:
+            self.close(message="GOAWAY received and every stream done")
 
     def released(self, stream: Stream) -> None:
         if self.client_side:
@@ -528,6 +536,7 @@ class Connection:
         last = f.u32(payload) & f.STREAM_ID_MASK
         for stream in [s for s in self.streams.values() if s.id > last]:
             stream.ended_early(reset_by_peer=False)  # never processed: as good as a lost connection
+        self._close_if_drained()
 
     def _stream_failed(self, failure: StreamFailure) -> None:
         self.reset_sent(failure.stream_id, failure.code)
