@@ -85,6 +85,7 @@ class RawConnection:
         self.heads: dict[int, list[dict[bytes, bytes]]] = {}  # per stream: each header block the front sent
         self.bodies: dict[int, bytes] = {}
         self.resets: dict[int, int] = {}     # stream: the error code of the front's RST_STREAM
+        self.opened: dict[int, int] = {}     # stream (0: the connection): the sum of the front's WINDOW_UPDATEs
         self.ids = itertools.count(1, 2)
 
     @classmethod
@@ -165,6 +166,8 @@ class RawConnection:
             self.resets[frame.stream_id] = frame.error_code
         elif isinstance(frame, SettingsFrame) and "ACK" not in frame.flags:
             self.settings.update(frame.settings)
+        elif isinstance(frame, WindowUpdateFrame):
+            self.opened[frame.stream_id] = self.opened.get(frame.stream_id, 0) + frame.window_increment
         return frame
 
     async def ending(self, stream: int | None = None) -> Frame | None:
@@ -467,3 +470,30 @@ async def test_data_beyond_the_advertised_window_is_flow_control_error(conn, san
     assert end is not None and end.error_code == ErrorCodes.FLOW_CONTROL_ERROR, \
         f"after {written / 2**20:.1f} MiB of DATA written: {describe(end)}"
     await assert_serves(conn.address)
+
+
+
+async def test_streams_reset_while_they_wait_give_the_connection_window_back(conn):
+    """Rapid reset with request bytes: in one write, as many streams as the front runs calls (each opened and
+    reset at once: their calls have not ended yet, so they count), then one more than that again, each with a
+    705-byte message, each reset while it waits for a call to end (the waiting queue fills, and the reset
+    ones are dropped from it). Sixteen such writes, then a unary call: every byte sent was taken or dropped,
+    so the connection's window must be open again but for what the front may hold back before a
+    WINDOW_UPDATE (a quarter of it). A window that leaks stalls the connection for good."""
+    limit = conn.settings[SettingsFrame.MAX_CONCURRENT_STREAMS]
+    message = grpc_message(b"w" * 700)
+    sent = 0
+    for _ in range(16):
+        batch = [conn.head(stream).serialize() + RstStreamFrame(stream, ErrorCodes.CANCEL).serialize()
+                 for stream in itertools.islice(conn.ids, limit)]
+        batch += [conn.head(stream).serialize() + DataFrame(stream, message).serialize() +
+                  RstStreamFrame(stream, ErrorCodes.CANCEL).serialize()
+                  for stream in itertools.islice(conn.ids, limit + 1)]
+        await conn.send(b"".join(batch))
+        sent += (limit + 1) * len(message)
+        await conn.ping(b"batch ok")
+    await conn.unary()
+    sent += len(grpc_message(b"still serving"))
+    await conn.ping(b"windowed")  # a WINDOW_UPDATE queued by then has arrived
+    window = 65_535 + conn.opened.get(0, 0) - sent
+    assert window > 3 * 2**20, f"the connection's window is {window} bytes once every call ended ({sent} sent)"

@@ -437,7 +437,13 @@ class Connection:
             return
         waiting = self._waiting
         if len(waiting) >= MAX_STREAMS:
-            self._waiting = waiting = deque(s for s in waiting if not s.gone)
+            kept: deque[Stream] = deque()
+            for queued in waiting:
+                if queued.gone:  # reset while it waited: its window back, as _start gives it
+                    self.give_back(queued.buffer.unacked_size())
+                else:
+                    kept.append(queued)
+            self._waiting = waiting = kept
             if len(waiting) >= MAX_STREAMS:
                 raise ConnectionFailure(f.ENHANCE_YOUR_CALM, "too many streams opened while calls still end")
         waiting.append(stream)
