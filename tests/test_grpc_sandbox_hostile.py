@@ -22,8 +22,7 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from hpack import Decoder, Encoder
-from hyperframe.frame import (DataFrame, Frame, GoAwayFrame, HeadersFrame, PingFrame, SettingsFrame,
-                              WindowUpdateFrame)
+from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, SettingsFrame
 
 from tests.grpc_helpers import UNARY, RawCodec, grpc_gateway, ident, static_policy
 
