@@ -327,3 +327,19 @@ async def test_a_window_the_peer_shrank_below_zero_holds_back_even_the_end_of_th
     await asyncio.sleep(0)
     events = peer.receive_data(b"".join(transport.writes))
     assert any(isinstance(e, h2.events.StreamEnded) and e.stream_id == 1 for e in events)
+
+
+async def test_a_caller_cancelled_while_the_shared_connection_is_made_does_not_fail_the_others():
+    """Calls that find no connection share one attempt; the first caller's client leaving (its task
+    cancelled) must not cancel that attempt for the calls waiting on it."""
+    channels = UpstreamChannels(connect_timeout=2.0)
+    async with echo_server() as (_, port):
+        target = ("127.0.0.1", port)
+        first = asyncio.ensure_future(channels.connection(target))
+        second = asyncio.ensure_future(channels.connection(target))
+        await asyncio.sleep(0)  # both are waiting on the one attempt
+        first.cancel()
+        connection = await second
+        assert connection.has_slot and len(channels) == 1
+        channels.close()
+        await connection.wait_closed()

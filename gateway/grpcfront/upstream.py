@@ -16,6 +16,7 @@ lost is dropped on the next call. Connecting is bounded by
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import TYPE_CHECKING
 
@@ -70,7 +71,7 @@ class UpstreamChannels:
     def __init__(self, *, connect_timeout: float) -> None:
         self._connect_timeout = connect_timeout
         self._connections: dict[Target, list[Connection]] = {}
-        self._connecting: dict[Target, asyncio.Future[Connection]] = {}
+        self._connecting: dict[Target, asyncio.Task[Connection]] = {}
 
     def __len__(self) -> int:
         """Connections kept, to every target."""
@@ -85,35 +86,34 @@ class UpstreamChannels:
                 for connection in connections:
                     if connection.has_slot:
                         return connection
-            pending = self._connecting.get(target)
-            if pending is not None:  # calls that find no slot meanwhile share one connection attempt
-                await asyncio.shield(pending)
-                continue
-            connection = await self._add(target)
+            attempt = self._connecting.get(target)
+            if attempt is None:  # calls that find no slot meanwhile share one connection attempt, a task of
+                # its own: a caller cancelled while it connects (its client left) does not fail the others
+                attempt = self._connecting[target] = asyncio.ensure_future(self._add(target))
+                attempt.add_done_callback(functools.partial(self._attempted, target))
+            connection = await asyncio.shield(attempt)
             if connection.has_slot:
                 return connection
-            # A connection of our own, just settled, that takes no stream: the sandbox allows none, sent
-            # GOAWAY or closed it. Looping would open connection after connection (thousands a second)
-            # for as long as the client waits: the call fails instead, and that connection is closed.
+            if connection.usable and connection.peer_max_streams:
+                continue  # taken by the calls that waited with us: the next attempt adds a connection
+            # A connection just settled that takes no stream at all: the sandbox allows none, sent GOAWAY
+            # or closed it. Looping would open connection after connection (thousands a second) for as
+            # long as the client waits: the call fails instead, and that connection is closed.
             connection.close(message="no stream allowed")
             raise UpstreamConnectError(f"the sandbox's gRPC server at {_where(target)} takes no new streams ("
                                        f"{_refusal(connection)})")
 
     async def _add(self, target: Target) -> Connection:
-        future: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
-        self._connecting[target] = future
-        try:
-            connection = await self._connect(target)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: a failure nobody else waited for must not warn
-            raise
-        finally:
-            del self._connecting[target]
+        connection = await self._connect(target)
         if not connection.closed:
             self._connections.setdefault(target, []).append(connection)
-        future.set_result(connection)
         return connection
+
+    def _attempted(self, target: Target, attempt: asyncio.Task[Connection]) -> None:
+        if self._connecting.get(target) is attempt:
+            del self._connecting[target]
+        if not attempt.cancelled():
+            attempt.exception()  # retrieved: a failure whose callers have all left must not warn
 
     def forget(self, target: Target, connection: Connection) -> None:
         connections = self._connections.get(target)
@@ -154,6 +154,8 @@ class UpstreamChannels:
         return connection
 
     def close(self) -> None:
+        for attempt in list(self._connecting.values()):
+            attempt.cancel()  # its connection, if made, is closed as it is cancelled (_connect)
         for connections in list(self._connections.values()):
             for connection in list(connections):
                 connection.close(message="gateway stopping")
