@@ -125,20 +125,30 @@ async def test_the_buffer_hands_out_about_a_chunk_at_a_time():
 
 
 class _RecordingTransport:
-    """A hand-written stand-in for an asyncio transport: records each write."""
+    """A hand-written stand-in for an asyncio transport: records each write; ``unread`` makes it a
+    transport whose peer reads nothing (everything written stays in its buffer)."""
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
-        self.closed = False
+        self.closed = self.aborted = self.unread = False
 
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
+
+    def get_write_buffer_size(self) -> int:
+        return sum(map(len, self.writes)) if self.unread else 0
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
 
     def is_closing(self) -> bool:
         return self.closed
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
 
 
 class _Accepting:
@@ -343,3 +353,23 @@ async def test_a_caller_cancelled_while_the_shared_connection_is_made_does_not_f
         assert connection.has_slot and len(channels) == 1
         channels.close()
         await connection.wait_closed()
+
+
+async def test_a_peer_that_floods_pings_and_reads_nothing_is_cut_off(monkeypatch):
+    """Each PING must be answered; a peer that sends them without reading the answers would grow our
+    write buffer without end (a sandbox is untrusted code): past MAX_BACKLOG the connection is aborted."""
+    from gateway.grpcfront import connection as module
+
+    MAX_BACKLOG = 1024 * 1024  # 32 MiB in service; the mechanism is the same
+    monkeypatch.setattr(module, "MAX_BACKLOG", MAX_BACKLOG)
+    transport, _, connection, peer = _serving()
+    connection.data_received(peer.data_to_send())
+    transport.unread = True
+    connection.pause_writing()
+    ping = frames.frame(frames.PING, 0, 0, b"12345678")
+    sent = 0
+    while not transport.aborted and sent < 2 * MAX_BACKLOG:
+        connection.data_received(ping * 4096)
+        connection.flush()
+        sent += len(ping) * 4096
+    assert transport.aborted and sent <= MAX_BACKLOG + 17 * 4096 * 2

@@ -53,6 +53,9 @@ log = logging.getLogger("gateway.grpc")
 CONNECTION_WINDOW = 4 * 1024 * 1024  # what all of a connection's streams may have in flight towards us
 MAX_HEADER_BLOCK = 64 * 1024         # compressed; also the decoded header list size we advertise
 MAX_STREAMS = 256                    # concurrent streams a client may open on one front connection
+# What may wait unwritten for a peer that reads nothing: one loop step's DATA for every stream (256 x 64 KiB)
+# and more. Past it the peer is flooding us with frames we must answer (PING, SETTINGS): the connection ends.
+MAX_BACKLOG = 32 * 1024 * 1024
 _ENCODER_TABLE = 4096                # our encoder's dynamic table, whatever larger size the peer allows
 
 
@@ -179,6 +182,9 @@ class Connection:
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
+            if self.write_paused and transport.get_write_buffer_size() > MAX_BACKLOG:
+                self.fail(f.ENHANCE_YOUR_CALM, f"over {MAX_BACKLOG} bytes waiting to be written to a peer "
+                                               "that reads nothing (a flood of frames we must answer?)")
 
     def write_headers(self, stream_id: int, headers: Any, end_stream: bool) -> None:
         block = self._hpack.encode(headers)
@@ -263,13 +269,17 @@ class Connection:
             self._unacked = 0
 
     def close(self, code: int = f.NO_ERROR, message: str = "") -> None:
-        """GOAWAY, then close once what is queued is written."""
-        if self._transport is None:
+        """GOAWAY, then close once what is queued is written (at once if the peer reads nothing)."""
+        transport = self._transport
+        if transport is None or self.closed:
             return
+        self.closed = True
         self.write(f.goaway(self._last_peer_id, code, message.encode()[:200]))
         self.flush()
-        self.closed = True
-        self._transport.close()
+        if transport.get_write_buffer_size() > MAX_BACKLOG:
+            transport.abort()  # it would never drain
+        else:
+            transport.close()
 
     def fail(self, code: int, message: str) -> None:
         """A connection error: what the peer did is named in the GOAWAY's debug data, and logged."""
