@@ -497,3 +497,24 @@ async def test_streams_reset_while_they_wait_give_the_connection_window_back(con
     await conn.ping(b"windowed")  # a WINDOW_UPDATE queued by then has arrived
     window = 65_535 + conn.opened.get(0, 0) - sent
     assert window > 3 * 2**20, f"the connection's window is {window} bytes once every call ended ({sent} sent)"
+
+
+async def test_a_stopping_gateway_sends_goaway_first_and_lets_open_calls_finish(conn, gateway, sandbox):
+    """Not hostile, but told the same way: stop() sends GOAWAY (NO_ERROR) at once, so a client opens new
+    calls elsewhere; a stream it opens before it knows is refused (REFUSED_STREAM, which clients retry);
+    the call already open is not cut by the GOAWAY (it ends only when the drain time is over)."""
+    service, _ = sandbox
+    slow = conn.next_stream()
+    await conn.send(*conn.call(slow, "/test.Echo/Slow"))
+    await asyncio.wait_for(service.slow_started.wait(), IO)
+    stopping = asyncio.ensure_future(gateway.stop())
+    try:
+        end = await conn.ending()
+        assert isinstance(end, GoAwayFrame) and end.error_code == ErrorCodes.NO_ERROR, describe(end)
+        assert end.last_stream_id == slow and slow not in conn.heads and slow not in conn.resets
+        late = conn.next_stream()
+        await conn.send(*conn.call(late))
+        assert describe(await conn.ending(late)) == describe(RstStreamFrame(late, ErrorCodes.REFUSED_STREAM))
+        assert not service.cancelled.is_set()  # the open call still runs in the sandbox
+    finally:
+        await stopping

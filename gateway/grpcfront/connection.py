@@ -78,6 +78,7 @@ class Connection:
         self.streams: dict[int, Stream] = {}
         self.blocked: set[Stream] = set()   # streams waiting for the connection's send window
         self.closed = False                 # lost, or failed: no new streams
+        self.draining = False               # server side: we sent GOAWAY; new streams are refused
         self.goaway_received = False
         self.write_paused = False
         self.send_window = f.DEFAULT_WINDOW
@@ -281,6 +282,14 @@ class Connection:
         else:
             transport.close()
 
+    def shut_down(self, message: str) -> None:
+        """Server side: GOAWAY (NO_ERROR) now, the calls already open run on; a client opens new calls
+        elsewhere, and a stream it opened before it knew is refused (REFUSED_STREAM: retried)."""
+        if self._transport is None or self.closed or self.draining:
+            return
+        self.draining = True
+        self.write(f.goaway(self._last_peer_id, f.NO_ERROR, message.encode()[:200]))
+
     def fail(self, code: int, message: str) -> None:
         """A connection error: what the peer did is named in the GOAWAY's debug data, and logged."""
         self._inbox.clear()
@@ -434,7 +443,7 @@ class Connection:
 
     def _accept(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
         self._last_peer_id = stream_id
-        if self.closed or len(self.streams) >= MAX_STREAMS:
+        if self.closed or self.draining or len(self.streams) >= MAX_STREAMS:
             self.reset_sent(stream_id, f.REFUSED_STREAM)
             return
         stream = Stream(self, stream_id)

@@ -132,20 +132,26 @@ class GrpcFront:
             self.access.log(call_log(call, f"{self._id_prefix}{next(self._ids):x}"))
 
     async def stop(self, drain_timeout: float) -> None:
-        """Stop accepting, let calls finish (up to ``drain_timeout``), then end the rest with UNAVAILABLE."""
+        """Stop accepting, tell clients to go elsewhere (GOAWAY), let calls finish (up to ``drain_timeout``),
+        then end the rest with UNAVAILABLE."""
         if self._server is None:
             return
         self._draining = True
         self._server.close()
+        for connection in list(self.connections):
+            connection.shut_down("gateway stopping")
         tasks = [call.task for call in self.calls if call.task is not None]
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=drain_timeout)
-            for call in list(self.calls):
-                if call.task is not None and not call.task.done():
-                    call.side = "stopping"
-                    call.task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=2.0)
+            await asyncio.wait(tasks, timeout=drain_timeout)
+        for call in list(self.calls):
+            # A call whose task has not run yet is not cancelled: cancelled before it starts, run() would
+            # never run, nor its cleanup; begun while draining, it answers UNAVAILABLE when it runs.
+            if call.task is not None and not call.task.done() and call.running:
+                call.side = "stopping"
+                call.task.cancel()
+        left = [call.task for call in self.calls if call.task is not None and not call.task.done()]
+        if left:
+            await asyncio.wait(left, timeout=2.0)
         for connection in list(self.connections):
             connection.close(message="gateway stopping")
         self.channels.close()
