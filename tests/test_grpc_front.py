@@ -280,6 +280,26 @@ async def test_a_slow_reader_pauses_the_sandbox(channels, sandbox):
     assert received == 2000 and service.flooded == 2000
 
 
+async def test_a_call_whose_client_reads_nothing_does_not_stall_the_others_to_its_sandbox(gateway, sandbox):
+    """Calls to a sandbox share the front's connection to it. One whose client reads nothing holds only its
+    own stream's window there: another client's call to the same sandbox still completes, its 100 KB answer
+    included (with a connection window reopened only as calls read, the stuck call held all of it)."""
+    service, _ = sandbox
+    stuck = Channel(*gateway.grpc_address, codec=RawCodec())
+    other = Channel(*gateway.grpc_address, codec=RawCodec())
+    try:
+        async with stuck.request("/test.Echo/Flood", SERVER_STREAM, bytes, bytes, metadata=ident()) as stream:
+            await stream.send_message(b"go", end=True)
+            await stream.recv_message()
+            await asyncio.sleep(0.5)  # a stall cannot be awaited as an event: let the flood fill what it can
+            got = await asyncio.wait_for(run_call(other, "/test.Echo/Unary", UNARY, [b"y" * 100_000]), 5)
+            assert got["messages"] == [b"y" * 100_000] and service.flooded < 2000
+            await stream.cancel()  # grpclib's client would otherwise wait for the flood's trailers on leaving
+    finally:
+        stuck.close()
+        other.close()
+
+
 async def test_a_slow_sandbox_pauses_the_client(channels, sandbox):
     """Flow control end to end the other way: while the sandbox reads nothing, the client's sends stall
     after a few HTTP/2 windows; once it reads, every byte arrives."""

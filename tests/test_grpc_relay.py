@@ -83,9 +83,9 @@ async def test_the_buffer_opens_the_window_only_for_what_is_taken():
     buffer = RelayBuffer(lambda stream_id, size: acked.append(size), 1)
     buffer.add(b"a" * 10, 10)
     buffer.add(b"b" * 5, 9)  # padding counts towards the window, not the data
-    assert buffer.size == 15 and buffer.unacked_size() == 19 and acked == []
+    assert buffer.size == 15 and acked == []
     assert await buffer.take() == b"a" * 10 + b"b" * 5
-    assert acked == [19] and buffer.size == 0 and buffer.unacked_size() == 0
+    assert acked == [19] and buffer.size == 0
     waiting = asyncio.ensure_future(buffer.take())
     await asyncio.sleep(0)
     assert not waiting.done()  # nothing to take: waits for data
@@ -120,8 +120,7 @@ async def test_the_buffer_hands_out_about_a_chunk_at_a_time():
     for _ in range(10):
         buffer.add(frame, len(frame))
     first = await buffer.take()
-    assert len(first) == CHUNK and acked == [CHUNK]
-    assert buffer.unacked_size() == 10 * len(frame) - CHUNK
+    assert len(first) == CHUNK and acked == [CHUNK] and buffer.size == 10 * len(frame) - CHUNK
 
 
 class _RecordingTransport:
@@ -243,27 +242,33 @@ def test_a_long_header_block_is_split_into_continuation_frames():
         (frames.CONTINUATION, frames.END_HEADERS, 3)]
 
 
-async def test_the_window_opens_a_quarter_at_a_time_as_the_relay_takes():
-    """WINDOW_UPDATEs follow what the relay has taken, not what arrived, and come in few, large steps."""
+async def test_a_streams_window_opens_as_the_relay_takes_and_the_connections_as_data_arrives():
+    """A stream's WINDOW_UPDATEs follow what the relay has taken, a quarter of its window at a time (what
+    a call holds is bounded by it); the connection's follow what arrived, so that one stuck call cannot
+    take the whole connection window from the calls sharing it."""
+    from gateway.grpcfront.stream import STREAM_WINDOW
+
     transport, handler, connection, peer = _serving()
     connection.data_received(peer.data_to_send())
     await asyncio.sleep(0)
-    peer.receive_data(b"".join(transport.writes))  # our SETTINGS: the 4 MiB windows
+    peer.receive_data(b"".join(transport.writes))  # our SETTINGS and windows
     [stream] = handler.streams
     transport.writes.clear()
     chunk = b"z" * 16_384
-    for _ in range(80):  # 1.25 MiB: more than a quarter of the 4 MiB windows
+    for _ in range(STREAM_WINDOW // len(chunk)):  # the stream's whole window
         peer.send_data(1, chunk)
     connection.data_received(peer.data_to_send())
     await asyncio.sleep(0)
-    assert not any(kind == frames.WINDOW_UPDATE for kind, *_ in _frames(b"".join(transport.writes)))
+    arrived = [e for e in peer.receive_data(b"".join(transport.writes)) if isinstance(e, h2.events.WindowUpdated)]
+    assert [e.stream_id for e in arrived] == [0] and arrived[0].delta >= STREAM_WINDOW  # nothing for stream 1 yet
+    transport.writes.clear()
     taken = 0
-    while taken < 80 * len(chunk):
+    while taken < STREAM_WINDOW:
         taken += len(await stream.buffer.take())
     await asyncio.sleep(0)
     updates = [e for e in peer.receive_data(b"".join(transport.writes)) if isinstance(e, h2.events.WindowUpdated)]
-    assert {e.stream_id for e in updates} == {0, 1} and len(updates) == 2
-    assert all(e.delta >= 1024 * 1024 for e in updates)
+    assert {e.stream_id for e in updates} == {1} and sum(e.delta for e in updates) == STREAM_WINDOW
+    assert all(e.delta >= STREAM_WINDOW // 4 for e in updates)
 
 
 async def test_a_connection_delivers_everything_before_closing():

@@ -28,10 +28,15 @@ front, tests/test_grpc_hostile.py):
 - Frames we must answer (PING, SETTINGS) while our writes are backed up: the
   front stops reading from that peer until they drain (``pause_reading``).
 
-Flow control is end to end: a stream's receive window reopens (WINDOW_UPDATE)
-only as the relay takes the bytes, a quarter of the window at a time, and
-``Stream.send_data`` waits for the peer's stream and connection windows and for
-the transport to drain.
+Flow control is end to end per stream: a stream's receive window reopens
+(WINDOW_UPDATE) only as the relay takes the bytes, a quarter of the window at a
+time, and ``Stream.send_data`` waits for the peer's stream and connection
+windows and for the transport to drain. The connection's own receive window is
+reopened as DATA arrives, so what a connection holds is bounded by its streams'
+windows, and one stuck call (a client that reads nothing, a sandbox that does
+not read its request) never stalls the other calls sharing its connection:
+other sessions' calls, where a platform multiplexes its users over one
+connection, or other clients' calls to a shared sandbox.
 """
 
 from __future__ import annotations
@@ -255,13 +260,12 @@ class Connection:
         self._reset_ids.append(stream_id)
 
     def ack(self, stream_id: int, size: int) -> None:
-        """``size`` bytes of ``stream_id`` were taken by the relay: reopen the windows."""
+        """``size`` bytes of ``stream_id`` were taken by the relay: reopen its stream's window."""
         stream = self.streams.get(stream_id)
         if stream is not None:
             stream.ack(size)
-        self.give_back(size)
 
-    def give_back(self, size: int) -> None:
+    def _credit(self, size: int) -> None:
         """Reopen the connection's window by ``size``, a quarter of the window at a time."""
         self._unacked += size
         if self._unacked >= CONNECTION_WINDOW // 4:
@@ -380,17 +384,17 @@ class Connection:
         self._recv_window -= size
         if self._recv_window < 0:
             raise ConnectionFailure(f.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
+        self._credit(size)
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_closed:
             if self._idle(stream_id):
                 raise ConnectionFailure(f.PROTOCOL_ERROR, f"DATA on stream {stream_id}, which was never opened")
-            self.give_back(size)  # a stream that ended meanwhile: the bytes are dropped, the window reopened
+            # a stream that ended meanwhile: the bytes are dropped (the connection's window reopened on receipt)
             if stream is not None:
                 raise StreamFailure(stream_id, f.STREAM_CLOSED, "DATA after the end of the stream")
             return
         stream.recv_window -= size
         if stream.recv_window < 0:
-            self.give_back(size)
             raise StreamFailure(stream_id, f.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
         data = f.unpad(flags, payload, stream_id)
         stream.buffer.add(data, size)
@@ -456,20 +460,13 @@ class Connection:
             return
         waiting = self._waiting
         if len(waiting) >= MAX_STREAMS:
-            kept: deque[Stream] = deque()
-            for queued in waiting:
-                if queued.gone:  # reset while it waited: its window back, as _start gives it
-                    self.give_back(queued.buffer.unacked_size())
-                else:
-                    kept.append(queued)
-            self._waiting = waiting = kept
+            self._waiting = waiting = deque(queued for queued in waiting if not queued.gone)  # reset meanwhile
             if len(waiting) >= MAX_STREAMS:
                 raise ConnectionFailure(f.ENHANCE_YOUR_CALM, "too many streams opened while calls still end")
         waiting.append(stream)
 
     def _start(self, stream: Stream) -> None:
-        if stream.gone:  # reset while it waited: no call, its window back
-            self.give_back(stream.buffer.unacked_size())
+        if stream.gone:  # reset while it waited: no call
             return
         self.active += 1
         self.handler.accept(stream)

@@ -9,11 +9,11 @@ middle of one. (Reading prefix by prefix, as a codec would, cost two reads, an
 acknowledgement and a send per message: half the gateway's time in a stream of
 small messages, profiled under grpclib.)
 
-Flow control stays end to end: bytes are acknowledged (the sender's HTTP/2
+Flow control stays end to end: bytes are acknowledged (the sender's stream
 window reopened) only when the relay takes them, and the relay takes the next
 piece only after ``send_data`` has passed the previous one on, which waits for
 the receiver's window and for the transport. What a call holds per direction
-is the HTTP/2 window it granted plus one piece (``CHUNK``, at most one DATA
+is the stream window it granted plus one piece (``CHUNK``, at most one DATA
 frame more).
 """
 
@@ -63,10 +63,6 @@ class RelayBuffer:
     def eof(self) -> None:
         self._ended = True
         self._wake()
-
-    def unacked_size(self) -> int:
-        """What was received and never taken: given back to the connection when the stream is released."""
-        return sum(ack for _, ack in self._chunks)
 
     def _wake(self) -> None:
         waiter = self._waiter

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 Headers = list[tuple[bytes, bytes]]
 
-STREAM_WINDOW = 4 * 1024 * 1024  # what each stream may have in flight towards us (grpclib's default)
+STREAM_WINDOW = 1024 * 1024  # what each stream may have in flight towards us: what a call holds, per direction
 
 
 class StreamClosed(ConnectionError):
@@ -112,18 +112,14 @@ class Stream:
         return self.headers
 
     def release(self) -> None:
-        """The stream's user is done with it: give back what it never read, free its slot."""
+        """The stream's user is done with it: end it if it is not, free its slot."""
         if self.released:
             return
         self.released = True
-        conn = self.conn
         if not self.gone and not (self.local_closed and self.remote_closed):
             # NO_ERROR: our side is complete and the peer may stop sending (RFC 9113 8.1)
             self.reset(f.NO_ERROR if self.local_closed else f.CANCEL)
-        unread = self.buffer.unacked_size()
-        if unread:
-            conn.give_back(unread)
-        conn.released(self)
+        self.conn.released(self)
 
     # -- the connection's side ----------------------------------------------------
     def received_headers(self, headers: Headers, end_stream: bool) -> None:
