@@ -21,7 +21,7 @@ Why its own HTTP/2 layer (``connection``, ``stream``, ``frames``), not grpclib's
 passthrough needs, and grpclib's ``Server`` dispatches from a fixed ``{path:
 handler}`` mapping, decodes every message through a codec (dropping the
 compression flag) and writes its own response head and trailers. Its protocol
-layer served (sessions 4-6), but h2's general state machine, hyperframe's frame
+layer served first, but h2's general state machine, hyperframe's frame
 objects and grpclib's events under it were about 90 of the 216 us the gateway
 spent per relayed unary call, and kept it under half the rate of a direct call.
 A relay uses a small part of HTTP/2 (streams, header blocks, DATA, windows,
