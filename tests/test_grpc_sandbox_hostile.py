@@ -22,7 +22,7 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from hpack import Decoder, Encoder
-from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, SettingsFrame
+from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, RstStreamFrame, SettingsFrame
 
 from tests.grpc_helpers import UNARY, RawCodec, grpc_gateway, ident, static_policy
 
@@ -249,3 +249,62 @@ async def test_a_connection_the_sandbox_sent_goaway_on_is_closed_once_its_calls_
         except TimeoutError:
             kept = sum(not side.closed.is_set() for side in sandbox.sides)
             raise AssertionError(f"{kept} connections that had GOAWAY were kept open after their calls") from None
+
+
+# -- a sandbox that refuses a request unprocessed ----------------------------------------------------------
+
+class GoawayFirst:
+    """Its first connection: GOAWAY below the first request (a server restarting); later ones serve."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+
+    async def __call__(self, side: SandboxSide) -> None:
+        self.connections += 1
+        await side.open()
+        if self.connections == 1:
+            await side.request()
+            await side.send(GoAwayFrame(0, last_stream_id=0))
+        else:
+            await serve_unary(side)
+        await side.until_closed()
+
+
+async def refused_first(side: SandboxSide) -> None:
+    """One connection: the first request refused (REFUSED_STREAM: a server shedding load), the next served."""
+    await side.open()
+    stream, _, _ = await side.request()
+    await side.send(RstStreamFrame(stream, error_code=0x7))
+    await serve_unary(side)
+    await side.until_closed()
+
+
+@pytest.mark.parametrize("behaviour, connections", [
+    pytest.param(GoawayFirst, 2, id="GOAWAY below the stream"),
+    pytest.param(lambda: refused_first, 1, id="REFUSED_STREAM"),
+])
+async def test_a_request_the_sandbox_refused_unprocessed_is_sent_again(tmp_path, behaviour, connections):
+    """RFC 9113 8.7: a stream refused unprocessed may be retried. The gateway has the whole unary request,
+    so the client gets the answer of the second try and never sees the first."""
+    async with fake_sandbox(behaviour()) as (sandbox, port):
+        async with gateway_to(port, tmp_path) as channel:
+            assert await unary(channel, b"once more") == (Status.OK, b"once more")
+        assert len(sandbox.sides) == connections
+
+
+async def refuses_twice(side: SandboxSide) -> None:
+    await side.open()
+    for _ in range(2):
+        stream, _, _ = await side.request()
+        await side.send(RstStreamFrame(stream, error_code=0x7))
+    await side.until_closed()
+
+
+async def test_a_request_refused_twice_is_unavailable(tmp_path):
+    """Sent again once only: a sandbox that refuses it again costs the call UNAVAILABLE (which clients may
+    retry), not a loop, and not the CANCELLED a sandbox's other resets become."""
+    async with fake_sandbox(refuses_twice) as (sandbox, port):
+        async with gateway_to(port, tmp_path) as channel:
+            status, message = await unary(channel)
+            assert status is Status.UNAVAILABLE and "refused" in str(message)
+        assert len(sandbox.sides) == 1

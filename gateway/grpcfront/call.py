@@ -29,8 +29,8 @@ from grpclib.metadata import decode_timeout, encode_grpc_message
 from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, UpstreamError
 from gateway.grpcfront.frames import CANCEL, NO_ERROR
 from gateway.grpcfront.relay import CHUNK, Truncated, relay
-from gateway.grpcfront.stream import Stream
-from gateway.grpcfront.upstream import grpc_target
+from gateway.grpcfront.stream import Stream, StreamClosed
+from gateway.grpcfront.upstream import Target, grpc_target
 from gateway.limits import limit_key
 
 if TYPE_CHECKING:
@@ -68,9 +68,12 @@ class _Side:
         self.name = name
 
     def stream_ended(self, reset: bool) -> None:
-        if reset and self.name == "sandbox":
-            self.call.sandbox_reset = True
-        self.call.terminated(self.name)
+        call = self.call
+        if self.name == "sandbox":
+            if call.up is not None and call.may_resend(call.up):
+                return  # the call sends it again (_response_head): nothing has ended for the client
+            call.sandbox_reset = call.sandbox_reset or reset
+        call.terminated(self.name)
 
 
 Headers = list[tuple[bytes, bytes]]
@@ -113,7 +116,7 @@ def encode_timeout_ms(seconds: float) -> str:
 class Call:
     __slots__ = ("front", "conn", "down", "headers", "task", "up", "pump", "side",
                  "sandbox_reset", "head_sent", "done", "status", "path", "t0", "route", "deadline", "stream_key",
-                 "to_sandbox", "to_client", "org_id", "refused", "running", "identity")
+                 "to_sandbox", "to_client", "org_id", "refused", "running", "identity", "request", "resent")
 
     def __init__(self, front: GrpcFront, conn: _ServerSide, down: Stream) -> None:
         self.front = front
@@ -139,6 +142,8 @@ class Call:
         self.refused: str | None = None
         self.identity: Identity | None = None
         self.running = False                # run() has begun (a task cancelled before it starts never runs)
+        self.request: bytes | None = None   # the whole request, when it was sent at once (kept to resend)
+        self.resent = False
         down.owner = _Side(self, "client")
 
     # -- termination reported by the streams ----------------------------------------
@@ -267,10 +272,12 @@ class Call:
             head.append((b"grpc-timeout", timeout.encode()))
         up = self.up = await connection.open_stream(head, _Side(self, "sandbox"))
         if self._request_fits(up):
+            self.request = self.down.buffer.peek()  # kept until the sandbox answers: see _response_head
             await self._send_request(up)  # nothing in it can wait: no task needed (a unary call, typically)
         else:
             self.pump = asyncio.create_task(self._send_request(up))
-        response = await up.recv_headers()
+        response = await self._response_head(target, head)
+        up = self.up
         status = status_of(response)
         if status is not None:  # trailers-only: the whole answer is this one HEADERS frame
             self.down.send_headers(forwardable(response, head=True), end_stream=True)
@@ -288,6 +295,29 @@ class Call:
             raise UpstreamError("the sandbox ended its response without a gRPC status", sandbox_id=route.sandbox_id)
         self.down.send_headers(forwardable(trailers, head=False), end_stream=True)
         self._settled(status_of(trailers) or 0)
+
+    async def _response_head(self, target: Target, head: Headers) -> Headers:
+        """The sandbox's response head. A request it ended unprocessed (REFUSED_STREAM, or a GOAWAY below
+        the stream: it is restarting or shedding load) is sent once more, on a connection that takes it,
+        when the gateway has the whole of it (RFC 9113 8.7); the client never learns of the first try."""
+        up: Stream = self.up  # type: ignore[assignment]
+        try:
+            response = await up.recv_headers()
+        except StreamClosed:
+            if not self.may_resend(up):
+                raise
+            self.resent = True
+            up.release()
+            connection = await self.front.channels.connection(target)
+            up = self.up = await connection.open_stream(head, _Side(self, "sandbox"))
+            await up.send_data(self.request, end_stream=True)  # type: ignore[arg-type]
+            response = await up.recv_headers()
+        self.request = None  # answered: processed, never to be sent again
+        return response
+
+    def may_resend(self, up: Stream) -> bool:
+        """``up`` was refused unprocessed, and its request can be sent again (whole, and not sent twice)."""
+        return up.refused and self.request is not None and not self.resent and self.side is None
 
     def _request_fits(self, up: Stream) -> bool:
         """The client's whole request is here and the sandbox's windows and our write buffer take it now.
@@ -328,6 +358,8 @@ class Call:
             self.status = _CANCELLED
             self.done = True
             self._reset_up()
+        elif side == "sandbox" and self.up is not None and self.up.refused:
+            self._answer(_UNAVAILABLE, "the sandbox refused the call unprocessed (restarting or overloaded); retry")
         elif side == "sandbox" and self.sandbox_reset:
             self.status = _CANCELLED
             self.done = True

@@ -503,6 +503,7 @@ class Connection:
             raise ConnectionFailure(f.PROTOCOL_ERROR, f"RST_STREAM on stream {stream_id}, never opened")
         stream = self.streams.get(stream_id)
         if stream is not None:
+            stream.refused = f.u32(payload) == f.REFUSED_STREAM  # not processed (RFC 9113 8.7)
             stream.ended_early(reset_by_peer=True)
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -557,7 +558,8 @@ class Connection:
         self.goaway_received = True
         last = f.u32(payload) & f.STREAM_ID_MASK
         for stream in [s for s in self.streams.values() if s.id > last]:
-            stream.ended_early(reset_by_peer=False)  # never processed: as good as a lost connection
+            stream.refused = True  # never processed (RFC 9113 6.8): safe to send again elsewhere
+            stream.ended_early(reset_by_peer=False)
         self._close_if_drained()
 
     def _stream_failed(self, failure: StreamFailure) -> None:

@@ -71,6 +71,10 @@ class RelayBuffer:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def peek(self) -> bytes:
+        """Everything received and not yet taken, left in place."""
+        return b"".join(data for data, _ in self._chunks)
+
     # -- the relay's side -------------------------------------------------------------
     @property
     def complete(self) -> bool:

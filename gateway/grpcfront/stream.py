@@ -31,7 +31,8 @@ class Stream:
     """One HTTP/2 stream: its received head and trailers, its receive buffer, its send window."""
 
     __slots__ = ("conn", "id", "headers", "trailers", "buffer", "send_window", "recv_window", "_unacked",
-                 "local_closed", "remote_closed", "gone", "owner", "_head_waiter", "_window_waiter", "released")
+                 "local_closed", "remote_closed", "gone", "refused", "owner", "_head_waiter", "_window_waiter",
+                 "released")
 
     def __init__(self, conn: Connection, stream_id: int) -> None:
         self.conn = conn
@@ -45,6 +46,7 @@ class Stream:
         self.local_closed = False   # we sent END_STREAM (or reset)
         self.remote_closed = False  # the peer sent END_STREAM (or reset)
         self.gone = False           # reset (either way) or its connection lost
+        self.refused = False        # the peer ended it unprocessed (REFUSED_STREAM, or GOAWAY below its id)
         self.owner: StreamOwner | None = None
         self._head_waiter: asyncio.Future[None] | None = None
         self._window_waiter: asyncio.Future[None] | None = None
