@@ -15,7 +15,7 @@
 # Runs as uid/gid 10001 (numeric, so Kubernetes' runAsNonRoot can verify it) and works with a
 # read-only root filesystem as long as /tmp and the data dir are writable (the Helm chart
 # mounts emptyDirs there; scripts/smoke-image mounts tmpfs). Ports: 8080 data plane, 8081
-# control API + /healthz /readyz /metrics, 50051 gRPC (reserved, not served yet).
+# control API + /healthz /readyz /metrics, 50051 gRPC (the gRPC front, h2c).
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -29,19 +29,31 @@ COPY routing ./routing
 COPY gateway ./gateway
 # Every runtime dependency ships manylinux wheels; the compiler is for the gateway's own compiled
 # data plane (setup.py, Cython), and stays in this stage: the runtime stage copies the built
-# virtualenv only. Where apt cannot install it, the image runs the pure-Python data plane
-# (the gateway logs which at startup). pip and setuptools
-# leave the virtualenv once it is built: the running gateway installs nothing. Behind a
-# TLS-inspecting proxy, pass its CA bundle as the build secret pip-ca (scripts/build-image
+# virtualenv only. Cython's C needs Python's headers too: python:3.11-slim has them, Debian's
+# python3 (the --base-rootfs base) does not, so python3-dev comes along where Python.h is missing.
+# Where apt cannot install them, the image runs the pure-Python data plane (the gateway logs which
+# at startup). But with a compiler here the build must compile it: setup.py never fails an install
+# (a failed module prints a warning pip hides and installs Python), which once shipped a
+# pure-Python image unnoticed, so the last step prints the data plane and fails unless compiled.
+# pip and setuptools leave the virtualenv once it is built: the running gateway installs nothing.
+# Behind a TLS-inspecting proxy, pass its CA bundle as the build secret pip-ca (scripts/build-image
 # --ca-bundle FILE): a secret is mounted for this step only and never lands in a layer.
 RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
- && { (apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null) \
+ && packages="gcc libc6-dev" \
+ && if [ ! -e "$(python3 -c 'import sysconfig; print(sysconfig.get_path("include"))')/Python.h" ]; then \
+      packages="$packages python3-dev"; fi \
+ && { (apt-get update -qq && apt-get install -y -qq --no-install-recommends $packages >/dev/null) \
       || echo "no C compiler: the image runs the pure-Python data plane"; } \
  && python3 -m venv /opt/sandbox-gateway \
  && /opt/sandbox-gateway/bin/pip install . \
  && /opt/sandbox-gateway/bin/pip uninstall --yes pip setuptools \
- && /opt/sandbox-gateway/bin/sandbox-gateway --help >/dev/null
+ && /opt/sandbox-gateway/bin/sandbox-gateway --help >/dev/null \
+ && plane="$(/opt/sandbox-gateway/bin/python3 -I -c 'import gateway._compiled as c; print(c.DESCRIPTION)')" \
+ && echo "data plane: $plane" \
+ && if command -v gcc >/dev/null && [ "$plane" != "compiled (Cython)" ]; then \
+      echo "a C compiler is here but the data plane did not compile (pip install -v . shows why)" >&2; \
+      exit 1; fi
 
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
