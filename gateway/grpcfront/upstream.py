@@ -7,8 +7,8 @@ connection of its own: so when one is at the server's
 SETTINGS_MAX_CONCURRENT_STREAMS (grpclib's and h2's default is 100), the next
 call opens another rather than wait, and the limit never caps what clients may
 run together. A new connection is used only once the server's SETTINGS have
-arrived (a burst of calls must not overrun a limit not yet known); one that was
-lost is dropped on the next call. Connecting is bounded by
+arrived (a burst of calls must not overrun a limit not yet known); one that is
+lost is forgotten at once. Connecting is bounded by
 ``upstream_connect_timeout`` and failures become ``UpstreamConnectError``
 (UNAVAILABLE at the client).
 """
