@@ -405,12 +405,14 @@ async def test_headers_on_a_bad_stream_id_is_protocol_error(conn, kind):
     await assert_connection_error(conn, ErrorCodes.PROTOCOL_ERROR)
 
 
-async def test_a_header_block_that_is_not_hpack_is_compression_error(conn, caplog):
+async def test_a_header_block_that_is_not_hpack_is_compression_error(conn, gateway, caplog):
     # An indexed field, index 200 (7-bit prefix: 127, then 73), with an empty dynamic table: 61 static entries.
     caplog.set_level("INFO", logger="gateway.grpc")
     await conn.send(HeadersFrame(conn.next_stream(), b"\xff\x49", flags=["END_HEADERS", "END_STREAM"]))
     await assert_connection_error(conn, ErrorCodes.COMPRESSION_ERROR)
-    assert any("error 0x9: the header block is not valid HPACK" in r.getMessage() for r in caplog.records)
+    assert any("COMPRESSION_ERROR: the header block is not valid HPACK" in r.getMessage() for r in caplog.records)
+    metrics = gateway.metrics.exposition()[0].decode()
+    assert 'sgw_grpc_connection_errors_total{code="COMPRESSION_ERROR",peer="client"} 1.0' in metrics
 
 
 @pytest.mark.parametrize("stream", ["0", "idle"])

@@ -166,6 +166,9 @@ class _Accepting:
     def connection_lost(self, connection: Connection) -> None:
         self.lost.set()
 
+    def connection_failed(self, code: int) -> None:
+        pass
+
 
 def _h2_client() -> h2.connection.H2Connection:
     """h2 as an independent peer: what it accepts from us is well-formed HTTP/2."""

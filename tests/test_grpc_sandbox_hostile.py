@@ -308,3 +308,26 @@ async def test_a_request_refused_twice_is_unavailable(tmp_path):
             status, message = await unary(channel)
             assert status is Status.UNAVAILABLE and "refused" in str(message)
         assert len(sandbox.sides) == 1
+
+
+async def data_on_stream_0(side: SandboxSide) -> None:
+    """Answers the first request with DATA on stream 0: a protocol error that ends its connection."""
+    await side.open()
+    await side.request()
+    await side.send(b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x")  # hyperframe will not build DATA on stream 0
+    await side.until_closed()
+
+
+async def test_a_sandbox_breaking_the_protocol_costs_its_call_and_is_counted(tmp_path):
+    """Its connection ends (GOAWAY PROTOCOL_ERROR), its call gets UNAVAILABLE, and the metric an operator
+    alerts on counts it by peer and code."""
+    async with fake_sandbox(data_on_stream_0) as (_, port):
+        async with grpc_gateway(tmp_path, static_policy(tmp_path / "policy.yaml", ["127.0.0.1"], port)) as gw:
+            channel = Channel(*gw.grpc_address, codec=RawCodec())
+            try:
+                status, _ = await unary(channel)
+            finally:
+                channel.close()
+            assert status is Status.UNAVAILABLE
+            metrics = gw.metrics.exposition()[0].decode()
+            assert 'sgw_grpc_connection_errors_total{code="PROTOCOL_ERROR",peer="sandbox"} 1.0' in metrics

@@ -73,6 +73,9 @@ class ConnectionHandler(Protocol):
 
     def connection_lost(self, connection: Connection) -> None: ...
 
+    def connection_failed(self, code: int) -> None:
+        """The peer broke the protocol: the connection ends with GOAWAY ``code`` (counted, by the front)."""
+
 
 class Connection:
     """The asyncio protocol of one HTTP/2 connection: the front's to a client, or ours to a sandbox."""
@@ -298,8 +301,9 @@ class Connection:
         """A connection error: what the peer did is named in the GOAWAY's debug data, and logged."""
         self._inbox.clear()
         peer = self._transport.get_extra_info("peername") if self._transport is not None else None
-        log.info("HTTP/2 connection %s %s ended, error 0x%x: %s", "to" if self.client_side else "from",
-                 peer, code, message)
+        log.info("HTTP/2 connection %s %s ended, %s: %s", "to" if self.client_side else "from",
+                 peer, f.ERROR_NAMES.get(code, hex(code)), message)
+        self.handler.connection_failed(code)
         self.close(code, message)
 
     # -- reading ---------------------------------------------------------------------------

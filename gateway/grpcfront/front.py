@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -16,6 +17,7 @@ from gateway.auth import Authenticator, TrustedHeaders
 from gateway.errors import Unauthorized
 from gateway.grpcfront.call import Call
 from gateway.grpcfront.connection import Connection
+from gateway.grpcfront.frames import ERROR_NAMES
 from gateway.grpcfront.metrics import GrpcMetrics
 from gateway.grpcfront.stream import Stream
 from gateway.grpcfront.upstream import UpstreamChannels
@@ -58,6 +60,9 @@ class _ServerSide:
     def connection_lost(self, connection: Connection) -> None:
         self.front.connections.discard(connection)  # its streams' calls were told through their owners
 
+    def connection_failed(self, code: int) -> None:
+        self.front.connection_failed("client", code)
+
     def identify(self, metadata: dict[str, str]) -> Identity:
         """The caller's identity; the last one is reused while the metadata is the same (trusted metadata only)."""
         key = (metadata.get("x-org-id"), metadata.get("x-user-id"), metadata.get("x-session-id"),
@@ -84,7 +89,8 @@ class GrpcFront:
         self.limits = limits if limits is not None else OrgLimits.from_settings(settings)
         self.metrics = metrics
         self.access = access  # a gateway.logs.AccessLog, or None
-        self.channels = UpstreamChannels(connect_timeout=settings.upstream_connect_timeout)
+        self.channels = UpstreamChannels(connect_timeout=settings.upstream_connect_timeout,
+                                         on_failure=functools.partial(self.connection_failed, "sandbox"))
         self.calls: set[Call] = set()
         self.connections: set[Connection] = set()
         self.address: tuple[str, int] | None = None
@@ -120,6 +126,10 @@ class GrpcFront:
         if self.metrics is not None:
             self.metrics.open_calls.inc()
         call.task = asyncio.get_running_loop().create_task(call.run())
+
+    def connection_failed(self, peer: str, code: int) -> None:
+        if self.metrics is not None:
+            self.metrics.connection_errors.labels(peer, ERROR_NAMES.get(code, hex(code))).inc()
 
     def finished(self, call: Call) -> None:
         self.calls.discard(call)

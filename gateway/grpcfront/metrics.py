@@ -30,6 +30,9 @@ class GrpcMetrics:
                                 ["direction"], registry=registry)
         self.open_calls = Gauge("sgw_grpc_open_calls", "gRPC calls in progress", registry=registry,
                                 multiprocess_mode="livesum")
+        self.connection_errors = Counter(
+            "sgw_grpc_connection_errors_total", "HTTP/2 connections ended for breaking the protocol, by peer "
+            "(client or sandbox) and RFC 9113 error code", ["peer", "code"], registry=registry)
         self._sent = self.messages.labels("to_sandbox")
         self._received = self.messages.labels("to_client")
         self._limit = method_label_limit

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gateway.errors import UpstreamConnectError
@@ -64,12 +65,17 @@ class _ClientSide:
         # is bounded by the sandboxes in use, not by every sandbox ever called
         self.channels.forget(self.target, connection)
 
+    def connection_failed(self, code: int) -> None:
+        if self.channels.on_failure is not None:
+            self.channels.on_failure(code)
+
 
 class UpstreamChannels:
     """Client HTTP/2 connections to sandboxes, keyed by target."""
 
-    def __init__(self, *, connect_timeout: float) -> None:
+    def __init__(self, *, connect_timeout: float, on_failure: Callable[[int], None] | None = None) -> None:
         self._connect_timeout = connect_timeout
+        self.on_failure = on_failure  # told the code of each connection a sandbox ends by breaking the protocol
         self._connections: dict[Target, list[Connection]] = {}
         self._connecting: dict[Target, asyncio.Task[Connection]] = {}
 
