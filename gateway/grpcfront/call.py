@@ -270,7 +270,7 @@ class Call:
         if self.deadline is not None:
             timeout = encode_timeout_ms(self.deadline - asyncio.get_running_loop().time())
             head.append((b"grpc-timeout", timeout.encode()))
-        up = self.up = await connection.open_stream(head, _Side(self, "sandbox"))
+        up = self.up = connection.open_stream(head, _Side(self, "sandbox"))
         if self._request_fits(up):
             self.request = self.down.buffer.peek()  # kept until the sandbox answers: see _response_head
             await self._send_request(up)  # nothing in it can wait: no task needed (a unary call, typically)
@@ -309,7 +309,7 @@ class Call:
             self.resent = True
             up.release()
             connection = await self.front.channels.connection(target)
-            up = self.up = await connection.open_stream(head, _Side(self, "sandbox"))
+            up = self.up = connection.open_stream(head, _Side(self, "sandbox"))
             await up.send_data(self.request, end_stream=True)  # type: ignore[arg-type]
             response = await up.recv_headers()
         self.request = None  # answered: processed, never to be sent again

@@ -102,7 +102,6 @@ class Connection:
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._drain_waiters: list[asyncio.Future[None]] = []
-        self._slot_waiters: list[asyncio.Future[None]] = []
         self._inbox = bytearray()
         self._preface = not client_side     # server side: the client's preface is still to come
         self._settings_seen = False
@@ -154,7 +153,6 @@ class Connection:
         for stream in list(self.streams.values()):
             stream.ended_early(reset_by_peer=False)
         self._wake(self._drain_waiters)
-        self._wake(self._slot_waiters)
         self.handler.connection_lost(self)
         self._lost.set_result(None)
 
@@ -191,7 +189,7 @@ class Connection:
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
-            if self.write_paused and transport.get_write_buffer_size() > MAX_BACKLOG:
+            if self.write_paused and not self.closed and transport.get_write_buffer_size() > MAX_BACKLOG:
                 self.fail(f.ENHANCE_YOUR_CALM, f"over {MAX_BACKLOG} bytes waiting to be written to a peer "
                                                "that reads nothing (a flood of frames we must answer?)")
 
@@ -207,14 +205,11 @@ class Connection:
         await waiter
 
     # -- streams ------------------------------------------------------------------------
-    async def open_stream(self, headers: Headers, owner: StreamOwner) -> Stream:
-        """Client side: a new stream with its request head sent (waits for a slot under the peer's limit)."""
-        while len(self.streams) >= self.peer_max_streams and not self.closed:
-            waiter = self._loop.create_future()
-            self._slot_waiters.append(waiter)
-            await waiter
-        if not self.usable:
-            raise StreamClosed("the connection to the sandbox is closing")
+    def open_stream(self, headers: Headers, owner: StreamOwner) -> Stream:
+        """Client side: a new stream with its request head sent. Taken only where ``has_slot`` was just
+        true (UpstreamChannels.connection, with no await between), so it never waits for a slot."""
+        if not self.has_slot:
+            raise StreamClosed("the connection to the sandbox takes no new stream")
         stream = Stream(self, self._next_id)
         self._next_id += 2
         stream.owner = owner
@@ -240,8 +235,6 @@ class Connection:
     def forget(self, stream: Stream) -> None:
         """``stream`` is closed both ways: it no longer counts against the peer's limit."""
         if self.streams.pop(stream.id, None) is not None:
-            if self._slot_waiters:
-                self._wake(self._slot_waiters)
             self._close_if_drained()
 
     def _close_if_drained(self) -> None:
@@ -258,15 +251,15 @@ class Connection:
         while waiting and self.active < MAX_STREAMS:
             self._start(waiting.popleft())
 
-    def reset_sent(self, stream_id: int, code: int) -> None:
-        self.write(f.rst_stream(stream_id, code))
-        self._reset_ids.append(stream_id)
-
     def ack(self, stream_id: int, size: int) -> None:
         """``size`` bytes of ``stream_id`` were taken by the relay: reopen its stream's window."""
         stream = self.streams.get(stream_id)
         if stream is not None:
             stream.ack(size)
+
+    def reset_sent(self, stream_id: int, code: int) -> None:
+        self.write(f.rst_stream(stream_id, code))
+        self._reset_ids.append(stream_id)
 
     def _credit(self, size: int) -> None:
         """Reopen the connection's window by ``size``, a quarter of the window at a time."""
@@ -529,7 +522,6 @@ class Connection:
                     raise ConnectionFailure(f.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value} is not 0 or 1")
             elif key == f.MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
-                self._wake(self._slot_waiters)
             elif key == f.HEADER_TABLE_SIZE:
                 self._hpack.peer_table_size(min(value, _ENCODER_TABLE))
         self.write(f.frame(f.SETTINGS, f.ACK, 0))
