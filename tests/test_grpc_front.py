@@ -393,3 +393,30 @@ async def test_a_non_ascii_metadata_value_is_refused_for_its_call_only(gateway, 
     assert served[b"grpc-status"] == b"0"
     assert [seen.get("x-note") for seen in service.seen] == ["plain"]
 
+
+
+async def test_a_finished_call_is_freed_without_the_cyclic_gc(channels):
+    """The front's per-call objects (the call, its streams, their buffers and owners) hold no reference
+    cycle once the call ends: freed as it finishes, not left to collections that cost the gateway about a
+    tenth of its time under load."""
+    import gc
+
+    from gateway.grpcfront.call import Call, _Side
+    from gateway.grpcfront.relay import RelayBuffer
+    from gateway.grpcfront.stream import Stream
+
+    _, front = channels
+    await run_call(front, "/test.Echo/Unary", UNARY, [b"warm"])
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(20):
+            assert (await run_call(front, "/test.Echo/Unary", UNARY, [b"x"]))["messages"] == [b"x"]
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage if isinstance(o, (Call, Stream, RelayBuffer, _Side))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []

@@ -39,6 +39,8 @@ class Stream:
         self.id = stream_id
         self.headers: Headers | None = None
         self.trailers: Headers | None = None
+        # acknowledged through the connection (by stream id), not a bound self.ack: the stream and its buffer
+        # would hold each other, and every stream would be left to the cyclic GC instead of freed as it ends
         self.buffer = RelayBuffer(conn.ack, stream_id)
         self.send_window = conn.peer_initial_window
         self.recv_window = STREAM_WINDOW
