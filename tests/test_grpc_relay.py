@@ -156,6 +156,7 @@ class _Accepting:
     def __init__(self) -> None:
         self.streams: list[Stream] = []
         self.lost = asyncio.Event()
+        self.failures: list[int] = []  # the codes of the connection errors it was told of
 
     def connection_made(self, connection: Connection) -> None:
         pass
@@ -167,7 +168,7 @@ class _Accepting:
         self.lost.set()
 
     def connection_failed(self, code: int) -> None:
-        pass
+        self.failures.append(code)
 
 
 def _h2_client() -> h2.connection.H2Connection:
@@ -370,7 +371,7 @@ async def test_a_peer_that_floods_pings_and_reads_nothing_is_cut_off(monkeypatch
 
     MAX_BACKLOG = 1024 * 1024  # 32 MiB in service; the mechanism is the same
     monkeypatch.setattr(module, "MAX_BACKLOG", MAX_BACKLOG)
-    transport, _, connection, peer = _serving()
+    transport, handler, connection, peer = _serving()
     connection.data_received(peer.data_to_send())
     transport.unread = True
     connection.pause_writing()
@@ -381,3 +382,4 @@ async def test_a_peer_that_floods_pings_and_reads_nothing_is_cut_off(monkeypatch
         connection.flush()
         sent += len(ping) * 4096
     assert transport.aborted and sent <= MAX_BACKLOG + 17 * 4096 * 2
+    assert handler.failures == [frames.ENHANCE_YOUR_CALM]  # counted once (closing flushes the GOAWAY too)
