@@ -44,7 +44,13 @@ async def test_the_owner_gets_a_token_and_urls_that_open_in_a_browser(gw):
 
     jar = aiohttp.CookieJar(unsafe=True)
     async with aiohttp.ClientSession(cookie_jar=jar, headers=NAVIGATE, connector=aiohttp.TCPConnector(resolver=Loopback())) as browser:
-        for kind in ("path", "host"):
+        # Path URLs share one origin: no cookie there (SECURITY.md, "Browsers"); the token stays in the URL.
+        async with browser.get(urls["path"]) as response:
+            assert (response.status, len(response.history)) == (200, 0) and not jar.filter_cookies(response.url)
+            base = str(response.url).split("?")[0].rstrip("/")
+        async with browser.post(f"{base}/echo/x?y=1", data=b"hello", headers={"Accept": "application/json"}) as response:
+            assert response.status == 401 and "access_token_required" in await response.text()
+        for kind in ("host",):
             async with browser.get(urls[kind]) as response:  # the token swapped for a cookie, then the page
                 assert response.status == 200, await response.text()
                 assert len(response.history) == 1 and "access_token" not in str(response.url)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.auth import Authenticator, TrustedHeaders
 from gateway.errors import CapacityExceeded, NotFound, UpstreamConnectError
+from gateway.hosts import AllowedHosts
 from gateway.limits import OrgLimits, limit_key
 from gateway.model import Route
 from gateway.proxy._admission import Admission
@@ -119,6 +120,7 @@ class DataPlane(PlaneState):
                  limits: OrgLimits | None = None,
                  compat: RouterHeaders = NoRouterHeaders(),
                  keys: PreviewKeys | None = None,
+                 hosts: AllowedHosts = AllowedHosts(["*"]),
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
                  long_request_after: float = LONG_REQUEST_AFTER) -> None:
         self.resolver = resolver
@@ -129,6 +131,7 @@ class DataPlane(PlaneState):
         # Host and path keys and the access tokens behind them (None: no keys to check tokens with).
         self.keys = keys
         self.keyed = keys is not None and keys.routes  # read per request: is a host or path key on?
+        self.hosts = hosts  # the Host values answered (DNS rebinding): checked per request, cached per value
         self.max_body = options.max_body_bytes
         self.ws_max_message = options.ws_max_message_bytes
         self.body_cap = options.max_body_bytes if options.max_body_bytes is not None else sys.maxsize

@@ -366,8 +366,12 @@ class UpstreamConnection:
         if not head.startswith(b"HTTP/1.1 "):
             head = b"HTTP/1.1" + head[8:]
         keyed = ex.keyed
-        if keyed is not None and keyed.prefix is not None and (b"\r\nlocation:" in low or b"\r\nset-cookie:" in low):
-            head = w.rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
+        if keyed is not None:
+            if keyed.prefix is not None:
+                if b"\r\nlocation:" in low or b"\r\nset-cookie:" in low:
+                    head = w.rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
+            elif b"\r\nset-cookie:" in low:
+                head = w.host_only_cookies(head)
         if low.find(b"\r\nx-request-id:") < 0:  # the client can quote it; a sandbox's own one is kept
             head += b"\r\nX-Request-Id: " + ex.request_id  # type: ignore[operator]
         if (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10
