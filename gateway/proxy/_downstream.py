@@ -142,6 +142,8 @@ class DownstreamConnection(RequestReader):
                     pass
             return False
         if mode & (M_CLOSING | M_DISCARD):
+            if self.cookie_scan is not None:
+                self.cookie_bomb_read(data)
             return False
         if mode & M_UPGRADED:
             ex = self.last

@@ -134,8 +134,26 @@ class Refusals(ClientState):
 
     def _cookie_bomb(self, exc: GatewayError, data: bytes) -> None:
         names = CookieNames()
-        names.feed(b"".join(self.head_raw) + data if self.head_raw else data)
+        ended = names.feed(b"".join(self.head_raw) + data if self.head_raw else data)
         self.head_raw = None
+        if not ended:
+            # Read the rest of the head for its names (bounded: CookieNames.MAX_HEAD, header_read_timeout).
+            self.parsing = None
+            self.mode |= M_DISCARD
+            self.cookie_scan = (names, exc)
+            self.linger_until = self.plane.now + self.plane.options.header_read_timeout
+            return
+        self._answer_cookie_bomb(names, exc)
+
+    def cookie_bomb_read(self, data: bytes) -> None:
+        """More of a refused head (see ``_cookie_bomb``)."""
+        names, exc = self.cookie_scan
+        if names.feed(data):
+            self.cookie_scan = None
+            self.linger_until = 0.0
+            self._answer_cookie_bomb(names, exc)
+
+    def _answer_cookie_bomb(self, names: CookieNames, exc: GatewayError) -> None:
         if not names.names:
             self._malformed(exc, linger=True)
             return
