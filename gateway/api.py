@@ -92,6 +92,7 @@ async def hosts_middleware(request: web.Request, handler: Callable[[web.Request]
     """Only the hosts this gateway answers for (gateway/hosts.py: DNS rebinding), health included."""
     host = request.headers.get("Host")
     if not request.app[HOSTS].allows(host.encode("latin-1") if host is not None else None):
+        request.app[METRICS].denied("host_not_allowed")
         raise host_not_allowed(host)
     return await handler(request)
 

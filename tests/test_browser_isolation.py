@@ -196,6 +196,10 @@ async def test_host_mode_cookie_rides_only_on_the_sandboxs_own_requests(scene: S
                           f" f.src = {json.dumps(victim.host(scene, '/note.txt'))}; f.onload = done;"
                           " document.body.appendChild(f); })")
     assert fleet.to(victim.sandbox_id)[before:] == []  # not one of them reached the victim's sandbox
+    scene.gw.gateway.metrics.exposition()  # folds what the data plane batched
+    denied = scene.gw.gateway.metrics.registry.get_sample_value("sgw_security_denials_total",
+                                                                {"reason": "cross_site_request"})
+    assert denied is not None and denied >= 4  # read, drive, WebSocket, iframe: each refused, each counted
     assert [e for e in fleet.executed if e[0] == victim.sandbox_id] == [(victim.sandbox_id, '{"command": "ls"}'),
                                                                          (victim.sandbox_id, "")]
     # A link the user follows (a top-level navigation) still opens the victim's own page with its cookie.

@@ -179,10 +179,13 @@ async def gw(tmp_path: Any) -> Any:
 @pytest.mark.parametrize("port", ["data", "control"])
 async def test_a_foreign_host_is_refused_on_both_ports(gw: ClientGateway, port: str):
     url = gw.data_url if port == "data" else gw.control_url
+    registry = gw.gateway.metrics.registry
     async with aiohttp.ClientSession() as client:
         async with client.get(url + "/healthz", headers={"Host": "attacker.example"}) as response:
             assert response.status == 421
             assert (await response.json())["error"]["code"] == "host_not_allowed"
             assert "allowed_hosts" in (await response.json())["error"]["message"]
+        gw.gateway.metrics.exposition()  # folds what the data plane batched
+        assert registry.get_sample_value("sgw_security_denials_total", {"reason": "host_not_allowed"}) == 1.0
         async with client.get(url + "/healthz", headers={"Host": "localhost"}) as response:
             assert response.status != 421
