@@ -121,6 +121,20 @@ def test_cookie_names_are_read_from_a_head_in_any_pieces():
         name + b"=; Max-Age=0; Path=/", name + b"=; Max-Age=0; Path=/; Domain=p.example")]
 
 
+@pytest.mark.parametrize(("request_line", "paths"), [
+    pytest.param(b"GET / HTTP/1.1", [b"/"], id="root"),
+    pytest.param(b"GET /app HTTP/1.1", [b"/"], id="a page at the root"),
+    pytest.param(b"GET /app/x/y/z?q=/a/b HTTP/1.1", [b"/", b"/app", b"/app/", b"/app/x", b"/app/x/"],
+                 id="ancestors, at most three deep"),
+    pytest.param(b"GET http://h:1/app/x HTTP/1.1", [b"/", b"/app", b"/app/"], id="absolute-form"),
+])
+def test_a_bomb_is_expired_on_every_path_it_may_be_scoped_to(request_line: bytes, paths: list[bytes]):
+    names = CookieNames()
+    assert names.feed(request_line + b"\r\nCookie: bomb=1\r\n\r\n")
+    assert names.paths == paths
+    assert names.clearing(None) == [b"bomb=; Max-Age=0; Path=" + path for path in paths]
+
+
 async def test_a_cookie_bombed_head_is_answered_with_its_cookies_expired(preview: Preview):  # noqa: F811
     token = await preview.mint()
     bomb = "; ".join(f"bomb{i}={'x' * 3900}" for i in range(40))

@@ -138,6 +138,8 @@ class CookieNames:
     def __init__(self) -> None:
         self.names: dict[bytes, None] = {}
         self.navigation = False
+        self.paths: list[bytes] = [b"/"]  # the request path's ancestors: a cookie's Path may be any of them
+        self._first = True
         self._carry = b""
         self._read = 0
 
@@ -161,6 +163,10 @@ class CookieNames:
         return self._read >= self.MAX_HEAD
 
     def _line(self, line: bytes) -> None:
+        if self._first:
+            self._first = False
+            self._request_line(line)
+            return
         name, colon, value = line.partition(b":")
         if not colon:
             return
@@ -176,13 +182,29 @@ class CookieNames:
                     and cookie.decode("latin-1").lower() not in _OURS):
                 self.names[cookie] = None
 
+    def _request_line(self, line: bytes) -> None:
+        """The target's path and its ancestors (``/a/b/c`` -> ``/``, ``/a``, ``/a/b``), at most MAX_PATHS
+        deep: a cookie set for one of them is expired only by a Set-Cookie naming that Path."""
+        target = line.split(b" ")[1] if line.count(b" ") >= 2 else b"/"
+        path = target.split(b"?", 1)[0]
+        if not path.startswith(b"/"):  # absolute-form: http://host/path
+            path = b"/" + path.partition(b"://")[2].partition(b"/")[2]
+        parts = [part for part in path.split(b"/")[1:-1] if part][:self.MAX_PATHS - 1]
+        for depth in range(1, len(parts) + 1):
+            self.paths.append(b"/" + b"/".join(parts[:depth]))
+            self.paths.append(b"/" + b"/".join(parts[:depth]) + b"/")  # a Path matches as written
+
+    MAX_PATHS = 3
+
     def clearing(self, domain: str | None) -> list[bytes]:
-        """``Set-Cookie`` values that expire every name seen, host-only and on ``domain``."""
+        """``Set-Cookie`` values that expire every name seen, host-only and on ``domain``, for ``/`` and
+        each ancestor of the request's path."""
         lines = []
+        domains = [b""] + ([b"; Domain=" + domain.encode("ascii")] if domain else [])
         for name in self.names:
-            lines.append(name + b"=; Max-Age=0; Path=/")
-            if domain:
-                lines.append(name + b"=; Max-Age=0; Path=/; Domain=" + domain.encode("ascii"))
+            for path in self.paths:
+                for scope in domains:
+                    lines.append(name + b"=; Max-Age=0; Path=" + path + scope)
         return lines
 
 
