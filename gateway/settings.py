@@ -45,7 +45,7 @@ SERVE_FLAGS: dict[str, str] = {
     "host": "--host", "data_port": "--data-port", "control_port": "--control-port", "grpc_port": "--grpc-port",
     "workers": "--workers", "policy_file": "--policy", "data_dir": "--data-dir", "redis_url": "--redis-url",
     "log_level": "--log-level", "log_format": "--log-format", "access_log": "--access-log",
-    "auth_mode": "--auth-mode", "auth_keys_file": "--auth-keys",
+    "auth_mode": "--auth-mode", "auth_keys_file": "--auth-keys", "allowed_hosts": "--allowed-hosts",
 }
 """The one map from a setting to the ``serve`` flag that sets it (the CLI builds its overrides from
 it; a setting with no flag is set by its environment variable alone). Refusals name both."""

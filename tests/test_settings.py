@@ -27,7 +27,7 @@ def clean_env(monkeypatch):
                  id="off loopback, no keys: the control API would be open"),
     pytest.param({"host": "10.1.2.3", "auth_mode": "token"}, "needs --auth-keys", id="token without keys"),
     pytest.param({"router_compat_namespaces": ["agents"]}, "admin token", id="router headers without keys"),
-    pytest.param({"host": "0.0.0.0", "auth_mode": "token", "auth_keys_file": KEYS}, "needs SANDBOX_GATEWAY_ALLOWED_HOSTS",
+    pytest.param({"host": "0.0.0.0", "auth_mode": "token", "auth_keys_file": KEYS}, "needs --allowed-hosts / SANDBOX_GATEWAY_ALLOWED_HOSTS",
                  id="off loopback, no allowed hosts: DNS rebinding"),
 ])
 def test_refused(fields, fragment):
