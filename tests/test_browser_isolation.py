@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -140,31 +141,37 @@ async def websocket(page: Page, url: str) -> str:
         " ws.onerror = () => done('failed'); })")
 
 
-async def test_path_mode_another_tenants_page_can_neither_read_nor_drive_the_victims_sandbox(scene: Scene):
+async def test_path_mode_no_sandbox_content_becomes_a_page_on_the_origin_every_sandbox_shares(scene: Scene):
+    """Path URLs are one origin for every sandbox: a page there could read the others' URLs (tokens in
+    them), storage and frames, or register a service worker over all of them. So none is made."""
     victim, attacker, fleet = scene.victim, scene.attacker, scene.fleet
     mine = await scene.browser.new_page()
-    response = await mine.goto(victim.path_url)  # the grant's URL: served, the token kept in the URL
-    assert response["status"] == 200 and "page of " + victim.sandbox_id in await mine.text()
-    assert await fetch(mine, "note.txt" + "?access_token=" + victim.token) == [200, f"secret of {victim.sandbox_id}"]
-    assert not [c for c in await scene.browser.cookies() if c["name"].endswith("sgw_access")]  # no ambient credential
-
+    response = await mine.goto(victim.path_url)  # the grant's path URL, opened in a browser
+    assert response["status"] == 403 and "host URL" in await mine.text()
     theirs = await scene.browser.new_page()
-    assert (await theirs.goto(attacker.path(scene, f"/page?access_token={attacker.token}")))["status"] == 200
-    before = len(fleet.to(victim.sandbox_id))
+    # A page on that origin with script of its own, as an attacker would want one: the gateway's refusal
+    # page, its CSP lifted, stands in for it.
+    await scene.browser.call("Page.setBypassCSP", {"enabled": True}, session=theirs.session)
+    response = await theirs.goto(attacker.path(scene, f"/page?access_token={attacker.token}"))
+    assert response["status"] == 403 and "page of" not in await theirs.text()
+    assert not [r for r in fleet.requests if r["path"] != "/favicon.ico"]  # neither sandbox served a page
+    assert not [c for c in await scene.browser.cookies() if c["name"].endswith("sgw_access")]  # no ambient credential
+    # Even from a page on that origin, a sandbox's script cannot become a service worker (its fetch is
+    # refused), and another sandbox's path answers nothing without that sandbox's token.
+    registered = await theirs.evaluate(
+        f"navigator.serviceWorker.register({json.dumps(attacker.path(scene, f'/sw.js?access_token={attacker.token}'))})"
+        ".then(() => 'registered', e => 'refused: ' + e)")
+    assert registered.startswith("refused"), registered
+    assert not [r for r in fleet.requests if r["path"] == "/sw.js"]  # refused by the gateway, not the browser
     read = await fetch(theirs, victim.path(scene, "/note.txt"), credentials="include")
     drive = await fetch(theirs, victim.path(scene, "/execute"), method="POST", credentials="include",
                         body='{"command": "id; echo pwned > pwned.txt"}')
-    assert read[0] == 401 and drive[0] == 401
-    assert len(fleet.to(victim.sandbox_id)) == before and not [e for e in fleet.executed if e[0] == victim.sandbox_id]
-
-    # The attacker's sandbox sets cookies: each lands under its own path, none reaches the victim.
-    assert (await fetch(theirs, attacker.path(scene, f"/set-cookies?access_token={attacker.token}")))[0] == 200
-    tossed = [c for c in await scene.browser.cookies() if c["name"] in ("tossed", "tossed_dot", "spaced", "own")]
-    assert {c["name"] for c in tossed} == {"tossed", "tossed_dot", "spaced", "own"}
-    assert all(c["path"].startswith(f"{PATH_PREFIX}/{attacker.sandbox_id}/") for c in tossed), tossed
-    assert not [c for c in await scene.browser.cookies() if c["name"] == "sgw_access"]  # never the gateway's
-    echoed = await fetch(mine, f"echo?access_token={victim.token}")
-    assert echoed[0] == 200 and json.loads(echoed[1])["cookie"] == ""
+    assert read[0] == 401 and drive[0] == 401 and not fleet.executed, (read, drive)
+    # A program that sends the token is served; the answer is marked so no browser makes it a page.
+    async with aiohttp.ClientSession() as program, program.get(victim.path(scene, "/note.txt"),
+                                                             headers={"Authorization": f"Bearer {victim.token}"}) as got:
+        assert (got.status, await got.text()) == (200, f"secret of {victim.sandbox_id}")
+        assert got.headers["Content-Security-Policy"] == "sandbox" and got.headers["Referrer-Policy"] == "no-referrer"
 
 
 async def test_host_mode_cookie_rides_only_on_the_sandboxs_own_requests(scene: Scene):

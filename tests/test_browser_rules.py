@@ -108,7 +108,7 @@ def test_a_sandbox_sets_cookies_for_itself_alone(value: bytes, host_mode: bytes 
 
 def test_cookie_names_are_read_from_a_head_in_any_pieces():
     head = (b"GET /x HTTP/1.1\r\nHost: h\r\nSec-Fetch-Mode: navigate\r\nCookie: a=1; b=" + b"x" * 5000
-            + b"; __Host-sgw_access=t; sgw_access=t; c=3\r\ncookie: d=4\r\n\r\nGET /next HTTP/1.1\r\nCookie: e=5\r\n\r\n")
+            + b"; __Host-sgw_access=t; sgw_access=t; c=3\r\ncookie: d=4; SGW_ACCESS=bomb\r\n\r\nGET /next HTTP/1.1\r\nCookie: e=5\r\n\r\n")
     for size in (1, 7, 100, 4096, len(head)):
         names = CookieNames()
         ended = False
@@ -116,17 +116,20 @@ def test_cookie_names_are_read_from_a_head_in_any_pieces():
             if names.feed(head[start:start + size]):
                 ended = True
                 break
-        assert ended and list(names.names) == [b"a", b"b", b"c", b"d"] and names.navigation, size
-    assert names.clearing("p.example") == [line for name in (b"a", b"b", b"c", b"d") for line in (
-        name + b"=; Max-Age=0; Path=/", name + b"=; Max-Age=0; Path=/; Domain=p.example")]
+        assert ended and list(names.names) == [b"a", b"b", b"c", b"d", b"SGW_ACCESS"] and names.navigation, size
+    assert names.paths == [b"/", b"/x", b"/x/"]
+    assert names.clearing("sbx.p.example") == [
+        name + b"=; Max-Age=0; Path=" + path + scope for name in (b"a", b"b", b"c", b"d", b"SGW_ACCESS")
+        for path in names.paths for scope in (b"", b"; Domain=sbx.p.example", b"; Domain=p.example")]
 
 
 @pytest.mark.parametrize(("request_line", "paths"), [
     pytest.param(b"GET / HTTP/1.1", [b"/"], id="root"),
-    pytest.param(b"GET /app HTTP/1.1", [b"/"], id="a page at the root"),
-    pytest.param(b"GET /app/x/y/z?q=/a/b HTTP/1.1", [b"/", b"/app", b"/app/", b"/app/x", b"/app/x/"],
-                 id="ancestors, at most three deep"),
-    pytest.param(b"GET http://h:1/app/x HTTP/1.1", [b"/", b"/app", b"/app/"], id="absolute-form"),
+    pytest.param(b"GET /app HTTP/1.1", [b"/", b"/app", b"/app/"], id="a page at the root"),
+    pytest.param(b"GET /app/x/y/z/w?q=/a/b HTTP/1.1",
+                 [b"/", b"/app", b"/app/", b"/app/x", b"/app/x/", b"/app/x/y", b"/app/x/y/", b"/app/x/y/z", b"/app/x/y/z/"],
+                 id="the path and its ancestors, at most four deep"),
+    pytest.param(b"GET http://h:1/app/x HTTP/1.1", [b"/", b"/app", b"/app/", b"/app/x", b"/app/x/"], id="absolute-form"),
 ])
 def test_a_bomb_is_expired_on_every_path_it_may_be_scoped_to(request_line: bytes, paths: list[bytes]):
     names = CookieNames()
@@ -153,7 +156,7 @@ async def test_a_cookie_bombed_head_is_answered_with_its_cookies_expired(preview
     assert status_line.startswith(b"HTTP/1.1 431 ") and b"header_too_large" in body
     cleared = [line[len("set-cookie: "):].decode() for line in head_lines.split(b"\r\n")
                if line.lower().startswith(b"set-cookie: ")]
-    assert len(cleared) == 80 and not [c for c in cleared if "sgw_access" in c]
+    assert len(cleared) == 40 * 3 * 2 and not [c for c in cleared if "sgw_access" in c]  # paths /, /x, /x/; two scopes
     assert f"bomb39=; Max-Age=0; Path=/; Domain={DOMAIN}" in cleared and "bomb0=; Max-Age=0; Path=/" in cleared
 
 

@@ -300,16 +300,31 @@ async def test_secure_cookie_of_a_preview_host_is_a_host_prefixed_cookie(preview
     assert preview.seen.last["headers"]["Cookie"] == "app=1"  # the token never reaches the sandbox
 
 
-async def test_path_mode_keeps_no_cookie_by_default(preview):
-    """Every path URL is one browser origin: a cookie there would let one sandbox's page drive another's."""
+@pytest.mark.parametrize("headers", [
+    pytest.param(NAVIGATE, id="a navigation"),
+    pytest.param({"Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "iframe"}, id="a frame"),
+    pytest.param({"Sec-Fetch-Mode": "same-origin", "Sec-Fetch-Dest": "serviceworker", "Service-Worker": "script"},
+                 id="a service worker's script"),
+    pytest.param({"Sec-Fetch-Mode": "same-origin", "Sec-Fetch-Dest": "worker"}, id="a worker"),
+    pytest.param({"Accept": "text/html,application/xhtml+xml"}, id="HTML, from a browser without Fetch Metadata"),
+])
+async def test_path_urls_never_become_pages_on_the_origin_every_sandbox_shares(preview, headers):
     token = await preview.mint()
-    status, headers, _ = await get(preview, preview.path(f"/x?a=1&access_token={token}"), headers=NAVIGATE)
-    assert status == 200 and "Set-Cookie" not in headers  # served with the token in the URL, none kept
+    before = len(preview.seen.requests)
+    status, answer, body = await get(preview, preview.path(f"/x?access_token={token}"), headers=headers)
+    assert status == 403 and "path_url_not_for_browsers" in str(body) and "Set-Cookie" not in answer
+    assert len(preview.seen.requests) == before
+
+
+async def test_path_mode_keeps_no_cookie_and_makes_no_page(preview):
+    """Every path URL is one browser origin: a cookie there would let one sandbox's page drive another's,
+    and a page there could read the others' URLs, storage and frames."""
+    token = await preview.mint()
+    status, headers, _ = await get(preview, preview.path(f"/x?a=1&access_token={token}"))
+    assert status == 200 and "Set-Cookie" not in headers  # a program: served, the token cut, none kept
     assert preview.seen.last["path"] == "/x?a=1"
-    status, headers, _ = await get(preview, preview.path(f"?access_token={token}"), headers=NAVIGATE)
-    assert (status, headers["Location"]) == (303, preview.path(f"/?access_token={token}"))  # slash, token kept
-    assert "Set-Cookie" not in headers
-    status, _, body = await get(preview, preview.path("/x"), headers={"Cookie": f"sgw_access={token}", **NAVIGATE})
+    assert headers["Content-Security-Policy"] == "sandbox" and headers["Referrer-Policy"] == "no-referrer"
+    status, _, body = await get(preview, preview.path("/x"), headers={"Cookie": f"sgw_access={token}"})
     assert status == 401 and "access_token_required" in str(body)  # a cookie is no credential here
     status, _, _ = await get(preview, preview.path("/y"), headers={
         "Authorization": f"Bearer {token}", "Referer": f"http://h{preview.path('/p')}?access_token={token}&q=1"})

@@ -19,8 +19,15 @@ sends to another. Three rules close that:
   answered 431 with ``Set-Cookie`` lines that expire every cookie it carried, on the host and on the
   preview domain, the access cookie excepted.
 
-Path mode shares one origin among every sandbox, so no rule here can separate them: it carries no
-ambient credential unless ``preview_path_cookies`` accepts that risk (gateway/proxy/_keys.py).
+Path mode shares one origin among every sandbox, so no rule about credentials can separate them:
+any page one sandbox serves there could read another's cookies and storage, frame its pages, read
+``document.referrer`` or register a service worker for the whole origin. So, unless
+``preview_path_cookies`` accepts one origin for a single tenant, **no sandbox content becomes a page
+on that origin** (:func:`browser_document`: a navigation, frame, worker or service-worker script is
+refused with a page pointing to the host URL), and every path-mode response carries
+:data:`PATH_MODE_HEADERS` (``Content-Security-Policy: sandbox``: whatever a browser still renders gets
+an opaque origin and runs no script; ``Referrer-Policy: no-referrer``: no URL, and no token in it,
+leaves as a referrer). Path URLs are for programs that send the token in each request.
 
 Pure: no I/O. Nothing here is on the common path (read only for cookie-authorised keyed requests,
 sandbox responses that set cookies, and refused heads), so it stays plain Python.
@@ -34,7 +41,11 @@ from gateway.access import COOKIE_NAME
 from gateway.errors import Forbidden
 
 HOST_COOKIE_NAME = "__Host-" + COOKIE_NAME  # the access cookie where the scheme is https (host mode)
-_OURS = {COOKIE_NAME.lower(), HOST_COOKIE_NAME.lower()}
+_OURS = {COOKIE_NAME.lower(), HOST_COOKIE_NAME.lower()}  # a sandbox's Set-Cookie may not name them, any case
+_OURS_EXACT = {COOKIE_NAME.encode(), HOST_COOKIE_NAME.encode()}  # what a browser sends back: names are case-sensitive
+PATH_MODE_HEADERS = b"\r\nContent-Security-Policy: sandbox\r\nReferrer-Policy: no-referrer"
+_DOCUMENT_DESTS = frozenset({b"document", b"iframe", b"frame", b"embed", b"object", b"worker", b"sharedworker",
+                             b"serviceworker", b"fencedframe"})
 _SAFE = (b"GET", b"HEAD")
 _TOKEN_PARAM = re.compile(rb"(?<=[?&])access_token=[^&#]*&?")
 _AUTHORITY = re.compile(rb"^[a-z][a-z0-9+.-]*://([^/?#]*)", re.I)
@@ -72,6 +83,29 @@ def cross_site_refusal(method: bytes, headers: list[bytes], host: bytes | None) 
     if method not in _SAFE and referer is not None and not _same_authority(referer, host):
         return _refusal("its Referer is another site")
     return None  # a program (no browser sends an unsafe request without Origin), or a plain navigation
+
+
+def browser_document(headers: list[bytes]) -> bool:
+    """Whether a browser asks for something it would run as a page or a worker on the request's origin:
+    a navigation, a frame, an embed, a worker or a service-worker script (Fetch Metadata), or, from a
+    browser that sends none, a request that accepts HTML."""
+    mode = dest = accept = None
+    service_worker = metadata = False
+    for i in range(0, len(headers), 4):
+        name = headers[i].lower()
+        if name.startswith(b"sec-fetch-"):
+            metadata = True
+            if name == b"sec-fetch-mode":
+                mode = headers[i + 2].strip().lower()
+            elif name == b"sec-fetch-dest":
+                dest = headers[i + 2].strip().lower()
+        elif name == b"service-worker":
+            service_worker = True
+        elif name == b"accept":
+            accept = headers[i + 2].lower()
+    if service_worker or mode == b"navigate" or dest in _DOCUMENT_DESTS:
+        return True
+    return not metadata and accept is not None and b"text/html" in accept
 
 
 def _same_authority(url: bytes, host: bytes | None) -> bool:
@@ -132,6 +166,8 @@ class CookieNames:
     reached), when :meth:`clearing` gives the ``Set-Cookie`` lines that expire them."""
 
     MAX_NAMES = 200
+    MAX_NAME = 4096  # a browser's limit for a whole cookie
+    MAX_LINES = 4000  # Set-Cookie lines in one answer; names past it are expired by the next one
     MAX_HEAD = 1024 * 1024  # read no more than this of a refused head looking for names
     _MAX_CARRY = 8192
 
@@ -178,34 +214,49 @@ class CookieNames:
         for pair in value.split(b";"):
             cookie, eq, _ = pair.partition(b"=")
             cookie = cookie.strip()
-            if (eq and cookie and len(cookie) <= 256 and len(self.names) < self.MAX_NAMES
-                    and cookie.decode("latin-1").lower() not in _OURS):
+            if eq and cookie and len(cookie) <= self.MAX_NAME and len(self.names) < self.MAX_NAMES \
+                    and cookie not in _OURS_EXACT:  # SGW_ACCESS is another cookie: a bomb may use it
                 self.names[cookie] = None
 
     def _request_line(self, line: bytes) -> None:
-        """The target's path and its ancestors (``/a/b/c`` -> ``/``, ``/a``, ``/a/b``), at most MAX_PATHS
-        deep: a cookie set for one of them is expired only by a Set-Cookie naming that Path."""
+        """The target's path and its ancestors, with and without a closing slash (``/a/b`` -> ``/``, ``/a``,
+        ``/a/``, ``/a/b``, ``/a/b/``), at most MAX_PATHS deep: a cookie whose Path is one of them reaches
+        this request, and only a Set-Cookie naming that very Path expires it."""
         target = line.split(b" ")[1] if line.count(b" ") >= 2 else b"/"
         path = target.split(b"?", 1)[0]
         if not path.startswith(b"/"):  # absolute-form: http://host/path
             path = b"/" + path.partition(b"://")[2].partition(b"/")[2]
-        parts = [part for part in path.split(b"/")[1:-1] if part][:self.MAX_PATHS - 1]
+        parts = [part for part in path.split(b"/")[1:] if part][:self.MAX_PATHS]
         for depth in range(1, len(parts) + 1):
             self.paths.append(b"/" + b"/".join(parts[:depth]))
             self.paths.append(b"/" + b"/".join(parts[:depth]) + b"/")  # a Path matches as written
 
-    MAX_PATHS = 3
+    MAX_PATHS = 4
 
     def clearing(self, domain: str | None) -> list[bytes]:
-        """``Set-Cookie`` values that expire every name seen, host-only and on ``domain``, for ``/`` and
-        each ancestor of the request's path."""
-        lines = []
-        domains = [b""] + ([b"; Domain=" + domain.encode("ascii")] if domain else [])
+        """``Set-Cookie`` values that expire every name seen for ``/`` and each ancestor of the request's
+        path, host-only and on ``domain`` and each of its parents but the last two labels' parent (a
+        preview domain below a registrable domain: a script may set cookies up to it; a browser ignores
+        a Domain it would not accept)."""
+        lines: list[bytes] = []
+        scopes = [b""] + [b"; Domain=" + parent for parent in _parents(domain)]
+        per_name = len(self.paths) * len(scopes)
         for name in self.names:
+            if len(lines) + per_name > self.MAX_LINES:
+                break
             for path in self.paths:
-                for scope in domains:
+                for scope in scopes:
                     lines.append(name + b"=; Max-Age=0; Path=" + path + scope)
         return lines
 
 
-__all__ = ["HOST_COOKIE_NAME", "CookieNames", "cross_site_refusal", "referer_without_token", "sandbox_cookie"]
+def _parents(domain: str | None) -> list[bytes]:
+    """``sbx.preview.example.com`` -> itself, ``preview.example.com``, ``example.com``."""
+    if not domain:
+        return []
+    labels = domain.encode("ascii").split(b".")
+    return [b".".join(labels[i:]) for i in range(0, max(1, len(labels) - 1))]
+
+
+__all__ = ["HOST_COOKIE_NAME", "PATH_MODE_HEADERS", "CookieNames", "browser_document", "cross_site_refusal",
+           "referer_without_token", "sandbox_cookie"]

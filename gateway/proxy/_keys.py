@@ -29,9 +29,9 @@ from urllib.parse import unquote_to_bytes
 from gateway.access import QUERY_PARAM, AccessClaims, AccessTokens
 from gateway.auth import bearer_token
 from gateway.compat import DEFAULT_PORT
-from gateway.errors import BadRequest, GatewayError, Unauthorized
+from gateway.errors import BadRequest, Forbidden, GatewayError, Unauthorized
 from gateway.proxy import _wire as w
-from gateway.proxy._browser import cross_site_refusal, referer_without_token
+from gateway.proxy._browser import browser_document, cross_site_refusal, referer_without_token
 from gateway.proxy._refusals import Refusals
 from gateway.proxy._state import M_UPGRADED, PAUSE_WAIT
 
@@ -53,7 +53,7 @@ class Keyed:
     router headers); ``rest`` the URL to forward, None when the path ends at the port (redirected to
     ``prefix/``); ``incarnation`` is filled from the token that admitted it."""
 
-    __slots__ = ("sandbox_id", "port", "prefix", "rest", "incarnation")
+    __slots__ = ("sandbox_id", "port", "prefix", "rest", "incarnation", "shared_origin")
 
     def __init__(self, sandbox_id: str, port: int, prefix: bytes | None, rest: bytes | None) -> None:
         self.sandbox_id = sandbox_id
@@ -61,6 +61,9 @@ class Keyed:
         self.prefix = prefix
         self.rest = rest
         self.incarnation = ""
+        # Path mode without preview_path_cookies: its responses may never become pages on the origin
+        # every sandbox shares (gateway.proxy._browser.PATH_MODE_HEADERS).
+        self.shared_origin = False
 
 
 class PreviewKeys:
@@ -97,6 +100,13 @@ class PreviewKeys:
         url = ex.url
         from_query = query_token(url) if _QUERY in url else None
         cookies = keyed.prefix is None or self.path_cookies  # path mode: one origin for all (gateway.proxy._browser)
+        if not cookies:
+            keyed.shared_origin = True
+            if browser_document(ex.headers):
+                raise Forbidden("path URLs share one browser origin among every sandbox, so a browser may not "
+                                "open them as pages (or frames, or workers); open the sandbox's host URL "
+                                "(urls[].host of POST /v1/sessions/<session_id>/access), or send the request "
+                                "from a program", code="path_url_not_for_browsers")
         if from_query is not None:
             candidates = [from_query]
         elif ex.auth is not None and ex.auth[:7].lower() == b"bearer ":
@@ -112,11 +122,9 @@ class PreviewKeys:
         keyed.incarnation = claims.incarnation
         if ex.websocket or (from_query is not None and not (cookies and _navigation(ex))):
             # Only a browser's navigation is redirected (the token leaves its address bar and history
-            # for a cookie). A WebSocket handshake (browsers do not follow), a program that sends the
-            # token in every URL (an MCP client given kagent's mcp_url, curl) and path mode without
-            # cookies are served as they are, the token cut from the URL forwarded.
-            if keyed.rest is None and not cookies and _navigation(ex):
-                return _with_slash(url, keyed)  # relative links need the slash; the token stays in the URL
+            # for a cookie). A WebSocket handshake (browsers do not follow) and a program that sends the
+            # token in every URL (an MCP client given kagent's mcp_url, curl; every path-mode request)
+            # are served as they are, the token cut from the URL forwarded.
             rest = keyed.rest if keyed.rest is not None else b"/" + url[len(keyed.prefix or b""):]
             keyed.rest = _without_token(rest, None) if from_query is not None else rest
             return None
@@ -296,12 +304,6 @@ def query_token(url: bytes) -> str | None:
         if pair.startswith(_QUERY):
             return unquote_to_bytes(pair[len(_QUERY):]).decode("latin-1")
     return None
-
-
-def _with_slash(url: bytes, keyed: Keyed) -> bytes:
-    """A path that ends at the port, with the slash after it and the query kept (token included)."""
-    _, mark, query = url.partition(b"?")
-    return (keyed.prefix or b"") + b"/" + (b"?" + query if mark else b"")
 
 
 def _without_token(url: bytes, keyed: Keyed | None) -> bytes:

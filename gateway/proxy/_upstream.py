@@ -22,6 +22,7 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from gateway.errors import UpstreamError
 from gateway.proxy import _wire as w
+from gateway.proxy._browser import PATH_MODE_HEADERS
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -370,6 +371,8 @@ class UpstreamConnection:
             if keyed.prefix is not None:
                 if b"\r\nlocation:" in low or b"\r\nset-cookie:" in low:
                     head = w.rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
+                if keyed.shared_origin:
+                    head += PATH_MODE_HEADERS  # no page, no script, no referrer on the origin all sandboxes share
             elif b"\r\nset-cookie:" in low:
                 head = w.host_only_cookies(head)
         if low.find(b"\r\nx-request-id:") < 0:  # the client can quote it; a sandbox's own one is kept
