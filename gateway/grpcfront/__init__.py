@@ -12,8 +12,8 @@ What is forwarded: every message byte for byte (the length prefix and its
 compression flag included), metadata both ways except the identity keys and
 every ``x-sandbox-*`` key (``x-sandbox-id`` is added; a request metadata value
 that is not ASCII, as gRPC requires, is refused with INVALID_ARGUMENT), the sandbox's status,
-message, details and trailers as it sent them, ``grpc-timeout`` as the time left
-(the gateway enforces the deadline too), and cancellation both ways (a client's
+message, details and trailers as it sent them, ``grpc-timeout`` as sent (the time left
+instead if the gateway spent a millisecond or more of it; the gateway enforces the deadline too), and cancellation both ways (a client's
 RST_STREAM becomes one towards the sandbox and back).
 
 Why its own HTTP/2 layer (``connection``, ``stream``, ``frames``), not grpclib's

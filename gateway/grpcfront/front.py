@@ -35,9 +35,11 @@ def call_log(call: Call, request_id: str) -> RequestLog:
     route = call.route
     return RequestLog(
         "POST", route.pool if route is not None else None, route.sandbox_id if route is not None else None,
-        call.status, time.perf_counter() - call.t0, call.to_sandbox, call.to_client, "grpc", request_id, None,
-        org_id=call.org_id, target=call.path,  # passed Call's check (two slashes, no space); the log escapes it
-        session_id=call.identity.session_id if call.identity is not None else None)
+        call.status, time.perf_counter() - call.t0, call.to_sandbox, call.to_client, "grpc", request_id, call.error,
+        org_id=call.org_id, refused=call.refused,
+        target=call.path,  # passed Call's check (two slashes, no space); the log escapes it
+        session_id=call.identity.session_id if call.identity is not None else None, upstream=call.upstream,
+        code=call.code)
 
 
 class _ServerSide:
@@ -62,6 +64,11 @@ class _ServerSide:
 
     def connection_failed(self, code: int) -> None:
         self.front.connection_failed("client", code)
+
+    def malformed(self, problem: str) -> None:
+        log.debug("a malformed request head, reset PROTOCOL_ERROR: %s", problem)
+        if self.front.metrics is not None:
+            self.front.metrics.malformed_requests.inc()
 
     def identify(self, metadata: dict[str, str]) -> Identity:
         """The caller's identity; the last one is reused while the metadata is the same (trusted metadata only)."""

@@ -1,0 +1,273 @@
+"""The gRPC front holds a client to RFC 9113 8.2-8.3 and to gRPC over HTTP/2, frame by frame.
+
+A malformed request head (upper-case or duplicated names, unknown or misplaced pseudo-headers, fields
+HTTP/2 forbids, a content-length the body does not match) is a stream error PROTOCOL_ERROR before any
+call begins: nothing of it reaches the sandbox, whatever it spells. Identity and X-Sandbox-* fields in
+capitals were forwarded by the old front (its filter compared lower-case names only): the table below
+has each of them. Then: a non-gRPC request gets HTTP 415, PRIORITY's rules, a client's GOAWAY (which names
+streams the *server* opened) leaves its calls to complete, a sandbox's RST_STREAM code reaches the client
+as gRPC maps it, and grpc-timeout is passed on as sent.
+
+Raw frames throughout (tests/test_grpc_hostile.py's client), since an HTTP/2 library will not send most
+of these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from h2.errors import ErrorCodes
+from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, PriorityFrame, RstStreamFrame
+
+from gateway.grpcfront.call import _grpc_content_type, encode_timeout_ms
+from tests.grpc_helpers import echo_server, grpc_gateway, ident, static_policy
+from tests.test_grpc_hostile import (IO, RawConnection, assert_connection_error, assert_stream_error, describe,
+                                     frame_bytes, grpc_message, request_head)
+from tests.test_grpc_sandbox_hostile import SandboxSide, fake_sandbox
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Any]:
+    async with echo_server() as (service, port):
+        yield service, port
+
+
+@pytest.fixture
+async def gateway(sandbox, tmp_path) -> AsyncIterator[Any]:
+    async with grpc_gateway(tmp_path, static_policy(tmp_path / "policy.yaml", ["127.0.0.1"], sandbox[1])) as gw:
+        yield gw
+
+
+@pytest.fixture
+async def conn(gateway) -> AsyncIterator[RawConnection]:
+    connection = await RawConnection.open(gateway.grpc_address)
+    yield connection
+    connection.close()
+
+
+def with_field(head: list[tuple[str, str]], field: tuple[str, str], *, at: int | None = None) -> list[tuple[str, str]]:
+    head = list(head)
+    head.insert(len(head) if at is None else at, field)
+    return head
+
+
+BASE = request_head("/test.Echo/Unary")
+MALFORMED = {
+    # what the old front forwarded to the sandbox, spelled in capitals (SECURITY.md guarantee 4)
+    "Authorization in capitals": with_field(BASE, ("Authorization", "Bearer another-token")),
+    "X-Sandbox-Id in capitals": with_field(BASE, ("X-Sandbox-Id", "ses-forged")),
+    "X-Org-Id in capitals": with_field(BASE, ("X-Org-Id", "other-org")),
+    "X-User-Id in capitals": with_field(BASE, ("X-User-Id", "someone-else")),
+    "X-Forwarded-For in capitals": with_field(BASE, ("X-Forwarded-For", "10.0.0.1")),
+    "Cookie in capitals": with_field(BASE, ("Cookie", "sgw_access=stolen")),
+    "a name in mixed case": with_field(BASE, ("x-Custom", "1")),
+    # pseudo-headers (8.3)
+    "an unknown pseudo-header": with_field(BASE, (":foo", "bar"), at=1),
+    ":status in a request": with_field(BASE, (":status", "200"), at=1),
+    "a pseudo-header after a regular field": with_field(BASE, (":authority", "again")),
+    "a duplicated :path": with_field(BASE, (":path", "/test.Echo/Meta"), at=1),
+    "no :path": [field for field in BASE if field[0] != ":path"],
+    "no :scheme": [field for field in BASE if field[0] != ":scheme"],
+    # fields HTTP/2 forbids (8.2.2)
+    "connection": with_field(BASE, ("connection", "keep-alive")),
+    "transfer-encoding": with_field(BASE, ("transfer-encoding", "chunked")),
+    "te other than trailers": [("te", "gzip") if field[0] == "te" else field for field in BASE],
+    # field values (8.2.1)
+    "a value with a leading space": with_field(BASE, ("x-custom", " padded")),
+    "a value with a NUL": with_field(BASE, ("x-custom", "a\x00b")),
+}
+
+
+@pytest.mark.parametrize("head", MALFORMED.values(), ids=MALFORMED.keys())
+async def test_a_malformed_request_head_is_a_stream_error_and_reaches_no_sandbox(conn, sandbox, gateway, head):
+    service, _ = sandbox
+    stream = conn.next_stream()
+    await conn.send(HeadersFrame(stream, conn.encoder.encode(head), flags=["END_HEADERS"]),
+                    DataFrame(stream, grpc_message(b"forged"), flags=["END_STREAM"]))
+    await assert_stream_error(conn, stream, ErrorCodes.PROTOCOL_ERROR)  # and the connection then serves a call
+    assert len(service.seen) == 1 and "authorization" not in service.seen[0]  # only assert_stream_error's call
+    metrics = gateway.metrics.exposition()[0].decode()
+    assert "sgw_grpc_malformed_requests_total 1.0" in metrics
+
+
+@pytest.mark.parametrize(("declared", "sent"), [(10, 9), (3, 9), (9, 0)], ids=["short", "long", "none"])
+async def test_a_content_length_the_body_does_not_match_is_a_stream_error(conn, sandbox, declared, sent):
+    stream = conn.next_stream()
+    head = with_field(BASE, ("content-length", str(declared)))
+    if sent:
+        await conn.send(HeadersFrame(stream, conn.encoder.encode(head), flags=["END_HEADERS"]),
+                        DataFrame(stream, grpc_message(b"x" * (sent - 5)), flags=["END_STREAM"]))
+    else:
+        await conn.send(HeadersFrame(stream, conn.encoder.encode(head), flags=["END_HEADERS", "END_STREAM"]))
+    await assert_stream_error(conn, stream, ErrorCodes.PROTOCOL_ERROR)
+
+
+async def test_a_content_length_that_matches_is_served(conn):
+    stream = conn.next_stream()
+    body = grpc_message(b"exact")
+    await conn.send(HeadersFrame(stream, conn.encoder.encode(with_field(BASE, ("content-length", str(len(body))))),
+                                 flags=["END_HEADERS"]), DataFrame(stream, body, flags=["END_STREAM"]))
+    end = await conn.finish(stream)
+    assert isinstance(end, HeadersFrame) and conn.heads[stream][-1].get(b"grpc-status") == b"0", describe(end)
+
+
+async def test_a_pseudo_header_in_the_trailers_is_a_stream_error(conn):
+    stream = conn.next_stream()
+    await conn.send(conn.head(stream, "/test.Echo/ClientStream"), DataFrame(stream, grpc_message(b"a")),
+                    HeadersFrame(stream, conn.encoder.encode([(":path", "/x.Y/Z")]), flags=["END_HEADERS", "END_STREAM"]))
+    await assert_stream_error(conn, stream, ErrorCodes.PROTOCOL_ERROR)
+
+
+# -- content-type -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content_type", ["application/grpcfoo", "application/json", None])
+async def test_a_request_that_is_not_grpc_gets_http_415(conn, sandbox, content_type):
+    head = [field for field in BASE if field[0] != "content-type"]
+    if content_type is not None:
+        head.append(("content-type", content_type))
+    stream = conn.next_stream()
+    await conn.send(HeadersFrame(stream, conn.encoder.encode(head), flags=["END_HEADERS"]),
+                    DataFrame(stream, grpc_message(b"x"), flags=["END_STREAM"]))
+    await conn.finish(stream)
+    answer = conn.heads[stream][0]
+    assert answer[b":status"] == b"415" and b"grpc-status" not in answer, answer
+    assert b"unsupported_media_type" in conn.bodies[stream]
+    assert sandbox[0].seen == []
+
+
+def test_content_type_is_grpcs_own_not_a_prefix():
+    assert [_grpc_content_type(value) for value in (b"application/grpc", b"application/grpc+proto",
+                                                   b"application/grpc;charset=utf-8")] == [True] * 3
+    assert [_grpc_content_type(value) for value in (b"application/grpcfoo", b"application/grp", b"text/plain",
+                                                   b"", None)] == [False] * 5
+
+
+@pytest.mark.parametrize("content_type", ["application/grpc+proto"])
+async def test_grpc_content_types_with_a_codec_are_served(conn, content_type):
+    head = [("content-type", content_type) if field[0] == "content-type" else field for field in BASE]
+    stream = conn.next_stream()
+    await conn.send(HeadersFrame(stream, conn.encoder.encode(head), flags=["END_HEADERS"]),
+                    DataFrame(stream, grpc_message(b"x"), flags=["END_STREAM"]))
+    await conn.finish(stream)
+    assert conn.heads[stream][-1].get(b"grpc-status") == b"0", conn.heads[stream]
+
+
+# -- PRIORITY ------------------------------------------------------------------------------------------------
+
+async def test_priority_on_stream_0_is_a_connection_error(conn):
+    await conn.send(frame_bytes(PriorityFrame.type, 0, b"\x00\x00\x00\x01\x10"))
+    await assert_connection_error(conn, ErrorCodes.PROTOCOL_ERROR)
+
+
+async def test_a_priority_frame_naming_its_own_stream_is_a_stream_error(conn):
+    stream = conn.next_stream()
+    await conn.send(PriorityFrame(stream, depends_on=stream, stream_weight=16))
+    await assert_stream_error(conn, stream, ErrorCodes.PROTOCOL_ERROR)
+
+
+async def test_headers_naming_their_own_stream_as_parent_are_a_stream_error(conn, sandbox):
+    stream = conn.next_stream()
+    await conn.send(HeadersFrame(stream, conn.encoder.encode(BASE), flags=["END_HEADERS", "PRIORITY"],
+                                 depends_on=stream, stream_weight=16),
+                    DataFrame(stream, grpc_message(b"x"), flags=["END_STREAM"]))
+    await assert_stream_error(conn, stream, ErrorCodes.PROTOCOL_ERROR)  # the HPACK state stayed in step
+    assert len(sandbox[0].seen) == 1
+
+
+# -- a client's GOAWAY ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("last", [0, 1])
+async def test_a_clients_goaway_lets_its_open_call_complete(conn, sandbox, last):
+    """A client's last_stream_id names streams the server opened (RFC 9113 6.8): 0 is what a client sends,
+    and its own calls are not cut by it."""
+    stream = conn.next_stream()
+    await conn.send(*conn.call(stream, message=b"after goaway"), GoAwayFrame(0, last_stream_id=last))
+    end = await conn.finish(stream)
+    assert isinstance(end, HeadersFrame), describe(end)
+    assert conn.heads[stream][-1].get(b"grpc-status") == b"0" and conn.bodies[stream] == grpc_message(b"after goaway")
+
+
+# -- a sandbox's reset, grpc-timeout ------------------------------------------------------------------------
+
+async def reset_with(code: int, side: SandboxSide) -> None:
+    await side.open()
+    stream, _, _ = await side.request()
+    await side.send(RstStreamFrame(stream, error_code=code))
+    await side.until_closed()
+
+
+@pytest.mark.parametrize(("code", "status"), [(ErrorCodes.INTERNAL_ERROR, b"13"), (ErrorCodes.PROTOCOL_ERROR, b"13"),
+                                              (ErrorCodes.ENHANCE_YOUR_CALM, b"8")])
+async def test_a_sandboxs_reset_reaches_the_client_as_grpc_maps_it(tmp_path, code, status):
+    async def behaviour(side: SandboxSide) -> None:
+        await reset_with(code, side)
+
+    async with fake_sandbox(behaviour) as (_, port), \
+            grpc_gateway(tmp_path, static_policy(tmp_path / "p.yaml", ["127.0.0.1"], port)) as gw:
+        conn = await RawConnection.open(gw.grpc_address)
+        try:
+            stream = conn.next_stream()
+            await conn.send(*conn.call(stream))
+            end = await conn.finish(stream)
+            assert isinstance(end, HeadersFrame), describe(end)
+            trailers = conn.heads[stream][-1]
+            assert trailers[b"grpc-status"] == status and code.name.encode() in trailers[b"grpc-message"], trailers
+        finally:
+            conn.close()
+
+
+async def test_a_sandboxs_cancel_reaches_the_client_as_cancel(tmp_path):
+    async def behaviour(side: SandboxSide) -> None:
+        await reset_with(ErrorCodes.CANCEL, side)
+
+    async with fake_sandbox(behaviour) as (_, port), \
+            grpc_gateway(tmp_path, static_policy(tmp_path / "p.yaml", ["127.0.0.1"], port)) as gw:
+        conn = await RawConnection.open(gw.grpc_address)
+        try:
+            stream = conn.next_stream()
+            await conn.send(*conn.call(stream))
+            end = await conn.finish(stream)
+            assert isinstance(end, RstStreamFrame) and end.error_code == ErrorCodes.CANCEL, describe(end)
+        finally:
+            conn.close()
+
+
+async def test_grpc_timeout_reaches_the_sandbox_as_sent(tmp_path):
+    """Passed on as the client sent it (the old front re-encoded what was left, and 701m became 702m): five
+    calls on a connection to the sandbox already open, where the gateway spends well under a millisecond;
+    at least one must be exact (a loaded machine may take a millisecond on some), none longer."""
+    heads: list[dict[bytes, bytes]] = []
+
+    async def behaviour(side: SandboxSide) -> None:
+        await side.open()
+        while True:
+            stream, head, body = await side.request()
+            heads.append(head)
+            await side.answer(stream, body[5:])
+
+    async with fake_sandbox(behaviour) as (_, port), \
+            grpc_gateway(tmp_path, static_policy(tmp_path / "p.yaml", ["127.0.0.1"], port)) as gw:
+        conn = await RawConnection.open(gw.grpc_address)
+        try:
+            await conn.unary()  # the gateway's connection to the sandbox is opened by this one
+            for _ in range(5):
+                stream = conn.next_stream()
+                head = with_field(BASE, ("grpc-timeout", "701m"))
+                await conn.send(HeadersFrame(stream, conn.encoder.encode(head), flags=["END_HEADERS"]),
+                                DataFrame(stream, grpc_message(b"t"), flags=["END_STREAM"]))
+                await conn.finish(stream)
+        finally:
+            conn.close()
+    sent = [head[b"grpc-timeout"] for head in heads[1:]]
+    assert len(sent) == 5 and b"701m" in sent, sent
+    assert all(value.endswith(b"m") and 600 < int(value[:-1]) <= 701 for value in sent), sent
+
+
+def test_a_timeout_computed_from_a_deadline_does_not_gain_a_millisecond():
+    now = 12345.678  # a loop's clock some hours in: the sum and difference lose the last bits
+    assert encode_timeout_ms((now + 0.701) - now) == "701m"
+    assert encode_timeout_ms(0.7004) == "701m"  # never shortened: what is left is rounded up
+    assert encode_timeout_ms(0.0) == "1m"
