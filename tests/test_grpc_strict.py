@@ -271,3 +271,106 @@ def test_a_timeout_computed_from_a_deadline_does_not_gain_a_millisecond():
     assert encode_timeout_ms((now + 0.701) - now) == "701m"
     assert encode_timeout_ms(0.7004) == "701m"  # never shortened: what is left is rounded up
     assert encode_timeout_ms(0.0) == "1m"
+
+
+# -- duplicated identity metadata, in lower case (well-formed HTTP/2, refused by the front) -------------------
+
+@pytest.mark.parametrize("field", [("x-user-id", "someone-else"), ("authorization", "Bearer another-token"),
+                                   ("x-session-id", "s2")])
+async def test_identity_metadata_given_twice_is_invalid_argument_and_reaches_no_sandbox(conn, sandbox, field):
+    head = with_field(BASE, field)
+    if field[0] not in dict(BASE):
+        head = with_field(head, (field[0], "Bearer the-first"))
+    stream = conn.next_stream()
+    await conn.send(HeadersFrame(stream, conn.encoder.encode(head), flags=["END_HEADERS"]),
+                    DataFrame(stream, grpc_message(b"x"), flags=["END_STREAM"]))
+    await conn.finish(stream)
+    answer = conn.heads[stream][-1]
+    assert answer[b"grpc-status"] == b"3" and b"given once" in answer[b"grpc-message"], answer
+    assert sandbox[0].seen == []
+
+
+async def test_x_sandbox_metadata_given_twice_is_dropped_and_the_gateways_own_sent(conn, sandbox):
+    head = with_field(with_field(BASE, ("x-sandbox-id", "ses-forged")), ("x-sandbox-id", "ses-forged-2"))
+    stream = conn.next_stream()
+    await conn.send(HeadersFrame(stream, conn.encoder.encode(with_field(head, ("x-sandbox-port", "1"))),
+                                 flags=["END_HEADERS"]), DataFrame(stream, grpc_message(b"x"), flags=["END_STREAM"]))
+    await conn.finish(stream)
+    [seen] = sandbox[0].seen
+    assert seen["x-sandbox-id"] not in ("ses-forged", "ses-forged-2") and "x-sandbox-port" not in seen
+
+
+# -- the access log for the front's own answers ------------------------------------------------------------
+
+class Recorded:
+    def __init__(self) -> None:
+        self.entries: list[Any] = []
+
+    def log(self, entry: Any) -> None:
+        self.entries.append(entry)
+
+
+async def test_the_access_log_names_the_fronts_own_refusal(tmp_path):
+    """A sandbox that cannot be reached: the line says why (error and code), not error=-."""
+    with socket_port() as closed_port:
+        async with grpc_gateway(tmp_path, static_policy(tmp_path / "p.yaml", ["127.0.0.1"], closed_port)) as gw:
+            gw.grpc_front.access = recorded = Recorded()
+            conn = await RawConnection.open(gw.grpc_address)
+            try:
+                stream = conn.next_stream()
+                await conn.send(*conn.call(stream))
+                await conn.finish(stream)
+            finally:
+                conn.close()
+    [entry] = recorded.entries
+    assert entry.status == 14 and entry.error == "upstream_unreachable" and entry.code == "upstream_unreachable"
+
+
+async def test_the_access_log_has_the_sandboxs_time_to_answer(conn, gateway):
+    gateway.grpc_front.access = recorded = Recorded()
+    await conn.unary()
+    [entry] = recorded.entries
+    assert entry.status == 0 and entry.upstream is not None and 0 < entry.upstream < IO and entry.error is None
+
+
+class socket_port:
+    """A port on 127.0.0.1 nothing listens on (bound, not listening, for the test's length)."""
+
+    def __enter__(self) -> int:
+        import socket
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        return int(self.sock.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
+# -- TLS without ALPN h2 -------------------------------------------------------------------------------------
+
+async def test_a_tls_client_offering_only_http_1_1_is_refused_in_http_1_1(sandbox, tmp_path):
+    """RFC 9113 3.2: HTTP/2 over TLS is negotiated with ALPN h2. A client that offers only http/1.1 gets an
+    answer it reads (505 with the JSON error) and the close, counted; one that offers h2 is served."""
+    import ssl
+
+    from tests.test_grpc_grpcio import _self_signed
+    cert, key = _self_signed(tmp_path)
+    policy = static_policy(tmp_path / "p.yaml", ["127.0.0.1"], sandbox[1])
+    async with grpc_gateway(tmp_path, policy, grpc_tls_cert_file=cert, grpc_tls_key_file=key) as gw:
+        answers = {}
+        for offer in (["http/1.1"], ["h2"]):
+            context = ssl.create_default_context(cafile=str(cert))
+            context.set_alpn_protocols(offer)
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(*gw.grpc_address, ssl=context, server_hostname="127.0.0.1"), IO)
+            if offer == ["h2"]:
+                writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+                answers["h2"] = await asyncio.wait_for(reader.read(9), IO)  # the front's SETTINGS
+            else:
+                writer.write(b"POST /test.Echo/Unary HTTP/1.1\r\nHost: x\r\n\r\n")
+                answers["http/1.1"] = await asyncio.wait_for(reader.read(), IO)  # up to the close
+            writer.close()
+        metrics = gw.metrics.exposition()[0].decode()
+    assert answers["http/1.1"].startswith(b"HTTP/1.1 505 ") and b'"http2_required"' in answers["http/1.1"]
+    assert answers["h2"][3] == 4  # a SETTINGS frame: HTTP/2 spoken
+    assert 'sgw_grpc_connection_errors_total{code="HTTP_1_1_REQUIRED",peer="client"} 1.0' in metrics

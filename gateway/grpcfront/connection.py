@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 from hpack.exceptions import HPACKError, OversizedHeaderListError
 
+from gateway.errors import BadRequest, error_body
 from gateway.grpcfront import frames as f
 from gateway.grpcfront.frames import ConnectionFailure, StreamFailure
 from gateway.grpcfront.headers import HeaderCodec, request_problem
@@ -124,6 +125,10 @@ class Connection:
     # -- asyncio protocol --------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
+        tls = transport.get_extra_info("ssl_object")
+        if tls is not None and not self.client_side and tls.selected_alpn_protocol() != "h2":
+            self._refuse_without_h2(transport)
+            return
         settings = {f.INITIAL_WINDOW_SIZE: STREAM_WINDOW, f.MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK}
         if self.client_side:
             settings[f.ENABLE_PUSH] = 0
@@ -135,7 +140,21 @@ class Connection:
         self.write(f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
         self.handler.connection_made(self)
 
+    def _refuse_without_h2(self, transport: Any) -> None:
+        """A TLS client that did not negotiate h2 (ALPN offered only http/1.1, or nothing): Python's ssl cannot
+        fail the handshake with no_application_protocol, so it gets what an HTTP/1.1 client reads, a 505 with
+        the JSON error, and the close (RFC 9113 3.2: HTTP/2 over TLS is negotiated with ALPN h2)."""
+        self.closed = True
+        body = error_body(BadRequest("this is the gRPC front: HTTP/2 over TLS, negotiated with ALPN h2 (the client "
+                                     "offered no h2); HTTP/1.1 goes to the data plane", code="http2_required"))
+        transport.write(b"HTTP/1.1 505 HTTP Version Not Supported\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        transport.close()
+        self.handler.connection_failed(f.HTTP_1_1_REQUIRED)
+
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
         inbox = self._inbox
         inbox += data
         try:
