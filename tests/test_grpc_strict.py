@@ -374,3 +374,18 @@ async def test_a_tls_client_offering_only_http_1_1_is_refused_in_http_1_1(sandbo
     assert answers["http/1.1"].startswith(b"HTTP/1.1 505 ") and b'"http2_required"' in answers["http/1.1"]
     assert answers["h2"][3] == 4  # a SETTINGS frame: HTTP/2 spoken
     assert 'sgw_grpc_connection_errors_total{code="HTTP_1_1_REQUIRED",peer="client"} 1.0' in metrics
+
+
+async def test_a_malformed_head_repeated_on_a_connection_is_refused_each_time(conn, sandbox):
+    """The second time, its header block is indexed fields only, and its check is remembered with it
+    (headers.HeaderCodec.check_request): remembered as malformed, not skipped."""
+    head = MALFORMED["Authorization in capitals"]
+    for _ in range(3):
+        stream = conn.next_stream()
+        await conn.send(HeadersFrame(stream, conn.encoder.encode(head), flags=["END_HEADERS"]),
+                        DataFrame(stream, grpc_message(b"forged"), flags=["END_STREAM"]))
+        end = await conn.ending(stream)
+        assert isinstance(end, RstStreamFrame) and end.error_code == ErrorCodes.PROTOCOL_ERROR, describe(end)
+    for _ in range(2):
+        await conn.unary()  # a well-formed head, twice: served (remembered as well-formed)
+    assert len(sandbox[0].seen) == 2 and all("authorization" not in seen for seen in sandbox[0].seen)

@@ -51,7 +51,7 @@ from hpack.exceptions import HPACKError, OversizedHeaderListError
 from gateway.errors import BadRequest, error_body
 from gateway.grpcfront import frames as f
 from gateway.grpcfront.frames import ConnectionFailure, StreamFailure
-from gateway.grpcfront.headers import HeaderCodec, request_problem
+from gateway.grpcfront.headers import HeaderCodec
 from gateway.grpcfront.stream import STREAM_WINDOW, Headers, Stream, StreamClosed, StreamOwner
 
 log = logging.getLogger("gateway.grpc")
@@ -479,11 +479,11 @@ class Connection:
                                                           "(client streams are odd and increasing)")
             # a stream we reset: what the peer sent before it knew is dropped (RFC 9113 5.1, closed)
         else:
-            self._accept(stream_id, headers, end_stream)
+            self._accept(stream_id, headers, end_stream, block)
 
-    def _accept(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
+    def _accept(self, stream_id: int, headers: Headers, end_stream: bool, block: bytes) -> None:
         self._last_peer_id = stream_id
-        problem, length = request_problem(headers)
+        problem, length = self._hpack.check_request(block, headers)
         if problem is None and self._self_dependent:
             problem = "a stream cannot depend on itself"
         elif problem is None and end_stream and length:

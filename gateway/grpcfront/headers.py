@@ -34,12 +34,13 @@ def _indexed_only(block: bytes) -> bool:
 class HeaderCodec:
     """One connection's HPACK decoder and encoder, with their repeated blocks remembered."""
 
-    __slots__ = ("_decoder", "_encoder", "_decoded", "_encoded")
+    __slots__ = ("_decoder", "_encoder", "_decoded", "_encoded", "_checked")
 
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = Decoder(max_header_list_size=max_header_list_size)
         self._encoder = Encoder()
         self._decoded: dict[bytes, Headers] = {}
+        self._checked: dict[bytes, tuple[str | None, int | None]] = {}  # request_problem of a remembered block
         self._encoded: dict[tuple[tuple[bytes | str, bytes | str], ...], bytes] = {}
 
     def decode(self, block: bytes) -> Headers:
@@ -51,10 +52,22 @@ class HeaderCodec:
         if _indexed_only(block):
             if len(self._decoded) >= _REMEMBERED:
                 self._decoded.clear()
+                self._checked.clear()
             self._decoded[block] = headers
             return list(headers)
         self._decoded.clear()
+        self._checked.clear()
         return headers
+
+    def check_request(self, block: bytes, headers: Headers) -> tuple[str | None, int | None]:
+        """:func:`request_problem` of ``headers``, just decoded from ``block``: remembered with the block's
+        decoding (the same block is then the same head), so a repeated request head is checked once."""
+        result = self._checked.get(block)
+        if result is None:
+            result = request_problem(headers)
+            if block in self._decoded:
+                self._checked[block] = result
+        return result
 
     def encode(self, headers: Headers | list[tuple[str, str]]) -> bytes:
         key = tuple(headers)
