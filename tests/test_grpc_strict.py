@@ -389,3 +389,26 @@ async def test_a_malformed_head_repeated_on_a_connection_is_refused_each_time(co
     for _ in range(2):
         await conn.unary()  # a well-formed head, twice: served (remembered as well-formed)
     assert len(sandbox[0].seen) == 2 and all("authorization" not in seen for seen in sandbox[0].seen)
+
+
+# -- one set of header rules (gateway/proxy/_admission.py) ---------------------------------------------------
+
+async def test_grpc_metadata_follows_the_data_planes_header_rules(conn, sandbox):
+    """What the HTTP data plane never forwards, the gRPC front does not either: X-Forwarded-* (the gateway's
+    to set), Forwarded, the access-token cookie (the rest of Cookie goes on), the router's X-Sandbox-*."""
+    from gateway.access import COOKIE_NAME
+    extra = [("x-forwarded-for", "10.9.9.9"), ("forwarded", "for=10.9.9.9"), ("x-forwarded-host", "evil"),
+             ("cookie", f"{COOKIE_NAME}=secret-token; theme=dark"), ("x-sandbox-namespace", "other"),
+             ("x_org_id", "other-org"), ("x-request-id", "req-1"), ("x-custom", "kept")]
+    head = list(BASE)
+    for field in extra:
+        head = with_field(head, field)
+    stream = conn.next_stream()
+    await conn.send(HeadersFrame(stream, conn.encoder.encode(head), flags=["END_HEADERS"]),
+                    DataFrame(stream, grpc_message(b"x"), flags=["END_STREAM"]))
+    end = await conn.finish(stream)
+    assert conn.heads[stream][-1].get(b"grpc-status") == b"0", describe(end)
+    [seen] = sandbox[0].seen
+    assert {key: seen.get(key) for key in ("cookie", "x-request-id", "x-custom")} == {
+        "cookie": "theme=dark", "x-request-id": "req-1", "x-custom": "kept"}
+    assert not {"x-forwarded-for", "forwarded", "x-forwarded-host", "x-sandbox-namespace", "x_org_id"} & set(seen)

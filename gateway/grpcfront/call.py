@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING
 
 from grpclib.metadata import decode_timeout, encode_grpc_message
 
-from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, UpstreamError, error_body
+from gateway.errors import BadRequest, GatewayError, Unauthorized, UnsupportedMediaType, UpstreamError, error_body
 from gateway.grpcfront.frames import CANCEL, ENHANCE_YOUR_CALM, ERROR_NAMES, INADEQUATE_SECURITY, NO_ERROR
 from gateway.grpcfront.relay import CHUNK, Truncated, relay
 from gateway.grpcfront.stream import Stream, StreamClosed
 from gateway.grpcfront.upstream import Target, grpc_target
-from gateway.limits import limit_key
+from gateway.proxy._admission import (R_AUTH, R_BOT, R_CL, R_COOKIE, R_EXPECT, R_ORG, R_REQUEST_ID, REQUEST_HEADERS,
+                                      SANDBOX_HEADER_PREFIXES, SANDBOX_ID_HEADER)
+from gateway.proxy._wire import ACCESS_COOKIE, HOST_ACCESS_COOKIE, cut_access_cookie
 
 if TYPE_CHECKING:
     from gateway.grpcfront.front import GrpcFront, _ServerSide
@@ -41,11 +43,10 @@ log = logging.getLogger("gateway.grpc")
 
 # Header names and values are bytes as HPACK decoded them: forwarded as received,
 # with no per-header decoding; only what the gateway reads itself is decoded (ASCII, else INVALID_ARGUMENT).
-IDENTITY_METADATA = (b"x-org-id", b"x-user-id", b"x-session-id", b"x-bot-id", b"authorization")
-# Not forwarded: hop-by-hop headers (invalid in HTTP/2 anyway), and grpc-timeout, which is re-sent as the
-# time left. Every x-sandbox-* key is dropped too (the gateway sets x-sandbox-id itself).
-_DROPPED = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"host",
-                      b"grpc-timeout", b"proxy-authorization"))
+# Which are read, dropped or forwarded is the admission's rules (gateway/proxy/_admission.py), the data
+# plane's too: of the names they know, these roles are forwarded (the rest are identity, credentials,
+# hop-by-hop, X-Forwarded-* or the router's X-Sandbox-* vocabulary); grpc-timeout is re-sent by the gateway.
+_FORWARDED_ROLES = frozenset((R_CL, R_REQUEST_ID, R_EXPECT, R_COOKIE))
 # Never in an HTTP/2 message (RFC 9113 8.2.2): dropped from what the sandbox answers, so that a sandbox
 # sending them cannot make the gateway send the client a malformed response.
 _CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
@@ -234,8 +235,9 @@ class Call:
     def _admit_headers(self) -> Headers:
         """Validate the request head; take the identity metadata out; returns the headers to forward."""
         method = path = content_type = timeout = None
-        ident: dict[str, str] = {}
+        credentials: list[bytes | None] = [None, None, None, None, None]  # the order of admission's Credentials
         out: Headers = []
+        roles = REQUEST_HEADERS  # the admission's rules, by lower-case name (HTTP/2 names are: headers.py)
         for name, value in self.headers:
             if name.startswith(b":"):
                 if name == b":path":
@@ -243,20 +245,30 @@ class Call:
                 elif name == b":method":
                     method = value
                 continue
-            if name in IDENTITY_METADATA:
-                key = name.decode()
-                if key in ident:
-                    raise BadRequest(f"{key}: must be given once", code="invalid_identity")
-                if not value.isascii():
-                    raise BadRequest(f"{key}: must be ASCII", code="invalid_identity")
-                ident[key] = value.decode()
-                continue
-            if name in _DROPPED or name.startswith(b"x-sandbox-"):
+            role = roles.get(name)
+            if role is None:
+                if name.startswith(SANDBOX_HEADER_PREFIXES):
+                    continue  # the router's vocabulary: never a client's word
                 if name == b"grpc-timeout":
-                    timeout = value
+                    timeout = value  # re-sent by the gateway (_timeout_left)
+                    continue
+                if name == b"content-type":
+                    content_type = value
+            elif R_ORG <= role <= R_BOT or role == R_AUTH:  # identity and credentials: read, never forwarded
+                index = 4 if role == R_AUTH else role - R_ORG
+                if credentials[index] is not None:
+                    raise BadRequest(f"{name.decode()}: must be given once", code="invalid_identity")
+                if not value.isascii():
+                    raise BadRequest(f"{name.decode()}: must be ASCII", code="invalid_identity")
+                credentials[index] = value
                 continue
-            if name == b"content-type":
-                content_type = value
+            elif role == R_COOKIE:
+                if ACCESS_COOKIE in value or HOST_ACCESS_COOKIE in value:
+                    value = cut_access_cookie(value)[0]  # the access token stays with the gateway
+                    if not value:
+                        continue
+            elif role not in _FORWARDED_ROLES:
+                continue  # hop-by-hop, X-Forwarded-*, the router's headers: as on the HTTP data plane
             if not value.isascii():  # gRPC metadata values are ASCII (-bin ones base64): refused here, per call,
                 raise BadRequest(f"{_text(name)}: a metadata value must be ASCII (binary ones base64, in -bin keys)")
             out.append((name, value))  # rather than killing the sandbox's connection, shared by other calls
@@ -278,27 +290,27 @@ class Call:
                                  ) from None
             self.deadline = asyncio.get_running_loop().time() + seconds
             self.timeout = (timeout, seconds)
-        self.identity = self.conn.identify(ident)
+        if credentials[1] is None and credentials[4] is None:
+            raise Unauthorized("no identity: send x-user-id and x-session-id metadata (x-org-id, x-bot-id "
+                               "optional), or authorization: Bearer <token> with x-session-id")
+        self.identity = self.front.admission.identify(self.conn, tuple(credentials))  # type: ignore[arg-type]
         self.org_id = self.identity.org_id
         return out
 
     async def _forward(self, out: list[tuple[str, str]]) -> None:
         front = self.front
         identity = self.identity
-        limits = front.limits
-        if limits.active:
-            key = limit_key(identity)
-            limits.admit(key)
-            if limits.caps_streams:
-                limits.open_stream(key)
-                self.stream_key = key
+        admission = front.admission
+        if admission.limited:  # every call is a stream (it holds a slot for as long as it runs)
+            self.stream_key = admission.admit(identity, True)  # type: ignore[arg-type]
         route = self.route = await front.router.resolve(identity)
         front.router.stream_opened(route.sandbox_id)
         host, port = target = grpc_target(route, front.router.policy.pools.get(route.pool))
         connection = await front.channels.connection(target)
         authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", self.path.encode()),
-                (b":authority", authority.encode()), *out, (b"x-sandbox-id", route.sandbox_id.encode())]
+                (b":authority", authority.encode()), (b"te", b"trailers"), *out,
+                (SANDBOX_ID_HEADER, route.sandbox_id.encode())]
         if self.deadline is not None:
             head.append((b"grpc-timeout", self._timeout_left()))
         self.sent_at = time.perf_counter()
@@ -426,7 +438,7 @@ class Call:
             seconds = max(1, round(exc.retry_after))
             extra = [("retry-after", str(seconds)), ("grpc-retry-pushback-ms", str(seconds * 1000))]
         if exc.sandbox_id:
-            extra.append(("x-sandbox-id", exc.sandbox_id))
+            extra.append((SANDBOX_ID_HEADER.decode(), exc.sandbox_id))
         self._answer(int(exc.grpc_status.value), f"{exc.code}: {exc.message}", extra)
 
     async def _answer_http(self, exc: GatewayError) -> None:
@@ -487,7 +499,7 @@ class Call:
         self.down.release()
         front = self.front
         if self.stream_key is not None:
-            front.limits.close_stream(self.stream_key)
+            front.admission.stream_closed(self.stream_key)
         if self.route is not None:
             front.router.stream_closed(self.route.sandbox_id)
         front.finished(self)
