@@ -15,7 +15,6 @@ of these.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,29 +22,11 @@ from h2.errors import ErrorCodes
 from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, PriorityFrame, RstStreamFrame
 
 from gateway.grpcfront.call import _grpc_content_type, encode_timeout_ms
-from tests.grpc_helpers import echo_server, grpc_gateway, ident, static_policy
+from tests.grpc_helpers import grpc_gateway, static_policy
 from tests.test_grpc_hostile import (IO, RawConnection, assert_connection_error, assert_stream_error, describe,
                                      frame_bytes, grpc_message, request_head)
+from tests.test_grpc_hostile import conn, gateway, sandbox  # noqa: F401  # fixtures (an echo sandbox, a gateway)
 from tests.test_grpc_sandbox_hostile import SandboxSide, fake_sandbox
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[Any]:
-    async with echo_server() as (service, port):
-        yield service, port
-
-
-@pytest.fixture
-async def gateway(sandbox, tmp_path) -> AsyncIterator[Any]:
-    async with grpc_gateway(tmp_path, static_policy(tmp_path / "policy.yaml", ["127.0.0.1"], sandbox[1])) as gw:
-        yield gw
-
-
-@pytest.fixture
-async def conn(gateway) -> AsyncIterator[RawConnection]:
-    connection = await RawConnection.open(gateway.grpc_address)
-    yield connection
-    connection.close()
 
 
 def with_field(head: list[tuple[str, str]], field: tuple[str, str], *, at: int | None = None) -> list[tuple[str, str]]:
@@ -117,7 +98,8 @@ async def test_a_content_length_that_matches_is_served(conn):
 async def test_a_pseudo_header_in_the_trailers_is_a_stream_error(conn):
     stream = conn.next_stream()
     await conn.send(conn.head(stream, "/test.Echo/ClientStream"), DataFrame(stream, grpc_message(b"a")),
-                    HeadersFrame(stream, conn.encoder.encode([(":path", "/x.Y/Z")]), flags=["END_HEADERS", "END_STREAM"]))
+                    HeadersFrame(stream, conn.encoder.encode([(":path", "/x.Y/Z")]),
+                                 flags=["END_HEADERS", "END_STREAM"]))
     await assert_stream_error(conn, stream, ErrorCodes.PROTOCOL_ERROR)
 
 
@@ -202,6 +184,18 @@ async def reset_with(code: int, side: SandboxSide) -> None:
 @pytest.mark.parametrize(("code", "status"), [(ErrorCodes.INTERNAL_ERROR, b"13"), (ErrorCodes.PROTOCOL_ERROR, b"13"),
                                               (ErrorCodes.ENHANCE_YOUR_CALM, b"8")])
 async def test_a_sandboxs_reset_reaches_the_client_as_grpc_maps_it(tmp_path, code, status):
+    end, heads = await call_a_sandbox_that_resets(tmp_path, code)
+    assert isinstance(end, HeadersFrame), describe(end)
+    assert heads[-1][b"grpc-status"] == status and code.name.encode() in heads[-1][b"grpc-message"], heads
+
+
+async def test_a_sandboxs_cancel_reaches_the_client_as_cancel(tmp_path):
+    end, _ = await call_a_sandbox_that_resets(tmp_path, ErrorCodes.CANCEL)
+    assert isinstance(end, RstStreamFrame) and end.error_code == ErrorCodes.CANCEL, describe(end)
+
+
+async def call_a_sandbox_that_resets(tmp_path: Any, code: int) -> tuple[Any, list[dict[bytes, bytes]]]:
+    """One unary call to a sandbox that resets it with ``code``: what ended it for the client, and its heads."""
     async def behaviour(side: SandboxSide) -> None:
         await reset_with(code, side)
 
@@ -211,26 +205,7 @@ async def test_a_sandboxs_reset_reaches_the_client_as_grpc_maps_it(tmp_path, cod
         try:
             stream = conn.next_stream()
             await conn.send(*conn.call(stream))
-            end = await conn.finish(stream)
-            assert isinstance(end, HeadersFrame), describe(end)
-            trailers = conn.heads[stream][-1]
-            assert trailers[b"grpc-status"] == status and code.name.encode() in trailers[b"grpc-message"], trailers
-        finally:
-            conn.close()
-
-
-async def test_a_sandboxs_cancel_reaches_the_client_as_cancel(tmp_path):
-    async def behaviour(side: SandboxSide) -> None:
-        await reset_with(ErrorCodes.CANCEL, side)
-
-    async with fake_sandbox(behaviour) as (_, port), \
-            grpc_gateway(tmp_path, static_policy(tmp_path / "p.yaml", ["127.0.0.1"], port)) as gw:
-        conn = await RawConnection.open(gw.grpc_address)
-        try:
-            stream = conn.next_stream()
-            await conn.send(*conn.call(stream))
-            end = await conn.finish(stream)
-            assert isinstance(end, RstStreamFrame) and end.error_code == ErrorCodes.CANCEL, describe(end)
+            return await conn.finish(stream), conn.heads.get(stream, [])
         finally:
             conn.close()
 

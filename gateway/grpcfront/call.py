@@ -424,7 +424,8 @@ class Call:
                     self.down.reset(CANCEL)
                 return
             name = ERROR_NAMES.get(code, hex(code)) if code is not None else "?"
-            self._answer(_RESET_STATUS.get(code, _INTERNAL), f"the sandbox reset the call ({name})")  # type: ignore[arg-type]
+            status = _RESET_STATUS.get(code, _INTERNAL) if code is not None else _INTERNAL
+            self._answer(status, f"the sandbox reset the call ({name})")
         elif side == "sandbox":
             self.error = "upstream_closed"
             self._answer(_UNAVAILABLE, "the connection to the sandbox was lost")
