@@ -387,3 +387,16 @@ async def test_grpc_metadata_follows_the_data_planes_header_rules(conn, sandbox)
     assert {key: seen.get(key) for key in ("cookie", "x-request-id", "x-custom")} == {
         "cookie": "theme=dark", "x-request-id": "req-1", "x-custom": "kept"}
     assert not {"x-forwarded-for", "forwarded", "x-forwarded-host", "x-sandbox-namespace", "x_org_id"} & set(seen)
+
+
+async def test_the_startup_log_says_https_when_the_front_speaks_tls(tmp_path):
+    from tests.gateway_process import GatewayProcess
+    from tests.test_grpc_grpcio import _self_signed
+    cert, key = _self_signed(tmp_path)
+    process = await GatewayProcess(tmp_path / "gw", env={"SANDBOX_GATEWAY_GRPC_TLS_CERT_FILE": str(cert),
+                                                         "SANDBOX_GATEWAY_GRPC_TLS_KEY_FILE": str(key)}).start()
+    try:
+        [line] = [line for line in process.log if "gRPC front (worker" in line]
+        assert "https://" in line and "h2c://" not in line, line
+    finally:
+        await process.stop()
