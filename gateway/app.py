@@ -278,7 +278,7 @@ class Gateway:
 
             self.grpc_front = GrpcFront(self.router, self.settings, authenticator=self.authenticator,
                                         limits=self.data_plane.limits, metrics=GrpcMetrics(self.metrics.registry),
-                                        access=self._access)
+                                        access=self._access, admission=self.data_plane.admission)
             await self.grpc_front.start(grpc_sock)
             self.grpc_address = self.grpc_front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,

@@ -33,6 +33,9 @@ class GrpcMetrics:
         self.connection_errors = Counter(
             "sgw_grpc_connection_errors_total", "HTTP/2 connections ended for breaking the protocol, by peer "
             "(client or sandbox) and RFC 9113 error code", ["peer", "code"], registry=registry)
+        self.malformed_requests = Counter(
+            "sgw_grpc_malformed_requests_total", "gRPC front requests whose head broke RFC 9113 8.2-8.3 "
+            "(reset PROTOCOL_ERROR before any call began)", registry=registry)
         self._sent = self.messages.labels("to_sandbox")
         self._received = self.messages.labels("to_client")
         self._limit = method_label_limit
