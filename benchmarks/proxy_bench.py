@@ -11,6 +11,11 @@ back for each concurrency level, and each cell is the median of ``--repeat``
 such rounds, so drift in whatever else the machine does hits all three alike.
 Then streaming: SSE events/s and a 100 MB upload, direct vs gateway.
 
+It prints the machine, the build and the load average first (``harness.header``),
+and under each row the CPU per request of every process of each target's run
+(the proxy, the backend, Redis if used, wrk). ``--serve`` with more than one
+worker uses ``BENCH_REDIS_URL`` when set, else a redis-server of its own.
+
 Load generator, backend and proxies share the machine's cores: read the ratios,
 not the absolute numbers. Steadier than req/s on a shared machine is the CPU each
 proxy spends per proxied request (``nginx us/req``, ``gw us/req``): the on-CPU time
