@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -129,6 +130,14 @@ def header(name: str, *extra: str, installed: bool = False) -> str:
 
 def footer() -> str:
     return f"load average: {loadavg()} (1/5/15 min, after the run)"
+
+
+@contextlib.contextmanager
+def reported(name: str, *extra: str, installed: bool = False) -> Iterator[None]:
+    """``header`` before the body, ``footer`` after it: for benchmarks with nothing else to add."""
+    print(header(name, *extra, installed=installed), flush=True)
+    yield
+    print(footer(), flush=True)
 
 
 def nginx_version() -> str:
