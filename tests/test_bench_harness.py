@@ -20,7 +20,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 
 import gateway._compiled
-from benchmarks import grpc_bench, harness, proxy_bench
+from benchmarks import grpc_bench, harness, proxy_bench, pyspy_profile
 from tests.grpc_helpers import RawCodec, echo_server
 from tests.redis_server import redis_server_path
 
@@ -107,3 +107,16 @@ async def test_nginx_grpc_peer_relays_calls(tmp_path: Path) -> None:
                 channel.close()
         finally:
             harness.stop_procs([nginx])
+
+
+def test_profile_breakdown_splits_the_measured_user_cpu_and_leaves_syscalls_out(tmp_path: Path) -> None:
+    """py-spy samples wall clock: a sample inside write() is the kernel's (measured as stime), not the caller's."""
+    stacks = tmp_path / "gateway.txt"
+    stacks.write_text(
+        "run (uvloop/loop.pyx:1);begin (gateway/proxy/_downstream.py:10) 30\n"
+        "run (uvloop/loop.pyx:1);finished (gateway/proxy/_plane.py:20) 10\n"
+        "run (uvloop/loop.pyx:1);begin (gateway/proxy/_downstream.py:10);write (libc.so) 60\n"
+        "run (uvloop/loop.pyx:1);data_received (gateway/proxy/_downstream.py:5);llhttp_execute (parser.c) 10\n")
+    rows = dict(pyspy_profile.breakdown(stacks, user_us=10.0))
+    assert rows == {"begin (gateway/proxy/_downstream.py)": 6.0, "finished (gateway/proxy/_plane.py)": 2.0,
+                    "[parser: llhttp/httptools]": 2.0}
