@@ -114,8 +114,9 @@ def start_gateway(workdir: Path, sandbox_port: int) -> tuple[subprocess.Popen[by
     raise RuntimeError(f"the gateway did not serve gRPC within 60 s:\n{log.read_text(errors='replace')[-2000:]}")
 
 
-async def unary_calls(host: str, port: int, concurrency: int, duration: float) -> int:
-    """Calls completed by ``concurrency`` callers on one connection within ``duration`` seconds."""
+async def unary_calls(host: str, port: int, concurrency: int, duration: float) -> tuple[int, float]:
+    """Calls completed by ``concurrency`` callers on one connection within ``duration`` seconds, and the
+    seconds they took (from after the connection's first call)."""
     channel = Channel(host, port, codec=RawCodec())
     payload = b"x" * 64
     done = 0
@@ -132,9 +133,11 @@ async def unary_calls(host: str, port: int, concurrency: int, duration: float) -
             done += 1
 
     await caller_warmup(channel)
+    started = time.perf_counter()
     await asyncio.gather(*(caller() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
     channel.close()
-    return done
+    return done, elapsed
 
 
 async def caller_warmup(channel: Channel) -> None:
@@ -143,8 +146,9 @@ async def caller_warmup(channel: Channel) -> None:
         await stream.recv_message()
 
 
-async def streamed_messages(host: str, port: int, streams: int, messages: int) -> int:
-    """Messages received over ``streams`` concurrent server streams of ``messages`` each."""
+async def streamed_messages(host: str, port: int, streams: int, messages: int) -> tuple[int, float]:
+    """Messages received over ``streams`` concurrent server streams of ``messages`` each, and the seconds
+    that took (from after the connection's first call)."""
     channel = Channel(host, port, codec=RawCodec())
     await caller_warmup(channel)
     request = f"{messages}:64".encode()
@@ -158,9 +162,11 @@ async def streamed_messages(host: str, port: int, streams: int, messages: int) -
             async for _ in stream:
                 received += 1
 
+    started = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(streams)))
+    elapsed = time.perf_counter() - started
     channel.close()
-    return received
+    return received, elapsed
 
 
 @dataclass
@@ -181,13 +187,12 @@ class Figures:
     cpu: dict[str, list[dict[str, Cpu]]] = field(default_factory=dict)
     loads: list[str] = field(default_factory=list)  # the load average after each run
 
-    def measure(self, peer: Peer, run: Callable[[], int]) -> None:
-        """Run one load against ``peer`` (``run()`` returns the ops done) with every process metered."""
+    def measure(self, peer: Peer, run: Callable[[], tuple[int, float]]) -> None:
+        """Run one load against ``peer`` (``run()`` returns the ops done and the seconds they took) with every
+        process metered (over the whole run: its connection and first call too, a few ms in seconds)."""
         meter = CpuMeter(peer.processes, LOAD_SELF, "client")
         with meter:
-            started = time.perf_counter()
-            ops = run()
-            elapsed = time.perf_counter() - started
+            ops, elapsed = run()
         self.rates.setdefault(peer.name, []).append(ops / elapsed)
         self.cpu.setdefault(peer.name, []).append(meter.per_op(ops))
         self.loads.append(loadavg().split()[0])
@@ -246,8 +251,9 @@ def main() -> None:
                  f"client:       grpclib in this process (uvloop), one HTTP/2 connection; unary callers {levels}; "
                  f"streams {args.streams} x {args.stream_messages} messages of 64 bytes; "
                  f"{args.duration:g}s per unary run; medians of {args.repeat} interleaved rounds",
-                 "peers:        direct (the sandbox), nginx grpc_pass with upstream keepalive 32 (1 worker), "
-                 "the gateway (`sandbox-gateway serve`, access log on)", installed=True), flush=True)
+                 "peers:        direct (the sandbox), "
+                 + ("" if args.no_nginx else "nginx grpc_pass with upstream keepalive 32 (1 worker), ")
+                 + "the gateway (`sandbox-gateway serve`, access log on)", installed=True), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="grpc-bench-"))
     procs: list[subprocess.Popen[str] | subprocess.Popen[bytes]] = []
     try:
