@@ -18,6 +18,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -303,7 +304,7 @@ def start_nginx(tmp: Path, name: str, workers: int, http: str) -> subprocess.Pop
 def stop_procs(procs: list[subprocess.Popen[bytes]] | list[subprocess.Popen[str]]) -> None:
     for proc in procs:
         if proc.poll() is None:
-            proc.send_signal(15)
+            proc.send_signal(signal.SIGTERM)
     for proc in procs:
         try:
             proc.wait(5)
