@@ -106,4 +106,7 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=1)
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.concurrency))
+    from benchmarks.harness import reported
+
+    with reported("k8s_provision_bench.py"):
+        asyncio.run(main(args.n, args.concurrency))
