@@ -9,6 +9,7 @@ neither imports the other.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -101,7 +102,15 @@ def pod_ips(obj: Mapping[str, Any]) -> list[str]:
     return list(status.get("podIPs") or ())
 
 
+def terminating(obj: Mapping[str, Any]) -> bool:
+    """Deletion has begun (finalizers or garbage collection still hold the object): never adopted,
+    never routed to; it is waited out."""
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
 def routable(obj: Mapping[str, Any]) -> bool:
+    if terminating(obj):
+        return False
     ready = ready_condition(obj)
     return ready is not None and ready.get("status") == "True" and bool(pod_ips(obj))
 
@@ -130,23 +139,45 @@ def observed(obj: Mapping[str, Any], generation: int | None) -> bool:
 
 
 def terminal_failure(obj: Mapping[str, Any]) -> str | None:
+    """The reason an object will not become ready, else None. A claim's ReconcilerError is not one:
+    the claim controller requeues it (above all while the garbage collector still removes the
+    Sandbox of a claim of the same name that was deleted)."""
     ready = ready_condition(obj)
+    if ready is not None and obj.get("kind") == "SandboxClaim" and ready.get("reason") == "ReconcilerError":
+        return None
     if ready is not None and ready.get("status") == "False" and ready.get("reason") in TERMINAL_REASONS:
         return f"{ready['reason']}: {ready.get('message') or 'no message'}"
     return None
 
 
-async def watch_events(api: client.CustomObjectsApi, kind: Kind, namespace: str,
-                  **params: Any) -> AsyncIterator[dict[str, Any]]:
+async def watch_events(api: client.CustomObjectsApi, kind: Kind, namespace: str, *, observer: Any = None,
+                       **params: Any) -> AsyncIterator[dict[str, Any]]:
     """Watch events as dicts, through the real client's list call with ``watch=True``.
 
     Not ``kubernetes_asyncio.watch.Watch``: each of those builds its own ApiClient
     and SSL context (~50 ms of CPU on the event loop), once per sandbox here.
-    An ERROR event (410 Gone above all) is raised as the ``ApiException`` it means.
+    A non-200 answer (a 429, 5xx or 403 instead of a stream: the client does not check it for a
+    streamed call) and an ERROR event (410 Gone above all) are raised as the ``ApiException``
+    they mean, with the answer's headers (``Retry-After``). ``observer`` (a ``KubeObserver``)
+    is told the answer's status.
     """
-    response = await api.list_namespaced_custom_object(
-        kind.group, kind.version, namespace, kind.plural, watch=True, _preload_content=False, **params)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
     try:
+        response = await api.list_namespaced_custom_object(
+            kind.group, kind.version, namespace, kind.plural, watch=True, _preload_content=False, **params)
+    except Exception:
+        if observer is not None:
+            observer.answered("watch", kind.plural, "error", loop.time() - began)
+        raise
+    if observer is not None:
+        observer.answered("watch", kind.plural, str(response.status), loop.time() - began)
+    try:
+        if response.status != 200:
+            error = ApiException(status=response.status, reason=response.reason)
+            error.headers = response.headers
+            error.body = await response.read()
+            raise error
         async for line in response.content:
             if not line.strip():
                 continue
@@ -154,6 +185,8 @@ async def watch_events(api: client.CustomObjectsApi, kind: Kind, namespace: str,
             if event.get("type") == "ERROR":
                 status = event.get("object") or {}
                 raise ApiException(status=status.get("code", 500), reason=f"{status.get('reason')}: {status.get('message')}")
+            if "type" not in event or "object" not in event:
+                raise ApiException(status=500, reason=f"malformed watch event: {line[:200]!r}")
             yield event
     finally:
         response.release()

@@ -1,0 +1,215 @@
+"""The Kubernetes provider against a misbehaving fake apiserver (tests/fakekube/faults.py): what a
+retry within the request's deadline can save is served, exactly once; what it cannot fails before the
+deadline and leaves nothing behind; one shared watch per (namespace, kind) however many wait."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from kubernetes_asyncio import client
+
+from gateway.errors import ProvisionFailed, ProvisionTimeout
+from gateway.providers.base import Probe
+from gateway.providers.kubernetes import KubernetesProvider
+from gateway.providers.kubernetes_calls import Calls
+from tests.fakekube.fixtures import FakeKube
+from tests.test_kubernetes import pool_options, request, seed_templates
+
+SBX = "agents.x-k8s.io"
+
+
+async def started(kube: FakeKube, mode: str = "sandbox", port: int = 8888, **calls: float) -> KubernetesProvider:
+    provider = KubernetesProvider({"k8s": pool_options(mode, "v1beta1", port)}, "test",
+                                  api_client=await kube.api_client(), calls=Calls(**calls))
+    lost: list[str] = []
+    provider.lost = lost  # type: ignore[attr-defined]  # test bookkeeping
+    await provider.start(lost.append)
+    return provider
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+async def test_a_refused_create_is_retried_after_retry_after_and_created_once(make_fake_kube, status):
+    kube = await make_fake_kube()
+    provider = await started(kube)
+    loop = asyncio.get_running_loop()
+    try:
+        kube.server.faults.inject(status=status, retry_after=0.4, times=2, method="POST")
+        began = loop.time()
+        endpoint = await provider.ensure(request("ses-429"))
+        assert endpoint.host == "127.0.0.1"
+        assert loop.time() - began >= 0.8  # Retry-After honoured twice, never sooner
+        assert kube.server.faults.served[str(status)] == 2
+        assert kube.server.create_count("sandboxes", "default", "ses-429") == 1
+    finally:
+        await provider.close()
+
+
+async def test_a_retry_after_past_the_deadline_fails_at_once_and_leaves_nothing(make_fake_kube):
+    kube = await make_fake_kube()
+    provider = await started(kube)
+    loop = asyncio.get_running_loop()
+    try:
+        kube.server.faults.inject(status=429, retry_after=30, times=None, method="POST")
+        began = loop.time()
+        with pytest.raises(ProvisionFailed) as info:
+            await provider.ensure(request("ses-late", timeout=5))
+        assert loop.time() - began < 2  # not slept on: the deadline could not be met
+        assert "429" in info.value.message and "within its deadline" in info.value.message
+        assert kube.server.list_objects("sandboxes", "default") == []
+    finally:
+        await provider.close()
+
+
+async def test_a_create_whose_answer_is_lost_is_adopted_not_created_twice(make_fake_kube):
+    kube = await make_fake_kube()
+    provider = await started(kube)
+    try:
+        kube.server.faults.inject(drop_after=True, method="POST")
+        assert (await provider.ensure(request("ses-lost-answer"))).host == "127.0.0.1"
+        assert kube.server.faults.served["drop"] == 1
+        assert kube.server.create_count("sandboxes", "default", "ses-lost-answer") == 1
+    finally:
+        await provider.close()
+
+
+@pytest.mark.parametrize("status", [500, 403])
+async def test_a_non_200_watch_is_retried_with_backoff_not_a_crash(make_fake_kube, status):
+    """Today's KeyError: 'type'. The shared watch backs off (a handful of tries, not thousands) and,
+    once the apiserver answers, the sandbox is served."""
+    kube = await make_fake_kube()
+    kube.server.faults.inject(status=status, watch=True, times=None)
+    provider = await started(kube)
+    try:
+        pending = asyncio.create_task(provider.ensure(request("ses-watch500")))
+        await kube.server.wait_for_object("sandboxes", "default", "ses-watch500", lambda o: bool(
+            (o.get("status") or {}).get("podIPs")))
+        await asyncio.sleep(1.0)
+        refused = kube.server.faults.served[str(status)]
+        assert 2 <= refused < 30  # retried, backing off: no reconnect storm
+        kube.server.faults.clear()
+        assert (await asyncio.wait_for(pending, 15)).host == "127.0.0.1"
+    finally:
+        await provider.close()
+
+
+async def test_a_watch_that_never_answers_200_times_out_and_the_object_is_deleted(make_fake_kube):
+    kube = await make_fake_kube()
+    kube.server.faults.inject(status=500, watch=True, times=None)
+    provider = await started(kube)
+    try:
+        with pytest.raises(ProvisionTimeout):
+            await provider.ensure(request("ses-blind", timeout=0.5))
+        assert kube.server.get_object("sandboxes", "default", "ses-blind") is None
+    finally:
+        await provider.close()
+
+
+async def test_a_stalled_apiserver_is_a_timeout_not_a_hang(make_fake_kube):
+    kube = await make_fake_kube()
+    provider = await started(kube, read_timeout=0.3, background_budget=3)
+    loop = asyncio.get_running_loop()
+    try:
+        await provider.ensure(request("ses-stall"))
+        kube.server.faults.inject(stall=math.inf, times=None, watch=False)
+        began = loop.time()
+        assert await provider.probe("ses-stall", "k8s") is Probe.UNKNOWN
+        assert loop.time() - began < 4  # bounded by the background budget, each try by the read timeout
+        assert kube.server.faults.served["stall"] >= 2  # retried after each read timeout
+    finally:
+        kube.server.faults.clear()
+        await provider.close()
+
+
+async def test_provisions_survive_an_apiserver_restart(make_fake_kube):
+    """Watches cut, the watch cache lost (410: relist), connections refused for a while: every
+    provision in flight within its deadline is served, each created once."""
+    kube = await make_fake_kube(ready_delay=0.3)
+    provider = await started(kube)
+    try:
+        pending = [asyncio.create_task(provider.ensure(request(f"ses-r{i}", timeout=20))) for i in range(20)]
+        await kube.server.wait_for_watchers(1)
+        await asyncio.sleep(0.1)
+        kube.server.restart(down_for=0.5)
+        endpoints = await asyncio.gather(*pending)
+        assert len(endpoints) == 20
+        assert all(kube.server.create_count("sandboxes", "default", f"ses-r{i}") == 1 for i in range(20))
+    finally:
+        await provider.close()
+
+
+async def test_a_terminating_object_is_waited_out_never_adopted(make_fake_kube):
+    """A finalizer holds the deleted Sandbox: probe says GONE (never ALIVE), and ensure waits for it
+    to go by watch, then creates a new one."""
+    kube = await make_fake_kube()
+    kube.server.api.deletion_delay["sandboxes"] = 0.5
+    provider = await started(kube)
+    try:
+        await provider.ensure(request("ses-term"))
+        old = kube.server.get_object("sandboxes", "default", "ses-term")["metadata"]["uid"]
+        await provider.delete("ses-term", "k8s")
+        assert kube.server.get_object("sandboxes", "default", "ses-term")["metadata"]["deletionTimestamp"]
+        assert await provider.probe("ses-term", "k8s") is Probe.GONE
+        await provider.ensure(request("ses-term"))
+        new = kube.server.get_object("sandboxes", "default", "ses-term")
+        assert new["metadata"]["uid"] != old and not new["metadata"].get("deletionTimestamp")
+        assert kube.server.create_count("sandboxes", "default", "ses-term") == 2
+    finally:
+        await provider.close()
+
+
+async def test_a_claim_recreated_while_its_sandbox_is_garbage_collected_is_served(make_fake_kube):
+    """v1alpha1 claims name their Sandbox like the claim: until the garbage collector removes the old
+    one, the claim reports ReconcilerError, which is waited out, not terminal."""
+    kube = await make_fake_kube("head")
+    await seed_templates(kube, "v1alpha1")
+    kube.server.api.gc_delay = 0.5
+    options = pool_options("claim", "v1alpha1", 8888, warm_pool="none")
+    provider = KubernetesProvider({"k8s": options}, "test", api_client=await kube.api_client())
+    await provider.start(lambda name: None)
+    try:
+        await provider.ensure(request("ses-gc"))
+        await provider.delete("ses-gc", "k8s")
+        assert kube.server.get_object("sandboxes", "default", "ses-gc") is not None  # not collected yet
+        assert (await provider.ensure(request("ses-gc"))).host
+        assert kube.server.create_count("sandboxclaims", "default", "ses-gc") == 2
+    finally:
+        await provider.close()
+
+
+async def test_connections_stay_bounded_while_many_sandboxes_provision(make_fake_kube):
+    """One watch per (namespace, kind), whatever the number of waiters: 200 provisions in flight hold
+    one watch, and the client's connections stay far below one per sandbox."""
+    kube = await make_fake_kube(ready_delay=0.5)
+    provider = await started(kube)
+    peak = {"watches": 0, "connections": 0}
+    try:
+        pending = [asyncio.create_task(provider.ensure(request(f"ses-b{i}", timeout=60))) for i in range(200)]
+        while not all(t.done() for t in pending):
+            peak["watches"] = max(peak["watches"], kube.server.open_watches)
+            peak["connections"] = max(peak["connections"], kube.server.connections)
+            await asyncio.sleep(0.02)
+        await asyncio.gather(*pending)
+        assert peak["watches"] == 1
+        assert peak["connections"] <= 101  # the client's pool (100) plus the watch: never one each
+    finally:
+        await provider.close()
+
+
+async def test_lost_sandboxes_are_still_reported_after_a_relist(make_fake_kube):
+    """A deletion missed while the watch was down (history lost) is found by the relist on 410."""
+    kube = await make_fake_kube()
+    provider = await started(kube)
+    try:
+        await provider.ensure(request("ses-missed"))
+        await kube.server.wait_for_watchers(1)
+        kube.server.restart()
+        api = client.CustomObjectsApi(await kube.api_client())
+        await api.delete_namespaced_custom_object(SBX, "v1beta1", "default", "sandboxes", "ses-missed")
+        kube.server.compact()
+        async with asyncio.timeout(10):
+            while provider.lost != ["ses-missed"]:
+                await asyncio.sleep(0.05)
+    finally:
+        await provider.close()
