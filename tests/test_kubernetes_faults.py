@@ -99,6 +99,9 @@ async def test_a_watch_that_never_answers_200_times_out_and_the_object_is_delete
     kube.server.faults.inject(status=500, watch=True, times=None)
     provider = await started(kube)
     try:
+        async with asyncio.timeout(10):
+            while not kube.server.faults.served["500"]:  # listed, and now the watch is refused
+                await asyncio.sleep(0.01)
         with pytest.raises(ProvisionTimeout):
             await provider.ensure(request("ses-blind", timeout=0.5))
         assert kube.server.get_object("sandboxes", "default", "ses-blind") is None
