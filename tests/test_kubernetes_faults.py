@@ -216,3 +216,43 @@ async def test_lost_sandboxes_are_still_reported_after_a_relist(make_fake_kube):
                 await asyncio.sleep(0.05)
     finally:
         await provider.close()
+
+
+async def test_api_calls_and_watch_restarts_are_counted_and_readiness_follows_the_api(make_fake_kube):
+    """sgw_kube_requests_total{verb,resource,code}, its latency histogram and
+    sgw_kube_watch_restarts_total{reason}; /readyz's problem once every call for the grace was
+    refused (403 here: a Role that lost a verb), gone with the next answered call."""
+    from gateway.metrics import Metrics
+    from gateway.providers.kubernetes_calls import KubeObserver
+
+    kube = await make_fake_kube()
+    metrics = Metrics()
+    provider = KubernetesProvider({"k8s": pool_options("sandbox", "v1beta1", 8888)}, "test",
+                                  api_client=await kube.api_client(),
+                                  observer=KubeObserver(metrics.kube_request, metrics.kube_watch_restart))
+    await provider.start(lambda name: None)
+    sample = metrics.registry.get_sample_value
+    try:
+        kube.server.faults.inject(status=429, retry_after=0.1, method="POST")
+        await provider.ensure(request("ses-m"))
+        assert sample("sgw_kube_requests_total", {"verb": "create", "resource": "sandboxes", "code": "429"}) == 1
+        assert sample("sgw_kube_requests_total", {"verb": "create", "resource": "sandboxes", "code": "200"}) == 1
+        assert sample("sgw_kube_request_duration_seconds_count", {"verb": "create", "resource": "sandboxes"}) == 2
+        assert sample("sgw_kube_requests_total", {"verb": "watch", "resource": "sandboxes", "code": "200"}) >= 1
+        kube.server.drop_watches()
+        async with asyncio.timeout(10):
+            while not sample("sgw_kube_watch_restarts_total", {"reason": "dropped"}):
+                await asyncio.sleep(0.02)
+        assert provider.readiness_problem(0.2) is None
+        kube.server.faults.inject(status=403, times=None)
+        kube.server.drop_watches()
+        assert await provider.probe("ses-m", "k8s") is Probe.UNKNOWN
+        await asyncio.sleep(0.3)
+        assert await provider.probe("ses-m", "k8s") is Probe.UNKNOWN
+        problem = provider.readiness_problem(0.2)
+        assert problem is not None and "kube_api_grace" in problem and "403" in problem
+        kube.server.faults.clear()
+        assert await provider.probe("ses-m", "k8s") is Probe.ALIVE
+        assert provider.readiness_problem(0.2) is None
+    finally:
+        await provider.close()

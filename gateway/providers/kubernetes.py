@@ -92,6 +92,14 @@ class KubernetesProvider:
         return cls(pool_options(policy, pool_names), settings.installation, kubeconfig=settings.kubeconfig,
                    in_cluster=settings.in_cluster, observer=observer)
 
+    def readiness_problem(self, grace: float) -> str | None:
+        """Why ``/readyz`` should fail: the API unanswered, 5xx or refusing our credentials for ``grace``."""
+        if self._calls.observer.healthy(grace):
+            return None
+        return (f"kubernetes: every API call for {grace:g}s or more was unanswered, a server error or refused "
+                f"(401/403); check the API server, the NetworkPolicy's egress and the service account's Role "
+                f"(setting kube_api_grace)")
+
     @property
     def observer(self) -> KubeObserver:
         """API health (``/readyz``) and the metric hooks of every call this provider makes."""
