@@ -33,14 +33,32 @@ TERMINAL_REASONS = frozenset({
     "PodFailed", "PodSucceeded", "InvalidMetadata", "EnvVarsInjectionRejected",
 })
 
-# Exactly what this provider calls, per pool namespace; the Helm chart's Role renders these.
-RBAC_RULES: tuple[dict[str, Any], ...] = (
+# Exactly what this provider calls, per pool mode; the Helm chart's Role in each pool namespace renders
+# rbac_rules(the modes of the pools there). A claim pool patches (suspend, resume) and watches the Sandbox
+# its claim holds, but never creates or deletes one: creating a Sandbox amounts to creating any pod.
+RBAC_RULES_BY_MODE: dict[str, tuple[dict[str, Any], ...]] = {
     # patch: suspend and resume (spec.operatingMode, or spec.replicas at v1alpha1)
-    {"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"],
-     "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
-    {"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
-     "verbs": ["get", "list", "watch", "create", "delete"]},
-)
+    "sandbox": ({"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"],
+                 "verbs": ["get", "list", "watch", "create", "delete", "patch"]},),
+    "claim": ({"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"], "verbs": ["list", "watch", "patch"]},
+              {"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
+               "verbs": ["get", "list", "watch", "create", "delete"]}),
+}
+
+
+def rbac_rules(modes: Any) -> tuple[dict[str, Any], ...]:
+    """The rules a namespace whose pools have these modes needs: the union, one rule per resource."""
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for mode in modes:
+        for rule in RBAC_RULES_BY_MODE[mode]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    verbs.setdefault((group, resource), set()).update(rule["verbs"])
+    return tuple({"apiGroups": [g], "resources": [r], "verbs": sorted(v)} for (g, r), v in sorted(verbs.items()))
+
+
+#: Every mode's rules at once (an rbac.extraNamespaces namespace, whose pools' modes the chart cannot see).
+RBAC_RULES = rbac_rules(RBAC_RULES_BY_MODE)
 
 @dataclass(frozen=True, slots=True)
 class Kind:
