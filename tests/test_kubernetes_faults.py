@@ -256,3 +256,20 @@ async def test_api_calls_and_watch_restarts_are_counted_and_readiness_follows_th
         assert provider.readiness_problem(0.2) is None
     finally:
         await provider.close()
+
+
+async def test_a_typo_in_a_pod_template_is_refused_naming_the_field(make_fake_kube):
+    """Creates are strict: the apiserver's 400 names the unknown field (it was pruned in silence)."""
+    kube = await make_fake_kube()
+    options = pool_options("sandbox", "v1beta1", 8888).model_copy(update={"volume_claim_templates": [
+        {"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resource": {}}}]})
+    provider = KubernetesProvider({"k8s": options}, "test", api_client=await kube.api_client())
+    await provider.start(lambda name: None)
+    try:
+        with pytest.raises(ProvisionFailed) as info:
+            await provider.ensure(request("ses-typo"))
+        assert "400" in info.value.message and 'unknown field "spec.volumeClaimTemplates[0].spec.resource"' \
+            in info.value.message, info.value.message
+        assert kube.server.get_object("sandboxes", "default", "ses-typo") is None
+    finally:
+        await provider.close()

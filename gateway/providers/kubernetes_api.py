@@ -94,7 +94,20 @@ def translated(doing: str, sandbox_id: str | None = None) -> Iterator[None]:
         yield
     except ApiException as exc:
         error = _BY_STATUS.get(exc.status or 0, KubeApiError)
-        raise error(f"Kubernetes API error {exc.status} {exc.reason} while {doing}", sandbox_id=sandbox_id) from exc
+        detail = _status_message(exc) if exc.status in (400, 403, 422) else None
+        raise error(f"Kubernetes API error {exc.status} {exc.reason} while {doing}"
+                    + (f": {detail}" if detail else ""), sandbox_id=sandbox_id) from exc
+
+
+def _status_message(exc: ApiException) -> str | None:
+    """The apiserver's own words (a Status ``message``): what a 400 (strict field validation names
+    the unknown field), 403 or 422 is about."""
+    try:
+        body = json.loads(exc.body) if exc.body else None
+    except (TypeError, ValueError):
+        return None
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message)[:500] if message else None
 
 
 async def read_object(api: client.CustomObjectsApi, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
