@@ -273,3 +273,21 @@ async def test_a_typo_in_a_pod_template_is_refused_naming_the_field(make_fake_ku
         assert kube.server.get_object("sandboxes", "default", "ses-typo") is None
     finally:
         await provider.close()
+
+
+async def test_suspend_and_wake_while_pods_take_time_to_go(make_fake_kube):
+    """A suspended Sandbox's pod terminates for a while (its deletion held by a finalizer, as a
+    grace period does); suspend returns once the Sandbox is no longer routable and a wake right
+    after it is served."""
+    kube = await make_fake_kube()
+    kube.server.api.deletion_delay["pods"] = 0.5
+    provider = await started(kube)
+    try:
+        await provider.ensure(request("ses-pod"))
+        await provider.suspend("ses-pod", "k8s")
+        pod = kube.server.get_object("pods", "default", "ses-pod")
+        assert pod is not None and pod["metadata"]["deletionTimestamp"]  # still terminating
+        assert await provider.probe("ses-pod", "k8s") is not Probe.ALIVE
+        assert (await provider.resume(request("ses-pod"))).host == "127.0.0.2"
+    finally:
+        await provider.close()

@@ -11,7 +11,9 @@ stored though its client never hears so). ``watch=True`` limits a fault to watch
 ``times=None`` keeps it until ``clear()``; ``fraction`` hits that share of matching requests (a
 seeded random, so a run repeats). ``server.restart(down_for)`` is an apiserver restart: every watch
 is cut, the watch cache is lost (older resourceVersions answer 410) and, for ``down_for`` seconds,
-every connection is dropped.
+every connection is dropped. ``server.api.deletion_delay[plural] = seconds`` holds each deletion of that
+resource (``pods`` too: a pod's grace period) with a finalizer for that long; ``server.api.gc_delay``
+runs the garbage collector that long after an owner goes.
 """
 
 from __future__ import annotations
