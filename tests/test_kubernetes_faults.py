@@ -235,9 +235,10 @@ async def test_api_calls_and_watch_restarts_are_counted_and_readiness_follows_th
     try:
         kube.server.faults.inject(status=429, retry_after=0.1, method="POST")
         await provider.ensure(request("ses-m"))
+        # the startup check's dry run, the 429 and the create
         assert sample("sgw_kube_requests_total", {"verb": "create", "resource": "sandboxes", "code": "429"}) == 1
-        assert sample("sgw_kube_requests_total", {"verb": "create", "resource": "sandboxes", "code": "200"}) == 1
-        assert sample("sgw_kube_request_duration_seconds_count", {"verb": "create", "resource": "sandboxes"}) == 2
+        assert sample("sgw_kube_requests_total", {"verb": "create", "resource": "sandboxes", "code": "200"}) == 2
+        assert sample("sgw_kube_request_duration_seconds_count", {"verb": "create", "resource": "sandboxes"}) == 3
         assert sample("sgw_kube_requests_total", {"verb": "watch", "resource": "sandboxes", "code": "200"}) >= 1
         kube.server.drop_watches()
         async with asyncio.timeout(10):
@@ -259,11 +260,13 @@ async def test_api_calls_and_watch_restarts_are_counted_and_readiness_follows_th
 
 
 async def test_a_typo_in_a_pod_template_is_refused_naming_the_field(make_fake_kube):
-    """Creates are strict: the apiserver's 400 names the unknown field (it was pruned in silence)."""
+    """Creates are strict: the apiserver's 400 names the unknown field (it was pruned in silence). Here
+    the startup check could not run (its dry run was refused: a warning, and startup goes on)."""
     kube = await make_fake_kube()
     options = pool_options("sandbox", "v1beta1", 8888).model_copy(update={"volume_claim_templates": [
         {"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resource": {}}}]})
     provider = KubernetesProvider({"k8s": options}, "test", api_client=await kube.api_client())
+    kube.server.faults.inject(status=403, method="POST")
     await provider.start(lambda name: None)
     try:
         with pytest.raises(ProvisionFailed) as info:
@@ -289,5 +292,25 @@ async def test_suspend_and_wake_while_pods_take_time_to_go(make_fake_kube):
         assert pod is not None and pod["metadata"]["deletionTimestamp"]  # still terminating
         assert await provider.probe("ses-pod", "k8s") is not Probe.ALIVE
         assert (await provider.resume(request("ses-pod"))).host == "127.0.0.2"
+    finally:
+        await provider.close()
+
+
+async def test_a_pod_template_typo_stops_startup_naming_the_pool_and_the_field(make_fake_kube):
+    """At startup each sandbox pool's object is created as a strict server-side dry run: nothing is
+    stored, and a field the cluster's schema does not know stops the provider before any request."""
+    from routing import PolicyError
+
+    kube = await make_fake_kube()
+    options = pool_options("sandbox", "v1beta1", 8888).model_copy(update={"pod_template": {
+        "spec": {"containers": [{"name": "runtime", "image": "runtime:1", "resource": {}}]}}})
+    provider = KubernetesProvider({"gpu": options}, "test", api_client=await kube.api_client())
+    try:
+        with pytest.raises(PolicyError) as info:
+            await provider.start(lambda name: None)
+        [error] = info.value.errors
+        assert error.startswith("pools.gpu.kubernetes: the cluster refuses this pool's Sandbox")
+        assert 'unknown field "spec.podTemplate.spec.containers[0].resource"' in error, error
+        assert kube.server.list_objects("sandboxes", "default") == [] and not kube.server.create_calls
     finally:
         await provider.close()

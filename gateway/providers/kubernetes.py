@@ -50,6 +50,7 @@ from kubernetes_asyncio import client
 
 from gateway.errors import Conflict, KubeApiError, ObjectExists, ObjectMissing, ProvisionFailed, ProvisionTimeout, WatchExpired
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
+from routing import Isolation, PolicyError
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.kubernetes_api import (
     ANNOTATION, INSTALLATION, ISOLATION, MANAGED_BY, MERGE_PATCH, POOL, SUSPEND_WAIT, Kind, api_client, mode_patch,
@@ -114,6 +115,7 @@ class KubernetesProvider:
         if self._api_client is None:
             self._api_client = await api_client(self._kubeconfig, in_cluster=self._in_cluster)
         self._on_lost = on_lost
+        await self._check_templates()
         targets = {(o.namespace, Kind.of(o)) for o in self._pools.values()}
         for namespace, kind in sorted(targets, key=str):
             self._informer(namespace, kind, self._selector()).listen(self._on_managed)
@@ -123,6 +125,33 @@ class KubernetesProvider:
             await informer.stop()
         if self._owns_client and self._api_client is not None:
             await self._api_client.close()
+
+    async def _check_templates(self) -> None:
+        """Each sandbox pool's object, created once as a server-side dry run (nothing is stored) with
+        strict field validation: a typo in a pool's ``pod_template`` stops startup naming the pool and
+        the field, instead of failing every create later. An API that does not answer here is left to
+        the retries of real requests (and to ``/readyz``)."""
+        for name, pool in self._pools.items():
+            if pool.mode != "sandbox":
+                continue  # a claim carries no template of ours
+            kind = Kind.of(pool)
+            probe = SandboxRequest("sgw-template-check", name, Isolation.SHARED, Owner(None, "check", None), "check", 10)
+            body = self._manifest(pool, kind, probe)
+            try:
+                await self._calls.call(
+                    "create", kind.plural, f"checking pools.{name}.kubernetes (a dry-run create)",
+                    lambda timeout, body=body, kind=kind, pool=pool: self._api.create_namespaced_custom_object(
+                        kind.group, kind.version, pool.namespace, kind.plural, body, dry_run="All",
+                        field_validation=_STRICT, _request_timeout=timeout),
+                    deadline=self._calls.deadline(10.0))
+            except ObjectExists:
+                pass
+            except KubeApiError as exc:
+                status = getattr(exc.__cause__, "status", None)
+                if status in (400, 422):
+                    raise PolicyError([f"pools.{name}.kubernetes: the cluster refuses this pool's {kind.kind} "
+                                       f"(a dry-run create at startup): {exc.message}"]) from exc
+                log.warning("could not check pools.%s.kubernetes against the cluster: %s", name, exc.message)
 
     def _informer(self, namespace: str, kind: Kind, selector: str | None) -> Informer:
         """The one shared watch of (namespace, kind, selector), started on first use."""
