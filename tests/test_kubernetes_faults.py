@@ -314,3 +314,42 @@ async def test_a_pod_template_typo_stops_startup_naming_the_pool_and_the_field(m
         assert kube.server.list_objects("sandboxes", "default") == [] and not kube.server.create_calls
     finally:
         await provider.close()
+
+
+async def test_readyz_of_a_real_serve_follows_the_kubernetes_api(make_fake_kube, tmp_path):
+    """A `serve` whose every Kubernetes API call is refused (403: its Role lost the verbs) leaves the
+    Service once kube_api_grace has passed, and comes back once the API answers again."""
+    import aiohttp
+    import yaml
+
+    from tests.gateway_process import GatewayProcess
+    from tests.test_kubernetes import POD_TEMPLATE
+
+    kube = await make_fake_kube()
+    pool = {"provider": "kubernetes", "kubernetes": {"namespace": "default", "mode": "sandbox", "port": 8888,
+                                                     "pod_template": POD_TEMPLATE}}
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump({"pools": {"small": pool, "shared": pool}}))
+    gateway = await GatewayProcess(tmp_path / "gw", "--policy", str(policy), "--data-dir", str(tmp_path / "data"),
+                                   env={"SANDBOX_GATEWAY_KUBECONFIG": str(kube.kubeconfig_path),
+                                        "SANDBOX_GATEWAY_KUBE_API_GRACE": "0.5",
+                                        "SANDBOX_GATEWAY_DRAIN_TIMEOUT": "1"}).start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def ready() -> tuple[int, dict]:
+                async with http.get(f"{gateway.control_url}/readyz") as response:
+                    return response.status, await response.json()
+
+            assert (await ready())[0] == 200
+            kube.server.faults.inject(status=403, times=None)
+            kube.server.drop_watches()  # the shared watch comes back, refused
+            async with asyncio.timeout(30):
+                while (status := await ready())[0] == 200:
+                    await asyncio.sleep(0.2)  # polling the endpoint under test: there is no event to await
+            assert status[0] == 503 and any("kube_api_grace" in p for p in status[1]["problems"]), status
+            kube.server.faults.clear()
+            async with asyncio.timeout(30):
+                while (await ready())[0] != 200:
+                    await asyncio.sleep(0.2)
+    finally:
+        await gateway.stop()
