@@ -485,7 +485,9 @@ def _managed(item: Mapping[str, Any]) -> ManagedSandbox:
 
 
 def _ours(obj: Mapping[str, Any], installation: str) -> bool:
-    return ((obj.get("metadata") or {}).get("labels") or {}).get(INSTALLATION) == installation
+    """Labelled as this installation's (exactly what its watch selects, so a wait on it is seen)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(INSTALLATION) == installation and labels.get(MANAGED_BY) == "sandbox-gateway"
 
 
 def _claimed_name(claim: Mapping[str, Any]) -> str:
