@@ -353,3 +353,43 @@ async def test_readyz_of_a_real_serve_follows_the_kubernetes_api(make_fake_kube,
                     await asyncio.sleep(0.2)
     finally:
         await gateway.stop()
+
+
+def test_retry_after_is_read_in_seconds_or_as_an_http_date_and_backoff_is_jittered_within_its_cap():
+    import email.utils
+    import random
+    import time
+
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from gateway.providers.kubernetes_calls import Backoff, retry_after
+
+    def refused(value: str | None) -> ApiException:
+        exc = ApiException(status=429, reason="TooManyRequests")
+        exc.headers = {} if value is None else {"Retry-After": value}
+        return exc
+
+    assert retry_after(refused("3")) == 3.0
+    assert retry_after(refused(None)) is None and retry_after(refused("soon")) is None
+    in_ten = retry_after(refused(email.utils.formatdate(time.time() + 10, usegmt=True)))
+    assert in_ten is not None and 8 < in_ten <= 10
+    rng = random.Random(1)
+    delays = [Backoff(base=0.1, cap=5.0).delay(attempt, rng) for attempt in range(12) for _ in range(50)]
+    assert all(0 <= d <= 5.0 for d in delays) and max(delays) > 4  # capped, and spread (full jitter)
+    assert len({round(d, 3) for d in delays[:50]}) > 25  # the first try's pauses are spread too, not one value
+
+
+async def test_a_throttled_watch_waits_for_its_retry_after(make_fake_kube):
+    """API Priority and Fairness refuses the watch with 429 + Retry-After: the shared watch waits that
+    long before asking again, however short its own backoff would be."""
+    kube = await make_fake_kube()
+    provider = await started(kube)
+    try:
+        await kube.server.wait_for_watchers(1)
+        kube.server.faults.inject(status=429, retry_after=1.0, watch=True, times=None)
+        kube.server.drop_watches()
+        await asyncio.sleep(2.2)
+        assert 1 <= kube.server.faults.served["429"] <= 3  # at most one try a second, not a storm
+    finally:
+        kube.server.faults.clear()
+        await provider.close()

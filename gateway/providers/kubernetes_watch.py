@@ -25,10 +25,11 @@ from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from gateway.errors import KubeApiError, WatchExpired
 from gateway.providers.kubernetes_api import Kind, translated, watch_events
-from gateway.providers.kubernetes_calls import Calls
+from gateway.providers.kubernetes_calls import Calls, retry_after
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class Informer:
     async def _run(self) -> None:
         attempt = 0
         while True:
-            reason = "closed"
+            reason, at_least = "closed", 0.0
             try:
                 if self._version is None:
                     await self._relist()
@@ -139,6 +140,8 @@ class Informer:
                 self._version, reason = None, "expired"
             except KubeApiError as exc:
                 reason = "error"
+                cause = exc.__cause__
+                at_least = (retry_after(cause) or 0.0) if isinstance(cause, ApiException) else 0.0
                 log.warning("%s; retrying", exc.message)
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
                 reason = "dropped"
@@ -148,7 +151,7 @@ class Informer:
                 log.exception("watch on %s in %s failed", self.kind.plural, self.namespace)
             self._calls.observer.watch_restarted(reason)
             if reason in ("error", "dropped"):
-                await asyncio.sleep(self._calls.pause(attempt))
+                await asyncio.sleep(max(at_least, self._calls.pause(attempt)))  # a 429's Retry-After too
                 attempt += 1
 
     async def _relist(self) -> None:
