@@ -416,14 +416,21 @@ async def test_router_headers_with_an_access_token_reach_that_sandbox_only(previ
     assert (status, refused(body)) == (403, "port_not_allowed")
 
 
-async def test_identity_requests_are_not_keyed_and_keep_their_hygiene(preview):
-    """X-Session-Id routes by identity whatever the URL; every X-Sandbox-* header and the access
-    cookie are dropped on that path too."""
+async def test_a_key_wins_over_identity_headers_and_identity_requests_keep_their_hygiene(preview):
+    """A preview path or host is keyed whatever else the request says: on a preview host a sandbox's own
+    page could send any X-User-Id, and trusted headers would believe it. Elsewhere identity routes, and
+    every X-Sandbox-* header and the access cookie are dropped on that path too."""
     headers = {"X-User-Id": "alice", "X-Session-Id": "s1", "X-Sandbox-Timeout": "5", "X-Sandbox-Pod-IP": "10.0.0.9",
                "X-Sandbox-Anything": "x", "X_Sandbox_Port": "22", "X-Forwarded-Prefix": "/forged",
                "Cookie": "a=1; sgw_access=secret; b=2", "X-Sandbox-ID": OTHER}
-    status, _, body = await get(preview, preview.path("/"), headers=headers)
-    assert (status, body["server"], body["path"]) == (200, "runtime", preview.path("/"))
+    before = len(preview.seen.requests)
+    for target, host in ((preview.path("/"), None), ("/", preview.host()), ("/", preview.host() .replace(":", ".:"))):
+        status, _, body = await get(preview, target, headers={**headers, **({"Host": host} if host else {})})
+        # (The forged cookie is tried on a preview host, and refused; path mode reads no cookie.)
+        assert status == 401 and refused(body) in ("access_token_required", "access_token_invalid"), (target, host)
+    assert len(preview.seen.requests) == before
+    status, _, body = await get(preview, "/x", headers=headers)
+    assert (status, body["server"], body["path"]) == (200, "runtime", "/x")
     seen = preview.seen.last
     assert_clean(seen)
     assert seen["headers"]["X-Sandbox-Id"] == preview.sandbox_id  # the gateway's, never the client's

@@ -245,7 +245,10 @@ class DownstreamConnection(RequestReader):
             return
         if ex.compat is not None and ex.compat[0] is not None and self._begin_compat(ex):
             return
-        if plane.keyed and ex.session is None and self._begin_keyed(ex, batch):
+        # A preview host or path is keyed whatever else the request says: identity headers there would let
+        # a sandbox's page (same origin) or a page its CORS answer admits claim any identity the trusted
+        # headers allow (SECURITY.md, "Browsers").
+        if plane.keyed and self._begin_keyed(ex, batch):
             return
         # Admission: who is this, may they, which route (gateway/proxy/_admission.py).
         admission = plane.admission

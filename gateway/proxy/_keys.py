@@ -8,8 +8,8 @@ Two shapes (ARCHITECTURE.md, "Wire contract"), each on only when its setting is:
   forwarding (the sandbox sees ``/...`` and ``X-Forwarded-Prefix``), and a response's
   ``Location`` and ``Set-Cookie`` ``Path`` are put back under it.
 
-A request carrying ``X-Session-Id`` is never keyed: it routes by identity as always, whatever its
-URL. A keyed request needs a sandbox access token (``gateway.access``) for that sandbox and port:
+A request whose Host or URL is a key is always keyed, identity headers or not: on a preview host a
+sandbox's own page could send any ``X-User-Id``, and trusted headers would believe it. A keyed request needs a sandbox access token (``gateway.access``) for that sandbox and port:
 ``Authorization: Bearer``, the :data:`~gateway.access.COOKIE_NAME` cookie, or ``?access_token=``
 once, which is answered with the cookie and a redirect to the same URL without it. The token
 never reaches the sandbox: ``Authorization`` is never forwarded, the cookie is cut out of
@@ -87,6 +87,7 @@ class PreviewKeys:
             colon = name.rfind(b":")
             if colon > name.rfind(b"]"):
                 name = name[:colon]
+            name = name.rstrip(b".")  # "80-x.preview.example." is the same host to DNS and allowed_hosts
             if name.endswith(suffix):
                 return _host_key(name[:-len(suffix)], url, suffix)
         prefix = self.prefix
