@@ -90,10 +90,14 @@ async def error_middleware(request: web.Request, handler: Callable[[web.Request]
 @web.middleware
 async def hosts_middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """Only the hosts this gateway answers for (gateway/hosts.py: DNS rebinding), health included."""
-    host = request.headers.get("Host")
-    if not request.app[HOSTS].allows(host.encode("latin-1") if host is not None else None):
-        request.app[METRICS].denied("host_not_allowed")
-        raise host_not_allowed(host)
+    hosts = request.app[HOSTS]
+    named = [request.headers.get("Host")]
+    if not request.raw_path.startswith("/"):  # absolute-form: its authority is the host (RFC 9112 3.2.2)
+        named.append(request.host)
+    for host in named:
+        if not hosts.allows(host.encode("latin-1") if host is not None else None):
+            request.app[METRICS].denied("host_not_allowed")
+            raise host_not_allowed(host)
     return await handler(request)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.hosts import AllowedHosts, default_allowed_hosts
 from gateway.proxy import _wire as w
-from gateway.proxy._browser import CookieNames, private_to_caches, sandbox_cookie
+from gateway.proxy._browser import CookieNames, private_to_caches, sandbox_cookie, without_clear_site_data
 from tests.client_gateway import ClientGateway, client_gateway
 from tests.test_preview import DOMAIN, Preview, get, preview  # noqa: F401  (the fixture)
 
@@ -116,6 +116,11 @@ def test_a_response_a_preview_credential_opened_is_private_to_caches(head: bytes
     assert private_to_caches(head, head.lower()) == (head + b"\r\nCache-Control: private" if added else head)
 
 
+def test_a_sandbox_cannot_clear_the_sites_data():
+    head = b"HTTP/1.1 200 OK\r\nClear-Site-Data: \"cookies\", \"storage\"\r\nclear-site-data: *\r\nX-Kept: 1"
+    assert without_clear_site_data(head) == b"HTTP/1.1 200 OK\r\nX-Kept: 1"
+
+
 def test_cookie_names_are_read_from_a_head_in_any_pieces():
     head = (b"GET /x HTTP/1.1\r\nHost: h\r\nX-Long: " + b"y" * 3000 + b"\r\nSec-Fetch-Mode: navigate\r\nCookie: a=1; b=" + b"x" * 5000
             + b"; __Host-sgw_access=t; sgw_access=t; c=3\r\ncookie: d=4; SGW_ACCESS=bomb\r\n\r\nGET /next HTTP/1.1\r\nCookie: e=5\r\n\r\n")
@@ -136,9 +141,14 @@ def test_cookie_names_are_read_from_a_head_in_any_pieces():
 @pytest.mark.parametrize(("request_line", "paths"), [
     pytest.param(b"GET / HTTP/1.1", [b"/"], id="root"),
     pytest.param(b"GET /app HTTP/1.1", [b"/", b"/app", b"/app/"], id="a page at the root"),
-    pytest.param(b"GET /app/x/y/z/w?q=/a/b HTTP/1.1",
-                 [b"/", b"/app", b"/app/", b"/app/x", b"/app/x/", b"/app/x/y", b"/app/x/y/", b"/app/x/y/z", b"/app/x/y/z/"],
-                 id="the path and its ancestors, at most four deep"),
+    pytest.param(b"GET /app/x/y?q=/a/b HTTP/1.1",
+                 [b"/", b"/app", b"/app/", b"/app/x", b"/app/x/", b"/app/x/y", b"/app/x/y/"],
+                 id="the path and its ancestors"),
+    pytest.param(b"GET /1/2/3/4/5/6/7/8/9/10 HTTP/1.1",
+                 [b"/"] + [b"/" + b"/".join(b"%d" % n for n in range(1, depth + 1)) + end
+                           for depth in range(1, 9) for end in (b"", b"/")], id="at most eight deep"),
+    pytest.param(b"GET /a/b;Domain=evil/c HTTP/1.1", [b"/", b"/a", b"/a/"],
+                 id="no segment that would add an attribute to our Set-Cookie"),
     pytest.param(b"GET http://h:1/app/x HTTP/1.1", [b"/", b"/app", b"/app/", b"/app/x", b"/app/x/"], id="absolute-form"),
 ])
 def test_a_bomb_is_expired_on_every_path_it_may_be_scoped_to(request_line: bytes, paths: list[bytes]):
@@ -216,3 +226,8 @@ async def test_a_foreign_host_is_refused_on_both_ports(gw: ClientGateway, port: 
         assert registry.get_sample_value("sgw_security_denials_total", {"reason": "host_not_allowed"}) == 1.0
         async with client.get(url + "/healthz", headers={"Host": "localhost"}) as response:
             assert response.status != 421
+    reader, writer = await asyncio.open_connection(*url.removeprefix("http://").split(":"))
+    writer.write(b"GET http://attacker.example/healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 421 ") and b"host_not_allowed" in answer  # absolute-form names the host

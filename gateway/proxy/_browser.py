@@ -162,6 +162,16 @@ def private_to_caches(head: bytes, low: bytes) -> bytes:
     return head + b"\r\nCache-Control: private"
 
 
+_PATH_SEGMENT = re.compile(rb"[A-Za-z0-9._~!$&'()*+,=:@%-]+")
+_CLEAR_SITE_DATA = re.compile(rb"\r\nclear-site-data:[^\r]*", re.I)
+
+
+def without_clear_site_data(head: bytes) -> bytes:
+    """A response head without ``Clear-Site-Data``: from one preview host it would clear the cookies and
+    storage of the whole site, every sibling sandbox and the access cookies included."""
+    return _CLEAR_SITE_DATA.sub(b"", head)
+
+
 def referer_without_token(headers: list[bytes]) -> list[bytes]:
     """``headers`` with ``access_token`` cut from a ``Referer``'s query (path mode: every sandbox is one
     origin, so a browser sends a page's whole URL, token included, to the other sandboxes it links to)."""
@@ -180,7 +190,8 @@ class CookieNames:
 
     MAX_NAMES = 200
     MAX_NAME = 4096  # a browser's limit for a whole cookie
-    MAX_LINES = 4000  # Set-Cookie lines in one answer; names past it are expired by the next one
+    MAX_ANSWER = 96 * 1024  # bytes of Set-Cookie in one answer (Chromium drops a response head over 256 KiB
+    # whole); names past it are expired by the next answer
     MAX_HEAD = 1024 * 1024  # read no more than this of a refused head looking for names
     _MAX_CARRY = 256
 
@@ -247,12 +258,19 @@ class CookieNames:
         path = target.split(b"?", 1)[0]
         if not path.startswith(b"/"):  # absolute-form: http://host/path
             path = b"/" + path.partition(b"://")[2].partition(b"/")[2]
-        parts = [part for part in path.split(b"/")[1:] if part][:self.MAX_PATHS]
+        parts = []
+        for part in path.split(b"/")[1:]:
+            if not part:
+                continue
+            if not _PATH_SEGMENT.fullmatch(part):
+                break  # ';', a space or a control byte would add attributes to our own Set-Cookie lines
+            parts.append(part)
+        parts = parts[:self.MAX_PATHS]
         for depth in range(1, len(parts) + 1):
             self.paths.append(b"/" + b"/".join(parts[:depth]))
             self.paths.append(b"/" + b"/".join(parts[:depth]) + b"/")  # a Path matches as written
 
-    MAX_PATHS = 4
+    MAX_PATHS = 8
 
     def clearing(self, domain: str | None) -> list[bytes]:
         """``Set-Cookie`` values that expire every name seen for ``/`` and each ancestor of the request's
@@ -260,14 +278,14 @@ class CookieNames:
         preview domain below a registrable domain: a script may set cookies up to it; a browser ignores
         a Domain it would not accept)."""
         lines: list[bytes] = []
+        size = 0
         scopes = [b""] + [b"; Domain=" + parent for parent in _parents(domain)]
-        per_name = len(self.paths) * len(scopes)
         for name in self.names:
-            if len(lines) + per_name > self.MAX_LINES:
+            mine = [name + b"=; Max-Age=0; Path=" + path + scope for path in self.paths for scope in scopes]
+            size += sum(len(line) + 14 for line in mine)  # "Set-Cookie: " and CRLF
+            if size > self.MAX_ANSWER and lines:
                 break
-            for path in self.paths:
-                for scope in scopes:
-                    lines.append(name + b"=; Max-Age=0; Path=" + path + scope)
+            lines += mine
         return lines
 
 
@@ -279,5 +297,5 @@ def _parents(domain: str | None) -> list[bytes]:
     return [b".".join(labels[i:]) for i in range(0, max(1, len(labels) - 1))]
 
 
-__all__ = ["HOST_COOKIE_NAME", "PATH_MODE_HEADERS", "CookieNames", "browser_document", "cross_site_refusal", "private_to_caches",
+__all__ = ["HOST_COOKIE_NAME", "PATH_MODE_HEADERS", "CookieNames", "browser_document", "cross_site_refusal", "private_to_caches", "without_clear_site_data",
            "referer_without_token", "sandbox_cookie"]

@@ -22,7 +22,7 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from gateway.errors import UpstreamError
 from gateway.proxy import _wire as w
-from gateway.proxy._browser import PATH_MODE_HEADERS, private_to_caches
+from gateway.proxy._browser import PATH_MODE_HEADERS, private_to_caches, without_clear_site_data
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -369,6 +369,8 @@ class UpstreamConnection:
         keyed = ex.keyed
         if keyed is not None:
             head = private_to_caches(head, low)
+            if b"\r\nclear-site-data:" in low:
+                head = without_clear_site_data(head)
             if keyed.prefix is not None:
                 if b"\r\nlocation:" in low or b"\r\nset-cookie:" in low:
                     head = w.rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
