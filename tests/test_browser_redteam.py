@@ -111,6 +111,9 @@ for (let m = 1; names.size < 40; m++) {
                  f" + '; domain={PREVIEW_DOMAIN}; path=/'; names.size", id="names-that-differ-from-sgw_access-in-case"),
     pytest.param("for (let i = 0; i < 40; i++) document.cookie = 'L' + i + 'y'.repeat(300) + '=' + 'x'.repeat(3600)"
                  f" + '; domain={PREVIEW_DOMAIN}; path=/'; 40", id="names-longer-than-256-bytes"),
+    # The 431 expires Path=/ only; a cookie's identity includes its Path, so one set for /page survives.
+    pytest.param("for (let i = 0; i < 40; i++) document.cookie = 'p' + i + '=' + 'x'.repeat(3900)"
+                 f" + '; domain={PREVIEW_DOMAIN}; path=/page'; 40", id="cookies-on-the-path-the-victim-uses"),
 ])
 async def test_redteam_cookie_bomb_the_431_does_not_expire_keeps_the_victim_out(red: Scene, bomb: str):
     victim, attacker = red.victim, red.attacker
