@@ -184,3 +184,42 @@ async def test_redteam_path_mode_attacker_page_reads_the_victim_apps_cookies(red
         f" f.src = {json.dumps(victim.path(red, '/anything'))};"
         " f.onload = () => done(f.contentDocument.cookie); document.body.appendChild(f); })")
     assert "victim-visible" not in seen, seen
+
+
+# --- RED TEAM #1c (medium): a preview domain below its registrable domain: the bomb goes one level up ---
+
+DEEP_DOMAIN = "sbx." + PREVIEW_DOMAIN  # e.g. previews.example.com: the browser lets a host set example.com
+
+
+@pytest.fixture
+async def deep(tmp_path, chromium: Browser, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Scene]:
+    import tests.client_gateway
+    monkeypatch.setattr(tests.client_gateway, "PREVIEW_DOMAIN", DEEP_DOMAIN)
+    fleet = HostileFleet()
+    async with aiohttp_backend(fleet.handle) as backend:
+        policy = json.dumps({
+            "pools": {"shared": {"provider": "static", "upstreams": [f"http://127.0.0.1:{backend.port}"],
+                                 "ports": [backend.port]}},
+            "routing": {"prefix_pools": {"default": "shared"}}})
+        async with client_gateway(tmp_path, policy=policy, access_token_max_ttl=600) as gw:
+            victim = await _tenant(gw, *VICTIM)
+            attacker = await _tenant(gw, *ATTACKER)
+            yield Scene(gw, fleet, backend.port, chromium, victim, attacker)
+
+
+async def test_redteam_cookie_bomb_on_the_preview_domains_parent_keeps_the_victim_out(deep: Scene):
+    victim, attacker = deep.victim, deep.attacker
+    assert DEEP_DOMAIN in victim.host_url
+    mine = await deep.browser.new_page()
+    assert (await mine.goto(victim.host_url))["status"] == 200
+    theirs = await deep.browser.new_page()
+    assert (await theirs.goto(attacker.host_url))["status"] == 200
+    # The 431 expires cookies host-only and on Domain=<preview domain>; the browser also lets any preview
+    # host set them on every ancestor up to the registrable domain.
+    await theirs.evaluate("for (let i = 0; i < 40; i++) document.cookie = 'up' + i + '=' + 'x'.repeat(3900)"
+                          f" + '; domain={PREVIEW_DOMAIN}; path=/'; true")
+    await _until_async(lambda: _jar(deep.browser, "up"), 40)
+    page = victim.host_url.split("?")[0] + "page"
+    assert (await mine.goto(page))["status"] == 431
+    again = await mine.goto(page)
+    assert again["status"] == 200, f"the victim is still locked out ({again['status']}) after the first 431"
