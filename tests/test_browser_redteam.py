@@ -223,3 +223,20 @@ async def test_redteam_cookie_bomb_on_the_preview_domains_parent_keeps_the_victi
     assert (await mine.goto(page))["status"] == 431
     again = await mine.goto(page)
     assert again["status"] == 200, f"the victim is still locked out ({again['status']}) after the first 431"
+
+
+# --- RED TEAM #2b (high): path mode, the token reaches the next page's script through document.referrer ---
+
+async def test_redteam_path_mode_token_leaks_to_the_next_sandboxs_page_through_document_referrer(red: Scene):
+    victim, attacker = red.victim, red.attacker
+    mine = await red.browser.new_page()
+    assert (await mine.goto(victim.path_url))["status"] == 200
+    assert victim.token in await mine.url()  # path mode keeps the token in the address (documented)
+    # Her page links to a path URL the attacker shared (a README, a dashboard); she follows it. The gateway
+    # cuts the token from the Referer it forwards, but the browser hands the whole URL to the page's script.
+    link = attacker.path(red, f"/page?access_token={attacker.token}")
+    await mine.evaluate(f"const a = document.createElement('a'); a.href = {json.dumps(link)};"
+                        " document.body.appendChild(a); a.click(); true")
+    await _until_async(lambda: mine.url(), link)
+    referrer = await mine.evaluate("document.referrer")
+    assert victim.token not in referrer, "the attacker's page read the victim's token from document.referrer"
