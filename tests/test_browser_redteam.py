@@ -240,3 +240,20 @@ async def test_redteam_path_mode_token_leaks_to_the_next_sandboxs_page_through_d
     await _until_async(lambda: mine.url(), link)
     referrer = await mine.evaluate("document.referrer")
     assert victim.token not in referrer, "the attacker's page read the victim's token from document.referrer"
+
+
+# --- RED TEAM #4 (critical): trusted identity headers from a sandbox's own page route to any tenant ---
+
+@pytest.mark.parametrize("mode", ["host", "path"])
+async def test_redteam_sandbox_page_sends_trusted_identity_headers_and_drives_the_victims_sandbox(red: Scene, mode: str):
+    victim, attacker = red.victim, red.attacker
+    theirs = await red.browser.new_page()
+    url = attacker.host_url if mode == "host" else attacker.path(red, f"/page?access_token={attacker.token}")
+    assert (await theirs.goto(url))["status"] == 200
+    org, user, session = VICTIM
+    # A same-origin fetch from the attacker's own page may carry any header (no CORS preflight). With
+    # X-Session-Id the request is not keyed: it routes by the identity headers the gateway trusts.
+    ran = await fetch(theirs, "/execute", method="POST", body='{"command": "id; echo pwned > pwned.txt"}',
+                      headers={"X-Org-Id": org, "X-User-Id": user, "X-Session-Id": session})
+    executed = [e for e in red.fleet.executed if e[0] == victim.sandbox_id]
+    assert executed == [], f"the attacker's page ran a command in the victim's sandbox and read {ran}"
