@@ -257,3 +257,55 @@ async def test_redteam_sandbox_page_sends_trusted_identity_headers_and_drives_th
                       headers={"X-Org-Id": org, "X-User-Id": user, "X-Session-Id": session})
     executed = [e for e in red.fleet.executed if e[0] == victim.sandbox_id]
     assert executed == [], f"the attacker's page ran a command in the victim's sandbox and read {ran}"
+
+
+# --- RED TEAM #5 (medium, documented residual): host mode, a sibling's script still tosses cookies ---
+
+async def test_redteam_host_mode_sibling_script_tosses_a_cookie_into_the_victims_app(red: Scene):
+    victim, attacker = red.victim, red.attacker
+    mine = await red.browser.new_page()
+    assert (await mine.goto(victim.host_url))["status"] == 200
+    await mine.evaluate("document.cookie = 'app_session=hers; path=/'; true")
+    theirs = await red.browser.new_page()
+    assert (await theirs.goto(attacker.host_url))["status"] == 200
+    # Issue #26 item 3 names this exact case ("or document.cookie with that domain"). A longer Path is
+    # sent first, so the attacker's value is the one most frameworks read.
+    await theirs.evaluate(f"document.cookie = 'app_session=chosen-by-the-attacker; domain={PREVIEW_DOMAIN}; "
+                          "path=/echo'; true")
+    await _until_async(lambda: _jar(red.browser, "app_session"), 2)
+    cookie = json.loads((await fetch(mine, "/echo"))[1])["cookie"]
+    assert "chosen-by-the-attacker" not in cookie, cookie
+
+
+# --- raw HTTP forms of the same holes (no browser needed) ---
+
+async def _raw(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(65536), 10)
+    finally:
+        writer.close()
+
+
+async def test_redteam_control_api_answers_an_absolute_form_target_for_a_foreign_host(tmp_path):
+    async with client_gateway(tmp_path) as gw:
+        control, data = gw.gateway.control_address[1], gw.data_port  # type: ignore[index]
+        request = b"GET http://rebind.example/healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        assert (await _raw(data, request)).startswith(b"HTTP/1.1 421 ")  # the data plane refuses it
+        answer = await _raw(control, request)
+        assert answer.startswith(b"HTTP/1.1 421 "), answer[:200]  # SECURITY.md: so does the control API
+
+
+def test_redteam_cookie_names_expires_every_name_a_browser_keeps_apart():
+    from gateway.proxy._browser import CookieNames
+    names = CookieNames()
+    long_name = b"L" + b"y" * 300
+    head = (b"GET / HTTP/1.1\r\nHost: x\r\nCookie: sgw_access=t; SGW_ACCESS=" + b"x" * 10 + b"; " + long_name
+            + b"=" + b"x" * 10 + b"\r\n\r\n")
+    assert names.feed(head)
+    lines = names.clearing("preview.localhost")
+    # The gateway's own cookie is exactly "sgw_access"; a browser keeps "SGW_ACCESS" and a 301-byte name apart.
+    assert any(line.startswith(b"SGW_ACCESS=;") for line in lines), lines
+    assert any(line.startswith(long_name + b"=;") for line in lines), lines
