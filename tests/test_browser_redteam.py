@@ -309,3 +309,32 @@ def test_redteam_cookie_names_expires_every_name_a_browser_keeps_apart():
     # The gateway's own cookie is exactly "sgw_access"; a browser keeps "SGW_ACCESS" and a 301-byte name apart.
     assert any(line.startswith(b"SGW_ACCESS=;") for line in lines), lines
     assert any(line.startswith(long_name + b"=;") for line in lines), lines
+
+
+@pytest.mark.parametrize("where", ["preview-host", "path-origin"])
+async def test_redteam_raw_identity_headers_from_a_browser_on_a_preview_url_reach_another_tenant(tmp_path, where: str):
+    """FINDING 4 in raw HTTP: what the attacker's same-origin fetch sends (Origin, Sec-Fetch-Site:
+    same-origin, the identity headers), with no token and no cookie."""
+    fleet = HostileFleet()
+    async with aiohttp_backend(fleet.handle) as backend:
+        policy = json.dumps({
+            "pools": {"shared": {"provider": "static", "upstreams": [f"http://127.0.0.1:{backend.port}"],
+                                 "ports": [backend.port]}},
+            "routing": {"prefix_pools": {"default": "shared"}}})
+        async with client_gateway(tmp_path, policy=policy, access_token_max_ttl=600) as gw:
+            victim = await _tenant(gw, *VICTIM)
+            attacker = await _tenant(gw, *ATTACKER)
+            if where == "preview-host":
+                host = f"{backend.port}-{attacker.sandbox_id}.{PREVIEW_DOMAIN}:{gw.data_port}"
+                target = "/execute"
+            else:
+                host = f"127.0.0.1:{gw.data_port}"
+                target = f"{PATH_PREFIX}/{attacker.sandbox_id}/{backend.port}/execute"
+            org, user, session = VICTIM
+            body = b'{"command": "id"}'
+            answer = await _raw(gw.data_port, (
+                f"POST {target} HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nSec-Fetch-Site: same-origin\r\n"
+                f"Sec-Fetch-Mode: cors\r\nSec-Fetch-Dest: empty\r\nContent-Type: text/plain;charset=UTF-8\r\n"
+                f"X-Org-Id: {org}\r\nX-User-Id: {user}\r\nX-Session-Id: {session}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body)
+            assert [e for e in fleet.executed if e[0] == victim.sandbox_id] == [], answer[:300]
