@@ -55,6 +55,8 @@ class HostileFleet(Fleet):
                                   "cookie": "", "site": request.headers.get("Sec-Fetch-Site")})
             return web.Response(text=f"const MINE = {json.dumps(mine)};" + SERVICE_WORKER,
                                 content_type="application/javascript", headers={"Service-Worker-Allowed": "/"})
+        if request.path.endswith("/clear-site-data"):
+            return web.Response(text="cleared", headers={"Clear-Site-Data": '"cookies"'})
         if request.path.endswith("/login"):
             response = web.Response(text="logged in")
             response.headers.add("Set-Cookie", "app_session=victim-secret; Path=/; HttpOnly")
@@ -338,3 +340,23 @@ async def test_redteam_raw_identity_headers_from_a_browser_on_a_preview_url_reac
                 f"X-Org-Id: {org}\r\nX-User-Id: {user}\r\nX-Session-Id: {session}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body)
             assert [e for e in fleet.executed if e[0] == victim.sandbox_id] == [], answer[:300]
+
+
+# --- RED TEAM #7 (medium): host mode, a sibling's Clear-Site-Data wipes the victim's access cookie ---
+
+async def test_redteam_host_mode_sibling_clear_site_data_wipes_the_victims_cookies(red: Scene):
+    victim, attacker = red.victim, red.attacker
+    mine = await red.browser.new_page()
+    assert (await mine.goto(victim.host_url))["status"] == 200
+    await mine.evaluate("document.cookie = 'app_session=hers; path=/'; true")
+    theirs = await red.browser.new_page()
+    assert (await theirs.goto(attacker.host_url))["status"] == 200
+    # Clear-Site-Data: "cookies" clears the cookies of the response's whole registrable domain, i.e.
+    # of every preview host: the gateway forwards the sandbox's header as it is.
+    victim_host = f"{red.fleet_port}-{victim.sandbox_id}.{PREVIEW_DOMAIN}"
+    await _until_async(lambda: _jar(red.browser, "app_session"), 1)
+    before = [c["name"] for c in await red.browser.cookies() if c["domain"] == victim_host]
+    assert "sgw_access" in before and "app_session" in before, before
+    assert (await fetch(theirs, "/clear-site-data"))[0] == 200
+    left = [c["name"] for c in await red.browser.cookies() if c["domain"] == victim_host]
+    assert "sgw_access" in left and "app_session" in left, f"the victim's cookies on her own host are gone: {left}"
