@@ -116,6 +116,11 @@ for (let m = 1; names.size < 40; m++) {
     # The 431 expires Path=/ only; a cookie's identity includes its Path, so one set for /page survives.
     pytest.param("for (let i = 0; i < 40; i++) document.cookie = 'p' + i + '=' + 'x'.repeat(3900)"
                  f" + '; domain={PREVIEW_DOMAIN}; path=/page'; 40", id="cookies-on-the-path-the-victim-uses"),
+    # A cookie without a name (the Cookie header carries its value alone) is never read as a name: one per
+    # Path that matches /page/a/b/c/d/e/f/g (15 of them), ~4 KB each.
+    pytest.param("const paths = ['/page']; for (const s of 'abcdefg') paths.push(paths[paths.length - 1] + '/' + s);"
+                 " for (const p of paths) for (const q of [p, p + '/']) document.cookie = 'v'.repeat(4000)"
+                 f" + '; domain={PREVIEW_DOMAIN}; path=' + q; 16", id="nameless-cookies-on-every-matching-path"),
 ])
 async def test_redteam_cookie_bomb_the_431_does_not_expire_keeps_the_victim_out(red: Scene, bomb: str):
     victim, attacker = red.victim, red.attacker
@@ -125,11 +130,12 @@ async def test_redteam_cookie_bomb_the_431_does_not_expire_keeps_the_victim_out(
     assert (await theirs.goto(attacker.host_url))["status"] == 200
     count = await theirs.evaluate(bomb)
     await _until_async(lambda: _domain_cookies(red.browser), count)
-    first = await mine.goto(victim.host(red, "/page"))
+    target = "/page/a/b/c/d/e/f/g" if "nameless" in bomb or "'v'.repeat" in bomb else "/page"
+    first = await mine.goto(victim.host(red, target))
     assert first["status"] == 431
     # SECURITY.md: "40 cookies ... cost the victim one 431, then 200". Here every later request is 431 too.
     for _ in range(3):
-        again = await mine.goto(victim.host(red, "/page"))
+        again = await mine.goto(victim.host(red, target))
         assert again["status"] == 200, f"the victim is still locked out ({again['status']}) after the first 431"
 
 
