@@ -366,3 +366,21 @@ async def test_redteam_host_mode_sibling_clear_site_data_wipes_the_victims_cooki
     assert (await fetch(theirs, "/clear-site-data"))[0] == 200
     left = [c["name"] for c in await red.browser.cookies() if c["domain"] == victim_host]
     assert "sgw_access" in left and "app_session" in left, f"the victim's cookies on her own host are gone: {left}"
+
+
+# --- RED TEAM #8 (high): a bomb below max_header_bytes but above the sandbox's own limit never clears ---
+
+async def test_redteam_cookie_bomb_under_the_gateways_limit_is_refused_by_the_sandbox_for_good(red: Scene):
+    victim, attacker = red.victim, red.attacker
+    mine = await red.browser.new_page()
+    assert (await mine.goto(victim.host_url))["status"] == 200
+    theirs = await red.browser.new_page()
+    assert (await theirs.goto(attacker.host_url))["status"] == 200
+    # 4 x 3.9 KB: a 16 KB Cookie line, half of max_header_bytes (32 KiB), so the gateway forwards it; the
+    # sandbox's server refuses it (aiohttp and gunicorn: 8190 bytes a line; Node, so Vite and Next: 16 KiB
+    # a head; nginx: 8 KiB buffers). Nothing expires the cookies: every request fails, for good.
+    await theirs.evaluate("for (let i = 0; i < 4; i++) document.cookie = 'small' + i + '=' + 'x'.repeat(3900)"
+                          f" + '; domain={PREVIEW_DOMAIN}; path=/'; true")
+    await _until_async(lambda: _jar(red.browser, "small"), 4)
+    statuses = [(await mine.goto(victim.host(red, "/page")))["status"] for _ in range(3)]
+    assert statuses[1:] == [200, 200], f"the victim's sandbox answers {statuses}: locked out for good"
