@@ -13,17 +13,18 @@ that asks for a wider scope, and an app that keeps a session cookie.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from aiohttp import web
 
-from tests.browser import Browser, Page
-from tests.client_gateway import PATH_PREFIX, PREVIEW_DOMAIN, client_gateway
+from tests.browser import Browser
+from tests.client_gateway import PATH_PREFIX, PREVIEW_DOMAIN, ClientGateway, client_gateway
 from tests.proxy_helpers import aiohttp_backend
-from tests.test_browser_isolation import ATTACKER, VICTIM, Fleet, Scene, _tenant, _until_async, chromium, fetch
+from tests.test_browser_isolation import (ATTACKER, VICTIM, Fleet, Scene, Tenant, _tenant, _until_async, chromium,
+                                          fetch)
 
 __all__ = ["chromium"]  # the fixture, imported for pytest
 
@@ -65,8 +66,9 @@ class HostileFleet(Fleet):
         return await super().handle(request)
 
 
-@pytest.fixture
-async def red(tmp_path, chromium: Browser) -> AsyncIterator[Scene]:
+@contextlib.asynccontextmanager
+async def _hostile_gateway(tmp_path) -> AsyncIterator[tuple[ClientGateway, HostileFleet, int, Tenant, Tenant]]:
+    """The gateway of tests/test_browser_isolation.py's scene over a :class:`HostileFleet`, with both tenants."""
     fleet = HostileFleet()
     async with aiohttp_backend(fleet.handle) as backend:
         policy = json.dumps({
@@ -74,9 +76,13 @@ async def red(tmp_path, chromium: Browser) -> AsyncIterator[Scene]:
                                  "ports": [backend.port]}},
             "routing": {"prefix_pools": {"default": "shared"}}})
         async with client_gateway(tmp_path, policy=policy, access_token_max_ttl=600) as gw:
-            victim = await _tenant(gw, *VICTIM)
-            attacker = await _tenant(gw, *ATTACKER)
-            yield Scene(gw, fleet, backend.port, chromium, victim, attacker)
+            yield gw, fleet, backend.port, await _tenant(gw, *VICTIM), await _tenant(gw, *ATTACKER)
+
+
+@pytest.fixture
+async def red(tmp_path, chromium: Browser) -> AsyncIterator[Scene]:
+    async with _hostile_gateway(tmp_path) as (gw, fleet, port, victim, attacker):
+        yield Scene(gw, fleet, port, chromium, victim, attacker)
 
 
 async def _jar(browser: Browser, prefix: str) -> int:
@@ -203,16 +209,8 @@ DEEP_DOMAIN = "sbx." + PREVIEW_DOMAIN  # e.g. previews.example.com: the browser 
 async def deep(tmp_path, chromium: Browser, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Scene]:
     import tests.client_gateway
     monkeypatch.setattr(tests.client_gateway, "PREVIEW_DOMAIN", DEEP_DOMAIN)
-    fleet = HostileFleet()
-    async with aiohttp_backend(fleet.handle) as backend:
-        policy = json.dumps({
-            "pools": {"shared": {"provider": "static", "upstreams": [f"http://127.0.0.1:{backend.port}"],
-                                 "ports": [backend.port]}},
-            "routing": {"prefix_pools": {"default": "shared"}}})
-        async with client_gateway(tmp_path, policy=policy, access_token_max_ttl=600) as gw:
-            victim = await _tenant(gw, *VICTIM)
-            attacker = await _tenant(gw, *ATTACKER)
-            yield Scene(gw, fleet, backend.port, chromium, victim, attacker)
+    async with _hostile_gateway(tmp_path) as (gw, fleet, port, victim, attacker):
+        yield Scene(gw, fleet, port, chromium, victim, attacker)
 
 
 async def test_redteam_cookie_bomb_on_the_preview_domains_parent_keeps_the_victim_out(deep: Scene):
@@ -253,7 +251,8 @@ async def test_redteam_path_mode_token_leaks_to_the_next_sandboxs_page_through_d
 # --- RED TEAM #4 (critical): trusted identity headers from a sandbox's own page route to any tenant ---
 
 @pytest.mark.parametrize("mode", ["host", "path"])
-async def test_redteam_sandbox_page_sends_trusted_identity_headers_and_drives_the_victims_sandbox(red: Scene, mode: str):
+async def test_redteam_sandbox_page_sends_trusted_identity_headers_to_drive_the_victims_sandbox(red: Scene,
+                                                                                               mode: str):
     victim, attacker = red.victim, red.attacker
     theirs = await red.browser.new_page()
     url = attacker.host_url if mode == "host" else attacker.path(red, f"/page?access_token={attacker.token}")
@@ -323,29 +322,21 @@ def test_redteam_cookie_names_expires_every_name_a_browser_keeps_apart():
 async def test_redteam_raw_identity_headers_from_a_browser_on_a_preview_url_reach_another_tenant(tmp_path, where: str):
     """FINDING 4 in raw HTTP: what the attacker's same-origin fetch sends (Origin, Sec-Fetch-Site:
     same-origin, the identity headers), with no token and no cookie."""
-    fleet = HostileFleet()
-    async with aiohttp_backend(fleet.handle) as backend:
-        policy = json.dumps({
-            "pools": {"shared": {"provider": "static", "upstreams": [f"http://127.0.0.1:{backend.port}"],
-                                 "ports": [backend.port]}},
-            "routing": {"prefix_pools": {"default": "shared"}}})
-        async with client_gateway(tmp_path, policy=policy, access_token_max_ttl=600) as gw:
-            victim = await _tenant(gw, *VICTIM)
-            attacker = await _tenant(gw, *ATTACKER)
-            if where == "preview-host":
-                host = f"{backend.port}-{attacker.sandbox_id}.{PREVIEW_DOMAIN}:{gw.data_port}"
-                target = "/execute"
-            else:
-                host = f"127.0.0.1:{gw.data_port}"
-                target = f"{PATH_PREFIX}/{attacker.sandbox_id}/{backend.port}/execute"
-            org, user, session = VICTIM
-            body = b'{"command": "id"}'
-            answer = await _raw(gw.data_port, (
-                f"POST {target} HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nSec-Fetch-Site: same-origin\r\n"
-                f"Sec-Fetch-Mode: cors\r\nSec-Fetch-Dest: empty\r\nContent-Type: text/plain;charset=UTF-8\r\n"
-                f"X-Org-Id: {org}\r\nX-User-Id: {user}\r\nX-Session-Id: {session}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body)
-            assert [e for e in fleet.executed if e[0] == victim.sandbox_id] == [], answer[:300]
+    async with _hostile_gateway(tmp_path) as (gw, fleet, fleet_port, victim, attacker):
+        if where == "preview-host":
+            host = f"{fleet_port}-{attacker.sandbox_id}.{PREVIEW_DOMAIN}:{gw.data_port}"
+            target = "/execute"
+        else:
+            host = f"127.0.0.1:{gw.data_port}"
+            target = f"{PATH_PREFIX}/{attacker.sandbox_id}/{fleet_port}/execute"
+        org, user, session = VICTIM
+        body = b'{"command": "id"}'
+        answer = await _raw(gw.data_port, (
+            f"POST {target} HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nSec-Fetch-Site: same-origin\r\n"
+            f"Sec-Fetch-Mode: cors\r\nSec-Fetch-Dest: empty\r\nContent-Type: text/plain;charset=UTF-8\r\n"
+            f"X-Org-Id: {org}\r\nX-User-Id: {user}\r\nX-Session-Id: {session}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body)
+        assert [e for e in fleet.executed if e[0] == victim.sandbox_id] == [], answer[:300]
 
 
 # --- RED TEAM #7 (medium): host mode, a sibling's Clear-Site-Data wipes the victim's access cookie ---
