@@ -56,6 +56,11 @@ class HostileFleet(Fleet):
                                   "cookie": "", "site": request.headers.get("Sec-Fetch-Site")})
             return web.Response(text=f"const MINE = {json.dumps(mine)};" + SERVICE_WORKER,
                                 content_type="application/javascript", headers={"Service-Worker-Allowed": "/"})
+        if request.method == "OPTIONS":  # a dev server that allows any origin (CORS preflight)
+            return web.Response(status=204, headers={
+                "Access-Control-Allow-Origin": request.headers.get("Origin", "*"),
+                "Access-Control-Allow-Methods": "POST",
+                "Access-Control-Allow-Headers": request.headers.get("Access-Control-Request-Headers", "")})
         if request.path.endswith("/clear-site-data"):
             return web.Response(text="cleared", headers={"Clear-Site-Data": '"cookies"'})
         if request.path.endswith("/login"):
@@ -375,3 +380,21 @@ async def test_redteam_cookie_bomb_under_the_gateways_limit_is_refused_by_the_sa
     await _until_async(lambda: _jar(red.browser, "small"), 4)
     statuses = [(await mine.goto(victim.host(red, "/page")))["status"] for _ in range(3)]
     assert statuses[1:] == [200, 200], f"the victim's sandbox answers {statuses}: locked out for good"
+
+
+# --- RED TEAM #4b (critical): the same from ANY web site the victim visits, by way of the attacker's sandbox ---
+
+async def test_redteam_any_site_drives_the_victims_sandbox_through_the_attackers_cors_preflight(red: Scene):
+    victim, attacker = red.victim, red.attacker
+    page = await red.browser.new_page()
+    # "evil.example": any origin other than the gateway's (here the fleet's own port, served directly).
+    assert (await page.goto(f"http://127.0.0.1:{red.fleet_port}/evil"))["status"] == 200
+    org, user, session = VICTIM
+    # The preflight (no identity headers yet) carries the attacker's token in the URL: it is keyed, reaches
+    # the attacker's sandbox, which allows the headers. The request itself carries X-Session-Id: it is
+    # not keyed, and routes by the identity headers to the victim's sandbox.
+    url = attacker.host(red, f"/execute?access_token={attacker.token}")
+    answer = await fetch(page, url, method="POST", body='{"command": "id; echo pwned > pwned.txt"}',
+                         headers={"X-Org-Id": org, "X-User-Id": user, "X-Session-Id": session})
+    executed = [e for e in red.fleet.executed if e[0] == victim.sandbox_id]
+    assert executed == [], f"a page of another site ran a command in the victim's sandbox ({answer})"
