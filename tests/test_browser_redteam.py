@@ -16,11 +16,12 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiohttp import web
 
-from tests.browser import Browser
+from tests.browser import Browser, BrowserError, Page
 from tests.client_gateway import PATH_PREFIX, PREVIEW_DOMAIN, ClientGateway, client_gateway
 from tests.proxy_helpers import aiohttp_backend
 from tests.test_browser_isolation import (ATTACKER, VICTIM, Fleet, Scene, Tenant, _tenant, _until_async, chromium,
@@ -105,6 +106,25 @@ async def _victim_executed(scene: Scene, within: float) -> list[tuple[str, str]]
     return []
 
 
+
+async def _as(page: Page, tenant: Tenant, script: str) -> Any:
+    """Run ``script`` as ``tenant``'s own page would: only where the browser shows that tenant's content
+    (not a gateway refusal), and only as far as the browser lets it (an opaque origin, CSP sandbox,
+    throws). None when the tenant has no page there to run it: the attack stops at that step."""
+    if f"page of {tenant.sandbox_id}" not in await page.text():
+        return None
+    try:
+        return await page.evaluate(script)
+    except BrowserError:
+        return None
+
+
+def _fetch_js(url: str, **options: Any) -> str:
+    return (f"fetch({json.dumps(url)}, {json.dumps(options)})"
+            ".then(async r => [r.status, r.type === 'opaque' ? 'opaque' : await r.text()])"
+            ".catch(e => ['blocked', String(e)])")
+
+
 # --- RED TEAM #1 (high): a cookie bomb made of names the 431 never expires keeps the victim out for good ---
 
 # Names that differ from "sgw_access" only in case: a browser keeps each as its own cookie, the 431's
@@ -139,8 +159,7 @@ async def test_redteam_cookie_bomb_the_431_does_not_expire_keeps_the_victim_out(
     assert (await mine.goto(victim.host_url))["status"] == 200
     theirs = await red.browser.new_page()
     assert (await theirs.goto(attacker.host_url))["status"] == 200
-    count = await theirs.evaluate(bomb)
-    await _until_async(lambda: _domain_cookies(red.browser), count)
+    await _plant(red.browser, theirs, bomb)
     target = "/page/a/b/c/d/e/f/g" if "nameless" in bomb or "'v'.repeat" in bomb else "/page"
     first = await mine.goto(victim.host(red, target))
     assert first["status"] == 431
@@ -150,8 +169,21 @@ async def test_redteam_cookie_bomb_the_431_does_not_expire_keeps_the_victim_out(
         assert again["status"] == 200, f"the victim is still locked out ({again['status']}) after the first 431"
 
 
-async def _domain_cookies(browser: Browser) -> int:
-    return len([c for c in await browser.cookies() if c["domain"].lstrip(".") == PREVIEW_DOMAIN])
+
+async def _plant(browser: Browser, page: Page, script: str, domain: str = PREVIEW_DOMAIN) -> None:
+    """Run ``script`` (whose value is how many cookies it sets on ``domain``) until the cookie
+    store holds them all: on a loaded machine a burst of document.cookie writes can take many seconds to
+    reach it, or (Chromium 156, seen here) not show at all until written again. Writing is idempotent."""
+    for _ in range(6):
+        count = await page.evaluate("{" + script + "}")
+        with contextlib.suppress(TimeoutError):
+            await _until_async(lambda: _domain_cookies(browser, domain), count, timeout=10.0)
+            return
+    raise AssertionError("the browser never stored the cookies the script set")
+
+
+async def _domain_cookies(browser: Browser, domain: str = PREVIEW_DOMAIN) -> int:
+    return len([c for c in await browser.cookies() if c["domain"].lstrip(".") == domain])
 
 
 # --- RED TEAM #2 (critical): path mode, a tenant's service worker takes every other sandbox's token ---
@@ -160,50 +192,46 @@ async def test_redteam_path_mode_service_worker_steals_the_victims_token_and_dri
     victim, attacker = red.victim, red.attacker
     theirs = await red.browser.new_page()
     # The victim opens a link the attacker shared (as in issue #26's demonstration).
-    assert (await theirs.goto(attacker.path(red, f"/page?access_token={attacker.token}")))["status"] == 200
-    scope = await theirs.evaluate(
-        f"navigator.serviceWorker.register({json.dumps(attacker.path(red, '/sw.js?access_token=' + attacker.token))},"
-        " {scope: '/'}).then(() => navigator.serviceWorker.ready).then(r => r.scope)"
-        ".catch(e => 'refused: ' + e)")
-    assert scope == red.gw.data_url + "/", scope  # the whole origin: every sandbox's path URLs
-    # Later, the victim opens her own sandbox's path URL (the grant's, token in the URL, as documented).
+    await theirs.goto(attacker.path(red, f"/page?access_token={attacker.token}"))
+    script = json.dumps(attacker.path(red, "/sw.js?access_token=" + attacker.token))
+    await _as(theirs, attacker,
+              f"navigator.serviceWorker.register({script},"
+              " {scope: '/'}).then(() => navigator.serviceWorker.ready).then(r => r.scope)"
+              ".catch(e => 'refused: ' + e)")
+    # Later, the victim opens her own sandbox's path URL (the grant's, token in the URL).
     mine = await red.browser.new_page()
-    assert (await mine.goto(victim.path_url))["status"] == 200
+    await mine.goto(victim.path_url)
     # SECURITY.md: in path mode "an attacker's page on the same gateway ... the victim's sandbox receives
-    # nothing". The attacker's worker saw her URL, took the token and ran a command in her sandbox.
+    # nothing". (Before 6328073: a worker for the scope "/" saw her URL, took the token and ran a command.)
     assert await _victim_executed(red, 5.0) == []
-
 
 # --- RED TEAM #3 (medium): path mode, a sandbox's cookies are not "set for itself alone" ---
 
 async def test_redteam_path_mode_attacker_page_tosses_a_cookie_into_the_victims_sandbox(red: Scene):
     victim, attacker = red.victim, red.attacker
     theirs = await red.browser.new_page()
-    assert (await theirs.goto(attacker.path(red, f"/page?access_token={attacker.token}")))["status"] == 200
+    await theirs.goto(attacker.path(red, f"/page?access_token={attacker.token}"))
     victim_prefix = f"{PATH_PREFIX}/{victim.sandbox_id}/{red.fleet_port}/"
-    await theirs.evaluate(f"document.cookie = 'app_session=chosen-by-the-attacker; path={victim_prefix}'; true")
-    mine = await red.browser.new_page()
-    assert (await mine.goto(victim.path_url))["status"] == 200
-    echoed = await fetch(mine, f"echo?access_token={victim.token}")
+    await _as(theirs, attacker, f"document.cookie = 'app_session=chosen-by-the-attacker; path={victim_prefix}'; true")
     # SECURITY.md: a sandbox's cookies are "set for itself alone"; issue #26: "tossed cookies never reach
-    # another sandbox". The attacker's page set the victim app's session cookie (session fixation).
-    assert "chosen-by-the-attacker" not in json.loads(echoed[1])["cookie"]
+    # another sandbox". (Before 6328073: the attacker's page set the victim app's session cookie.)
+    tossed = [c for c in await red.browser.cookies() if c["name"] == "app_session" and c["path"] == victim_prefix]
+    assert tossed == []
 
 
 async def test_redteam_path_mode_attacker_page_reads_the_victim_apps_cookies(red: Scene):
     victim, attacker = red.victim, red.attacker
     mine = await red.browser.new_page()
-    assert (await mine.goto(victim.path_url))["status"] == 200
-    assert (await fetch(mine, f"login?access_token={victim.token}"))[0] == 200  # the app's session cookie
+    await mine.goto(victim.path_url)
+    await _as(mine, victim, _fetch_js(f"login?access_token={victim.token}"))  # her app's session cookie
     theirs = await red.browser.new_page()
-    assert (await theirs.goto(attacker.path(red, f"/page?access_token={attacker.token}")))["status"] == 200
+    await theirs.goto(attacker.path(red, f"/page?access_token={attacker.token}"))
     # Any page of the victim's path (a 401 without the token is enough) is same-origin with the attacker's.
-    seen = await theirs.evaluate(
-        f"new Promise(done => {{ const f = document.createElement('iframe');"
-        f" f.src = {json.dumps(victim.path(red, '/anything'))};"
-        " f.onload = () => done(f.contentDocument.cookie); document.body.appendChild(f); })")
-    assert "victim-visible" not in seen, seen
-
+    seen = await _as(theirs, attacker,
+                     f"new Promise(done => {{ const f = document.createElement('iframe');"
+                     f" f.src = {json.dumps(victim.path(red, '/anything'))};"
+                     " f.onload = () => done(f.contentDocument.cookie); document.body.appendChild(f); })")
+    assert seen is None or "victim-visible" not in seen, seen
 
 # --- RED TEAM #1c (medium): a preview domain below its registrable domain: the bomb goes one level up ---
 
@@ -241,17 +269,16 @@ async def test_redteam_cookie_bomb_on_the_preview_domains_parent_keeps_the_victi
 async def test_redteam_path_mode_token_leaks_to_the_next_sandboxs_page_through_document_referrer(red: Scene):
     victim, attacker = red.victim, red.attacker
     mine = await red.browser.new_page()
-    assert (await mine.goto(victim.path_url))["status"] == 200
-    assert victim.token in await mine.url()  # path mode keeps the token in the address (documented)
+    await mine.goto(victim.path_url)
     # Her page links to a path URL the attacker shared (a README, a dashboard); she follows it. The gateway
     # cuts the token from the Referer it forwards, but the browser hands the whole URL to the page's script.
     link = attacker.path(red, f"/page?access_token={attacker.token}")
-    await mine.evaluate(f"const a = document.createElement('a'); a.href = {json.dumps(link)};"
-                        " document.body.appendChild(a); a.click(); true")
-    await _until_async(lambda: mine.url(), link)
-    referrer = await mine.evaluate("document.referrer")
-    assert victim.token not in referrer, "the attacker's page read the victim's token from document.referrer"
-
+    clicked = await _as(mine, victim, f"const a = document.createElement('a'); a.href = {json.dumps(link)};"
+                                      " document.body.appendChild(a); a.click(); true")
+    if clicked:
+        await _until_async(lambda: mine.url(), link)
+    referrer = await _as(mine, attacker, "document.referrer")
+    assert referrer is None or victim.token not in referrer, "the attacker's page read the victim's token"
 
 # --- RED TEAM #4 (critical): trusted identity headers from a sandbox's own page route to any tenant ---
 
@@ -261,12 +288,13 @@ async def test_redteam_sandbox_page_sends_trusted_identity_headers_to_drive_the_
     victim, attacker = red.victim, red.attacker
     theirs = await red.browser.new_page()
     url = attacker.host_url if mode == "host" else attacker.path(red, f"/page?access_token={attacker.token}")
-    assert (await theirs.goto(url))["status"] == 200
+    await theirs.goto(url)
     org, user, session = VICTIM
     # A same-origin fetch from the attacker's own page may carry any header (no CORS preflight). With
     # X-Session-Id the request is not keyed: it routes by the identity headers the gateway trusts.
-    ran = await fetch(theirs, "/execute", method="POST", body='{"command": "id; echo pwned > pwned.txt"}',
-                      headers={"X-Org-Id": org, "X-User-Id": user, "X-Session-Id": session})
+    ran = await _as(theirs, attacker, _fetch_js(
+        "/execute", method="POST", body='{"command": "id; echo pwned > pwned.txt"}',
+        headers={"X-Org-Id": org, "X-User-Id": user, "X-Session-Id": session}))
     executed = [e for e in red.fleet.executed if e[0] == victim.sandbox_id]
     assert executed == [], f"the attacker's page ran a command in the victim's sandbox and read {ran}"
 
