@@ -437,3 +437,25 @@ async def test_redteam_any_site_drives_the_victims_sandbox_through_the_attackers
                          headers={"X-Org-Id": org, "X-User-Id": user, "X-Session-Id": session})
     executed = [e for e in red.fleet.executed if e[0] == victim.sandbox_id]
     assert executed == [], f"a page of another site ran a command in the victim's sandbox ({answer})"
+
+
+# --- RED TEAM #11 (high): a sibling tab that re-plants its bomb keeps the victim out while it is open ---
+
+async def test_redteam_a_bomb_replanted_by_a_timer_keeps_the_victim_out(red: Scene):
+    victim, attacker = red.victim, red.attacker
+    mine = await red.browser.new_page()
+    assert (await mine.goto(victim.host_url))["status"] == 200
+    theirs = await red.browser.new_page()
+    assert (await theirs.goto(attacker.host_url))["status"] == 200
+    plant = ("for (let i = 0; i < 40; i++) document.cookie = 'bomb' + i + '=' + 'x'.repeat(3900)"
+             f" + '; domain={PREVIEW_DOMAIN}; path=/'; 40")
+    await _plant(red.browser, theirs, plant)
+    # The attacker's tab stays open (the victim opened its link) and writes the bomb again every 200 ms: the
+    # 431's expiry lasts until the next tick. "A cookie bomb costs the victim one request" holds only
+    # for a bomb that is planted once.
+    await theirs.evaluate(f"setInterval(() => {{ {plant} }}, 200); true")
+    statuses = []
+    for _ in range(4):
+        statuses.append((await mine.goto(victim.host(red, "/page"))).get("status"))
+        await asyncio.sleep(0.5)
+    assert statuses[1:] == [200, 200, 200], f"the victim's navigations: {statuses}"
