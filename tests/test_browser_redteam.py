@@ -266,9 +266,8 @@ async def test_redteam_cookie_bomb_on_the_preview_domains_parent_keeps_the_victi
     assert (await theirs.goto(attacker.host_url))["status"] == 200
     # The 431 expires cookies host-only and on Domain=<preview domain>; the browser also lets any preview
     # host set them on every ancestor up to the registrable domain.
-    await theirs.evaluate("for (let i = 0; i < 40; i++) document.cookie = 'up' + i + '=' + 'x'.repeat(3900)"
-                          f" + '; domain={PREVIEW_DOMAIN}; path=/'; true")
-    await _until_async(lambda: _jar(deep.browser, "up"), 40)
+    await _plant(deep.browser, theirs, "for (let i = 0; i < 40; i++)"
+                 f" document.cookie = 'up' + i + '=' + 'x'.repeat(3900) + '; domain={PREVIEW_DOMAIN}; path=/'; 40")
     page = victim.host_url.split("?")[0] + "page"
     assert (await mine.goto(page))["status"] == 431
     again = await mine.goto(page)
@@ -323,7 +322,7 @@ async def test_redteam_host_mode_sibling_script_tosses_a_cookie_into_the_victims
     # sent first, so the attacker's value is the one most frameworks read.
     await theirs.evaluate(f"document.cookie = 'app_session=chosen-by-the-attacker; domain={PREVIEW_DOMAIN}; "
                           "path=/echo'; true")
-    await _until_async(lambda: _jar(red.browser, "app_session"), 2)
+    await _until_async(lambda: _jar(red.browser, "app_session"), 2, timeout=30.0)
     cookie = json.loads((await fetch(mine, "/echo"))[1])["cookie"]
     assert "chosen-by-the-attacker" not in cookie, cookie
 
@@ -395,7 +394,7 @@ async def test_redteam_host_mode_sibling_clear_site_data_wipes_the_victims_cooki
     # Clear-Site-Data: "cookies" clears the cookies of the response's whole registrable domain, i.e.
     # of every preview host: the gateway forwards the sandbox's header as it is.
     victim_host = f"{red.fleet_port}-{victim.sandbox_id}.{PREVIEW_DOMAIN}"
-    await _until_async(lambda: _jar(red.browser, "app_session"), 1)
+    await _until_async(lambda: _jar(red.browser, "app_session"), 1, timeout=30.0)
     before = [c["name"] for c in await red.browser.cookies() if c["domain"] == victim_host]
     assert "sgw_access" in before and "app_session" in before, before
     assert (await fetch(theirs, "/clear-site-data"))[0] == 200
@@ -414,9 +413,8 @@ async def test_redteam_cookie_bomb_under_the_gateways_limit_is_refused_by_the_sa
     # 4 x 3.9 KB: a 16 KB Cookie line, half of max_header_bytes (32 KiB), so the gateway forwards it; the
     # sandbox's server refuses it (aiohttp and gunicorn: 8190 bytes a line; Node, so Vite and Next: 16 KiB
     # a head; nginx: 8 KiB buffers). Nothing expires the cookies: every request fails, for good.
-    await theirs.evaluate("for (let i = 0; i < 4; i++) document.cookie = 'small' + i + '=' + 'x'.repeat(3900)"
-                          f" + '; domain={PREVIEW_DOMAIN}; path=/'; true")
-    await _until_async(lambda: _jar(red.browser, "small"), 4)
+    await _plant(red.browser, theirs, "for (let i = 0; i < 4; i++)"
+                 f" document.cookie = 'small' + i + '=' + 'x'.repeat(3900) + '; domain={PREVIEW_DOMAIN}; path=/'; 4")
     statuses = [(await mine.goto(victim.host(red, "/page")))["status"] for _ in range(3)]
     assert statuses[1:] == [200, 200], f"the victim's sandbox answers {statuses}: locked out for good"
 
