@@ -457,3 +457,17 @@ async def test_redteam_a_bomb_replanted_by_a_timer_keeps_the_victim_out(red: Sce
         statuses.append((await mine.goto(victim.host(red, "/page"))).get("status"))
         await asyncio.sleep(0.5)
     assert statuses[1:] == [200, 200, 200], f"the victim's navigations: {statuses}"
+
+
+def test_redteam_the_expiry_lines_take_no_attributes_from_the_request_path():
+    """FINDING 12: the 431's expiry names the request path's ancestors as Path; a path may hold ";"
+    (a sibling's page navigates the victim to it while its bomb is planted), which then adds attributes of
+    the attacker's choosing to the gateway's own Set-Cookie lines (Max-Age: the line sets instead of
+    expiring; Partitioned: a cookie no expiry line reaches)."""
+    from gateway.proxy._browser import CookieNames
+    names = CookieNames()
+    assert names.feed(b"GET /x;Max-Age=99999;Secure;SameSite=None;Partitioned HTTP/1.1\r\nHost: h\r\n"
+                      b"Cookie: bomb=1\r\n\r\n")
+    for line in names.clearing("preview.localhost"):
+        attributes = [a.strip().split(b"=")[0].lower() for a in line.split(b";")[1:]]
+        assert attributes.count(b"max-age") == 1 and b"partitioned" not in attributes, line
