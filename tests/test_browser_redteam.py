@@ -361,13 +361,15 @@ def test_redteam_cookie_names_expires_every_name_a_browser_keeps_apart():
     assert any(line.startswith(long_name + b"=;") for line in lines), lines
 
 
-@pytest.mark.parametrize("where", ["preview-host", "path-origin"])
+@pytest.mark.parametrize("where", ["preview-host", "preview-host-trailing-dot", "path-origin"])
 async def test_redteam_raw_identity_headers_from_a_browser_on_a_preview_url_reach_another_tenant(tmp_path, where: str):
     """FINDING 4 in raw HTTP: what the attacker's same-origin fetch sends (Origin, Sec-Fetch-Site:
     same-origin, the identity headers), with no token and no cookie."""
     async with _hostile_gateway(tmp_path) as (gw, fleet, fleet_port, victim, attacker):
-        if where == "preview-host":
-            host = f"{fleet_port}-{attacker.sandbox_id}.{PREVIEW_DOMAIN}:{gw.data_port}"
+        if where.startswith("preview-host"):
+            # (A trailing dot: allowed_hosts strips it, PreviewKeys.match does not: the request is not keyed.)
+            dot = "." if where.endswith("dot") else ""
+            host = f"{fleet_port}-{attacker.sandbox_id}.{PREVIEW_DOMAIN}{dot}:{gw.data_port}"
             target = "/execute"
         else:
             host = f"127.0.0.1:{gw.data_port}"
