@@ -1,13 +1,16 @@
-"""RED TEAM (issue #26 review): attacks on the browser isolation that SUCCEED against the current code.
+"""RED TEAM (issue #26 review): attacks on the browser isolation, each of which SUCCEEDED when written.
 
 Every test here is a hole found by attacking gateway/proxy/_browser.py, _keys.py and _refusals.py as a
 hostile tenant with a real browser would. Each asserts what SECURITY.md's "Browsers" section (and issue
-#26's "what must hold") promises, so each FAILS until the hole is closed. Write-up, reproduction and
-suggested fixes: /work/notes/redteam-26.md.
+#26's "what must hold") promises, so each fails until its hole is closed (all failed on 27253ce; some pass
+on main since the fixes they prompted). Write-up, reproduction, state and suggested fixes:
+/work/notes/redteam-26.md.
 
 The scene is the one of tests/test_browser_isolation.py (a whole gateway, a fake fleet, a real headless
 Chromium), with a fleet that also serves what a hostile tenant's dev server would: a service worker
-that asks for a wider scope, and an app that keeps a session cookie.
+that asks for a wider scope, an app that keeps a session cookie, a Clear-Site-Data answer and a CORS
+preflight that allows anything. An attack step runs as the attacker's script only where the browser
+shows the attacker's own page (``_as``): once the gateway refuses to make it a page, the attack stops.
 """
 
 from __future__ import annotations
