@@ -29,6 +29,7 @@ from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySe
 from gateway.compat import RouterCompat
 from gateway.grants import AccessGrants, Grants, McpTarget, NoGrants
 from gateway.errors import GatewayError
+from gateway.gate import ConnectionGate, connection_bounds
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics, RequestMetrics
 from gateway.model import SandboxState
@@ -260,11 +261,13 @@ class Gateway:
         undo.push_async_callback(self.router.release_reaper_lease)  # once no loop can take it again
         self._start_background_loops()
         undo.push_async_callback(self._stop_background_loops)
+        bounds = connection_bounds(self.settings.max_connections, self.settings.max_connections_per_client)
         self.data_plane = DataPlane(self.router, PlaneOptions.from_settings(self.settings),
                                     on_request=self._on_request, authenticator=self.authenticator,
                                     limits=OrgLimits.from_settings(self.settings),
                                     compat=self.compat if self.compat is not None else NoRouterHeaders(),
-                                    keys=self._preview_keys())
+                                    keys=self._preview_keys(),
+                                    gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused))
         self.data_plane.request_timeouts = request_timeouts(self.router.policy)
         await self.data_plane.start(data_sock)
         undo.push_async_callback(self._drain_fronts)
@@ -273,7 +276,8 @@ class Gateway:
 
             self.grpc_front = GrpcFront(self.router, self.settings, authenticator=self.authenticator,
                                         limits=self.data_plane.limits, metrics=GrpcMetrics(self.metrics.registry),
-                                        access=self._access)
+                                        access=self._access,
+                                        gate=ConnectionGate("grpc", *bounds, on_refused=self.metrics.connection_refused))
             await self.grpc_front.start(grpc_sock)
             self.grpc_address = self.grpc_front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,

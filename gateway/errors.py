@@ -16,6 +16,7 @@
     ├── HeaderTooLarge                431 header_too_large                  RESOURCE_EXHAUSTED
     ├── NotImplementedByGateway       501 not_implemented                   UNIMPLEMENTED
     ├── StoreUnavailable              503 store_unavailable (+ Retry-After) UNAVAILABLE (+ retry-after)
+    ├── TooManyConnections            503 too_many_connections (+ Retry-After) (a listener's bound; gRPC: GOAWAY)
     ├── ProvisionFailed               503 provision_failed                  UNAVAILABLE
     │   ├── ProvisionTimeout          504 provision_timeout                 UNAVAILABLE (retry: it is still coming)
     │   └── KubeApiError              503 provision_failed                  UNAVAILABLE (a Kubernetes API call failed)
@@ -151,6 +152,17 @@ class NotImplementedByGateway(GatewayError):
 class StoreUnavailable(GatewayError):
     status = 503
     code = "store_unavailable"
+    grpc_status = Status.UNAVAILABLE
+
+    def __init__(self, message: str, *, retry_after: float = 5.0) -> None:
+        super().__init__(message, retry_after=retry_after)
+
+
+class TooManyConnections(GatewayError):
+    """A listener holds as many connections as it may (gateway/gate.py): the new one is answered and closed."""
+
+    status = 503
+    code = "too_many_connections"
     grpc_status = Status.UNAVAILABLE
 
     def __init__(self, message: str, *, retry_after: float = 5.0) -> None:

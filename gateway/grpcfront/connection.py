@@ -51,6 +51,7 @@ from hpack.exceptions import HPACKError, OversizedHeaderListError
 from gateway.grpcfront import frames as f
 from gateway.grpcfront.frames import ConnectionFailure, StreamFailure
 from gateway.grpcfront.headers import HeaderCodec
+from gateway.grpcfront.keeper import NO_KEEPER, Keeper, NoKeeper
 from gateway.grpcfront.stream import STREAM_WINDOW, Headers, Stream, StreamClosed, StreamOwner
 
 log = logging.getLogger("gateway.grpc")
@@ -116,6 +117,7 @@ class Connection:
         self._block_size = 0
         self._block_end = False
         self._hpack = HeaderCodec(max_header_list_size=MAX_HEADER_BLOCK)
+        self.keeper: Keeper | NoKeeper = NO_KEEPER  # server side: the front's deadlines (keeper.py)
 
     # -- asyncio protocol --------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -146,6 +148,7 @@ class Connection:
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
+        self.keeper.stop()
         self._transport = None
         if not self._settled.done():
             self._settled.set_exception(ConnectionResetError("the connection closed before its SETTINGS"))
@@ -155,6 +158,12 @@ class Connection:
         self._wake(self._drain_waiters)
         self.handler.connection_lost(self)
         self._lost.set_result(None)
+
+    @property
+    def peer_host(self) -> str:
+        """The peer's address without its port ("" when unknown): what per-client bounds count by."""
+        peer = self._transport.get_extra_info("peername") if self._transport is not None else None
+        return str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
     async def wait_closed(self) -> None:
         """Until the connection is gone (and its handler told)."""
@@ -250,6 +259,8 @@ class Connection:
         waiting = self._waiting
         while waiting and self.active < MAX_STREAMS:
             self._start(waiting.popleft())
+        if not self.active:
+            self.keeper.calls_ended()
 
     def ack(self, stream_id: int, size: int) -> None:
         """``size`` bytes of ``stream_id`` were taken by the relay: reopen its stream's window."""
@@ -344,6 +355,7 @@ class Connection:
             if kind != f.SETTINGS or flags & f.ACK:
                 raise ConnectionFailure(f.PROTOCOL_ERROR, "the first frame must be SETTINGS")
             self._settings_seen = True
+            self.keeper.handshaken()
             self._loop.call_soon(self._settle)  # once this frame's settings are applied
         if kind == f.DATA:
             self._data(flags, stream_id, payload)
@@ -466,6 +478,7 @@ class Connection:
         if stream.gone:  # reset while it waited: no call
             return
         self.active += 1
+        self.keeper.call_started()
         self.handler.accept(stream)
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
@@ -509,6 +522,7 @@ class Connection:
         if flags & f.ACK:
             if payload:
                 raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a SETTINGS ACK must be empty")
+            self.keeper.settings_acked()
             return
         for key, value in f.parse_settings(payload):
             if key == f.INITIAL_WINDOW_SIZE:
@@ -543,7 +557,7 @@ class Connection:
             raise ConnectionFailure(f.PROTOCOL_ERROR, "PING on a stream")
         if len(payload) != 8:
             raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a PING frame must be 8 bytes")
-        if not flags & f.ACK:
+        if not flags & f.ACK and self.keeper.ping():
             self.write(f.frame(f.PING, f.ACK, 0, payload))
 
     def _goaway(self, stream_id: int, payload: bytes) -> None:

@@ -33,6 +33,10 @@ class GrpcMetrics:
         self.connection_errors = Counter(
             "sgw_grpc_connection_errors_total", "HTTP/2 connections ended for breaking the protocol, by peer "
             "(client or sandbox) and RFC 9113 error code", ["peer", "code"], registry=registry)
+        self.connections_closed = Counter(
+            "sgw_grpc_connections_closed_total", "client connections the front closed or refused by a bound "
+            "(handshake_timeout, settings_timeout, idle, too_many_pings, max_age, max_connections, "
+            "max_connections_per_client)", ["reason"], registry=registry)
         self._sent = self.messages.labels("to_sandbox")
         self._received = self.messages.labels("to_client")
         self._limit = method_label_limit
