@@ -16,7 +16,7 @@
     ├── HeaderTooLarge                431 header_too_large                  RESOURCE_EXHAUSTED
     ├── NotImplementedByGateway       501 not_implemented                   UNIMPLEMENTED
     ├── StoreUnavailable              503 store_unavailable (+ Retry-After) UNAVAILABLE (+ retry-after)
-    ├── TooManyConnections            503 too_many_connections (+ Retry-After) (a listener's bound; gRPC: GOAWAY)
+    ├── TooManyConnections            503 too_many_connections (+ Retry-After) UNAVAILABLE (the gRPC front: GOAWAY)
     ├── ProvisionFailed               503 provision_failed                  UNAVAILABLE
     │   ├── ProvisionTimeout          504 provision_timeout                 UNAVAILABLE (retry: it is still coming)
     │   └── KubeApiError              503 provision_failed                  UNAVAILABLE (a Kubernetes API call failed)

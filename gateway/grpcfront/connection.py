@@ -32,11 +32,14 @@ Flow control is end to end per stream: a stream's receive window reopens
 (WINDOW_UPDATE) only as the relay takes the bytes, a quarter of the window at a
 time, and ``Stream.send_data`` waits for the peer's stream and connection
 windows and for the transport to drain. The connection's own receive window is
-reopened as DATA arrives, so what a connection holds is bounded by its streams'
-windows, and one stuck call (a client that reads nothing, a sandbox that does
-not read its request) never stalls the other calls sharing its connection:
-other sessions' calls, where a platform multiplexes its users over one
-connection, or other clients' calls to a shared sandbox.
+reopened in the same way, as the relay hands bytes on (or a stream ends with
+bytes it never will), so what one connection buffers in all is its window
+(``grpc_connection_window``, 16 MiB on the front), not its streams' windows
+added up (256 x 1 MiB). One stuck call (a client that reads nothing, a sandbox
+that does not read its request) holds at most its stream's 1 MiB of that, so
+it does not stall the other calls sharing its connection (other sessions'
+calls, where a platform multiplexes its users over one connection); only
+sixteen stuck calls on one connection would.
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ class ConnectionHandler(Protocol):
 class Connection:
     """The asyncio protocol of one HTTP/2 connection: the front's to a client, or ours to a sandbox."""
 
-    def __init__(self, handler: ConnectionHandler, *, client_side: bool, pause_reading: bool = False) -> None:
+    def __init__(self, handler: ConnectionHandler, *, client_side: bool, pause_reading: bool = False,
+                 window: int = CONNECTION_WINDOW) -> None:
         self.handler = handler
         self.client_side = client_side
         self.streams: dict[int, Stream] = {}
@@ -108,7 +112,9 @@ class Connection:
         self._settings_seen = False
         self._settled: asyncio.Future[None] = self._loop.create_future()  # the peer's first SETTINGS applied
         self._lost: asyncio.Future[None] = self._loop.create_future()
-        self._recv_window = CONNECTION_WINDOW
+        self._window = window               # the connection's receive window: what its streams hold in all
+        self._recv_window = window
+        self._held: dict[int, int] = {}     # per stream: bytes received and not yet handed on by the relay
         self._unacked = 0
         self._next_id = 1                   # client side: the next stream we open
         self._last_peer_id = 0              # server side: the highest stream a client opened
@@ -130,7 +136,7 @@ class Connection:
         else:
             settings[f.MAX_CONCURRENT_STREAMS] = MAX_STREAMS
         self.write(f.settings_frame(settings))
-        self.write(f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+        self.write(f.window_update(0, self._window - f.DEFAULT_WINDOW))
         self.handler.connection_made(self)
 
     def data_received(self, data: bytes) -> None:
@@ -242,7 +248,9 @@ class Connection:
             await asyncio.shield(self._settled)
 
     def forget(self, stream: Stream) -> None:
-        """``stream`` is closed both ways: it no longer counts against the peer's limit."""
+        """``stream`` is closed both ways: it no longer counts against the peer's limit, nor what its buffer
+        still holds against the connection's window (what a reset stream's relay never takes is let go)."""
+        self._credit(self._held.pop(stream.id, 0))
         if self.streams.pop(stream.id, None) is not None:
             self._close_if_drained()
 
@@ -263,7 +271,16 @@ class Connection:
             self.keeper.calls_ended()
 
     def ack(self, stream_id: int, size: int) -> None:
-        """``size`` bytes of ``stream_id`` were taken by the relay: reopen its stream's window."""
+        """``size`` bytes of ``stream_id`` were taken by the relay: reopen its stream's window, and the
+        connection's by what the stream still held."""
+        held = self._held.get(stream_id)
+        if held is not None:
+            taken = min(size, held)
+            if held > taken:
+                self._held[stream_id] = held - taken
+            else:
+                del self._held[stream_id]
+            self._credit(taken)
         stream = self.streams.get(stream_id)
         if stream is not None:
             stream.ack(size)
@@ -272,10 +289,16 @@ class Connection:
         self.write(f.rst_stream(stream_id, code))
         self._reset_ids.append(stream_id)
 
+    def _hold(self, stream_id: int, size: int) -> None:
+        """``size`` bytes of DATA went into ``stream_id``'s buffer: the connection's window reopens by them only
+        as the relay hands them on (:meth:`ack`) or the stream ends (:meth:`forget`). So what one connection
+        buffers in all is its window, whatever its streams' windows add up to (256 x 1 MiB otherwise)."""
+        self._held[stream_id] = self._held.get(stream_id, 0) + size
+
     def _credit(self, size: int) -> None:
         """Reopen the connection's window by ``size``, a quarter of the window at a time."""
         self._unacked += size
-        if self._unacked >= CONNECTION_WINDOW // 4:
+        if self._unacked >= self._window // 4:
             self.write(f.window_update(0, self._unacked))
             self._recv_window += self._unacked
             self._unacked = 0
@@ -393,18 +416,20 @@ class Connection:
         self._recv_window -= size
         if self._recv_window < 0:
             raise ConnectionFailure(f.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        self._credit(size)
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_closed:
             if self._idle(stream_id):
                 raise ConnectionFailure(f.PROTOCOL_ERROR, f"DATA on stream {stream_id}, which was never opened")
-            # a stream that ended meanwhile: the bytes are dropped (the connection's window reopened on receipt)
+            # a stream that ended meanwhile: the bytes are dropped (the connection's window reopens at once)
+            self._credit(size)
             if stream is not None:
                 raise StreamFailure(stream_id, f.STREAM_CLOSED, "DATA after the end of the stream")
             return
         stream.recv_window -= size
         if stream.recv_window < 0:
+            self._credit(size)
             raise StreamFailure(stream_id, f.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
+        self._hold(stream_id, size)
         data = f.unpad(flags, payload, stream_id)
         stream.buffer.add(data, size)
         if flags & f.END_STREAM:

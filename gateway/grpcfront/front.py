@@ -138,7 +138,8 @@ class GrpcFront:
 
     def _protocol(self) -> Connection:
         # pause_reading: a client that floods PINGs or SETTINGS and reads nothing stops being read
-        return Connection(_ServerSide(self), client_side=False, pause_reading=True)
+        return Connection(_ServerSide(self), client_side=False, pause_reading=True,
+                          window=self.settings.grpc_connection_window)
 
     def begin(self, call: Call) -> None:
         if self._draining:
