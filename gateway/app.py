@@ -269,6 +269,7 @@ class Gateway:
                                     keys=self._preview_keys(),
                                     gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused))
         self.data_plane.request_timeouts = request_timeouts(self.router.policy)
+        self.metrics.add_fold(self._live_gauges)  # exact at a scrape, not up to 5 s behind
         await self.data_plane.start(data_sock)
         undo.push_async_callback(self._drain_fronts)
         if grpc_sock is not None:
@@ -389,11 +390,18 @@ class Gateway:
             log.info("reaped idle sandbox %s", sandbox_id)
         await self.router.sweep_orphans(self.settings.orphan_grace)
 
+    def _live_gauges(self) -> None:
+        """This process's requests in flight and open streams (a stream counts from its response head, declared
+        or not); set at every scrape and fold, and by the periodic refresh for the other workers' scrapes."""
+        m, plane = self.metrics, self.data_plane
+        if plane is not None:
+            m.in_flight.set(plane.in_flight)
+            m.open_streams.set(plane.open_streams)
+
     async def _refresh_gauges(self) -> None:
         """Store-wide session and sandbox counts (every replica reports the same; dashboards take max)."""
         m = self.metrics
-        m.in_flight.set(self.data_plane.in_flight)
-        m.open_streams.set(self.data_plane.open_streams)
+        self._live_gauges()
         counts = await self.router.fleet_counts()  # kept by the store as it changes: no scan
         for name in self.router.policy.pools:
             m.sessions.labels(name).set(counts.sessions.get(name, 0))
