@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.providers import outbound
+from gateway.providers import outbound, seccomp
 
 #: Where the sandbox's own directory appears inside it (also its HOME and working directory).
 HOME = "/home/sandbox"
@@ -51,6 +51,8 @@ HOME = "/home/sandbox"
 LISTEN_FD = 3
 #: The gRPC service's listening socket, likewise (after outbound's INFO_FD, BLOCK_FD and SYNC_FD).
 GRPC_FD = 7
+#: The seccomp filter bubblewrap loads (seccomp.py: no new user namespaces), opened read-only on this descriptor.
+SECCOMP_FD = 8
 #: The UID a sandbox has inside its user namespace when the gateway is not root.
 INNER_UID = 1000
 #: Host UIDs given to sandboxes when the gateway is root: far above any login or subuid range.
@@ -82,6 +84,7 @@ class Launch:
     argv: list[str]
     cgroups: list[str]
     outbound: bool = False
+    files: tuple[tuple[int, str], ...] = ()  # (descriptor, path): opened read-only for the launch (the filter)
 
 
 class Unconfined:
@@ -127,6 +130,10 @@ class Bubblewrap:
         self._limits = limits
         self._bwrap = bwrap or shutil.which("bwrap") or "bwrap"
         self._root = os.geteuid() == 0
+        try:
+            self._filter: bytes | None = seccomp.no_new_userns()
+        except seccomp.Unsupported:
+            self._filter = None  # described at startup: sandboxes may then create user namespaces
 
     @functools.cached_property
     def _cgroup_parents(self) -> dict[str, Path]:
@@ -159,7 +166,9 @@ class Bubblewrap:
     def describe(self) -> str:
         who = "one unprivileged UID per sandbox" if self._root else f"UID {INNER_UID} in a user namespace"
         cgroups = "+".join(sorted(self._cgroup_parents)) or "none writable"
-        return (f"confined by bubblewrap ({who}; network per pool: none or outbound; cgroups: {cgroups}; "
+        userns = "new user namespaces denied (seccomp)" if self._filter is not None else \
+            "new user namespaces NOT denied (no seccomp filter for this architecture)"
+        return (f"confined by bubblewrap ({who}; {userns}; network per pool: none or outbound; cgroups: {cgroups}; "
                 f"processes {self._limits.processes}, open files {self._limits.open_files}, "
                 f"memory {self._limits.memory_bytes // 1024**2} MiB)")
 
@@ -185,12 +194,17 @@ class Bubblewrap:
             (etc / "resolv.conf").write_text(f"nameserver {outbound.DNS}\n")
         cgroups = self._make_cgroups(sandbox_id)
         blocked = outbound.blocked_prefixes() if online else None
+        files: tuple[tuple[int, str], ...] = ()
+        if self._filter is not None:
+            bpf = box / "seccomp.bpf"
+            bpf.write_bytes(self._filter)
+            files = ((SECCOMP_FD, str(bpf)),)
         argv = [*_prlimit(self._limits, address_space="memory" not in self._cgroup_parents),
-                *self._bwrap_argv(box, uid, sandbox_id, blocked)]
+                *self._bwrap_argv(box, uid, sandbox_id, blocked, filtered=bool(files))]
         if cgroups:
             procs = [str(Path(c) / "cgroup.procs") for c in cgroups]
             argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", str(len(procs)), *procs, *argv]
-        return Launch(argv, cgroups, outbound=online)
+        return Launch(argv, cgroups, outbound=online, files=files)
 
     def release(self, cgroups: list[str]) -> None:
         """Kill whatever is left in the sandbox's cgroups (a fork bomb's stragglers) and remove them."""
@@ -212,7 +226,8 @@ class Bubblewrap:
             with contextlib.suppress(OSError):
                 cgroup.rmdir()
 
-    def _bwrap_argv(self, box: Path, uid: int, sandbox_id: str, blocked: list[str] | None) -> list[str]:
+    def _bwrap_argv(self, box: Path, uid: int, sandbox_id: str, blocked: list[str] | None, *,
+                    filtered: bool = False) -> list[str]:
         view = _View()
         # The private /tmp first: a later one would hide whatever is bound below it (a checkout and
         # its venv under /tmp, as CI's may be).
@@ -258,6 +273,8 @@ class Bubblewrap:
         runtime = [self._python, "-m", "gateway.runtime", "--listen-fd", str(LISTEN_FD), "--grpc-fd", str(GRPC_FD),
                    "--root", HOME,
                    "--sandbox-id", sandbox_id]
+        if filtered:  # loaded last, just before the command: bubblewrap's own setup is not filtered
+            view.args += ["--seccomp", str(SECCOMP_FD)]
         network: list[str] = []
         if blocked is not None:  # root only (check_outbound): the network is set up before privileges drop
             view.args += ["--info-fd", str(outbound.INFO_FD), "--block-fd", str(outbound.BLOCK_FD),

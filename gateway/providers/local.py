@@ -221,6 +221,7 @@ class LocalProvider:
                 (os.POSIX_SPAWN_OPEN, 2, str(box / "runtime.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
                 (os.POSIX_SPAWN_DUP2, listener.fileno(), LISTEN_FD),
                 (os.POSIX_SPAWN_DUP2, grpc_listener.fileno(), GRPC_FD),
+                *((os.POSIX_SPAWN_OPEN, fd, name, os.O_RDONLY, 0) for fd, name in launch.files),
                 *(network.file_actions() if network is not None else ()),
             ])
         except OSError as exc:
