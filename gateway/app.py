@@ -127,11 +127,13 @@ def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
         by_kind.setdefault(pool.provider, []).append(name)
     instances: dict[str, SandboxProvider] = {}
     if "local" in by_kind:
+        from gateway.providers.confine import host_sandbox_cap
         from gateway.providers.local import LocalProvider
 
         instances["local"] = LocalProvider(Path(settings.data_dir), stop_on_close=settings.store_kind == "memory",
                                            confinement=build_confinement(settings), networks=local_networks(policy),
-                                           policy_source=policy.source)
+                                           policy_source=policy.source, min_free_bytes=settings.local_min_free_bytes,
+                                           max_sandboxes=settings.local_max_sandboxes or host_sandbox_cap())
     if "static" in by_kind:
         from gateway.providers.static import StaticProvider
 

@@ -1,0 +1,82 @@
+"""A host's local sandboxes are bounded as a whole: a cap on how many run at once (derived from the host's
+memory and open-file table unless set), a free-space floor on the data dir below which no new sandbox
+starts (507, naming the setting, never a provision_failed), and per-sandbox limits whose processes x open
+files product, times the cap, stays under half the host's file table. Real bubblewrap, the whole gateway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.app import Gateway
+from gateway.providers.confine import Limits, host_sandbox_cap
+from gateway.settings import Settings
+from tests.proxy_helpers import listening_socket
+
+
+async def start(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[Gateway, aiohttp.ClientSession]]:
+    config = Settings(data_dir=(tmp_path / "data").absolute(), per_session_org_ids="org", access_log=False,
+                      **settings)
+    gateway = Gateway.create(config)
+    await gateway.start(listening_socket(), listening_socket())
+    try:
+        async with aiohttp.ClientSession() as http:
+            yield gateway, http
+    finally:
+        await gateway.stop()
+
+
+async def run(gateway: Gateway, http: aiohttp.ClientSession, session: str) -> tuple[int, dict[str, Any]]:
+    assert gateway.data_address is not None
+    headers = {"X-Org-Id": "org", "X-User-Id": "u", "X-Session-Id": session}
+    async with http.post(f"http://127.0.0.1:{gateway.data_address[1]}/execute", headers=headers,
+                         json={"command": "echo ok", "timeout_seconds": 30}) as response:
+        return response.status, await response.json()
+
+
+@pytest.fixture
+async def capped(tmp_path: Path) -> AsyncIterator[tuple[Gateway, aiohttp.ClientSession]]:
+    async for pair in start(tmp_path, local_max_sandboxes=1):
+        yield pair
+
+
+@pytest.fixture
+async def full_disk(tmp_path: Path) -> AsyncIterator[tuple[Gateway, aiohttp.ClientSession]]:
+    async for pair in start(tmp_path, local_min_free_bytes=2**62):  # more than any disk has free
+        yield pair
+
+
+async def test_past_the_host_cap_a_new_sandbox_is_refused_with_429_until_one_ends(capped):
+    gateway, http = capped
+    status, body = await run(gateway, http, "s1")
+    assert status == 200 and body["stdout"] == "ok\n", body
+    status, body = await run(gateway, http, "s2")
+    assert status == 429, body
+    assert body["error"]["code"] == "capacity_exceeded" and "local_max_sandboxes" in body["error"]["message"]
+    assert gateway.control_address is not None
+    async with http.delete(f"http://127.0.0.1:{gateway.control_address[1]}/v1/sessions/s1") as deleted:
+        assert deleted.status in (200, 204)
+    status, body = await run(gateway, http, "s2")
+    assert status == 200, body
+
+
+async def test_below_the_free_space_floor_a_new_sandbox_gets_507_naming_the_setting(full_disk):
+    gateway, http = full_disk
+    status, body = await run(gateway, http, "s1")
+    assert status == 507, body
+    assert body["error"]["code"] == "insufficient_storage"
+    assert "SANDBOX_GATEWAY_LOCAL_MIN_FREE_BYTES" in body["error"]["message"]
+
+
+def test_the_default_cap_keeps_every_sandboxs_descriptors_under_half_the_hosts_table():
+    limits = Limits()
+    file_max = int(Path("/proc/sys/fs/file-max").read_text())
+    cap = host_sandbox_cap(limits)
+    assert cap >= 1
+    assert cap == 1 or cap * limits.processes * limits.open_files <= file_max // 2
+    assert limits.processes * limits.open_files <= 131_072  # was 512 x 4096: two sandboxes filled a host
