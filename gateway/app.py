@@ -80,7 +80,7 @@ def build_confinement(settings: Settings) -> Confinement:
     """bubblewrap, or (only when the settings accept it) nothing, where bubblewrap cannot run."""
     from gateway.providers.confine import Bubblewrap, Unconfined
 
-    bubblewrap = Bubblewrap(Path(settings.data_dir).absolute())
+    bubblewrap = Bubblewrap(Path(settings.data_dir).absolute(), disk_quota=settings.local_disk_quota_bytes)
     if not settings.local_unconfined:
         return bubblewrap
     try:

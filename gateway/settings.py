@@ -159,6 +159,9 @@ class Settings(BaseSettings):
     # leave of both). New local sandboxes are refused (507) while the data dir's filesystem has less free.
     local_max_sandboxes: int | None = Field(default=None, ge=1)
     local_min_free_bytes: int = Field(default=1024**3, ge=0)
+    # Each local sandbox's own filesystem (a sparse loop-mounted image, gateway/providers/disk.py; root only):
+    # full, it answers ENOSPC inside that sandbox alone. 0: none (sandboxes share the data dir's filesystem).
+    local_disk_quota_bytes: int = Field(default=10 * 1024**3, ge=0)
 
     # authentication (gateway/auth.py): None = trusted headers on loopback only
     auth_mode: Literal["trusted-headers", "token"] | None = None

@@ -6,6 +6,8 @@ files product, times the cap, stays under half the host's file table. Real bubbl
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,47 @@ async def test_below_the_free_space_floor_a_new_sandbox_gets_507_naming_the_sett
     assert status == 507, body
     assert body["error"]["code"] == "insufficient_storage"
     assert "SANDBOX_GATEWAY_LOCAL_MIN_FREE_BYTES" in body["error"]["message"]
+
+
+@pytest.fixture
+async def small_disks(tmp_path: Path) -> AsyncIterator[tuple[Gateway, aiohttp.ClientSession]]:
+    async for pair in start(tmp_path, local_disk_quota_bytes=32 * 1024**2):
+        yield pair
+
+
+async def run_command(gateway: Gateway, http: aiohttp.ClientSession, session: str, command: str) -> dict[str, Any]:
+    assert gateway.data_address is not None
+    headers = {"X-Org-Id": "org", "X-User-Id": "u", "X-Session-Id": session}
+    async with http.post(f"http://127.0.0.1:{gateway.data_address[1]}/execute", headers=headers,
+                         json={"command": command, "timeout_seconds": 30}) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+def mounts_under(path: Path) -> list[str]:
+    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+            if line.split()[1].startswith(str(path))]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="disk quotas are loop mounts: root only")
+async def test_a_sandbox_that_fills_its_disk_gets_enospc_and_its_neighbour_writes_on(small_disks, tmp_path):
+    gateway, http = small_disks
+    data = tmp_path / "data"
+    before = shutil.disk_usage(data).free
+    filled = await run_command(gateway, http, "s1", "head -c 64M /dev/zero > big; echo exit=$?; df -k . | tail -1")
+    assert "No space left on device" in filled["stderr"], filled
+    assert "exit=1" in filled["stdout"]
+    assert shutil.disk_usage(data).free > before - 128 * 1024**2  # at most its quota (and metadata) of the host
+    neighbour = await run_command(gateway, http, "s2", "head -c 8M /dev/zero > mine && wc -c < mine")
+    assert neighbour["stdout"].strip() == str(8 * 1024**2), neighbour
+    again = await run_command(gateway, http, "s1", "rm big && echo room > note && cat note")
+    assert again["stdout"] == "room\n", again  # freeing its own space is enough
+    assert len(mounts_under(data)) == 2
+    assert gateway.control_address is not None
+    for session in ("s1", "s2"):
+        async with http.delete(f"http://127.0.0.1:{gateway.control_address[1]}/v1/sessions/{session}") as deleted:
+            assert deleted.status in (200, 204)
+    assert mounts_under(data) == []  # deleted sandboxes leave no mount behind
 
 
 def test_the_default_cap_keeps_every_sandboxs_descriptors_under_half_the_hosts_table():

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.providers import outbound, seccomp
+from gateway.providers import disk, outbound, seccomp
 
 #: Where the sandbox's own directory appears inside it (also its HOME and working directory).
 HOME = "/home/sandbox"
@@ -51,6 +51,8 @@ HOME = "/home/sandbox"
 LISTEN_FD = 3
 #: The gRPC service's listening socket, likewise (after outbound's INFO_FD, BLOCK_FD and SYNC_FD).
 GRPC_FD = 7
+#: Each sandbox's own filesystem, by default (disk.py; root only).
+DISK_QUOTA = 10 * 1024**3
 #: The seccomp filter bubblewrap loads (seccomp.py: no new user namespaces), opened read-only on this descriptor.
 SECCOMP_FD = 8
 #: The UID a sandbox has inside its user namespace when the gateway is not root.
@@ -129,6 +131,9 @@ class Unconfined:
     def release(self, launch_cgroups: list[str]) -> None:
         return None
 
+    def unmount(self, box: Path) -> None:
+        return None
+
     def describe(self) -> str:
         return "UNCONFINED (each sandbox runs as the gateway's user and sees the host)"
 
@@ -139,12 +144,15 @@ class Bubblewrap:
     confined = True
 
     def __init__(self, data_dir: Path, python: str = sys.executable, limits: Limits = Limits(), *,
-                 bwrap: str | None = None) -> None:
+                 bwrap: str | None = None, disk_quota: int = DISK_QUOTA) -> None:
+        """``disk_quota``: bytes of each sandbox's own filesystem (disk.py; 0: none, the data dir's is shared)."""
         self._data_dir = data_dir
         self._python = python
         self._limits = limits
         self._bwrap = bwrap or shutil.which("bwrap") or "bwrap"
         self._root = os.geteuid() == 0
+        self._no_quota = "local_disk_quota_bytes is 0" if not disk_quota else disk.unavailable()
+        self._quota = disk_quota if self._no_quota is None else 0
         try:
             self._filter: bytes | None = seccomp.no_new_userns()
         except seccomp.Unsupported:
@@ -183,6 +191,8 @@ class Bubblewrap:
         cgroups = "+".join(sorted(self._cgroup_parents)) or "none writable"
         userns = "new user namespaces denied (seccomp)" if self._filter is not None else \
             "new user namespaces NOT denied (no seccomp filter for this architecture)"
+        userns += (f"; disk {self._quota // 1024**2} MiB each" if self._quota else
+                   f"; no disk quota ({self._no_quota}): sandboxes share the data dir's filesystem")
         return (f"confined by bubblewrap ({who}; {userns}; network per pool: none or outbound; cgroups: {cgroups}; "
                 f"processes {self._limits.processes}, open files {self._limits.open_files}, "
                 f"memory {self._limits.memory_bytes // 1024**2} MiB)")
@@ -195,6 +205,8 @@ class Bubblewrap:
         """
         root = box / "root"
         root.mkdir(parents=True, exist_ok=True)
+        if self._quota:
+            disk.mount(box, self._quota)
         uid = self._uid(box) if self._root else INNER_UID
         if self._root:
             os.chown(root, uid, uid)
@@ -220,6 +232,11 @@ class Bubblewrap:
             procs = [str(Path(c) / "cgroup.procs") for c in cgroups]
             argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", str(len(procs)), *procs, *argv]
         return Launch(argv, cgroups, outbound=online, files=files)
+
+    def unmount(self, box: Path) -> None:
+        """The sandbox is deleted (or forgotten with a memory store): its filesystem is detached."""
+        if self._quota:
+            disk.unmount(box)
 
     def release(self, cgroups: list[str]) -> None:
         """Kill whatever is left in the sandbox's cgroups (a fork bomb's stragglers) and remove them."""
