@@ -154,9 +154,9 @@ class Settings(BaseSettings):
     # Local sandboxes run under bubblewrap; where it cannot run, the gateway refuses to start unless this
     # accepts sandboxes that run as the gateway's user and see the host (its files, its loopback ports).
     local_unconfined: bool = False
-    # Local sandboxes running at once on this host (429 beyond); None: derived from the host's memory and its
-    # open-file table (gateway/providers/confine.py host_sandbox_cap: what the sandboxes' limits, all at once,
-    # leave of both). New local sandboxes are refused (507) while the data dir's filesystem has less free.
+    # Local sandboxes running at once on this host (429 beyond); None: derived from the host's memory
+    # (gateway/providers/confine.py host_sandbox_cap: 256 MiB each). New local sandboxes are refused (507)
+    # while the data dir's filesystem has less free than local_min_free_bytes.
     local_max_sandboxes: int | None = Field(default=None, ge=1)
     local_min_free_bytes: int = Field(default=1024**3, ge=0)
     # Each local sandbox's own filesystem (a sparse loop-mounted image, gateway/providers/disk.py; root only):

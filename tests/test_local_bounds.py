@@ -6,6 +6,7 @@ files product, times the cap, stays under half the host's file table. Real bubbl
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -116,10 +117,21 @@ async def test_a_sandbox_that_fills_its_disk_gets_enospc_and_its_neighbour_write
     assert mounts_under(data) == []  # deleted sandboxes leave no mount behind
 
 
-def test_the_default_cap_keeps_every_sandboxs_descriptors_under_half_the_hosts_table():
+def test_one_sandbox_holds_a_small_share_of_the_hosts_descriptors_and_the_cap_follows_memory():
     limits = Limits()
     file_max = int(Path("/proc/sys/fs/file-max").read_text())
-    cap = host_sandbox_cap(limits)
-    assert cap >= 1
-    assert cap == 1 or cap * limits.processes * limits.open_files <= file_max // 2
-    assert limits.processes * limits.open_files <= 131_072  # was 512 x 4096: two sandboxes filled a host
+    assert limits.processes * limits.open_files <= min(131_072, file_max // 8)  # was 512 x 4096: 2 million
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert host_sandbox_cap() == max(1, memory // (256 * 1024**2))
+
+
+@pytest.fixture
+async def cap_two(tmp_path: Path) -> AsyncIterator[tuple[Gateway, aiohttp.ClientSession]]:
+    async for pair in start(tmp_path, local_max_sandboxes=2):
+        yield pair
+
+
+async def test_starts_at_the_same_moment_cannot_all_pass_the_cap(cap_two):
+    gateway, http = cap_two
+    results = await asyncio.gather(*(run(gateway, http, f"c{i}") for i in range(5)))
+    assert sorted(status for status, _ in results) == [200, 200, 429, 429, 429], results

@@ -122,6 +122,7 @@ class LocalProvider:
         self._deleting: set[str] = set()
         self._max_sandboxes = max_sandboxes
         self._min_free = min_free_bytes
+        self._starting: set[str] = set()  # sandboxes being started by this process (not yet in the registry)
 
     @property
     def confined(self) -> bool:
@@ -168,38 +169,45 @@ class LocalProvider:
                 await asyncio.to_thread(self._confinement.release, state.get("cgroups", []))
                 _unlink(state["socket"])
                 await _stop_helper(state)
-            if state is None:
-                self._check_room(request.sandbox_id)
-            network = self._networks.get(request.pool, "none")
+            self._check_room(request.sandbox_id, new=state is None)
+            self._starting.add(request.sandbox_id)  # counted from here: concurrent starts cannot all pass the cap
             try:
-                launch = await asyncio.to_thread(self._confinement.prepare, box, request.sandbox_id, network)
-            except OSError as exc:
-                if exc.errno == errno.ENOSPC:
-                    raise self._no_space(request.sandbox_id, "the disk is full") from None
-                raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be prepared: {exc}",
-                                      sandbox_id=request.sandbox_id) from None
-            except RuntimeError as exc:
-                raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be prepared: {exc}",
-                                      sandbox_id=request.sandbox_id) from None
-            pid, path, helper = await self._spawn(request, box, launch)
-            # A restart (a resume, a re-creation) keeps the sandbox's creation time: the orphan sweep's grace.
-            created_at = float(state.get("created_at", time.time())) if state is not None else time.time()
-            _write_state(box, {"pid": pid, "socket": path, "cgroups": launch.cgroups, "pool": request.pool,
-                               "created_at": created_at, "owner": request.owner.compact(), "helper": helper})
+                network = self._networks.get(request.pool, "none")
+                try:
+                    launch = await asyncio.to_thread(self._confinement.prepare, box, request.sandbox_id, network)
+                except OSError as exc:
+                    if exc.errno == errno.ENOSPC:
+                        raise self._no_space(request.sandbox_id, "the disk is full") from None
+                    raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be prepared: {exc}",
+                                          sandbox_id=request.sandbox_id) from None
+                except RuntimeError as exc:
+                    raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be prepared: {exc}",
+                                          sandbox_id=request.sandbox_id) from None
+                pid, path, helper = await self._spawn(request, box, launch)
+                # A restart (a resume, a re-creation) keeps the sandbox's creation time: the orphan sweep's grace.
+                created_at = float(state.get("created_at", time.time())) if state is not None else time.time()
+                _write_state(box, {"pid": pid, "socket": path, "cgroups": launch.cgroups, "pool": request.pool,
+                                   "created_at": created_at, "owner": request.owner.compact(), "helper": helper})
+            finally:
+                self._starting.discard(request.sandbox_id)
         if not await self._answers(path, pid, request.sandbox_id):
             raise ProvisionFailed(f"local sandbox {request.sandbox_id} exited before answering its health check "
                                   f"(see {box / 'runtime.log'})", sandbox_id=request.sandbox_id)
         self._watch(request.sandbox_id, pid, spawned=True)
         return _endpoint(request.sandbox_id, path)
 
-    def _check_room(self, sandbox_id: str) -> None:
-        """A new sandbox needs the disk's floor free and a place under the host's cap (suspended ones, which
-        run nothing, take none): refused with the setting to change, never as a failed provisioning."""
-        free = shutil.disk_usage(self._dir).free
-        if free < self._min_free:
-            raise self._no_space(sandbox_id, f"{free // 1024**2} MiB free")
+    def _check_room(self, sandbox_id: str, *, new: bool) -> None:
+        """A sandbox that starts (created, woken or restarted) needs a place under the host's cap (suspended
+        ones, which run nothing, take none), and a new one the disk's floor free: refused with the setting to
+        change, never as a failed provisioning. Starts under way in this process count (``_starting``);
+        another worker's count once its registry entry is written."""
+        if new:
+            free = shutil.disk_usage(self._dir).free
+            if free < self._min_free:
+                raise self._no_space(sandbox_id, f"{free // 1024**2} MiB free")
         if self._max_sandboxes is not None:
-            running = sum(1 for other, state in self._states() if other != sandbox_id and _alive(state["pid"], other))
+            live = {other for other, state in self._states() if _alive(state["pid"], other)}
+            running = len((live | self._starting) - {sandbox_id})
             if running >= self._max_sandboxes:
                 raise CapacityExceeded(
                     f"this host runs {running} local sandboxes, its cap (local_max_sandboxes, "
