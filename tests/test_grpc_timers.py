@@ -173,3 +173,19 @@ def test_timing_defaults_are_grpc_servers_and_named_settings():
     assert timing.idle_timeout == 300.0 and timing.handshake_timeout == 10.0
     assert timing.keepalive_min_time == 300.0 and not timing.keepalive_permit_without_calls
     assert timing.max_connection_age is None
+
+
+async def test_a_grpcio_client_calls_on_after_its_idle_connection_was_closed(sandbox, tmp_path):
+    """What a real client makes of the idle GOAWAY: its next call opens a new connection and succeeds."""
+    import grpc
+
+    async with gateway_with(sandbox, tmp_path, grpc_idle_timeout=0.3) as gateway:
+        host, port = gateway.grpc_address
+        metadata = [("x-user-id", "u1"), ("x-session-id", "s1")]
+        async with grpc.aio.insecure_channel(f"{host}:{port}") as channel:
+            unary = channel.unary_unary("/test.Echo/Unary")
+            assert await unary(b"first", metadata=metadata, timeout=WAIT) == b"first"
+            async with asyncio.timeout(WAIT):
+                while closed_count(gateway, "idle") < 1:
+                    await asyncio.sleep(0.05)
+            assert await unary(b"second", metadata=metadata, timeout=WAIT) == b"second"
