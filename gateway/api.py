@@ -27,6 +27,7 @@ from gateway.errors import (
     BadRequest, GatewayError, NotFound, NotImplementedByGateway, UnsupportedMediaType, render, wants_html,
 )
 from gateway.grants import Grants, McpTarget, NoGrants
+from gateway.hosts import AllowedHosts, host_not_allowed
 from gateway.metrics import Metrics
 from gateway.model import Binding, SandboxRecord, SandboxState
 from gateway.policy import allowed_ports
@@ -44,6 +45,7 @@ READINESS = web.AppKey("readiness", Callable[[], Awaitable[list[str]]])
 METRICS = web.AppKey("metrics", Metrics)
 GRANTS = web.AppKey("grants", Grants)
 MCP_TARGET = web.AppKey("mcp_target", McpTarget)
+HOSTS = web.AppKey("hosts", AllowedHosts)
 #: Notices every caller of GET /v1/sandboxes sees (e.g. local sandboxes that run unconfined).
 WARNINGS = web.AppKey("warnings", list)
 
@@ -83,6 +85,16 @@ async def error_middleware(request: web.Request, handler: Callable[[web.Request]
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(GatewayError("internal error; the gateway logged the details"), request)
+
+
+@web.middleware
+async def hosts_middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Only the hosts this gateway answers for (gateway/hosts.py: DNS rebinding), health included."""
+    host = request.headers.get("Host")
+    if not request.app[HOSTS].allows(host.encode("latin-1") if host is not None else None):
+        request.app[METRICS].denied("host_not_allowed")
+        raise host_not_allowed(host)
+    return await handler(request)
 
 
 @web.middleware
@@ -359,9 +371,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[list[str]]], metrics_: Metrics,
                        admin: AdminCheck = AllowAll(), *, warnings: list[str] | None = None,
-                       grants: Grants = NoGrants(), mcp: McpTarget = McpTarget()) -> web.Application:
-    app = web.Application(middlewares=[error_middleware, headers_middleware, admin_middleware],
+                       grants: Grants = NoGrants(), mcp: McpTarget = McpTarget(),
+                       hosts: AllowedHosts = AllowedHosts(["*"])) -> web.Application:
+    app = web.Application(middlewares=[error_middleware, hosts_middleware, headers_middleware, admin_middleware],
                           client_max_size=64 * 1024)
+    app[HOSTS] = hosts
     app[WARNINGS] = list(warnings or [])
     app[ROUTER] = router
     app[ADMIN] = admin

@@ -28,6 +28,7 @@ from gateway.api import ControlRunner, create_control_app
 from gateway.auth import AdminCheck, AdminTokens, AllowAll, Authenticator, KeySet, TokenAuth, TrustedHeaders
 from gateway.compat import RouterCompat
 from gateway.grants import AccessGrants, Grants, McpTarget, NoGrants
+from gateway.hosts import AllowedHosts, default_allowed_hosts
 from gateway.errors import GatewayError
 from gateway.gate import ConnectionGate, connection_bounds
 from gateway.logs import AccessLog
@@ -207,6 +208,9 @@ class Gateway:
         self.data_address: tuple[str, int] | None = None
         self.control_address: tuple[str, int] | None = None
         self.grpc_address: tuple[str, int] | None = None
+        self.allowed_hosts = AllowedHosts(
+            settings.allowed_hosts if settings.allowed_hosts is not None else default_allowed_hosts(settings.host) or [],
+            preview_domain=settings.preview_domain, public_url=settings.public_url)
 
     def _preview_keys(self) -> Any:
         if self.access_tokens is None:
@@ -214,7 +218,8 @@ class Gateway:
         from gateway.proxy import PreviewKeys
 
         return PreviewKeys(self.access_tokens, domain=self.settings.preview_domain,
-                           path_prefix=self.settings.preview_path_prefix)
+                           path_prefix=self.settings.preview_path_prefix,
+                           path_cookies=self.settings.preview_path_cookies)
 
     def _grants(self, data_sock: socket.socket) -> Grants:
         """What the control API mints access tokens and their URLs with (NoGrants without signing keys)."""
@@ -268,7 +273,7 @@ class Gateway:
                                     on_request=self._on_request, authenticator=self.authenticator,
                                     limits=OrgLimits.from_settings(self.settings),
                                     compat=self.compat if self.compat is not None else NoRouterHeaders(),
-                                    keys=self._preview_keys(),
+                                    keys=self._preview_keys(), hosts=self.allowed_hosts,
                                     gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused))
         self.data_plane.request_timeouts = request_timeouts(self.router.policy)
         self.metrics.add_fold(self._live_gauges)  # exact at a scrape, not up to 5 s behind
@@ -285,7 +290,8 @@ class Gateway:
             self.grpc_address = self.grpc_front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
                                      warnings=self._provider_warnings(), grants=self._grants(data_sock),
-                                     mcp=McpTarget(self.settings.kagent_mcp_port, self.settings.kagent_mcp_path))
+                                     mcp=McpTarget(self.settings.kagent_mcp_port, self.settings.kagent_mcp_path),
+                                     hosts=self.allowed_hosts)
         self._control_runner = ControlRunner(control, access_log=None, handle_signals=False)
         await self._control_runner.setup()
         undo.push_async_callback(self._control_runner.cleanup)

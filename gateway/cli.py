@@ -178,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="identity from trusted X-* headers (private networks only) or signed bearer tokens; "
                             "required unless listening on loopback")
     serve.add_argument("--auth-keys", help="token key file (needed for --auth-mode token; also guards the control API)")
+    serve.add_argument("--allowed-hosts", metavar="NAMES",
+                       help="host names clients reach the gateway by, comma-separated ('.example.com' for every name "
+                            "under it, '*' for any); other Hosts get 421 (DNS rebinding). Default on loopback: "
+                            "localhost and *.localhost; required on any other address")
     serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
                        help="one log line per data-plane request (default on)")
     serve.set_defaults(func=_cmd_serve)

@@ -12,6 +12,7 @@
     ├── PayloadTooLarge               413 payload_too_large                 RESOURCE_EXHAUSTED
     ├── UriTooLong                    414 uri_too_long                      RESOURCE_EXHAUSTED
     ├── UnsupportedMediaType          415 unsupported_media_type            INVALID_ARGUMENT
+    ├── MisdirectedRequest            421 host_not_allowed                  INVALID_ARGUMENT
     ├── CapacityExceeded              429 capacity_exceeded (+ Retry-After) RESOURCE_EXHAUSTED (+ retry-after)
     ├── HeaderTooLarge                431 header_too_large                  RESOURCE_EXHAUSTED
     ├── NotImplementedByGateway       501 not_implemented                   UNIMPLEMENTED
@@ -123,6 +124,14 @@ class UriTooLong(GatewayError):
 class UnsupportedMediaType(GatewayError):
     status = 415
     code = "unsupported_media_type"
+    grpc_status = Status.INVALID_ARGUMENT
+
+
+class MisdirectedRequest(GatewayError):
+    """A ``Host`` this gateway does not answer for (``allowed_hosts``, gateway/hosts.py)."""
+
+    status = 421
+    code = "host_not_allowed"
     grpc_status = Status.INVALID_ARGUMENT
 
 

@@ -38,6 +38,11 @@ def status_class(status: int) -> str:
     return _STATUS_CLASS.get(status // 100, "other")
 
 
+DENIAL_CODES = frozenset({"cross_site_request", "host_not_allowed"})
+"""The data plane's own refusals that ``sgw_security_denials_total`` counts by code, beside the owner
+checks: a sibling sandbox's page riding on a preview cookie, a Host the gateway does not serve."""
+
+
 class Metrics:
     def __init__(self, *, per_org: bool = False, org_label_limit: int = 100,
                  multiprocess_dir: str | None = None) -> None:
@@ -227,7 +232,7 @@ class RequestMetrics:
         batch[0] += 1
         batch[1] += duration
         batch[2][bisect_left(self._bounds, duration)] += 1  # Histogram.observe's bucket: the first bound >= it
-        if entry.error or entry.refused or self._metrics.per_org:
+        if entry.error or entry.refused or entry.code in DENIAL_CODES or self._metrics.per_org:
             self._rare(entry)
 
     def _rare(self, entry: Any) -> None:
@@ -236,6 +241,8 @@ class RequestMetrics:
             m.upstream_errors.labels(entry.error).inc()
         if entry.refused:
             m.capacity_rejected(entry.refused)
+        if entry.code in DENIAL_CODES:
+            m.denied(entry.code)
         if m.per_org:
             m.org_requests.labels(m.org_label(entry.org_id), status_class(entry.status)).inc()
 

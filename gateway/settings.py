@@ -45,7 +45,7 @@ SERVE_FLAGS: dict[str, str] = {
     "host": "--host", "data_port": "--data-port", "control_port": "--control-port", "grpc_port": "--grpc-port",
     "workers": "--workers", "policy_file": "--policy", "data_dir": "--data-dir", "redis_url": "--redis-url",
     "log_level": "--log-level", "log_format": "--log-format", "access_log": "--access-log",
-    "auth_mode": "--auth-mode", "auth_keys_file": "--auth-keys",
+    "auth_mode": "--auth-mode", "auth_keys_file": "--auth-keys", "allowed_hosts": "--allowed-hosts",
 }
 """The one map from a setting to the ``serve`` flag that sets it (the CLI builds its overrides from
 it; a setting with no flag is set by its environment variable alone). Refusals name both."""
@@ -91,6 +91,13 @@ def _json_list(value: Any) -> Any:
         return json.loads(value)
     except ValueError:
         raise ValueError("must be a JSON list such as [\"a\", \"b\"]") from None
+
+
+def _name_list(value: Any) -> Any:
+    """A list of names from the environment: JSON (``'["a.example", "b.example"]'``) or comma-separated."""
+    if isinstance(value, str) and not value.lstrip().startswith("["):
+        return [name.strip() for name in value.split(",") if name.strip()]
+    return _json_list(value)
 
 
 def _default_replica_id() -> str:
@@ -175,6 +182,14 @@ class Settings(BaseSettings):
     # The data plane as clients reach it (scheme://host[:port]), for the URLs the control API hands out
     # (gateway/grants.py); unset: http://<the host the control API was called by>:<data_port>.
     public_url: str | None = Field(default=None, pattern=r"^https?://[^/?#\s]+$")
+    # Path mode gives every sandbox one browser origin (SECURITY.md, "Browsers"): the access-token cookie
+    # there would let one sandbox's page drive another's. Off: path URLs take the token in every request
+    # (Authorization or ?access_token=). On: only where every sandbox belongs to one tenant.
+    preview_path_cookies: bool = False
+    # Host names answered on the data plane and the control API (gateway/hosts.py; DNS rebinding): names,
+    # ".example.com" for every name under it, or "*". IP literals, the preview domain's hosts and
+    # public_url's host are always answered. Unset: localhost names on loopback; off loopback, required.
+    allowed_hosts: Annotated[list[str] | None, NoDecode, BeforeValidator(_name_list)] = None
     # kagent's mcp_url (POST /api/sessions/{id}/sandbox): the sandbox's port (unset: its runtime port) and path.
     kagent_mcp_port: int | None = Field(default=None, ge=1, le=65535)
     kagent_mcp_path: str = Field(default="/mcp", pattern=r"^/[A-Za-z0-9._~/-]*$")
@@ -268,6 +283,11 @@ class Settings(BaseSettings):
             raise ValueError(f"{option('preview_domain')} and {option('preview_path_prefix')} need "
                              f"{option('auth_keys_file')}: the sandbox access tokens that open them are signed "
                              "with its keys (see examples/auth/keys.yaml)")
+        if self.allowed_hosts is None and not _is_loopback(self.host):
+            raise ValueError(
+                f"listening on {self.host} needs {option('allowed_hosts')}: the host names clients use to reach "
+                "the gateway (a page elsewhere could otherwise re-point its own name at it: DNS rebinding), as a "
+                "JSON list or comma-separated, such as gateway.example.com,.internal.example; \"*\" answers any")
         if self.router_compat_namespaces and self.auth_keys_file is None:
             raise ValueError(f"{option('router_compat_namespaces')} needs {option('auth_keys_file')}: the router "
                              "headers are honoured only with an admin token")

@@ -44,7 +44,17 @@ async def test_the_owner_gets_a_token_and_urls_that_open_in_a_browser(gw):
 
     jar = aiohttp.CookieJar(unsafe=True)
     async with aiohttp.ClientSession(cookie_jar=jar, headers=NAVIGATE, connector=aiohttp.TCPConnector(resolver=Loopback())) as browser:
-        for kind in ("path", "host"):
+        # Path URLs share one origin: they never become a browser's page, and keep no cookie (SECURITY.md,
+        # "Browsers"); a program sends the token in each request.
+        async with browser.get(urls["path"]) as response:
+            assert response.status == 403 and "path_url_not_for_browsers" in await response.text()
+            assert response.content_type == "text/html" and not jar.filter_cookies(response.url)
+        async with aiohttp.ClientSession() as program, program.post(urls["path"].replace("/?", "/echo/x?"),
+                                                                    data=b"hello") as response:
+            echoed = await response.json()
+            assert (echoed["raw_path"], echoed["sandbox_id"]) == ("/echo/x", sandbox_id)
+            assert response.headers["Content-Security-Policy"] == "sandbox"
+        for kind in ("host",):
             async with browser.get(urls[kind]) as response:  # the token swapped for a cookie, then the page
                 assert response.status == 200, await response.text()
                 assert len(response.history) == 1 and "access_token" not in str(response.url)

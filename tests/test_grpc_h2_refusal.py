@@ -45,7 +45,7 @@ async def test_curl_http2_prior_knowledge(gateway):
 
 async def test_http_1_1_on_the_same_port_still_works(gateway):
     reader, writer = await asyncio.open_connection(*gateway.data_address)
-    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    writer.write(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     writer.close()
     await writer.wait_closed()

@@ -81,6 +81,7 @@ async def gw(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]
             "SANDBOX_GATEWAY_AUTH_MODE": "token",
             "SANDBOX_GATEWAY_AUTH_KEYS_FILE": str(root / "keys.yaml"),
             "SANDBOX_GATEWAY_POLICY_FILE": str(root / "policy.yaml"),
+            "SANDBOX_GATEWAY_ALLOWED_HOSTS": "gw,gateway",  # the names its raw requests use
         }).start()
         key = KeySet.load(root / "keys.yaml").first()
         try:

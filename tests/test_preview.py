@@ -26,6 +26,7 @@ from gateway.policy import parse_policy
 from gateway.providers.base import PoolProviders
 from gateway.providers.static import StaticProvider
 from gateway.proxy import DataPlane, PlaneOptions, PreviewKeys
+from gateway.proxy._keys import Keyed
 from gateway.sessions import SessionRouter
 from gateway.store.memory import MemoryStore
 from routing import Identity
@@ -243,7 +244,8 @@ async def test_a_browser_follows_a_preview_url_by_host_with_cookies(preview):
         assert_clean(request)
 
 
-async def test_a_browser_follows_a_preview_url_by_path_with_cookies(preview):
+async def test_a_browser_follows_a_preview_url_by_path_with_cookies_where_one_origin_is_accepted(preview):
+    preview.plane.keys.path_cookies = True  # preview_path_cookies: a single-tenant installation
     token = await preview.mint()
     jar = aiohttp.CookieJar(unsafe=True)
     async with aiohttp.ClientSession(cookie_jar=jar, headers=NAVIGATE) as browser:
@@ -277,11 +279,56 @@ async def test_a_program_sending_the_token_in_every_url_is_served_without_a_redi
 
 
 async def test_secure_cookie_off_loopback(preview):
+    preview.plane.keys.path_cookies = True
     token = await preview.mint()
     status, headers, _ = await get(preview, preview.path(f"/x?access_token={token}"),
                                    headers={"Host": "gateway.example.com", **NAVIGATE})
     assert status == 303 and headers["Location"] == preview.path("/x")
+    assert headers["Set-Cookie"].startswith("sgw_access=")  # a path: no __Host- prefix (it needs Path=/)
     assert headers["Set-Cookie"].endswith("; HttpOnly; SameSite=Lax; Secure")
+
+
+async def test_secure_cookie_of_a_preview_host_is_a_host_prefixed_cookie(preview):
+    token = await preview.mint()
+    keyed = Keyed(preview.sandbox_id, preview.dev, None, b"/")
+    cookie = preview.plane.keys.cookie(token, keyed, b"80-x.preview.example.com", time.time()).decode()
+    assert cookie.startswith("__Host-sgw_access=") and "; Path=/;" in cookie and "Domain" not in cookie
+    assert cookie.endswith("; HttpOnly; SameSite=Lax; Secure")
+    status, _, _ = await get(preview, "/x", headers={"Host": preview.host(), "Cookie": f"__Host-sgw_access={token}; app=1",
+                                                     **NAVIGATE})
+    assert status == 200
+    assert preview.seen.last["headers"]["Cookie"] == "app=1"  # the token never reaches the sandbox
+
+
+@pytest.mark.parametrize("headers", [
+    pytest.param(NAVIGATE, id="a navigation"),
+    pytest.param({"Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "iframe"}, id="a frame"),
+    pytest.param({"Sec-Fetch-Mode": "same-origin", "Sec-Fetch-Dest": "serviceworker", "Service-Worker": "script"},
+                 id="a service worker's script"),
+    pytest.param({"Sec-Fetch-Mode": "same-origin", "Sec-Fetch-Dest": "worker"}, id="a worker"),
+    pytest.param({"Accept": "text/html,application/xhtml+xml"}, id="HTML, from a browser without Fetch Metadata"),
+])
+async def test_path_urls_never_become_pages_on_the_origin_every_sandbox_shares(preview, headers):
+    token = await preview.mint()
+    before = len(preview.seen.requests)
+    status, answer, body = await get(preview, preview.path(f"/x?access_token={token}"), headers=headers)
+    assert status == 403 and "path_url_not_for_browsers" in str(body) and "Set-Cookie" not in answer
+    assert len(preview.seen.requests) == before
+
+
+async def test_path_mode_keeps_no_cookie_and_makes_no_page(preview):
+    """Every path URL is one browser origin: a cookie there would let one sandbox's page drive another's,
+    and a page there could read the others' URLs, storage and frames."""
+    token = await preview.mint()
+    status, headers, _ = await get(preview, preview.path(f"/x?a=1&access_token={token}"))
+    assert status == 200 and "Set-Cookie" not in headers  # a program: served, the token cut, none kept
+    assert preview.seen.last["path"] == "/x?a=1"
+    assert headers["Content-Security-Policy"] == "sandbox" and headers["Referrer-Policy"] == "no-referrer"
+    status, _, body = await get(preview, preview.path("/x"), headers={"Cookie": f"sgw_access={token}"})
+    assert status == 401 and "access_token_required" in str(body)  # a cookie is no credential here
+    status, _, _ = await get(preview, preview.path("/y"), headers={
+        "Authorization": f"Bearer {token}", "Referer": f"http://h{preview.path('/p')}?access_token={token}&q=1"})
+    assert status == 200 and preview.seen.last["headers"]["Referer"] == f"http://h{preview.path('/p')}?q=1"
 
 
 async def test_websocket_takes_the_token_in_its_url_without_a_redirect(preview):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade
 
 from gateway.errors import BadRequest, CapacityExceeded, GatewayError, TooManyConnections, UpstreamError
+from gateway.hosts import host_not_allowed
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
 from gateway.proxy._request import RequestReader, _BodyTooLarge, _HeadTooLarge
@@ -98,7 +99,7 @@ class DownstreamConnection(RequestReader):
             if self.mode & M_DISCARD:
                 return  # stopped on purpose (_StopParsing), or a body over the cap while already lingering
             if isinstance(exc.__context__, _HeadTooLarge):
-                self._head_too_large()
+                self._head_too_large(data)
             elif isinstance(exc.__context__, _BodyTooLarge):
                 self._body_too_large()
             else:
@@ -129,7 +130,9 @@ class DownstreamConnection(RequestReader):
             # the head instead (an upper bound) and every later read in _special.
             self.head_seen = len(data)
             if len(data) > self.plane.max_head:
-                self._head_too_large()
+                self._head_too_large(data)
+            elif self.plane.keyed:
+                self.head_raw = [data]
 
     def _special(self, data: bytes) -> bool:
         """The slow path of data_received; True when ``data`` should still be parsed."""
@@ -150,6 +153,8 @@ class DownstreamConnection(RequestReader):
                     pass
             return False
         if mode & (M_CLOSING | M_DISCARD):
+            if self.cookie_scan is not None:
+                self.cookie_bomb_read(data)
             return False
         if mode & M_UPGRADED:
             ex = self.last
@@ -163,8 +168,10 @@ class DownstreamConnection(RequestReader):
         # M_IN_HEAD: a head spread over several reads; bound its size.
         self.head_seen += len(data)
         if self.head_seen > self.plane.max_head:
-            self._head_too_large()
+            self._head_too_large(data)
             return False
+        if self.head_raw is not None:
+            self.head_raw.append(data)
         return True
 
     def eof_received(self) -> bool | None:
@@ -246,6 +253,9 @@ class DownstreamConnection(RequestReader):
             ex.request_id = b"%s%x" % (ids.prefix, next(ids.counter))
         if ex.reject is not None:
             self.fail(ex, ex.reject)  # type: ignore[arg-type]
+            return
+        if not plane.hosts.allows(ex.host):
+            self.fail(ex, host_not_allowed(ex.host))
             return
         if ex.compat is not None and ex.compat[0] is not None and self._begin_compat(ex):
             return

@@ -29,8 +29,9 @@ from urllib.parse import unquote_to_bytes
 from gateway.access import QUERY_PARAM, AccessClaims, AccessTokens
 from gateway.auth import bearer_token
 from gateway.compat import DEFAULT_PORT
-from gateway.errors import BadRequest, GatewayError, Unauthorized
+from gateway.errors import BadRequest, Forbidden, GatewayError, Unauthorized
 from gateway.proxy import _wire as w
+from gateway.proxy._browser import browser_document, cross_site_refusal, referer_without_token
 from gateway.proxy._refusals import Refusals
 from gateway.proxy._state import M_UPGRADED, PAUSE_WAIT
 
@@ -52,7 +53,7 @@ class Keyed:
     router headers); ``rest`` the URL to forward, None when the path ends at the port (redirected to
     ``prefix/``); ``incarnation`` is filled from the token that admitted it."""
 
-    __slots__ = ("sandbox_id", "port", "prefix", "rest", "incarnation")
+    __slots__ = ("sandbox_id", "port", "prefix", "rest", "incarnation", "shared_origin")
 
     def __init__(self, sandbox_id: str, port: int, prefix: bytes | None, rest: bytes | None) -> None:
         self.sandbox_id = sandbox_id
@@ -60,13 +61,19 @@ class Keyed:
         self.prefix = prefix
         self.rest = rest
         self.incarnation = ""
+        # Path mode without preview_path_cookies: its responses may never become pages on the origin
+        # every sandbox shares (gateway.proxy._browser.PATH_MODE_HEADERS).
+        self.shared_origin = False
 
 
 class PreviewKeys:
     """The host and path keys of one data plane, and the access tokens that authorise them."""
 
-    def __init__(self, access: AccessTokens, *, domain: str | None = None, path_prefix: str | None = None) -> None:
+    def __init__(self, access: AccessTokens, *, domain: str | None = None, path_prefix: str | None = None,
+                 path_cookies: bool = False) -> None:
         self.access = access
+        self.domain = domain.lower().strip(".") if domain else None
+        self.path_cookies = path_cookies  # preview_path_cookies: a single-tenant installation accepts the risk
         self.suffix = ("." + domain.lower().strip(".")).encode() if domain else None
         self.prefix = (path_prefix.rstrip("/") + "/").encode() if path_prefix else None
         self.routes = self.suffix is not None or self.prefix is not None  # read by the plane per request
@@ -92,30 +99,50 @@ class PreviewKeys:
         ``Location`` to redirect to (the token came in the URL, or the path ends at the port) or None."""
         url = ex.url
         from_query = query_token(url) if _QUERY in url else None
+        cookies = keyed.prefix is None or self.path_cookies  # path mode: one origin for all (gateway.proxy._browser)
+        if not cookies:
+            keyed.shared_origin = True
+            if browser_document(ex.headers):
+                raise Forbidden("path URLs share one browser origin among every sandbox, so a browser may not "
+                                "open them as pages (or frames, or workers); open the sandbox's host URL "
+                                "(urls[].host of POST /v1/sessions/<session_id>/access), or send the request "
+                                "from a program", code="path_url_not_for_browsers")
         if from_query is not None:
             candidates = [from_query]
         elif ex.auth is not None and ex.auth[:7].lower() == b"bearer ":
             candidates = [bearer_token(ex.auth.decode("latin-1"))]
-        elif ex.cookie_tokens:
+        elif ex.cookie_tokens and cookies:
+            refusal = cross_site_refusal(ex.method, ex.headers, ex.host)
+            if refusal is not None:
+                raise refusal
             candidates = [token.decode("latin-1") for token in ex.cookie_tokens]
         else:
-            where = "this preview URL" if keyed.prefix is None else "this path"
-            raise Unauthorized(f"{where} needs a sandbox access token: send Authorization: Bearer <token>, or open "
-                               f"it once with ?{QUERY_PARAM}=<token> (POST /v1/sessions/<session_id>/access "
-                               "mints one)", code="access_token_required")
+            raise self._token_required(keyed)
         claims = self._first_good(candidates, keyed)
         keyed.incarnation = claims.incarnation
-        if ex.websocket or (from_query is not None and not _navigation(ex)):
+        if ex.websocket or (from_query is not None and not (cookies and _navigation(ex))):
             # Only a browser's navigation is redirected (the token leaves its address bar and history
-            # for a cookie). A WebSocket handshake (browsers do not follow) and a program that sends
-            # the token in every URL (an MCP client given kagent's mcp_url, curl) are served as they
-            # are, the token cut from the URL forwarded: no redirect round trip per call.
+            # for a cookie). A WebSocket handshake (browsers do not follow) and a program that sends the
+            # token in every URL (an MCP client given kagent's mcp_url, curl; every path-mode request)
+            # are served as they are, the token cut from the URL forwarded.
             rest = keyed.rest if keyed.rest is not None else b"/" + url[len(keyed.prefix or b""):]
             keyed.rest = _without_token(rest, None) if from_query is not None else rest
             return None
         if from_query is not None or keyed.rest is None:
             return _without_token(url, keyed)
         return None
+
+    def _token_required(self, keyed: Keyed) -> Unauthorized:
+        if keyed.prefix is None:
+            how = f"or open it once with ?{QUERY_PARAM}=<token>"
+        elif self.path_cookies:
+            how = f"or open it once with ?{QUERY_PARAM}=<token>"
+        else:  # no cookie in path mode: every request carries the token
+            how = (f"or ?{QUERY_PARAM}=<token> in every request (path URLs share one browser origin, so they keep "
+                   "no cookie; browsers should use the preview host URL)")
+        where = "this preview URL" if keyed.prefix is None else "this path"
+        return Unauthorized(f"{where} needs a sandbox access token: send Authorization: Bearer <token>, {how} "
+                            "(POST /v1/sessions/<session_id>/access mints one)", code="access_token_required")
 
     def _first_good(self, candidates: list[str], keyed: Keyed) -> AccessClaims:
         error: GatewayError | None = None
@@ -130,12 +157,16 @@ class PreviewKeys:
 
     def cookie(self, token: str, keyed: Keyed, host: bytes | None, now: float) -> bytes:
         """The ``Set-Cookie`` value that carries ``token`` from now on: HttpOnly, SameSite=Lax, Secure
-        unless the client came by a loopback name, scoped to the host (host mode) or the prefix."""
+        unless the client came by a loopback name, scoped to the host (host mode) or the prefix. Where it
+        is Secure in host mode it is named ``__Host-sgw_access``: the browser then refuses the name from
+        anyone but this host itself, over https, for Path=/ (no sibling can set or shadow it)."""
         claims = self.access.verify(token)
+        secure = not _is_loopback(host)
         path = keyed.prefix if keyed.prefix is not None else b"/"
-        parts = [w.ACCESS_COOKIE, token.encode("latin-1"), b"; Path=", path, b"; Max-Age=%d" % max(1, int(claims.expires - now)),
+        name = w.HOST_ACCESS_COOKIE if secure and keyed.prefix is None else w.ACCESS_COOKIE
+        parts = [name, token.encode("latin-1"), b"; Path=", path, b"; Max-Age=%d" % max(1, int(claims.expires - now)),
                  b"; HttpOnly; SameSite=Lax"]
-        if not _is_loopback(host):
+        if secure:
             parts.append(b"; Secure")
         return b"".join(parts)
 
@@ -204,6 +235,8 @@ class KeyedRequests(Refusals):
             return True
         ex.url = keyed.rest  # type: ignore[assignment]  # path mode: the prefix stripped
         if keyed.prefix is not None:
+            # One origin for every path: a page's full URL (a token in it) goes out as Referer to the others.
+            ex.headers = referer_without_token(ex.headers)
             ex.headers += (b"X-Forwarded-Prefix", w.COLON, keyed.prefix, w.CRLF)
         self._serve_keyed(ex, keyed, batch)
         return True
@@ -234,7 +267,8 @@ class KeyedRequests(Refusals):
         in the URL (``?access_token=``): the token leaves the address bar and never reaches the sandbox."""
         keys = self.plane.keys
         token = query_token(ex.url)
-        cookie = keys.cookie(token, keyed, ex.host, time.time()) if token is not None else None  # type: ignore[union-attr]
+        cookie = (keys.cookie(token, keyed, ex.host, time.time())  # type: ignore[union-attr]
+                  if token is not None and (keyed.prefix is None or keys.path_cookies) else None)  # type: ignore[union-attr]
         ex.status = 303 if ex.method in (b"GET", b"HEAD") else 307
         close = not ex.req_done or not ex.keep_alive or self.plane.draining or bool(self.mode & M_UPGRADED)
         self._send(w.redirect_response(ex.status, location, cookie, ex.request_id or b"-", close=close))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gateway.auth import Authenticator, TrustedHeaders
 from gateway.errors import CapacityExceeded, NotFound, UpstreamConnectError
 from gateway.gate import ConnectionGate
+from gateway.hosts import AllowedHosts
 from gateway.limits import OrgLimits, limit_key
 from gateway.model import Route
 from gateway.proxy._admission import Admission
@@ -121,6 +122,7 @@ class DataPlane(PlaneState):
                  compat: RouterHeaders = NoRouterHeaders(),
                  keys: PreviewKeys | None = None,
                  gate: ConnectionGate | None = None,
+                 hosts: AllowedHosts = AllowedHosts(["*"]),
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
                  long_request_after: float = LONG_REQUEST_AFTER) -> None:
         self.resolver = resolver
@@ -131,6 +133,7 @@ class DataPlane(PlaneState):
         # Host and path keys and the access tokens behind them (None: no keys to check tokens with).
         self.keys = keys
         self.keyed = keys is not None and keys.routes  # read per request: is a host or path key on?
+        self.hosts = hosts  # the Host values answered (DNS rebinding): checked per request, cached per value
         self.max_body = options.max_body_bytes
         self.ws_max_message = options.ws_max_message_bytes
         self.body_cap = options.max_body_bytes if options.max_body_bytes is not None else sys.maxsize

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from gateway.errors import GatewayError, HeaderTooLarge, PayloadTooLarge, RequestTimeout, UpstreamTimeout, UriTooLong
 from gateway.proxy import _wire as w
+from gateway.proxy._browser import CookieNames
 from gateway.proxy._exchange import DONE, RESOLVING, TUNNEL, Exchange
 from gateway.proxy._state import M_DISCARD, PAUSE_DISCARD, ClientState
 from gateway.proxy._wsframe import CLOSE_GOING_AWAY, CLOSE_MESSAGE_TOO_BIG, close_frame
@@ -113,8 +114,11 @@ class Refusals(ClientState):
             ex.reject = exc  # pipelined behind the current request: answered in turn, then closed
             self.pause(PAUSE_DISCARD)
 
-    def _head_too_large(self) -> None:
-        """A request head over max_header_bytes: 414 when its target is the bulk of it, else 431."""
+    def _head_too_large(self, data: bytes) -> None:
+        """A request head over max_header_bytes: 414 when its target is the bulk of it, else 431. With
+        preview keys on, a head that is large for its cookies (a sibling sandbox's cookie bomb on the
+        preview domain) is answered with Set-Cookie lines that expire them (gateway.proxy._browser), so
+        it costs the user one request. ``data`` is the read that passed the limit."""
         limit = self.plane.max_head
         ex = self.parsing
         if ex is not None and len(ex.url) * 2 > limit:
@@ -123,9 +127,45 @@ class Refusals(ClientState):
                 "send long data in the request body")
         else:
             exc = HeaderTooLarge(f"the request head exceeds {limit} bytes (max_header_bytes)")
+            if self.plane.keyed:
+                self._cookie_bomb(exc, data)
+                return
         self._malformed(exc, linger=True)  # the client may still be sending its head
 
-    def _malformed(self, exc: GatewayError, h2: bool = False, linger: bool = False) -> None:
+    def _cookie_bomb(self, exc: GatewayError, data: bytes) -> None:
+        names = CookieNames()
+        ended = names.feed(b"".join(self.head_raw) + data if self.head_raw else data)
+        self.head_raw = None
+        if not ended:
+            # Read the rest of the head for its names (bounded: CookieNames.MAX_HEAD, header_read_timeout).
+            self.parsing = None
+            self.mode |= M_DISCARD
+            self.cookie_scan = (names, exc)
+            self.linger_until = self.plane.now + self.plane.options.header_read_timeout
+            return
+        self._answer_cookie_bomb(names, exc)
+
+    def cookie_bomb_read(self, data: bytes) -> None:
+        """More of a refused head (see ``_cookie_bomb``)."""
+        names, exc = self.cookie_scan
+        if names.feed(data):
+            self.cookie_scan = None
+            self.linger_until = 0.0
+            self._answer_cookie_bomb(names, exc)
+
+    def _answer_cookie_bomb(self, names: CookieNames, exc: GatewayError) -> None:
+        if not names.names:
+            self._malformed(exc, linger=True)
+            return
+        keys = self.plane.keys
+        clearing = names.clearing(keys.domain if keys is not None else None)
+        exc = HeaderTooLarge(f"{exc.message}: its {len(names.names)} cookies were expired (Set-Cookie), the "
+                             "sandbox access cookie kept; reload to carry on")
+        extra = b"".join(b"Set-Cookie: " + line + w.CRLF for line in clearing)
+        self._malformed(exc, linger=True, as_html=names.navigation, extra=extra)
+
+    def _malformed(self, exc: GatewayError, h2: bool = False, linger: bool = False, as_html: bool = False,
+                   extra: bytes = b"") -> None:
         """Bytes that are not HTTP: answer 400 if nothing is in flight, then close.
 
         ``h2``: the client spoke HTTP/2 (prior knowledge); it gets the error in HTTP/2 frames it can read.
@@ -151,7 +191,7 @@ class Refusals(ClientState):
             self._send(w.h2_goaway(exc))
             self.linger()  # the client is still sending its request: a plain close could reset our answer away
         else:
-            response = w.error_response(exc, bad.request_id, close=True)
+            response = w.error_response(exc, bad.request_id, close=True, as_html=as_html, extra=extra)
             bad.bytes_out = w.body_length(response)
             self._send(response)
             if linger:

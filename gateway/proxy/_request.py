@@ -69,6 +69,7 @@ class RequestReader(KeyedRequests):
         self.parsing = self.last = Exchange(self)
         self.mode |= M_IN_HEAD
         self.head_seen = 0
+        self.head_raw = None
 
     def on_url(self, url: bytes) -> None:
         ex = self.parsing

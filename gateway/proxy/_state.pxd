@@ -10,6 +10,7 @@ cdef class PlaneState:
     cdef public set clients
     cdef public object gate
     cdef public object admission, ids, loop, keys, compat, options, resolver, on_request, drained
+    cdef public object hosts
     cpdef stream_began(self, Exchange ex)
     cpdef finished(self, Exchange ex)
 
@@ -20,6 +21,8 @@ cdef class ClientState:
     cdef public double head_at
     cdef public object head_key
     cdef public Py_ssize_t head_seen
+    cdef public list head_raw
+    cdef public object cookie_scan
     cdef public object ident, ident_key
     cdef public double idle_since
     cdef public Exchange last

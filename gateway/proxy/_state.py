@@ -25,6 +25,7 @@ from gateway.proxy import _wire as w
 from gateway.proxy._exchange import DONE, Exchange, RequestLog
 
 if TYPE_CHECKING:
+    from gateway.hosts import AllowedHosts
     import asyncio
     from collections import deque
 
@@ -83,6 +84,7 @@ class PlaneState:
     ids: RequestIds
     loop: asyncio.AbstractEventLoop
     keys: PreviewKeys | None
+    hosts: AllowedHosts         # the Host values answered (gateway/hosts.py)
     compat: RouterHeaders
     options: PlaneOptions
     resolver: RouteResolver
@@ -139,7 +141,7 @@ class ClientState:
     """One client connection's fields (see the module docstring for who uses them)."""
 
     __slots__ = (
-        "big", "conn_line", "current", "head_at", "head_key", "head_seen", "ident", "ident_key", "idle_since",
+        "big", "conn_line", "cookie_scan", "current", "head_at", "head_key", "head_raw", "head_seen", "ident", "ident_key", "idle_since",
         "last", "linger_until", "mode", "parser", "parsing", "peer", "plane", "queue", "route_key", "route_line",
         "route_pool", "rpause", "transport", "up_conn", "up_out", "wpaused", "ws_guard",
     )
@@ -157,6 +159,8 @@ class ClientState:
         self.wpaused = False
         self.big = False                       # this read is larger than a head may be: count head bytes
         self.head_seen = 0
+        self.cookie_scan: Any = None          # a refused head still being read for its cookie names (_refusals)
+        self.head_raw: list[bytes] | None = None  # a head spread over reads, kept (keys on) to find a cookie bomb's names
         self.up_out: list[bytes] = []          # bytes for up_conn, written once the current read is parsed
         self.up_conn: UpstreamConnection | None = None
         self.ident_key: tuple[bytes | None, ...] | None = None

@@ -22,6 +22,7 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from gateway.errors import UpstreamError
 from gateway.proxy import _wire as w
+from gateway.proxy._browser import PATH_MODE_HEADERS
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -366,8 +367,14 @@ class UpstreamConnection:
         if not head.startswith(b"HTTP/1.1 "):
             head = b"HTTP/1.1" + head[8:]
         keyed = ex.keyed
-        if keyed is not None and keyed.prefix is not None and (b"\r\nlocation:" in low or b"\r\nset-cookie:" in low):
-            head = w.rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
+        if keyed is not None:
+            if keyed.prefix is not None:
+                if b"\r\nlocation:" in low or b"\r\nset-cookie:" in low:
+                    head = w.rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
+                if keyed.shared_origin:
+                    head += PATH_MODE_HEADERS  # no page, no script, no referrer on the origin all sandboxes share
+            elif b"\r\nset-cookie:" in low:
+                head = w.host_only_cookies(head)
         if low.find(b"\r\nx-request-id:") < 0:  # the client can quote it; a sandbox's own one is kept
             head += b"\r\nX-Request-Id: " + ex.request_id  # type: ignore[operator]
         if (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10

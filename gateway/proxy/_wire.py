@@ -15,6 +15,7 @@ from http import HTTPStatus
 
 from gateway.access import COOKIE_NAME
 from gateway.errors import BadRequest, GatewayError, error_body, render, wants_html
+from gateway.proxy._browser import sandbox_cookie
 
 # -- request headers ----------------------------------------------------------
 # Lower-cased names with a meaning to the proxy; every other header passes through.
@@ -102,6 +103,7 @@ for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", 
     REQUEST_HEADERS_EXACT[_name.lower()] = R_PASS
 
 ACCESS_COOKIE = COOKIE_NAME.encode() + b"="  # the access-token cookie, cut out of Cookie (never forwarded)
+HOST_ACCESS_COOKIE = b"__Host-" + ACCESS_COOKIE  # its name where the scheme is https (host mode)
 
 IDENTITY_HEADER_NAMES = {R_ORG: "X-Org-Id", R_USER: "X-User-Id", R_SESSION: "X-Session-Id", R_BOT: "X-Bot-Id"}
 
@@ -222,6 +224,8 @@ def cut_access_cookie(value: bytes) -> tuple[bytes, list[bytes]]:
         item = pair.strip()
         if item.startswith(ACCESS_COOKIE):
             tokens.append(item[len(ACCESS_COOKIE):])
+        elif item.startswith(HOST_ACCESS_COOKIE):
+            tokens.append(item[len(HOST_ACCESS_COOKIE):])
         elif item:
             kept.append(item)
     return b"; ".join(kept), tokens
@@ -242,7 +246,7 @@ def status_line(status: int, reason: bytes) -> bytes:
 
 
 def error_response(exc: GatewayError, request_id: bytes, *, close: bool, keep_alive_10: bool = False,
-                   as_html: bool = False) -> bytes:
+                   as_html: bool = False, extra: bytes = b"") -> bytes:
     """A complete error response (head and body) for a request the proxy answers itself: JSON, or the
     same error as a page for a browser's navigation (``as_html``, see :func:`navigation`)."""
     content_type, body, headers = render(exc, as_html=as_html)
@@ -254,6 +258,7 @@ def error_response(exc: GatewayError, request_id: bytes, *, close: bool, keep_al
     ]
     for name, value in headers.items():
         parts.append(f"{name}: {value}\r\n".encode("latin-1"))
+    parts.append(extra)  # whole header lines (CRLF-ended) the caller adds
     parts.append(CONN_CLOSE if close else CONN_KEEP_ALIVE if keep_alive_10 else b"")
     parts.append(CRLF)
     parts.append(body)
@@ -311,22 +316,31 @@ def h2_goaway(exc: GatewayError) -> bytes:
 sane_request_id = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}").fullmatch
 
 
-# Path mode (gateway.proxy._keys): the response header lines put under the sandbox's prefix.
+# Keyed requests (gateway.proxy._keys): a sandbox's Set-Cookie made its own (gateway.proxy._browser), and in
+# path mode its Location put under the sandbox's prefix.
 _REWRITTEN = re.compile(rb"\r\n(location|set-cookie):[ \t]*([^\r]*)", re.I)
-_COOKIE_PATH = re.compile(rb";[ \t]*path=([^;]*)", re.I)
+_SET_COOKIE = re.compile(rb"\r\n(set-cookie):[ \t]*([^\r]*)", re.I)
 
 
 def rewrite_under_prefix(head: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
     """A response head with ``Location`` (a path, or an absolute URL on one of ``authorities``) and
-    ``Set-Cookie`` ``Path`` put under ``prefix`` (path mode)."""
+    ``Set-Cookie`` ``Path`` put under ``prefix`` (path mode), cookies host-only."""
     def one(match: re.Match[bytes]) -> bytes:
         name, value = match.group(1), match.group(2)
         if name.lower() == b"location":
-            value = _location_under(value, prefix, authorities)
-        else:
-            value = _COOKIE_PATH.sub(lambda m: b"; Path=" + _path_under(m.group(1).strip(), prefix), value)
-        return b"\r\n" + name + b": " + value
+            return b"\r\n" + name + b": " + _location_under(value, prefix, authorities)
+        cookie = sandbox_cookie(value, prefix)
+        return b"\r\n" + name + b": " + cookie if cookie is not None else b""
     return _REWRITTEN.sub(one, head)
+
+
+def host_only_cookies(head: bytes) -> bytes:
+    """A response head whose ``Set-Cookie`` lines lose ``Domain`` (host mode: preview hosts are same-site
+    siblings, and a cookie for their parent would reach every other sandbox)."""
+    def one(match: re.Match[bytes]) -> bytes:
+        cookie = sandbox_cookie(match.group(2), None)
+        return b"\r\n" + match.group(1) + b": " + cookie if cookie is not None else b""
+    return _SET_COOKIE.sub(one, head)
 
 
 def _path_under(path: bytes, prefix: bytes) -> bytes:

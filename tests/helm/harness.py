@@ -62,7 +62,7 @@ EXPECTED_LOCATOR_RULES: frozenset[tuple[str, frozenset[str], frozenset[str]]] = 
 # `routerCompat:`) or the platform does (Kubernetes, serve --workers), so `config` must not offer them.
 CHART_MANAGED_SETTINGS = {"host", "data_port", "control_port", "grpc_port", "policy_file", "data_dir", "redis_url",
                           "replica_id", "auth_mode", "auth_keys_file", "kubernetes_service_host",
-                          "prometheus_multiproc_dir",
+                          "prometheus_multiproc_dir", "allowed_hosts",  # the Service's names + allowedHosts
                           "router_compat_namespaces", "router_compat_ports", "router_compat_api_version",
                           # from grpc.tls.secretName (the chart mounts the Secret)
                           "grpc_tls_cert_file", "grpc_tls_key_file"}

@@ -44,6 +44,7 @@ async def gw(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Hostile]
         "SANDBOX_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY),
         "SANDBOX_GATEWAY_HEADER_READ_TIMEOUT": str(HEAD_TIMEOUT),
         "PER_SESSION_SANDBOX_ORG_IDS": "iso-org",
+        "SANDBOX_GATEWAY_ALLOWED_HOSTS": "gw,gateway",  # the names the table's raw requests use
     }).start()
     key = KeySet.load(root / "keys.yaml").first()
     admin = {"Authorization": "Bearer " + issue_token(key, user="ops", audience=ADMIN_AUDIENCE)}

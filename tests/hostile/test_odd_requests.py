@@ -9,8 +9,32 @@ import pytest
 
 from tests.hostile.harness import (
     HOST, MAX_BODY, W, body_length, Build, echoed, forwarded_only_by_the_gateway, Hostile, no_credentials, Own,
-    send, walker,
+    send, walker, Err, get, check_rejected,
 )
+
+FOREIGN_HOST = Err(421, "host_not_allowed", "this gateway does not answer for Host")
+
+
+def _with_host(host: bytes, target: bytes = b"/echo/x") -> Build:
+    """A request of the case's own session whose Host (or absolute target) names ``host``."""
+    return lambda s: get(target)(s).replace(b"Host: gw\r\n", b"Host: " + host + b"\r\n")
+
+
+# DNS rebinding: a page whose own name now points at the gateway sends that name; only the names the
+# gateway serves (allowed_hosts: here "gw" and "gateway") are answered, whatever else the request says.
+FOREIGN_HOST_CASES = [
+    pytest.param(_with_host(b"evil.example:22"), id="host-header-names-another-host"),
+    pytest.param(_with_host(b"gw.evil.example"), id="an-allowed-name-as-a-label-of-another"),
+    pytest.param(_with_host(b"evil-gw"), id="an-allowed-name-as-a-suffix"),
+    pytest.param(_with_host(b"gw", b"http://evil.example:22/echo/x?q=1"), id="absolute-form-caller-chosen-host"),
+    pytest.param(_with_host(b"gw\xc3\xa9"), id="an-allowed-name-with-non-ascii"),
+]
+
+
+@pytest.mark.parametrize("build", FOREIGN_HOST_CASES)
+async def test_hosts_the_gateway_does_not_serve_are_refused(gw: Hostile, request: pytest.FixtureRequest,
+                                                           build: Build) -> None:
+    await check_rejected(gw, request, build, FOREIGN_HOST)
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -42,20 +66,20 @@ OWN_CASES: list[Any] = [
     pytest.param(walker(b"GET /exists/..%2F..%2Fetc%2Fpasswd HTTP/1.1"), Own(403, code="path_outside_root"),
                  id="exists-traversal"),
     # Absolute-form goes upstream in origin-form; its authority replaces Host (RFC 9112 3.2.2), which the
-    # sandbox sees only as X-Forwarded-Host: the gateway never connects where a caller says.
-    pytest.param(walker(b"GET http://evil.example:22/echo/x?q=1 HTTP/1.1"),
-                 Own(200, raw_path="/echo/x?q=1", check=echoed("X-Forwarded-Host", lambda v: v == "evil.example:22")),
-                 id="absolute-form-caller-chosen-host"),
+    # sandbox sees only as X-Forwarded-Host: the gateway never connects where a caller says. A name the
+    # gateway does not answer for (allowed_hosts: DNS rebinding) is refused, in Host or in the target.
+    pytest.param(walker(b"GET http://gw:22/echo/x?q=1 HTTP/1.1"),
+                 Own(200, raw_path="/echo/x?q=1", check=echoed("X-Forwarded-Host", lambda v: v == "gw:22")),
+                 id="absolute-form-caller-chosen-port"),
     pytest.param(walker(b"GET http://127.0.0.1:1/echo/x HTTP/1.1"), Own(200, raw_path="/echo/x"),
                  id="absolute-form-loopback-port"),
-    pytest.param(walker(b"GET HTTPS://walker.example?x=1 HTTP/1.1"), Own(200),  # the runtime's own "/"
+    pytest.param(walker(b"GET HTTPS://gateway?x=1 HTTP/1.1"), Own(200),  # the runtime's own "/"
                  id="absolute-form-without-a-path"),
     pytest.param(walker(b"GET //evil.example/echo/x HTTP/1.1"), Own(404, code="not_found"),
                  id="scheme-relative-target"),
     pytest.param(walker(b"OPTIONS * HTTP/1.1"), Own(404, code="not_found"), id="asterisk-form"),
-    pytest.param(lambda s: walker(b"GET /echo/x HTTP/1.1")(s).replace(b"Host: gw\r\n", b"Host: evil.example:22\r\n"),
-                 Own(200, raw_path="/echo/x", check=echoed("X-Forwarded-Host", lambda v: v == "evil.example:22")),
-                 id="host-header-names-another-host"),
+    pytest.param(lambda s: walker(b"GET /echo/x HTTP/1.1")(s).replace(b"Host: gw\r\n", b"Host: GW.\r\n"),
+                 Own(200, raw_path="/echo/x"), id="host-header-allowed-name-any-case-trailing-dot"),
     pytest.param(walker(b"GET /echo/x HTTP/1.1", b"X-Sandbox-Id: org-0000\r\nX-Sandbox-ID: ses-1\r\n"
                                                  b"X-Sandbox-Namespace: kube-system\r\nX-Sandbox-Port: 22\r\n"),
                  Own(200, raw_path="/echo/x"), id="forged-sandbox-routing-headers"),

@@ -1,0 +1,93 @@
+"""Each compiled class's ``.pxd`` declares exactly the fields its Python class has, and the reverse.
+
+The data plane's hot modules (gateway/_compiled.py) are plain Python, compiled by Cython where a C
+compiler is found; a ``.pxd`` beside a module declares its classes' fields as C struct members. A field
+added to a class's ``__slots__`` (or, for a class without them, its annotations) but not to its
+``.pxd`` fails only in the compiled build (an AttributeError at run time), and one left in the
+``.pxd`` after the class dropped it wastes a slot silently. This test reads both with no compiler
+involved, so the pure-Python run of the suite catches a drift too.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from gateway import _compiled
+
+ROOT = Path(__file__).resolve().parent.parent
+_CLASS = re.compile(r"^cdef class (\w+)")
+_FIELD = re.compile(r"^\s+cdef (?:public |readonly )?[\w.]+(?: [\w.]+)*? ((?:\w+)(?:, \w+)*)\s*$")
+
+
+def pxd_fields(path: Path) -> dict[str, set[str]]:
+    """``{class: field names}`` of the ``cdef class`` blocks in a ``.pxd`` (methods are not fields)."""
+    classes: dict[str, set[str]] = {}
+    current: set[str] | None = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].rstrip()
+        match = _CLASS.match(line)
+        if match:
+            current = classes.setdefault(match.group(1), set())
+            continue
+        if current is None or not line.strip() or line.strip() == "pass" or "(" in line:
+            continue  # a method (cpdef/cdef with arguments) or nothing
+        field = _FIELD.match(line)
+        assert field, f"{path.name}: cannot read {line!r}"
+        current.update(name.strip() for name in field.group(1).split(","))
+    return classes
+
+
+def python_fields(path: Path, name: str) -> set[str]:
+    """The fields of class ``name`` in ``path``: its ``__slots__``; without them, its annotated names and
+    the ``self.<field>`` its methods assign."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            fields: set[str] = set()
+            for item in node.body:
+                if isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
+                                                        for t in item.targets):
+                    return set(ast.literal_eval(item.value))
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    fields.add(item.target.id)
+                if isinstance(item, ast.FunctionDef):
+                    fields |= {target.attr for statement in ast.walk(item)
+                               for target in getattr(statement, "targets", [getattr(statement, "target", None)])
+                               if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                               and target.value.id == "self"}
+            return fields
+    raise AssertionError(f"{path.name} has no class {name}")
+
+
+def _declared() -> list[tuple[Path, str]]:
+    pairs = []
+    for module in _compiled.COMPILED_MODULES:
+        pxd = ROOT / (module.replace(".", "/") + ".pxd")
+        if pxd.exists():
+            pairs += [(pxd, name) for name in pxd_fields(pxd)]
+    return pairs
+
+
+@pytest.mark.parametrize(("pxd", "name"), [pytest.param(p, n, id=f"{p.stem}.{n}") for p, n in _declared()])
+def test_the_pxd_declares_exactly_the_class_fields(pxd: Path, name: str):
+    declared = pxd_fields(pxd)[name]
+    fields = python_fields(pxd.with_suffix(".py"), name)
+    assert declared - fields == set(), f"{pxd.name} declares fields {name} does not have"
+    assert fields - declared == set(), f"{name} has fields {pxd.name} does not declare (the compiled build fails)"
+
+
+def test_the_reader_sees_a_drift(tmp_path: Path):
+    """The check is real: a field on one side only is found, either way."""
+    (tmp_path / "m.pxd").write_text("cdef class C:\n    cdef public object a, b\n    cdef public int n\n"
+                                    "    cpdef go(self, int x)\n")
+    (tmp_path / "m.py").write_text("class C:\n    __slots__ = ('a', 'b', 'n', 'extra')\n")
+    assert pxd_fields(tmp_path / "m.pxd") == {"C": {"a", "b", "n"}}
+    assert python_fields(tmp_path / "m.py", "C") - pxd_fields(tmp_path / "m.pxd")["C"] == {"extra"}
+
+
+def test_every_compiled_class_is_checked():
+    assert {name for _, name in _declared()} >= {"Exchange", "RequestLog", "PlaneState", "ClientState"}
