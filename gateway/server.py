@@ -82,7 +82,8 @@ async def _serve_one(settings: Settings, data_port: int, control_port: int, work
     dh, dp = gateway.data_address or ("?", 0)
     ch, cp = gateway.control_address or ("?", 0)
     gh, gp = gateway.grpc_address or ("?", 0)
-    log.info("gRPC front (worker %d): h2c://%s:%d", worker, gh, gp)  # before "serving", which tests wait for
+    scheme = "https" if settings.grpc_tls_cert_file and settings.grpc_tls_key_file else "h2c"  # as GrpcFront._tls
+    log.info("gRPC front (worker %d): %s://%s:%d", worker, scheme, gh, gp)  # before "serving", which tests wait for
     log.info("serving (worker %d, pid %d): data plane http://%s:%d, control API http://%s:%d",
              worker, os.getpid(), dh, dp, ch, cp)
     await stop.wait()

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 _SERVING = re.compile(r"serving \(worker \d+, pid \d+\): data plane (http://\S+), control API (http://\S+)")
-_GRPC = re.compile(r"gRPC front \(worker \d+\): h2c://(\S+)")
+_GRPC = re.compile(r"gRPC front \(worker \d+\): (?:h2c|https)://(\S+)")
 
 
 class GatewayProcess:

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.hosts import AllowedHosts, default_allowed_hosts
 from gateway.proxy import _wire as w
-from gateway.proxy._browser import CookieNames, sandbox_cookie
+from gateway.proxy._browser import CookieNames, private_to_caches, sandbox_cookie
 from tests.client_gateway import ClientGateway, client_gateway
 from tests.test_preview import DOMAIN, Preview, get, preview  # noqa: F401  (the fixture)
 
@@ -106,8 +106,18 @@ def test_a_sandbox_sets_cookies_for_itself_alone(value: bytes, host_mode: bytes 
     assert w.rewrite_under_prefix(head, PREFIX, ()) == expected_path
 
 
+@pytest.mark.parametrize(("head", "added"), [
+    pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 0", True, id="no Cache-Control"),
+    pytest.param(b"HTTP/1.1 200 OK\r\nCache-Control: public, max-age=3600", True, id="public: private wins"),
+    pytest.param(b"HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\ncache-control: Private", False, id="private"),
+    pytest.param(b"HTTP/1.1 200 OK\r\nCache-Control: no-store", False, id="no-store"),
+])
+def test_a_response_a_preview_credential_opened_is_private_to_caches(head: bytes, added: bool):
+    assert private_to_caches(head, head.lower()) == (head + b"\r\nCache-Control: private" if added else head)
+
+
 def test_cookie_names_are_read_from_a_head_in_any_pieces():
-    head = (b"GET /x HTTP/1.1\r\nHost: h\r\nSec-Fetch-Mode: navigate\r\nCookie: a=1; b=" + b"x" * 5000
+    head = (b"GET /x HTTP/1.1\r\nHost: h\r\nX-Long: " + b"y" * 3000 + b"\r\nSec-Fetch-Mode: navigate\r\nCookie: a=1; b=" + b"x" * 5000
             + b"; __Host-sgw_access=t; sgw_access=t; c=3\r\ncookie: d=4; SGW_ACCESS=bomb\r\n\r\nGET /next HTTP/1.1\r\nCookie: e=5\r\n\r\n")
     for size in (1, 7, 100, 4096, len(head)):
         names = CookieNames()

@@ -324,6 +324,7 @@ async def test_path_mode_keeps_no_cookie_and_makes_no_page(preview):
     assert status == 200 and "Set-Cookie" not in headers  # a program: served, the token cut, none kept
     assert preview.seen.last["path"] == "/x?a=1"
     assert headers["Content-Security-Policy"] == "sandbox" and headers["Referrer-Policy"] == "no-referrer"
+    assert headers["Cache-Control"] == "private"  # opened by a credential: no shared cache keeps it
     status, _, body = await get(preview, preview.path("/x"), headers={"Cookie": f"sgw_access={token}"})
     assert status == 401 and "access_token_required" in str(body)  # a cookie is no credential here
     status, _, _ = await get(preview, preview.path("/y"), headers={

@@ -9,12 +9,16 @@ Refusals are gRPC statuses from ``gateway.errors`` (``grpc_status`` beside the
 HTTP status), with ``retry-after`` metadata where the HTTP answer has Retry-After.
 
 What is forwarded: every message byte for byte (the length prefix and its
-compression flag included), metadata both ways except the identity keys and
-every ``x-sandbox-*`` key (``x-sandbox-id`` is added; a request metadata value
-that is not ASCII, as gRPC requires, is refused with INVALID_ARGUMENT), the sandbox's status,
-message, details and trailers as it sent them, ``grpc-timeout`` as the time left
-(the gateway enforces the deadline too), and cancellation both ways (a client's
-RST_STREAM becomes one towards the sandbox and back).
+compression flag included), request metadata as the data plane's header rules
+say (``gateway.proxy._admission``: never identity, credentials, ``x-sandbox-*``,
+``x-forwarded-*`` or the access-token cookie; ``x-sandbox-id`` is added; a value
+that is not ASCII, as gRPC requires, is refused with INVALID_ARGUMENT), after the
+head passed RFC 9113 8.2-8.3 (``headers.request_problem``: else RST_STREAM
+PROTOCOL_ERROR), the sandbox's status, message, details and trailers as it sent
+them, ``grpc-timeout`` as sent (the time left instead if the gateway spent a
+millisecond or more of it; the gateway enforces the deadline too), and
+cancellation both ways (a client's RST_STREAM becomes one towards the sandbox and
+back).
 
 Why its own HTTP/2 layer (``connection``, ``stream``, ``frames``), not grpclib's
 ``Server``/``Channel`` or its protocol over ``h2``: a catch-all method is what a

@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING
 
 from grpclib.metadata import decode_timeout, encode_grpc_message
 
-from gateway.errors import BadRequest, GatewayError, UnsupportedMediaType, UpstreamError
-from gateway.grpcfront.frames import CANCEL, NO_ERROR
+from gateway.errors import BadRequest, GatewayError, Unauthorized, UnsupportedMediaType, UpstreamError, error_body
+from gateway.grpcfront.frames import CANCEL, ENHANCE_YOUR_CALM, ERROR_NAMES, INADEQUATE_SECURITY, NO_ERROR
 from gateway.grpcfront.relay import CHUNK, Truncated, relay
 from gateway.grpcfront.stream import Stream, StreamClosed
 from gateway.grpcfront.upstream import Target, grpc_target
-from gateway.limits import limit_key
+from gateway.proxy._admission import (R_AUTH, R_BOT, R_CL, R_COOKIE, R_EXPECT, R_ORG, R_REQUEST_ID, REQUEST_HEADERS,
+                                      SANDBOX_HEADER_PREFIXES, SANDBOX_ID_HEADER)
+from gateway.proxy._wire import ACCESS_COOKIE, HOST_ACCESS_COOKIE, cut_access_cookie
 
 if TYPE_CHECKING:
     from gateway.grpcfront.front import GrpcFront, _ServerSide
@@ -41,11 +43,10 @@ log = logging.getLogger("gateway.grpc")
 
 # Header names and values are bytes as HPACK decoded them: forwarded as received,
 # with no per-header decoding; only what the gateway reads itself is decoded (ASCII, else INVALID_ARGUMENT).
-IDENTITY_METADATA = (b"x-org-id", b"x-user-id", b"x-session-id", b"x-bot-id", b"authorization")
-# Not forwarded: hop-by-hop headers (invalid in HTTP/2 anyway), and grpc-timeout, which is re-sent as the
-# time left. Every x-sandbox-* key is dropped too (the gateway sets x-sandbox-id itself).
-_DROPPED = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"host",
-                      b"grpc-timeout", b"proxy-authorization"))
+# Which are read, dropped or forwarded is the admission's rules (gateway/proxy/_admission.py), the data
+# plane's too: of the names they know, these roles are forwarded (the rest are identity, credentials,
+# hop-by-hop, X-Forwarded-* or the router's X-Sandbox-* vocabulary); grpc-timeout is re-sent by the gateway.
+_FORWARDED_ROLES = frozenset((R_CL, R_REQUEST_ID, R_EXPECT, R_COOKIE))
 # Never in an HTTP/2 message (RFC 9113 8.2.2): dropped from what the sandbox answers, so that a sandbox
 # sending them cannot make the gateway send the client a malformed response.
 _CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
@@ -53,9 +54,21 @@ _CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connecti
 # A proto service and method name: also what keeps the access log and metric labels free of odd bytes.
 _METHOD_PATH = re.compile(rb"/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+").fullmatch
 _CANCELLED = 1
+_UNKNOWN = 2
 _DEADLINE_EXCEEDED = 4
+_PERMISSION_DENIED = 7
+_RESOURCE_EXHAUSTED = 8
 _INTERNAL = 13
 _UNAVAILABLE = 14
+# A sandbox's RST_STREAM as the client's gRPC status (gRPC over HTTP/2, "Errors"): CANCEL is passed on as
+# CANCEL, REFUSED_STREAM is retried or answered UNAVAILABLE (_ended_early); every other code is INTERNAL.
+_RESET_STATUS = {ENHANCE_YOUR_CALM: _RESOURCE_EXHAUSTED, INADEQUATE_SECURITY: _PERMISSION_DENIED}
+
+
+def _grpc_content_type(value: bytes | None) -> bool:
+    """application/grpc, or application/grpc+codec, or with parameters (;): not merely its prefix."""
+    return value is not None and (value == b"application/grpc" or value[16:17] in (b"+", b";")
+                                  and value.startswith(b"application/grpc"))
 
 
 class _Side:
@@ -109,14 +122,16 @@ def _allowed(name: bytes, head: bool) -> bool:
 
 def encode_timeout_ms(seconds: float) -> str:
     """A grpc-timeout value (at most 8 digits) for ``seconds``, rounded up so it never shortens to 0."""
-    millis = max(1, math.ceil(seconds * 1000))
+    # rounded to the microsecond first: a float's last bits must not turn 701 ms into 702
+    millis = max(1, math.ceil(round(seconds * 1000, 3)))
     return f"{millis}m" if millis < 100_000_000 else f"{min(99_999_999, math.ceil(seconds))}S"
 
 
 class Call:
     __slots__ = ("front", "conn", "down", "headers", "task", "up", "pump", "side",
                  "sandbox_reset", "head_sent", "done", "status", "path", "t0", "route", "deadline", "stream_key",
-                 "to_sandbox", "to_client", "org_id", "refused", "running", "identity", "request", "resent")
+                 "to_sandbox", "to_client", "org_id", "refused", "running", "identity", "request", "resent",
+                 "error", "code", "sent_at", "upstream", "timeout")
 
     def __init__(self, front: GrpcFront, conn: _ServerSide, down: Stream) -> None:
         self.front = front
@@ -135,6 +150,7 @@ class Call:
         self.t0 = time.perf_counter()
         self.route = None
         self.deadline: float | None = None
+        self.timeout: tuple[bytes, float] | None = None  # the client's grpc-timeout, and in seconds
         self.stream_key: str | None = None
         self.to_sandbox = 0
         self.to_client = 0
@@ -144,6 +160,10 @@ class Call:
         self.running = False                # run() has begun (a task cancelled before it starts never runs)
         self.request: bytes | None = None   # the whole request, when it was sent at once (kept to resend)
         self.resent = False
+        self.error: str | None = None       # why the sandbox side failed: an UpstreamError code (access log)
+        self.code: str | None = None        # the error code of an answer the gateway gave itself
+        self.sent_at = 0.0                  # perf_counter() when the head went to the sandbox
+        self.upstream: float | None = None  # from then to the sandbox's response head
         down.owner = _Side(self, "client")
 
     # -- termination reported by the streams ----------------------------------------
@@ -176,17 +196,26 @@ class Call:
             self._ended_early()
         except TimeoutError:
             self._reset_up()
+            self.code = "deadline_exceeded"
             self._answer(_DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
+        except UnsupportedMediaType as exc:
+            self.code = exc.code
+            await self._answer_http(exc)
         except GatewayError as exc:
             self._reset_up()
             self.refused = getattr(exc, "scope", None)
+            self.code = exc.code
+            if isinstance(exc, UpstreamError):
+                self.error = exc.code
             self._refuse(exc)
         except Truncated:
             self._reset_up()
+            self.error = "upstream_protocol_error"
             self._answer(_INTERNAL, "the sandbox's stream ended in the middle of a message")
         except ConnectionError as exc:
             self._reset_up()
             log.info("gRPC call %s: %s", self.path, exc)
+            self.error = "upstream_closed"
             self._answer(_UNAVAILABLE, "the connection to the sandbox failed")
         except Exception:
             log.exception("gRPC call %s failed", self.path)
@@ -206,8 +235,9 @@ class Call:
     def _admit_headers(self) -> Headers:
         """Validate the request head; take the identity metadata out; returns the headers to forward."""
         method = path = content_type = timeout = None
-        ident: dict[str, str] = {}
+        credentials: list[bytes | None] = [None, None, None, None, None]  # the order of admission's Credentials
         out: Headers = []
+        roles = REQUEST_HEADERS  # the admission's rules, by lower-case name (HTTP/2 names are: headers.py)
         for name, value in self.headers:
             if name.startswith(b":"):
                 if name == b":path":
@@ -215,61 +245,75 @@ class Call:
                 elif name == b":method":
                     method = value
                 continue
-            if name in IDENTITY_METADATA:
-                key = name.decode()
-                if key in ident:
-                    raise BadRequest(f"{key}: must be given once", code="invalid_identity")
-                if not value.isascii():
-                    raise BadRequest(f"{key}: must be ASCII", code="invalid_identity")
-                ident[key] = value.decode()
-                continue
-            if name in _DROPPED or name.startswith(b"x-sandbox-"):
+            role = roles.get(name)
+            if role is None:
+                if name.startswith(SANDBOX_HEADER_PREFIXES):
+                    continue  # the router's vocabulary: never a client's word
                 if name == b"grpc-timeout":
-                    timeout = value
+                    timeout = value  # re-sent by the gateway (_timeout_left)
+                    continue
+                if name == b"content-type":
+                    content_type = value
+            elif R_ORG <= role <= R_BOT or role == R_AUTH:  # identity and credentials: read, never forwarded
+                index = 4 if role == R_AUTH else role - R_ORG
+                if credentials[index] is not None:
+                    raise BadRequest(f"{name.decode()}: must be given once", code="invalid_identity")
+                if not value.isascii():
+                    raise BadRequest(f"{name.decode()}: must be ASCII", code="invalid_identity")
+                credentials[index] = value
                 continue
-            if name == b"content-type":
-                content_type = value
+            elif role == R_COOKIE:
+                if ACCESS_COOKIE in value or HOST_ACCESS_COOKIE in value:
+                    value = cut_access_cookie(value)[0]  # the access token stays with the gateway
+                    if not value:
+                        continue
+            elif role not in _FORWARDED_ROLES:
+                continue  # hop-by-hop, X-Forwarded-*, the router's headers: as on the HTTP data plane
             if not value.isascii():  # gRPC metadata values are ASCII (-bin ones base64): refused here, per call,
                 raise BadRequest(f"{_text(name)}: a metadata value must be ASCII (binary ones base64, in -bin keys)")
             out.append((name, value))  # rather than killing the sandbox's connection, shared by other calls
-        if method != b"POST":
-            raise BadRequest(f":method must be POST for gRPC, got {_text(method) if method else method!r}")
-        if content_type is None or not content_type.startswith(b"application/grpc"):
+        if not _grpc_content_type(content_type):  # first: whatever its method, an HTTP request gets HTTP 415
             shown = repr(_text(content_type)) if content_type is not None else None
             raise UnsupportedMediaType(f"content-type must be application/grpc[+codec], got {shown}")
+        if method != b"POST":
+            raise BadRequest(f":method must be POST for gRPC, got {_text(method) if method else method!r}")
         if path is None or len(path) > 512 or not _METHOD_PATH(path):
             raise BadRequest(f":path must be /package.Service/Method, got {_text(path[:100]) if path else path!r}")
         self.path = path.decode()
         if timeout is not None:
             try:
-                self.deadline = asyncio.get_running_loop().time() + decode_timeout(timeout.decode("ascii"))
+                if len(timeout) > 9:  # TimeoutValue is at most 8 digits
+                    raise ValueError(timeout)
+                seconds = decode_timeout(timeout.decode("ascii"))
             except (ValueError, UnicodeDecodeError):
                 raise BadRequest(f"grpc-timeout: {_text(timeout)!r} is not a gRPC timeout (such as 100m or 5S)"
                                  ) from None
-        self.identity = self.conn.identify(ident)
+            self.deadline = asyncio.get_running_loop().time() + seconds
+            self.timeout = (timeout, seconds)
+        if credentials[1] is None and credentials[4] is None:
+            raise Unauthorized("no identity: send x-user-id and x-session-id metadata (x-org-id, x-bot-id "
+                               "optional), or authorization: Bearer <token> with x-session-id")
+        self.identity = self.front.admission.identify(self.conn, tuple(credentials))  # type: ignore[arg-type]
         self.org_id = self.identity.org_id
         return out
 
     async def _forward(self, out: list[tuple[str, str]]) -> None:
         front = self.front
         identity = self.identity
-        limits = front.limits
-        if limits.active:
-            key = limit_key(identity)
-            limits.admit(key)
-            if limits.caps_streams:
-                limits.open_stream(key)
-                self.stream_key = key
+        admission = front.admission
+        if admission.limited:  # every call is a stream (it holds a slot for as long as it runs)
+            self.stream_key = admission.admit(identity, True)  # type: ignore[arg-type]
         route = self.route = await front.router.resolve(identity)
         front.router.stream_opened(route.sandbox_id)
         host, port = target = grpc_target(route, front.router.policy.pools.get(route.pool))
         connection = await front.channels.connection(target)
         authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", self.path.encode()),
-                (b":authority", authority.encode()), *out, (b"x-sandbox-id", route.sandbox_id.encode())]
+                (b":authority", authority.encode()), (b"te", b"trailers"), *out,
+                (SANDBOX_ID_HEADER, route.sandbox_id.encode())]
         if self.deadline is not None:
-            timeout = encode_timeout_ms(self.deadline - asyncio.get_running_loop().time())
-            head.append((b"grpc-timeout", timeout.encode()))
+            head.append((b"grpc-timeout", self._timeout_left()))
+        self.sent_at = time.perf_counter()
         up = self.up = connection.open_stream(head, _Side(self, "sandbox"))
         if self._request_fits(up):
             self.request = self.down.buffer.peek()  # kept until the sandbox answers: see _response_head
@@ -277,6 +321,7 @@ class Call:
         else:
             self.pump = asyncio.create_task(self._send_request(up))
         response = await self._response_head(target, head)
+        self.upstream = time.perf_counter() - self.sent_at
         up = self.up
         status = status_of(response)
         if status is not None:  # trailers-only: the whole answer is this one HEADERS frame
@@ -295,6 +340,15 @@ class Call:
             raise UpstreamError("the sandbox ended its response without a gRPC status", sandbox_id=route.sandbox_id)
         self.down.send_headers(forwardable(trailers, head=False), end_stream=True)
         self._settled(status_of(trailers) or 0)
+
+    def _timeout_left(self) -> bytes:
+        """grpc-timeout for the sandbox: the client's own value while the gateway has spent under a
+        millisecond of it (as is usual: passed on exactly, not re-rounded), else the time left."""
+        value, seconds = self.timeout  # type: ignore[misc]
+        left = self.deadline - asyncio.get_running_loop().time()  # type: ignore[operator]
+        if seconds - left < 0.001:
+            return value
+        return encode_timeout_ms(left).encode()
 
     async def _response_head(self, target: Target, head: Headers) -> Headers:
         """The sandbox's response head. A request it ended unprocessed (REFUSED_STREAM, or a GOAWAY below
@@ -361,11 +415,19 @@ class Call:
         elif side == "sandbox" and self.up is not None and self.up.refused:
             self._answer(_UNAVAILABLE, "the sandbox refused the call unprocessed (restarting or overloaded); retry")
         elif side == "sandbox" and self.sandbox_reset:
-            self.status = _CANCELLED
-            self.done = True
-            if self.down.closable:
-                self.down.reset(CANCEL)
+            code = self.up.reset_code if self.up is not None else None
+            self.error = "upstream_reset"
+            if code == CANCEL:  # the sandbox cancelled the call: so does the client
+                self.status = _CANCELLED
+                self.done = True
+                if self.down.closable:
+                    self.down.reset(CANCEL)
+                return
+            name = ERROR_NAMES.get(code, hex(code)) if code is not None else "?"
+            status = _RESET_STATUS.get(code, _INTERNAL) if code is not None else _INTERNAL
+            self._answer(status, f"the sandbox reset the call ({name})")
         elif side == "sandbox":
+            self.error = "upstream_closed"
             self._answer(_UNAVAILABLE, "the connection to the sandbox was lost")
         else:
             self._reset_up()
@@ -377,8 +439,35 @@ class Call:
             seconds = max(1, round(exc.retry_after))
             extra = [("retry-after", str(seconds)), ("grpc-retry-pushback-ms", str(seconds * 1000))]
         if exc.sandbox_id:
-            extra.append(("x-sandbox-id", exc.sandbox_id))
+            extra.append((SANDBOX_ID_HEADER.decode(), exc.sandbox_id))
         self._answer(int(exc.grpc_status.value), f"{exc.code}: {exc.message}", extra)
+
+    async def _answer_http(self, exc: GatewayError) -> None:
+        """Not a gRPC request: answered in plain HTTP (415 for a content-type that is not gRPC's, as gRPC over
+        HTTP/2 says), so that an HTTP client does not take a 200 for success; the body is the JSON error."""
+        self.status = _UNKNOWN  # what a gRPC client makes of an HTTP status it has no mapping for
+        down = self.down
+        try:
+            # The request is read to its end first (dropped; within a second and 1 MiB): a malformation
+            # further on (a content-length its DATA does not match) is then still answered as one.
+            async with asyncio.timeout(1.0):
+                taken = 0
+                while taken < 1 << 20 and (data := await down.buffer.take()):
+                    taken += len(data)
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:  # the client reset the stream (or broke it) meanwhile: nothing to answer
+            self.task.uncancel()  # type: ignore[union-attr]
+            self.status = _CANCELLED
+            return
+        if self.done or not down.closable:
+            return
+        self.done = True
+        down.send_headers([(":status", str(exc.status)), ("content-type", "application/json")], end_stream=False)
+        try:
+            await down.send_data(error_body(exc), end_stream=True)
+        except ConnectionError:
+            pass  # reset meanwhile
 
     def _answer(self, status: int, message: str, extra: list[tuple[str, str]] | None = None) -> None:
         """The call's final status from the gateway itself: trailers, or a trailers-only response."""
@@ -411,7 +500,7 @@ class Call:
         self.down.release()
         front = self.front
         if self.stream_key is not None:
-            front.limits.close_stream(self.stream_key)
+            front.admission.stream_closed(self.stream_key)
         if self.route is not None:
             front.router.stream_closed(self.route.sandbox_id)
         front.finished(self)

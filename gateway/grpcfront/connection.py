@@ -51,6 +51,7 @@ from typing import Any, Protocol
 
 from hpack.exceptions import HPACKError, OversizedHeaderListError
 
+from gateway.errors import BadRequest, error_body
 from gateway.grpcfront import frames as f
 from gateway.grpcfront.frames import ConnectionFailure, StreamFailure
 from gateway.grpcfront.headers import HeaderCodec
@@ -79,6 +80,9 @@ class ConnectionHandler(Protocol):
 
     def connection_failed(self, code: int) -> None:
         """The peer broke the protocol: the connection ends with GOAWAY ``code`` (counted, by the front)."""
+
+    def malformed(self, problem: str) -> None:
+        """Server side: a request head was malformed (RFC 9113 8.1.1); its stream is reset PROTOCOL_ERROR."""
 
 
 class Connection:
@@ -122,12 +126,17 @@ class Connection:
         self._block_stream = 0
         self._block_size = 0
         self._block_end = False
+        self._self_dependent = False        # the header block's HEADERS named its own stream as its parent
         self._hpack = HeaderCodec(max_header_list_size=MAX_HEADER_BLOCK)
         self.keeper: Keeper | NoKeeper = NO_KEEPER  # server side: the front's deadlines (keeper.py)
 
     # -- asyncio protocol --------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
+        tls = transport.get_extra_info("ssl_object")
+        if tls is not None and not self.client_side and tls.selected_alpn_protocol() != "h2":
+            self._refuse_without_h2(transport)
+            return
         settings = {f.INITIAL_WINDOW_SIZE: STREAM_WINDOW, f.MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK}
         if self.client_side:
             settings[f.ENABLE_PUSH] = 0
@@ -139,7 +148,21 @@ class Connection:
         self.write(f.window_update(0, self._window - f.DEFAULT_WINDOW))
         self.handler.connection_made(self)
 
+    def _refuse_without_h2(self, transport: Any) -> None:
+        """A TLS client that did not negotiate h2 (ALPN offered only http/1.1, or nothing): Python's ssl cannot
+        fail the handshake with no_application_protocol, so it gets what an HTTP/1.1 client reads, a 505 with
+        the JSON error, and the close (RFC 9113 3.2: HTTP/2 over TLS is negotiated with ALPN h2)."""
+        self.closed = True
+        body = error_body(BadRequest("this is the gRPC front: HTTP/2 over TLS, negotiated with ALPN h2 (the client "
+                                     "offered no h2); HTTP/1.1 goes to the data plane", code="http2_required"))
+        transport.write(b"HTTP/1.1 505 HTTP Version Not Supported\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        transport.close()
+        self.handler.connection_failed(f.HTTP_1_1_REQUIRED)
+
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
         inbox = self._inbox
         inbox += data
         try:
@@ -397,11 +420,20 @@ class Connection:
         elif kind == f.GOAWAY:
             self._goaway(stream_id, payload)
         elif kind == f.PRIORITY:
-            if len(payload) != 5:
-                raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a PRIORITY frame must be 5 bytes")
+            self._priority(stream_id, payload)
         elif kind == f.PUSH_PROMISE:
             raise ConnectionFailure(f.PROTOCOL_ERROR, "PUSH_PROMISE is not allowed (push is disabled)")
         # other frame types are extensions: ignored (RFC 9113 5.5)
+
+    def _priority(self, stream_id: int, payload: bytes) -> None:
+        """PRIORITY is otherwise ignored (RFC 9113 5.3.2), but its rules hold: never on stream 0, 5 bytes,
+        and a stream never depends on itself (a stream error: it may name an idle stream, 5.1)."""
+        if stream_id == 0:
+            raise ConnectionFailure(f.PROTOCOL_ERROR, "PRIORITY on stream 0")
+        if len(payload) != 5:
+            raise StreamFailure(stream_id, f.FRAME_SIZE_ERROR, "a PRIORITY frame must be 5 bytes")
+        if f.u32(payload) & f.STREAM_ID_MASK == stream_id:
+            raise StreamFailure(stream_id, f.PROTOCOL_ERROR, "a stream cannot depend on itself")
 
     def _idle(self, stream_id: int) -> bool:
         """Never opened: by us (client side) or by the peer (server side)."""
@@ -420,9 +452,10 @@ class Connection:
         if stream is None or stream.remote_closed:
             if self._idle(stream_id):
                 raise ConnectionFailure(f.PROTOCOL_ERROR, f"DATA on stream {stream_id}, which was never opened")
-            # a stream that ended meanwhile: the bytes are dropped (the connection's window reopens at once)
+            # A stream we reset: what the peer sent before it knew is dropped (the connection's window reopens at
+            # once). One the peer ended (END_STREAM, RST_STREAM) takes no more DATA (RFC 9113 5.1).
             self._credit(size)
-            if stream is not None:
+            if stream is not None or stream_id not in self._reset_ids:
                 raise StreamFailure(stream_id, f.STREAM_CLOSED, "DATA after the end of the stream")
             return
         stream.recv_window -= size
@@ -431,6 +464,8 @@ class Connection:
             raise StreamFailure(stream_id, f.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
         self._hold(stream_id, size)
         data = f.unpad(flags, payload, stream_id)
+        if stream.expected is not None:
+            stream.counted(len(data), bool(flags & f.END_STREAM))
         stream.buffer.add(data, size)
         if flags & f.END_STREAM:
             stream.received_end()
@@ -439,9 +474,11 @@ class Connection:
         if stream_id == 0:
             raise ConnectionFailure(f.PROTOCOL_ERROR, "HEADERS on stream 0")
         block = f.unpad(flags, payload, stream_id)
+        self._self_dependent = False
         if flags & f.PRIORITY_FLAG:
             if len(block) < 5:
                 raise ConnectionFailure(f.FRAME_SIZE_ERROR, "HEADERS too short for its priority fields")
+            self._self_dependent = f.u32(block) & f.STREAM_ID_MASK == stream_id
             block = block[5:]
         if flags & f.END_HEADERS:
             self._header_block(stream_id, bool(flags & f.END_STREAM), block)
@@ -470,6 +507,8 @@ class Connection:
             raise ConnectionFailure(f.COMPRESSION_ERROR, f"the header block is not valid HPACK: {exc}") from None
         stream = self.streams.get(stream_id)
         if stream is not None:
+            if self._self_dependent:
+                raise StreamFailure(stream_id, f.PROTOCOL_ERROR, "a stream cannot depend on itself")
             stream.received_headers(headers, end_stream)
         elif self.client_side or stream_id <= self._last_peer_id or stream_id % 2 == 0:
             if self._idle(stream_id) or stream_id not in self._reset_ids:
@@ -477,15 +516,25 @@ class Connection:
                                                           "(client streams are odd and increasing)")
             # a stream we reset: what the peer sent before it knew is dropped (RFC 9113 5.1, closed)
         else:
-            self._accept(stream_id, headers, end_stream)
+            self._accept(stream_id, headers, end_stream, block)
 
-    def _accept(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
+    def _accept(self, stream_id: int, headers: Headers, end_stream: bool, block: bytes) -> None:
         self._last_peer_id = stream_id
+        problem, length = self._hpack.check_request(block, headers)
+        if problem is None and self._self_dependent:
+            problem = "a stream cannot depend on itself"
+        elif problem is None and end_stream and length:
+            problem = f"content-length {length}, and no DATA"
+        if problem is not None:  # malformed (RFC 9113 8.1.1): no call begins, nothing reaches the sandbox
+            self.handler.malformed(problem)
+            self.reset_sent(stream_id, f.PROTOCOL_ERROR)
+            return
         if self.closed or self.draining or len(self.streams) >= MAX_STREAMS:
             self.reset_sent(stream_id, f.REFUSED_STREAM)
             return
         stream = Stream(self, stream_id)
         stream.headers = headers
+        stream.expected = length
         self.streams[stream_id] = stream
         if end_stream:
             stream.received_end()
@@ -538,7 +587,8 @@ class Connection:
             raise ConnectionFailure(f.PROTOCOL_ERROR, f"RST_STREAM on stream {stream_id}, never opened")
         stream = self.streams.get(stream_id)
         if stream is not None:
-            stream.refused = f.u32(payload) == f.REFUSED_STREAM  # not processed (RFC 9113 8.7)
+            stream.reset_code = code = f.u32(payload)
+            stream.refused = code == f.REFUSED_STREAM  # not processed (RFC 9113 8.7)
             stream.ended_early(reset_by_peer=True)
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -591,6 +641,10 @@ class Connection:
         if len(payload) < 8:
             raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a GOAWAY frame must be at least 8 bytes")
         self.goaway_received = True
+        if not self.client_side:
+            # A client's last_stream_id names the last stream *we* opened (none: no push), not its own:
+            # its open calls complete, and it opens no more (RFC 9113 6.8).
+            return
         last = f.u32(payload) & f.STREAM_ID_MASK
         for stream in [s for s in self.streams.values() if s.id > last]:
             stream.refused = True  # never processed (RFC 9113 6.8): safe to send again elsewhere

@@ -14,10 +14,9 @@ import time
 from typing import Any
 
 from gateway.auth import Authenticator, TrustedHeaders
-from gateway.errors import Unauthorized
+from gateway.gate import ConnectionGate
 from gateway.grpcfront.call import Call
 from gateway.grpcfront.connection import Connection
-from gateway.gate import ConnectionGate
 from gateway.grpcfront.frames import ENHANCE_YOUR_CALM, ERROR_NAMES
 from gateway.grpcfront.keeper import Keeper, Timing
 from gateway.grpcfront.metrics import GrpcMetrics
@@ -25,6 +24,7 @@ from gateway.grpcfront.stream import Stream
 from gateway.grpcfront.upstream import UpstreamChannels
 from gateway.limits import OrgLimits
 from gateway.proxy import RequestLog
+from gateway.proxy._admission import Admission, Credentials
 from gateway.sessions import SessionRouter
 from gateway.settings import Settings
 from routing import Identity
@@ -37,13 +37,16 @@ def call_log(call: Call, request_id: str) -> RequestLog:
     route = call.route
     return RequestLog(
         "POST", route.pool if route is not None else None, route.sandbox_id if route is not None else None,
-        call.status, time.perf_counter() - call.t0, call.to_sandbox, call.to_client, "grpc", request_id, None,
-        org_id=call.org_id, target=call.path,  # passed Call's check (two slashes, no space); the log escapes it
-        session_id=call.identity.session_id if call.identity is not None else None)
+        call.status, time.perf_counter() - call.t0, call.to_sandbox, call.to_client, "grpc", request_id, call.error,
+        org_id=call.org_id, refused=call.refused,
+        target=call.path,  # passed Call's check (two slashes, no space); the log escapes it
+        session_id=call.identity.session_id if call.identity is not None else None, upstream=call.upstream,
+        code=call.code)
 
 
 class _ServerSide:
-    """One client connection's handler: starts a Call per stream; remembers the last identity it checked.
+    """One client connection's handler: starts a Call per stream; the admission's identity memo (the last
+    credentials it checked, as a keep-alive HTTP/1.1 connection's).
 
     Each call keeps its own identity (``Call.identity``): calls on one connection may carry different ones.
     """
@@ -51,8 +54,8 @@ class _ServerSide:
     def __init__(self, front: GrpcFront) -> None:
         self.front = front
         self.client: str | None = None  # the address the front's gate counted this connection under
-        self.ident_key: tuple[str | None, ...] | None = None
-        self.identity: Identity = None  # type: ignore[assignment]  # set by identify() before it is read
+        self.ident_key: Credentials | None = None
+        self.ident: Identity | None = None
 
     def connection_made(self, connection: Connection) -> None:
         front = self.front
@@ -78,19 +81,10 @@ class _ServerSide:
     def connection_failed(self, code: int) -> None:
         self.front.connection_failed("client", code)
 
-    def identify(self, metadata: dict[str, str]) -> Identity:
-        """The caller's identity; the last one is reused while the metadata is the same (trusted metadata only)."""
-        key = (metadata.get("x-org-id"), metadata.get("x-user-id"), metadata.get("x-session-id"),
-               metadata.get("x-bot-id"), metadata.get("authorization"))
-        authenticator = self.front.authenticator
-        if key == self.ident_key and authenticator.memoizable:
-            return self.identity
-        if key[1] is None and key[4] is None:
-            raise Unauthorized("no identity: send x-user-id and x-session-id metadata (x-org-id, x-bot-id "
-                               "optional), or authorization: Bearer <token> with x-session-id")
-        identity = authenticator.identify(*key)
-        self.ident_key, self.identity = key, identity
-        return identity
+    def malformed(self, problem: str) -> None:
+        log.debug("a malformed request head, reset PROTOCOL_ERROR: %s", problem)
+        if self.front.metrics is not None:
+            self.front.metrics.malformed_requests.inc()
 
 
 class GrpcFront:
@@ -98,11 +92,17 @@ class GrpcFront:
 
     def __init__(self, router: SessionRouter, settings: Settings, *, authenticator: Authenticator = TrustedHeaders(),
                  limits: OrgLimits | None = None, metrics: GrpcMetrics | None = None, access: Any = None,
-                 gate: ConnectionGate | None = None) -> None:
+                 admission: Admission | None = None, gate: ConnectionGate | None = None) -> None:
         self.router = router
         self.settings = settings
-        self.authenticator = authenticator
-        self.limits = limits if limits is not None else OrgLimits.from_settings(settings)
+        # Who, may they: the data plane's own admission (app.py), so identity, credentials, org limits and
+        # header hygiene are one set of rules for HTTP and gRPC; its own only where none is given.
+        if admission is None:
+            limits = limits if limits is not None else OrgLimits.from_settings(settings)
+            admission = Admission(authenticator, limits, router.cached_route)
+        self.admission = admission
+        self.authenticator = admission.authenticator
+        self.limits = admission.limits
         self.metrics = metrics
         self.access = access  # a gateway.logs.AccessLog, or None
         self.timing = Timing.from_settings(settings)

@@ -34,12 +34,13 @@ def _indexed_only(block: bytes) -> bool:
 class HeaderCodec:
     """One connection's HPACK decoder and encoder, with their repeated blocks remembered."""
 
-    __slots__ = ("_decoder", "_encoder", "_decoded", "_encoded")
+    __slots__ = ("_decoder", "_encoder", "_decoded", "_encoded", "_checked")
 
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = Decoder(max_header_list_size=max_header_list_size)
         self._encoder = Encoder()
         self._decoded: dict[bytes, Headers] = {}
+        self._checked: dict[bytes, tuple[str | None, int | None]] = {}  # request_problem of a remembered block
         self._encoded: dict[tuple[tuple[bytes | str, bytes | str], ...], bytes] = {}
 
     def decode(self, block: bytes) -> Headers:
@@ -51,10 +52,22 @@ class HeaderCodec:
         if _indexed_only(block):
             if len(self._decoded) >= _REMEMBERED:
                 self._decoded.clear()
+                self._checked.clear()
             self._decoded[block] = headers
             return list(headers)
         self._decoded.clear()
+        self._checked.clear()
         return headers
+
+    def check_request(self, block: bytes, headers: Headers) -> tuple[str | None, int | None]:
+        """:func:`request_problem` of ``headers``, just decoded from ``block``: remembered with the block's
+        decoding (the same block is then the same head), so a repeated request head is checked once."""
+        result = self._checked.get(block)
+        if result is None:
+            result = request_problem(headers)
+            if block in self._decoded:
+                self._checked[block] = result
+        return result
 
     def encode(self, headers: Headers | list[tuple[str, str]]) -> bytes:
         key = tuple(headers)
@@ -74,3 +87,85 @@ class HeaderCodec:
         """The peer's SETTINGS_HEADER_TABLE_SIZE: our encoder may use up to that (it sends the update)."""
         self._encoded.clear()
         self._encoder.header_table_size = size
+
+
+# -- what a request head may be (RFC 9113 8.2-8.3) ----------------------------------------------------------
+# A field name is lower-case visible ASCII (8.2.1: no 0x00-0x20, no 0x41-0x5A, no 0x7F-0xFF) and not empty;
+# a colon only as a pseudo-header's first byte. A value has no NUL, CR or LF and no whitespace at either end.
+_NAME_BYTES = bytes(b for b in range(0x21, 0x7F) if not 0x41 <= b <= 0x5A and b != 0x3A)
+_VALUE_FORBIDDEN = b"\x00\r\n"
+_REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+_REQUIRED_PSEUDO = frozenset((b":method", b":scheme", b":path"))
+# Connection-specific fields make an HTTP/2 message malformed (8.2.2); TE is allowed as "trailers" only.
+CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
+                                 b"upgrade"))
+
+
+def _name_problem(name: bytes) -> str | None:
+    if not name or name.translate(None, _NAME_BYTES):
+        shown = name.decode("ascii", "backslashreplace")[:60]
+        if name != name.lower():
+            return f"the field name {shown!r} has upper-case letters (HTTP/2 names are lower-case)"
+        return f"the field name {shown!r} is empty or has bytes a field name may not have"
+    return None
+
+
+def _value_problem(name: bytes, value: bytes) -> str | None:
+    if value and (value[:1] in b" \t" or value[-1:] in b" \t" or value != value.translate(None, _VALUE_FORBIDDEN)):
+        return f"the value of {name.decode('ascii', 'backslashreplace')[:60]} has NUL, CR, LF or outer whitespace"
+    return None
+
+
+def request_problem(headers: Headers) -> tuple[str | None, int | None]:
+    """What makes ``headers`` a malformed request head (RFC 9113 8.2-8.3), or None; and its content-length.
+
+    A malformed request is a stream error PROTOCOL_ERROR (8.1.1), refused before a call begins: so no
+    field a client spells another way (``Authorization`` in capitals, a second ``:path``) reaches the
+    admission rules or the sandbox, which compare exact lower-case names.
+    """
+    seen: set[bytes] = set()
+    regular = False
+    length: int | None = None
+    for name, value in headers:
+        if name[:1] == b":":
+            if regular:
+                return f"the pseudo-header {name[:20]!r} comes after a regular field", None
+            if name not in _REQUEST_PSEUDO:
+                return f"{name[:20]!r} is not a request pseudo-header", None
+            if name in seen:
+                return f"the pseudo-header {name.decode()} is given twice", None
+            seen.add(name)
+            if not value and name == b":path":
+                return "the :path pseudo-header is empty", None
+        else:
+            regular = True
+            problem = _name_problem(name)
+            if problem is not None:
+                return problem, None
+            if name in CONNECTION_SPECIFIC:
+                return f"the connection-specific field {name.decode()} is not allowed in HTTP/2", None
+            if name == b"te" and value != b"trailers":
+                return "te may only be trailers in HTTP/2", None
+            if name == b"content-length":
+                if length is not None or not value.isdigit():
+                    return "content-length must be one number", None
+                length = int(value)
+        problem = _value_problem(name, value)
+        if problem is not None:
+            return problem, None
+    if not _REQUIRED_PSEUDO <= seen:
+        return "a request needs :method, :scheme and :path", None
+    return None, length
+
+
+def trailers_problem(headers: Headers) -> str | None:
+    """What makes ``headers`` malformed as a request's trailers: pseudo-headers (8.1), bad names or values."""
+    for name, value in headers:
+        if name[:1] == b":":
+            return f"the pseudo-header {name[:20]!r} in trailers"
+        problem = _name_problem(name) or _value_problem(name, value)
+        if problem is not None:
+            return problem
+        if name in CONNECTION_SPECIFIC:
+            return f"the connection-specific field {name.decode()} is not allowed in HTTP/2"
+    return None

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from gateway.grpcfront import frames as f
 from gateway.grpcfront.frames import StreamFailure
+from gateway.grpcfront.headers import trailers_problem
 from gateway.grpcfront.relay import RelayBuffer
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class Stream:
 
     __slots__ = ("conn", "id", "headers", "trailers", "buffer", "send_window", "recv_window", "_unacked",
                  "local_closed", "remote_closed", "gone", "refused", "owner", "_head_waiter", "_window_waiter",
-                 "released")
+                 "released", "expected", "reset_code")
 
     def __init__(self, conn: Connection, stream_id: int) -> None:
         self.conn = conn
@@ -53,6 +54,8 @@ class Stream:
         self._head_waiter: asyncio.Future[None] | None = None
         self._window_waiter: asyncio.Future[None] | None = None
         self.released = False
+        self.expected: int | None = None  # server side: what content-length says is still to come, if it was sent
+        self.reset_code: int | None = None  # the peer's RST_STREAM error code, if it reset the stream
 
     @property
     def closable(self) -> bool:
@@ -135,11 +138,24 @@ class Stream:
             self.headers = headers
             self._wake_head()
         elif end_stream:
+            if not self.conn.client_side:
+                problem = trailers_problem(headers)
+                if problem is not None:
+                    raise StreamFailure(self.id, f.PROTOCOL_ERROR, f"malformed trailers: {problem}")
+                if self.expected:
+                    raise StreamFailure(self.id, f.PROTOCOL_ERROR, f"{self.expected} bytes short of content-length")
             self.trailers = headers
         else:
             raise StreamFailure(self.id, f.PROTOCOL_ERROR, "trailers must end the stream")
         if end_stream:
             self.received_end()
+
+    def counted(self, size: int, end_stream: bool) -> None:
+        """``size`` bytes of DATA came on a stream whose head gave content-length: malformed if they do not
+        add up to it (RFC 9113 8.1.1)."""
+        left = self.expected = self.expected - size  # type: ignore[operator]
+        if left < 0 or (end_stream and left):
+            raise StreamFailure(self.id, f.PROTOCOL_ERROR, "the DATA does not add up to content-length")
 
     def received_end(self) -> None:
         self.remote_closed = True

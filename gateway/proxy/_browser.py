@@ -149,6 +149,19 @@ def sandbox_cookie(value: bytes, prefix: bytes | None) -> bytes | None:
     return b"; ".join(kept)
 
 
+_CACHE_CONTROL = re.compile(rb"\r\ncache-control:([^\r]*)")  # on the lower-cased head
+
+
+def private_to_caches(head: bytes, low: bytes) -> bytes:
+    """A response to a request a preview credential opened, marked ``Cache-Control: private`` unless the
+    sandbox said ``private`` or ``no-store``: a shared cache (a CDN before the preview domain) must not
+    keep it for whoever asks next without a token. (Added beside a ``public``, it wins: RFC 9111 5.2.2.7.)"""
+    for value in _CACHE_CONTROL.findall(low):
+        if b"private" in value or b"no-store" in value:
+            return head
+    return head + b"\r\nCache-Control: private"
+
+
 def referer_without_token(headers: list[bytes]) -> list[bytes]:
     """``headers`` with ``access_token`` cut from a ``Referer``'s query (path mode: every sandbox is one
     origin, so a browser sends a page's whole URL, token included, to the other sandboxes it links to)."""
@@ -169,7 +182,7 @@ class CookieNames:
     MAX_NAME = 4096  # a browser's limit for a whole cookie
     MAX_LINES = 4000  # Set-Cookie lines in one answer; names past it are expired by the next one
     MAX_HEAD = 1024 * 1024  # read no more than this of a refused head looking for names
-    _MAX_CARRY = 8192
+    _MAX_CARRY = 256
 
     def __init__(self) -> None:
         self.names: dict[bytes, None] = {}
@@ -189,13 +202,21 @@ class CookieNames:
             self._line(text[start:end])
             start = end + 2
         rest = text[start:]
+        cr = rest.endswith(b"\r")  # a line end split between reads: the CR is kept whatever is cut
+        if cr:
+            rest = rest[:-1]
         if rest[:7].lower() == b"cookie:":
-            # A long Cookie line arrives in pieces: take the names of the pairs that are whole.
+            # A long Cookie line arrives in pieces: take the names of the pairs that are whole, and of the
+            # pair under way keep its name alone (its value may be kilobytes, trickled a byte a read).
             cut = rest.rfind(b";")
             if cut > 7:
                 self._line(rest[:cut])
                 rest = b"Cookie:" + rest[cut + 1:]
-        self._carry = rest[:self._MAX_CARRY]  # a header's name is at its start
+            name, eq, _ = rest[7:].partition(b"=")
+            rest = (b"Cookie:" + name + eq)[:self.MAX_NAME + 8]
+        else:
+            rest = rest[:self._MAX_CARRY]  # a header's name (and a short value) is at its start
+        self._carry = rest + b"\r" if cr else rest
         return self._read >= self.MAX_HEAD
 
     def _line(self, line: bytes) -> None:
@@ -258,5 +279,5 @@ def _parents(domain: str | None) -> list[bytes]:
     return [b".".join(labels[i:]) for i in range(0, max(1, len(labels) - 1))]
 
 
-__all__ = ["HOST_COOKIE_NAME", "PATH_MODE_HEADERS", "CookieNames", "browser_document", "cross_site_refusal",
+__all__ = ["HOST_COOKIE_NAME", "PATH_MODE_HEADERS", "CookieNames", "browser_document", "cross_site_refusal", "private_to_caches",
            "referer_without_token", "sandbox_cookie"]

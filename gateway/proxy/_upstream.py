@@ -22,7 +22,7 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from gateway.errors import UpstreamError
 from gateway.proxy import _wire as w
-from gateway.proxy._browser import PATH_MODE_HEADERS
+from gateway.proxy._browser import PATH_MODE_HEADERS, private_to_caches
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -368,6 +368,7 @@ class UpstreamConnection:
             head = b"HTTP/1.1" + head[8:]
         keyed = ex.keyed
         if keyed is not None:
+            head = private_to_caches(head, low)
             if keyed.prefix is not None:
                 if b"\r\nlocation:" in low or b"\r\nset-cookie:" in low:
                     head = w.rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))

@@ -15,97 +15,20 @@ from http import HTTPStatus
 
 from gateway.access import COOKIE_NAME
 from gateway.errors import BadRequest, GatewayError, error_body, render, wants_html
+from gateway.proxy._admission import (  # noqa: F401  # the rules, as _request.py reads them (w.R_ORG...)
+    IDENTITY_HEADER_NAMES, R_AUTH, R_BOT, R_CL, R_CONNECTION, R_COOKIE, R_DROP, R_EXPECT, R_HOST, R_ORG, R_PASS,
+    R_REQUEST_ID, R_SANDBOX_ID, R_SANDBOX_NS, R_SANDBOX_PORT, R_SESSION, R_TE, R_TIMEOUT, R_UPGRADE, R_USER, R_XFF,
+    REQUEST_HEADERS, REQUEST_HEADERS_EXACT, SANDBOX_HEADER_PREFIXES)
 from gateway.proxy._browser import sandbox_cookie
 
 # -- request headers ----------------------------------------------------------
-# Lower-cased names with a meaning to the proxy; every other header passes through.
-R_DROP = 1          # never forwarded
-R_ORG = 2
-R_USER = 3
-R_SESSION = 4
-R_BOT = 5
-R_HOST = 6          # becomes X-Forwarded-Host; the upstream gets its own Host
-R_CONNECTION = 7    # hop-by-hop, and names more hop-by-hop headers
-R_TE = 8            # Transfer-Encoding: the body is re-framed
-R_UPGRADE = 9       # kept for a WebSocket upgrade only
-R_XFF = 10          # dropped, or appended to when settings.trust_forwarded_for
-R_REQUEST_ID = 11   # taken when it is a sane token
-R_EXPECT = 12       # 100-continue is answered by the gateway itself
-R_CL = 13           # Content-Length: forwarded, and tells us a body follows
-R_AUTH = 14         # Authorization: read by the authenticator, never forwarded
-R_SANDBOX_ID = 15   # the agent-sandbox router's headers (gateway/compat.py), never forwarded;
-R_SANDBOX_NS = 16   # ... their order matches Exchange.compat
-R_SANDBOX_PORT = 17
-R_TIMEOUT = 18      # X-Sandbox-Timeout: the client's limit on the time to the response head, never forwarded
-R_COOKIE = 19       # Cookie: forwarded without the access-token cookie (gateway/proxy/_keys.py)
-
-REQUEST_HEADERS: dict[bytes, int] = {
-    b"x-org-id": R_ORG,
-    b"x-user-id": R_USER,
-    b"x-session-id": R_SESSION,
-    b"x-bot-id": R_BOT,
-    b"host": R_HOST,
-    b"connection": R_CONNECTION,
-    b"transfer-encoding": R_TE,
-    b"upgrade": R_UPGRADE,
-    b"x-forwarded-for": R_XFF,
-    b"x-request-id": R_REQUEST_ID,
-    b"expect": R_EXPECT,
-    b"content-length": R_CL,
-    b"authorization": R_AUTH,
-    b"proxy-authorization": R_DROP,
-    b"keep-alive": R_DROP,
-    b"te": R_DROP,
-    b"trailer": R_DROP,
-    b"proxy-connection": R_DROP,
-    # Set by the gateway; a caller must not be able to forge them.
-    b"x-forwarded-proto": R_DROP,
-    b"x-forwarded-host": R_DROP,
-    b"forwarded": R_DROP,
-    b"x-sandbox-id": R_SANDBOX_ID,
-    b"x-sandbox-namespace": R_SANDBOX_NS,
-    b"x-sandbox-port": R_SANDBOX_PORT,
-    b"x-sandbox-timeout": R_TIMEOUT,
-    b"x-forwarded-prefix": R_DROP,  # set by the gateway in path mode
-    b"cookie": R_COOKIE,
-}
-# Every other X-Sandbox-* header a client sends is dropped too (X-Sandbox-Pod-IP, ...): it is the
-# router's vocabulary, and a sandbox must never take a client's word for one (on_header's fallback).
-SANDBOX_HEADER_PREFIXES = (b"x-sandbox-", b"x_sandbox_")
-
-R_PASS = 0          # forwarded as is
-
-# The same table keyed by the spellings clients actually send, so the common case
-# costs one dict lookup and no lower(); anything else falls back to REQUEST_HEADERS.
-REQUEST_HEADERS_EXACT: dict[bytes, int] = {name: code for name, code in REQUEST_HEADERS.items()}
-REQUEST_HEADERS_EXACT.update({b"-".join(part.capitalize() for part in name.split(b"-")): code
-                              for name, code in REQUEST_HEADERS.items()})
-REQUEST_HEADERS_EXACT.update({
-    b"X-Org-Id": R_ORG, b"X-User-Id": R_USER, b"X-Session-Id": R_SESSION, b"X-Bot-Id": R_BOT,
-    b"X-Org-ID": R_ORG, b"X-User-ID": R_USER, b"X-Session-ID": R_SESSION, b"X-Bot-ID": R_BOT,
-    b"X-Request-ID": R_REQUEST_ID, b"TE": R_DROP, b"WWW-Authenticate": R_PASS,
-})
-# Underscore spellings of the names above that carry identity or trust (X_Org_Id, X_Sandbox_Id,
-# X_Forwarded_For, ...): never forwarded, as nginx drops every such header by default
-# (underscores_in_headers off). An upstream that maps "_" to "-" (CGI and WSGI servers make both
-# HTTP_X_ORG_ID) would otherwise read them as the real ones. Only in the lower-cased table: the
-# exact-spelling lookup misses, so they cost nothing on the common path.
-REQUEST_HEADERS.update({name.replace(b"-", b"_"): R_DROP for name in (
-    b"x-org-id", b"x-user-id", b"x-session-id", b"x-bot-id", b"x-sandbox-id", b"x-sandbox-namespace",
-    b"x-sandbox-port", b"x-sandbox-timeout", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host",
-    b"x-forwarded-prefix")})
-
-for _name in (b"Accept", b"Accept-Encoding", b"Accept-Language", b"User-Agent", b"Content-Type",
-              b"Cache-Control", b"Pragma", b"Origin", b"Referer", b"If-None-Match", b"If-Modified-Since", b"Range",
-              b"Sec-WebSocket-Key", b"Sec-WebSocket-Version", b"Sec-WebSocket-Extensions",
-              b"Sec-WebSocket-Protocol", b"Accept-Charset", b"Last-Event-ID", b"Traceparent"):
-    REQUEST_HEADERS_EXACT[_name] = R_PASS
-    REQUEST_HEADERS_EXACT[_name.lower()] = R_PASS
+# What each request header means (identity, credentials, the router's X-Sandbox-* vocabulary, hop-by-hop) is
+# the admission's rules (gateway/proxy/_admission.py, imported above), the one place every front door takes
+# them from; gateway/proxy/_request.py reads them here as w.REQUEST_HEADERS_EXACT, w.R_ORG, ...
 
 ACCESS_COOKIE = COOKIE_NAME.encode() + b"="  # the access-token cookie, cut out of Cookie (never forwarded)
 HOST_ACCESS_COOKIE = b"__Host-" + ACCESS_COOKIE  # its name where the scheme is https (host mode)
 
-IDENTITY_HEADER_NAMES = {R_ORG: "X-Org-Id", R_USER: "X-User-Id", R_SESSION: "X-Session-Id", R_BOT: "X-Bot-Id"}
 
 # -- response headers ---------------------------------------------------------
 # Response heads are rewritten as a whole (llhttp has validated them: CRLF line
