@@ -166,8 +166,9 @@ class Settings(BaseSettings):
     # while the data dir's filesystem has less free than local_min_free_bytes.
     local_max_sandboxes: int | None = Field(default=None, ge=1)
     local_min_free_bytes: int = Field(default=1024**3, ge=0)
-    # Each local sandbox's own filesystem (a sparse loop-mounted image, gateway/providers/disk.py; root only):
-    # full, it answers ENOSPC inside that sandbox alone. 0: none (sandboxes share the data dir's filesystem).
+    # Each local sandbox's own filesystem (a sparse image loop-mounted in the sandbox's own mount namespace,
+    # gateway/providers/disk.py; root only): full, it answers ENOSPC inside that sandbox alone; the host sees
+    # box/disk.img, not the files. 0: none (sandboxes share the data dir's filesystem, files in box/root/).
     local_disk_quota_bytes: int = Field(default=10 * 1024**3, ge=0)
 
     # authentication (gateway/auth.py): None = trusted headers on loopback only

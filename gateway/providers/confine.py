@@ -51,8 +51,6 @@ HOME = "/home/sandbox"
 LISTEN_FD = 3
 #: The gRPC service's listening socket, likewise (after outbound's INFO_FD, BLOCK_FD and SYNC_FD).
 GRPC_FD = 7
-#: Each sandbox's own filesystem, by default (disk.py; root only).
-DISK_QUOTA = 10 * 1024**3
 #: The seccomp filter bubblewrap loads (seccomp.py: no new user namespaces), opened read-only on this descriptor.
 SECCOMP_FD = 8
 #: The UID a sandbox has inside its user namespace when the gateway is not root.
@@ -130,9 +128,6 @@ class Unconfined:
     def release(self, launch_cgroups: list[str]) -> None:
         return None
 
-    def unmount(self, box: Path) -> None:
-        return None
-
     def describe(self) -> str:
         return "UNCONFINED (each sandbox runs as the gateway's user and sees the host)"
 
@@ -143,8 +138,9 @@ class Bubblewrap:
     confined = True
 
     def __init__(self, data_dir: Path, python: str = sys.executable, limits: Limits = Limits(), *,
-                 bwrap: str | None = None, disk_quota: int = DISK_QUOTA) -> None:
-        """``disk_quota``: bytes of each sandbox's own filesystem (disk.py; 0: none, the data dir's is shared)."""
+                 bwrap: str | None = None, disk_quota: int = 0) -> None:
+        """``disk_quota``: bytes of each sandbox's own filesystem (disk.py; 0: none, the data dir's is shared;
+        ``serve`` gives ``local_disk_quota_bytes``, 10 GiB by default)."""
         self._data_dir = data_dir
         self._python = python
         self._limits = limits
@@ -204,8 +200,7 @@ class Bubblewrap:
         """
         root = box / "root"
         root.mkdir(parents=True, exist_ok=True)
-        if self._quota:
-            disk.mount(box, self._quota)
+        image = disk.image(box, self._quota) if self._quota else None
         uid = self._uid(box) if self._root else INNER_UID
         if self._root:
             os.chown(root, uid, uid)
@@ -226,16 +221,12 @@ class Bubblewrap:
             bpf.write_bytes(self._filter)
             files = ((SECCOMP_FD, str(bpf)),)
         argv = [*_prlimit(self._limits, address_space="memory" not in self._cgroup_parents),
+                *(disk.launch_prefix(image, root, uid) if image is not None else ()),
                 *self._bwrap_argv(box, uid, sandbox_id, blocked, filtered=bool(files))]
         if cgroups:
             procs = [str(Path(c) / "cgroup.procs") for c in cgroups]
             argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", str(len(procs)), *procs, *argv]
         return Launch(argv, cgroups, outbound=online, files=files)
-
-    def unmount(self, box: Path) -> None:
-        """The sandbox is deleted (or forgotten with a memory store): its filesystem is detached."""
-        if self._quota:
-            disk.unmount(box)
 
     def release(self, cgroups: list[str]) -> None:
         """Kill whatever is left in the sandbox's cgroups (a fork bomb's stragglers) and remove them."""

@@ -73,8 +73,6 @@ class Confinement(Protocol):
         """Raise ``RuntimeError`` saying why sandboxes cannot have outbound network here."""
     def prepare(self, box: Path, sandbox_id: str, network: str = "none") -> Launch: ...
     def release(self, cgroups: list[str]) -> None: ...
-    def unmount(self, box: Path) -> None:
-        """The sandbox is deleted: its own filesystem, if it has one, is detached."""
     def describe(self) -> str: ...
 
 
@@ -317,7 +315,6 @@ class LocalProvider:
                 state = _read_state(box)
                 if state is not None:
                     await self._stop(state, sandbox_id)
-                await asyncio.to_thread(self._confinement.unmount, box)
                 await asyncio.to_thread(shutil.rmtree, box, True)
         finally:
             self._unwatch(sandbox_id)
@@ -334,7 +331,6 @@ class LocalProvider:
                 state = _read_state(box)
                 if state is not None:
                     await self._stop(state, sandbox_id)
-                # its filesystem stays mounted: its files stay where an operator looks for them
         finally:
             self._unwatch(sandbox_id)
             self._deleting.discard(sandbox_id)
@@ -375,7 +371,6 @@ class LocalProvider:
             for sandbox_id, state in self._states():
                 self._deleting.add(sandbox_id)
                 await self._stop(state, sandbox_id)
-                await asyncio.to_thread(self._confinement.unmount, self._dir / sandbox_id)
                 await asyncio.to_thread(shutil.rmtree, self._dir / sandbox_id, True)
         for sandbox_id in list(self._watched):
             self._unwatch(sandbox_id)
