@@ -198,17 +198,20 @@ def main() -> None:
     parser.add_argument("--no-fill", dest="fill", action="store_false",
                         help="with --url: measure what is there (a previous run's fill), flush nothing")
     args = parser.parse_args()
-    if args.url:
-        import redis
+    from benchmarks.harness import reported
 
-        if args.fill:
-            redis.Redis.from_url(args.url).flushdb()
-        asyncio.run(run(args, args.url))
-        return
-    from tests.redis_server import RedisServer
+    with reported("fleet_bench.py"):
+        if args.url:
+            import redis
 
-    with RedisServer() as server:  # a private one, removed with its data afterwards
-        asyncio.run(run(args, server.url))
+            if args.fill:
+                redis.Redis.from_url(args.url).flushdb()
+            asyncio.run(run(args, args.url))
+            return
+        from tests.redis_server import RedisServer
+
+        with RedisServer() as server:  # a private one, removed with its data afterwards
+            asyncio.run(run(args, server.url))
 
 
 if __name__ == "__main__":

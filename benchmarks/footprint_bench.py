@@ -140,13 +140,16 @@ def main() -> None:
     parser.add_argument("--no-fill", dest="fill", action="store_false",
                         help="with --url: measure what a previous fill left (--sessions of them), flush nothing")
     args = parser.parse_args()
-    if args.url:
-        asyncio.run(run(args, args.url))
-        return
-    from tests.redis_server import RedisServer
+    from benchmarks.harness import reported
 
-    with RedisServer() as server:  # a private one, removed with its data afterwards
-        asyncio.run(run(args, server.url))
+    with reported("footprint_bench.py"):
+        if args.url:
+            asyncio.run(run(args, args.url))
+            return
+        from tests.redis_server import RedisServer
+
+        with RedisServer() as server:  # a private one, removed with its data afterwards
+            asyncio.run(run(args, server.url))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.providers.base import PoolProviders
 from gateway.providers.local import LocalProvider
@@ -58,4 +61,7 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=20)
     parser.add_argument("--network", choices=("none", "outbound", "both"), default="none")
     args = parser.parse_args()
-    asyncio.run(main(args.n, ["none", "outbound"] if args.network == "both" else [args.network]))
+    from benchmarks.harness import reported
+
+    with reported("local_provision_bench.py"):
+        asyncio.run(main(args.n, ["none", "outbound"] if args.network == "both" else [args.network]))

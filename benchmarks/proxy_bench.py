@@ -11,6 +11,11 @@ back for each concurrency level, and each cell is the median of ``--repeat``
 such rounds, so drift in whatever else the machine does hits all three alike.
 Then streaming: SSE events/s and a 100 MB upload, direct vs gateway.
 
+It prints the machine, the build and the load average first (``harness.header``),
+and under each row the CPU per request of every process of each target's run
+(the proxy, the backend, Redis if used, wrk). ``--serve`` with more than one
+worker uses ``BENCH_REDIS_URL`` when set, else a redis-server of its own.
+
 Load generator, backend and proxies share the machine's cores: read the ratios,
 not the absolute numbers. Steadier than req/s on a shared machine is the CPU each
 proxy spends per proxied request (``nginx us/req``, ``gw us/req``): the on-CPU time
@@ -37,42 +42,45 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+from benchmarks.harness import (  # noqa: E402
+    LOAD_CHILD,
+    LOAD_SELF,
+    NGINX,
+    Cpu,
+    CpuMeter,
+    cpu_line,
+    footer,
+    free_port,
+    header,
+    loadavg,
+    median_cpu,
+    start_nginx,
+    stop_procs,
+    wait_port,
+)
+from benchmarks.pyspy_profile import print_breakdowns, py_spy  # noqa: E402
+
 WRK = shutil.which("wrk")
 IDENTITY = {"X-User-Id": "bench-user", "X-Session-Id": "bench-session"}
 BODY = b"hello, world\n"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on port {port}")
-
-
 # -- the gateway --------------------------------------------------------------
-def launch_gateway(backend_port: int, workers: int, *, fast_path: bool = True,
-                   serve_dir: Path | None = None) -> tuple[list[subprocess.Popen[bytes]], int]:
+def launch_gateway(backend_port: int, workers: int, *, fast_path: bool = True, serve_dir: Path | None = None,
+                   redis_url: str | None = None) -> tuple[list[subprocess.Popen[bytes]], int]:
     """Start the gateway in front of ``backend_port``: ``workers`` processes on one SO_REUSEPORT port.
 
     The one place that knows how the gateway is started: the bare data plane with a fixed resolver,
     or with ``serve_dir`` the whole ``sandbox-gateway serve`` (policy routing, owner check, metrics,
-    activity, the access log on and written to a file there) with a static pool on the backend.
+    activity, the access log on and written to a file there) with a static pool on the backend;
+    ``redis_url`` is its store, which more than one ``serve`` worker needs.
     """
     port = free_port()
     if serve_dir is not None:
@@ -80,7 +88,9 @@ def launch_gateway(backend_port: int, workers: int, *, fast_path: bool = True,
         upstream = f"http://127.0.0.1:{backend_port}"
         policy.write_text(f"pools: {{small: {{provider: static, upstreams: ['{upstream}']}}, "
                           f"shared: {{provider: static, upstreams: ['{upstream}']}}}}\n")
-        redis = ["--redis-url", os.environ["BENCH_REDIS_URL"]] if workers > 1 else []
+        if workers > 1 and redis_url is None:
+            raise ValueError("`serve --workers N` needs Redis: pass redis_url")
+        redis = ["--redis-url", redis_url] if workers > 1 and redis_url else []
         with open(serve_dir / f"serve-{port}.log", "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "serve", "--workers", str(workers), "--policy", str(policy),
@@ -157,35 +167,6 @@ def _gateway_worker(port: int, backend_port: int, fast_path: bool) -> None:
     uvloop.run(main())
 
 
-def stop_procs(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-# -- nginx ----------------------------------------------------------------------
-NGINX_COMMON = """
-pid {dir}/{name}.pid;
-error_log {dir}/{name}-error.log warn;
-{user}
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    client_body_temp_path {dir}/tmp-{name}-body;
-    proxy_temp_path {dir}/tmp-{name}-proxy;
-    fastcgi_temp_path {dir}/tmp-{name}-fcgi;
-    uwsgi_temp_path {dir}/tmp-{name}-uwsgi;
-    scgi_temp_path {dir}/tmp-{name}-scgi;
-    keepalive_requests 10000000;
-    {http}
-}}
-"""
-
 NGINX_BACKEND = """
     server {{
         listen 127.0.0.1:{port} backlog=4096;
@@ -205,14 +186,6 @@ NGINX_PROXY = """
         }}
     }}
 """
-
-
-def start_nginx(tmp: Path, name: str, workers: int, http: str) -> subprocess.Popen[bytes]:
-    conf = tmp / f"{name}.conf"
-    user = "user root;" if os.geteuid() == 0 else ""
-    conf.write_text(f"worker_processes {workers};\ndaemon off;\n"
-                    + NGINX_COMMON.format(dir=tmp, name=name, user=user, http=http))
-    return subprocess.Popen([NGINX, "-p", str(tmp), "-c", str(conf)], stderr=subprocess.DEVNULL)  # type: ignore[list-item]
 
 
 @dataclass
@@ -303,40 +276,8 @@ class Result:
     rps: float
     p50_ms: float
     p99_ms: float
-    cpu_us: float | None = None   # CPU of the measured process tree per request, in microseconds
     elapsed: float = 0.0          # seconds the load ran (requests = rps * elapsed)
-    sys_us: float | None = None   # ... of which in the kernel (syscalls, loopback TCP)
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (``serve --workers N`` forks; nginx has a master and workers)."""
-    pids, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        pids.append(current)
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{tid}/children") as f:
-                    todo += [int(child) for child in f.read().split()]
-    return pids
-
-
-TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_ns(pids: list[int]) -> tuple[int, float]:
-    """Nanoseconds on CPU, summed over every thread of ``pids`` (schedstat's first field, exact), and the
-    part of it spent in the kernel (``/proc/PID/stat`` stime, in clock ticks: good over a run of seconds)."""
-    total = 0
-    system = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            with open(f"/proc/{pid}/stat") as f:
-                system += int(f.read().rsplit(")", 1)[1].split()[12]) * TICK_NS  # field 15, stime
-    return total, system
+    cpu: dict[str, Cpu] = field(default_factory=dict)  # per role (gateway, nginx, backend, wrk): CPU per request
 
 
 def _ms(text: str) -> float:
@@ -345,18 +286,13 @@ def _ms(text: str) -> float:
 
 
 def load(port: int, concurrency: int, duration: float, headers: dict[str, str],
-         measure: list[int] | None = None) -> Result:
-    """Load ``port``; with ``measure`` (root PIDs), also the CPU those process trees spent per request."""
-    if measure is None:
-        return _load(port, concurrency, duration, headers)
-    pids = [pid for root in measure for pid in process_tree(root)]
-    total, system = cpu_ns(pids)
-    result = _load(port, concurrency, duration, headers)
-    requests = result.rps * result.elapsed if result.elapsed else 0
-    if requests:
-        total_after, system_after = cpu_ns(pids)
-        result.cpu_us = (total_after - total) / 1000 / requests
-        result.sys_us = (system_after - system) / 1000 / requests
+         measure: dict[str, list[int]] | None = None) -> Result:
+    """Load ``port``; also the CPU per request of each process tree in ``measure`` (role: root PIDs) and
+    of the load generator itself."""
+    meter = CpuMeter(measure or {}, LOAD_CHILD if WRK else LOAD_SELF, "wrk" if WRK else "aiohttp")
+    with meter:
+        result = _load(port, concurrency, duration, headers)
+    result.cpu = meter.per_op(result.rps * result.elapsed)
     return result
 
 
@@ -446,6 +382,7 @@ def _row(cells: list[str], widths: list[int]) -> str:
 
 @contextlib.contextmanager
 def running(procs: list[subprocess.Popen[bytes]]) -> Iterator[None]:
+    """Stop ``procs`` on the way out, whatever happened."""
     try:
         yield
     finally:
@@ -453,84 +390,16 @@ def running(procs: list[subprocess.Popen[bytes]]) -> Iterator[None]:
 
 
 def median_result(results: list[Result]) -> Result:
-    """The run with the median throughput (its latencies belong to that run), with the median CPU per request."""
+    """The run with the median throughput (its latencies belong to that run), with each process's median CPU
+    per request."""
     middle = sorted(results, key=lambda r: r.rps)[len(results) // 2]
-    measured = sorted((r for r in results if r.cpu_us is not None), key=lambda r: r.cpu_us)  # type: ignore[arg-type,return-value]
-    cpu = measured[len(measured) // 2] if measured else None
-    return Result(middle.rps, middle.p50_ms, middle.p99_ms, cpu.cpu_us if cpu else None, middle.elapsed,
-                  cpu.sys_us if cpu else None)
+    return Result(middle.rps, middle.p50_ms, middle.p99_ms, middle.elapsed, median_cpu([r.cpu for r in results]))
 
 
-_SYSCALLS = ("write (", "writev (", "read (", "readv (", "epoll_", "sendmsg (", "recvmsg (", "send (", "recv (",
-             "accept", "close (", "__libc_write", "__libc_read")
-_PARSER = ("llhttp", "httptools", "parser.c", "http_parser")
-_LOOP = ("loop.c", "core.c", "stream.c", "linux.c", "uv__", "uv_")
-
-
-def breakdown(path: Path, user_us: float, top: int = 25) -> list[tuple[str, float]]:
-    """Where a gateway's user-space CPU per request goes, from py-spy's raw folded stacks at ``path``.
-
-    py-spy samples wall clock; a process preempted inside a syscall (waking a peer on a loaded
-    machine) shows as running there, so syscall samples are left out and the kernel's share is the
-    measured stime instead. The other samples divide ``user_us`` (measured, total - stime): by the
-    innermost Python function (with the interpreter and C builtins it calls), unless the innermost
-    frames are the parser (llhttp, httptools) or the event loop (uvloop, libuv).
-    """
-    counts: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        frames = stack.split(";")
-        if frames[-1].startswith(_SYSCALLS):
-            continue
-        last_py = max((i for i, frame in enumerate(frames) if ".py:" in frame), default=-1)
-        below = frames[last_py + 1:]
-        if any(mark in frame for frame in below for mark in _PARSER):
-            key = "[parser: llhttp/httptools]"
-        elif any(mark in frame for frame in below for mark in _LOOP) or last_py < 0:
-            key = "[event loop: uvloop/libuv]"
-        else:
-            frame = frames[last_py]
-            name, _, where = frame.partition(" (")
-            module = where.split(":")[0]
-            key = f"{name} ({module})"
-        counts[key] = counts.get(key, 0) + int(n)
-    total = sum(counts.values()) or 1
-    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
-    rows = [(key, user_us * n / total) for key, n in ranked[:top]]
-    rest = sum(n for _, n in ranked[top:])
-    if rest:
-        rows.append(("(everything else)", user_us * rest / total))
-    return rows
-
-
-def _us(result: Result | None) -> str:
-    """CPU per request: total (kernel part)."""
-    if result is None or result.cpu_us is None:
-        return "-"
-    return f"{result.cpu_us:.1f} ({result.sys_us:.0f})"
-
-
-def py_spy(pid: int, out: Path, duration: float) -> subprocess.Popen[bytes] | None:
-    """py-spy recording ``pid``'s tree (native frames too) for ``duration`` seconds, raw folded stacks to ``out``."""
-    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not os.path.exists(exe):
-        print("  --profile: py-spy is not installed (pip install py-spy)", file=sys.stderr)
-        return None
-    return subprocess.Popen([exe, "record", "--native", "--subprocesses", "--format", "raw", "--rate", "250",
-                             "--pid", str(pid), "--duration", str(max(1, round(duration))), "--output", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def print_breakdowns(directory: Path, measured: dict[tuple[int, int], Result]) -> None:
-    for (workers, c), result in measured.items():
-        path = directory / f"gateway-w{workers}-c{c}.txt"
-        if not path.exists() or result.cpu_us is None or result.sys_us is None:
-            continue
-        user = result.cpu_us - result.sys_us
-        print(f"\ngateway CPU per request, {workers} worker(s), c={c}: {result.cpu_us:.1f} us = "
-              f"{result.sys_us:.1f} kernel (syscalls, loopback TCP) + {user:.1f} user, of which (py-spy, {path.name}):")
-        for key, us in breakdown(path, user):
-            print(f"  {us:6.2f} us  {key}")
+def _us(result: Result | None, role: str) -> str:
+    """CPU per request of ``role``'s processes: total (kernel part)."""
+    cpu = result.cpu.get(role) if result is not None else None
+    return "-" if cpu is None else str(cpu)
 
 
 def main() -> None:
@@ -552,7 +421,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None, help="rounds per cell; the median is shown")
     parser.add_argument("--serve", action="store_true",
                         help="the whole `sandbox-gateway serve` (access log on) instead of the bare data plane; "
-                             "more than one worker needs BENCH_REDIS_URL")
+                             "with more than one worker it uses BENCH_REDIS_URL when set, else starts its own "
+                             "redis-server on a loopback port the kernel chooses")
     parser.add_argument("--no-fast-path", action="store_true",
                         help="resolver whose cached_route always misses: one task per request")
     parser.add_argument("--no-streaming", action="store_true", help="skip the SSE and upload runs")
@@ -565,75 +435,123 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     worker_counts = [int(n) for n in args.workers.split(",")]
 
-    print(f"client: {'wrk' if WRK else 'aiohttp'}; backend: {'nginx static file' if NGINX else 'asyncio'}; "
-          f"cores: {os.cpu_count()}; {duration:g}s per run, median of {repeat} interleaved rounds")
-    header = ["workers", "conc", "direct r/s", "nginx r/s", "gateway r/s", "gw/nginx", "gw/direct",
-              "direct p50/p99 ms", "nginx p50/p99 ms", "gateway p50/p99 ms", "nginx us/req (sys)", "gw us/req (sys)"]
-    widths = [7, 4, 10, 9, 11, 8, 9, 17, 16, 18, 18, 15]
-    print(_row(header, widths), flush=True)
-    gateway_cpu: dict[tuple[int, int], Result] = {}
-    with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp_name:
+    print(header("proxy_bench.py" + (" --serve" if args.serve else " (bare data plane)"),
+                 f"client:       {'wrk -t2' if WRK else 'aiohttp (in this process)'}; "
+                 f"backend: {'nginx static file' if NGINX else 'asyncio'}; "
+                 f"{duration:g}s per run, median of {repeat} interleaved rounds", installed=args.serve), flush=True)
+    with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
+        redis_url, redis_pids = None, []
+        if args.serve and max(worker_counts) > 1:
+            redis_url, redis_pids = bench_redis(stack)
+        print("under each row: CPU per request in us (kernel part in brackets) of every process in each "
+              "target's run (the proxy, the backend, Redis if used, the load generator)")
+        header_row = ["workers", "conc", "direct r/s", "nginx r/s", "gateway r/s", "gw/nginx", "gw/direct",
+                      "direct p50/p99 ms", "nginx p50/p99 ms", "gateway p50/p99 ms", "nginx us/req (sys)",
+                      "gw us/req (sys)"]
+        widths = [7, 4, 10, 9, 11, 8, 9, 17, 16, 18, 18, 15]
+        print(_row(header_row, widths), flush=True)
         backend = start_backend(tmp)
         with running(backend.procs):
-            for workers in worker_counts:
-                procs: list[subprocess.Popen[bytes]] = []
-                nport = None
-                if NGINX:
-                    nport = free_port()
-                    procs.append(start_nginx(tmp, f"proxy{workers}", workers,
-                                             NGINX_PROXY.format(port=nport, backend=backend.port)))
-                    wait_port(nport)
-                gateway_procs, gport = launch_gateway(backend.port, workers, fast_path=not args.no_fast_path,
-                                                      serve_dir=tmp if args.serve else None)
-                nginx_pids = [procs[0].pid] if nport else []
-                gateway_pids = [proc.pid for proc in gateway_procs]
-                procs += gateway_procs
-                with running(procs):
-                    load(backend.port, 10, 1, {})  # warm up all three
-                    if nport:
-                        load(nport, 10, 1, {})
-                    load(gport, 10, 1, IDENTITY)
-                    for c in levels:
-                        # Interleaved rounds: drift in what else the machine does hits all three alike.
-                        runs: dict[str, list[Result]] = {"direct": [], "nginx": [], "gateway": []}
-                        for _ in range(repeat):
-                            runs["direct"].append(load(backend.port, c, duration, {}))
-                            if nport:
-                                runs["nginx"].append(load(nport, c, duration, {}, measure=nginx_pids))
-                            runs["gateway"].append(load(gport, c, duration, IDENTITY, measure=gateway_pids))
-                        if args.profile is not None:  # a round of its own: sampling slows what it samples
-                            args.profile.mkdir(parents=True, exist_ok=True)
-                            spy = py_spy(gateway_pids[0], args.profile / f"gateway-w{workers}-c{c}.txt", max(duration, 8))
-                            if spy is not None:
-                                load(gport, c, max(duration, 8), IDENTITY)
-                                spy.wait()
-                        d, g = median_result(runs["direct"]), median_result(runs["gateway"])
-                        gateway_cpu[(workers, c)] = g
-                        n = median_result(runs["nginx"]) if runs["nginx"] else None
-                        print(_row([
-                            str(workers), str(c), f"{d.rps:,.0f}", f"{n.rps:,.0f}" if n else "-", f"{g.rps:,.0f}",
-                            f"{g.rps / n.rps:.2f}" if n else "-", f"{g.rps / d.rps:.2f}",
-                            f"{d.p50_ms:.2f}/{d.p99_ms:.2f}", f"{n.p50_ms:.2f}/{n.p99_ms:.2f}" if n else "-",
-                            f"{g.p50_ms:.2f}/{g.p99_ms:.2f}", _us(n), _us(g)], widths), flush=True)
-
+            gateway_cpu = run_table(args, tmp, backend, levels, worker_counts, duration, repeat, widths,
+                                    redis_url, redis_pids)
         if args.profile is not None:
-            print_breakdowns(args.profile, gateway_cpu)
-        if args.no_streaming:
-            return
-        # streaming
-        sport = free_port()
-        stream = subprocess.Popen([sys.executable, __file__, "_stream", str(sport)])
-        wait_port(sport)
-        with running([stream]):
-            procs, gport = launch_gateway(sport, 1, fast_path=not args.no_fast_path)
-            with running(procs):
-                events = 50_000 if args.quick else 200_000
-                size = 100 * 1024 * 1024
-                sse_direct = asyncio.run(_sse_rate(sport, events, {}))
-                sse_gateway = asyncio.run(_sse_rate(gport, events, IDENTITY))
-                up_direct = asyncio.run(_upload_rate(sport, size, {}))
-                up_gateway = asyncio.run(_upload_rate(gport, size, IDENTITY))
+            print_breakdowns(args.profile, {cell: result.cpu for cell, result in gateway_cpu.items()})
+        if not args.no_streaming:
+            run_streaming(args)
+    print(footer())
+
+
+def bench_redis(stack: contextlib.ExitStack) -> tuple[str, list[int]]:
+    """The Redis more than one ``serve`` worker needs: ``BENCH_REDIS_URL``, else a redis-server of our own.
+
+    Ours is the tests' (``tests/redis_server.py``): a temp dir, a loopback port the kernel chose, no
+    persistence; its PID is returned so its CPU per request is measured with the gateway's.
+    """
+    url = os.environ.get("BENCH_REDIS_URL")
+    if url:
+        return url, []
+    from tests.redis_server import RedisServer, redis_server_path
+
+    if redis_server_path() is None:
+        raise SystemExit("--serve with more than one worker needs Redis: install redis-server "
+                         "(apt-get install redis-server) or set BENCH_REDIS_URL")
+    server = stack.enter_context(RedisServer())
+    print(f"redis:        redis-server of our own at {server.url} (BENCH_REDIS_URL unset)", flush=True)
+    return server.url, [server.pid] if server.pid is not None else []
+
+
+def run_table(args: argparse.Namespace, tmp: Path, backend: Backend, levels: list[int], worker_counts: list[int],
+              duration: float, repeat: int, widths: list[int], redis_url: str | None,
+              redis_pids: list[int]) -> dict[tuple[int, int], Result]:
+    """Direct, nginx and the gateway, interleaved per concurrency level: one row (and a CPU line) per cell."""
+    gateway_cpu: dict[tuple[int, int], Result] = {}
+    backend_pids = {"backend": [proc.pid for proc in backend.procs]}
+    for workers in worker_counts:
+        procs: list[subprocess.Popen[bytes]] = []
+        nport = None
+        if NGINX:
+            nport = free_port()
+            procs.append(start_nginx(tmp, f"proxy{workers}", workers,
+                                     NGINX_PROXY.format(port=nport, backend=backend.port)))
+            wait_port(nport)
+        gateway_procs, gport = launch_gateway(backend.port, workers, fast_path=not args.no_fast_path,
+                                              serve_dir=tmp if args.serve else None,
+                                              redis_url=redis_url if workers > 1 else None)
+        measure = {
+            "direct": backend_pids,
+            "nginx": {"nginx": [procs[0].pid] if nport else [], **backend_pids},
+            "gateway": {"gateway": [proc.pid for proc in gateway_procs], **backend_pids,
+                        **({"redis": redis_pids} if redis_pids and workers > 1 else {})},
+        }
+        procs += gateway_procs
+        with running(procs):
+            load(backend.port, 10, 1, {})  # warm up all three
+            if nport:
+                load(nport, 10, 1, {})
+            load(gport, 10, 1, IDENTITY)
+            for c in levels:
+                # Interleaved rounds: drift in what else the machine does hits all three alike.
+                runs: dict[str, list[Result]] = {"direct": [], "nginx": [], "gateway": []}
+                for _ in range(repeat):
+                    runs["direct"].append(load(backend.port, c, duration, {}, measure=measure["direct"]))
+                    if nport:
+                        runs["nginx"].append(load(nport, c, duration, {}, measure=measure["nginx"]))
+                    runs["gateway"].append(load(gport, c, duration, IDENTITY, measure=measure["gateway"]))
+                if args.profile is not None:  # a round of its own: sampling slows what it samples
+                    args.profile.mkdir(parents=True, exist_ok=True)
+                    spy = py_spy(gateway_procs[0].pid, args.profile / f"gateway-w{workers}-c{c}.txt",
+                                 max(duration, 8))
+                    if spy is not None:
+                        load(gport, c, max(duration, 8), IDENTITY)
+                        spy.wait()
+                d, g = median_result(runs["direct"]), median_result(runs["gateway"])
+                gateway_cpu[(workers, c)] = g
+                n = median_result(runs["nginx"]) if runs["nginx"] else None
+                print(_row([
+                    str(workers), str(c), f"{d.rps:,.0f}", f"{n.rps:,.0f}" if n else "-", f"{g.rps:,.0f}",
+                    f"{g.rps / n.rps:.2f}" if n else "-", f"{g.rps / d.rps:.2f}",
+                    f"{d.p50_ms:.2f}/{d.p99_ms:.2f}", f"{n.p50_ms:.2f}/{n.p99_ms:.2f}" if n else "-",
+                    f"{g.p50_ms:.2f}/{g.p99_ms:.2f}", _us(n, "nginx"), _us(g, "gateway")], widths), flush=True)
+                cpus = {"direct": d.cpu, **({"nginx": n.cpu} if n else {}), "gateway": g.cpu}
+                print(f"    CPU us/req (kernel): {cpu_line(cpus)}; load average {loadavg()}", flush=True)
+    return gateway_cpu
+
+
+def run_streaming(args: argparse.Namespace) -> None:
+    """SSE events/s and a 100 MB upload, direct and through the (bare) gateway."""
+    sport = free_port()
+    stream = subprocess.Popen([sys.executable, __file__, "_stream", str(sport)])
+    wait_port(sport)
+    with running([stream]):
+        procs, gport = launch_gateway(sport, 1, fast_path=not args.no_fast_path)
+        with running(procs):
+            events = 50_000 if args.quick else 200_000
+            size = 100 * 1024 * 1024
+            sse_direct = asyncio.run(_sse_rate(sport, events, {}))
+            sse_gateway = asyncio.run(_sse_rate(gport, events, IDENTITY))
+            up_direct = asyncio.run(_upload_rate(sport, size, {}))
+            up_gateway = asyncio.run(_upload_rate(gport, size, IDENTITY))
     print()
     print(f"SSE events/s ({events:,} events of 56 B): direct {sse_direct:,.0f}, gateway {sse_gateway:,.0f} "
           f"(ratio {sse_gateway / sse_direct:.2f})")

@@ -92,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sandbox_ids = [place(identity, file_policy).sandbox_id for identity in identities]
     per_session = sum(sid.startswith("ses-") for sid in sandbox_ids)
 
+    from benchmarks.harness import header
+
+    print(header("routing_bench.py"))
     print(f"python {sys.version.split()[0]}, n={args.n:,}, best of {args.repeat}")
     with_bot = sum(i.bot_id is not None for i in identities)
     print(f"identities: {per_session / args.n:.0%} per-session, {with_bot / args.n:.0%} with bot")
@@ -108,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.n,
         best_of(args.repeat, lambda: [ring.host_for(place(i, file_policy).sandbox_id) for i in identities]),
     )
+    from benchmarks.harness import footer
+
+    print(footer())
     return 0
 
 

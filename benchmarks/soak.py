@@ -52,9 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     root = args.dir or Path(tempfile.mkdtemp(prefix="soak-"))
     if args.minutes is not None:
         scale = dataclasses.replace(scale, rounds=0, duration=args.minutes * 60)
-    print(f"soak: {scale}\n  in {root} (replica logs: {root}/gw*.log)", flush=True)
-    report = asyncio.run(run(root, scale))
-    print(report.render())
+    from benchmarks.harness import reported
+
+    with reported("soak.py"):
+        print(f"soak: {scale}\n  in {root} (replica logs: {root}/gw*.log)", flush=True)
+        report = asyncio.run(run(root, scale))
+        print(report.render())
     return 0 if report.zeros_hold() else 1
 
 

@@ -261,7 +261,8 @@ def _replica_throughput(url: str, args: argparse.Namespace) -> list[Row]:
                 port = free_port()
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "gateway.cli", "serve", "--workers", str(workers), "--redis-url", url,
-                     "--policy", str(policy), "--data-port", str(port), "--control-port", "0", "--no-access-log",
+                     "--policy", str(policy), "--data-port", str(port), "--control-port", "0", "--grpc-port", "0",
+                     "--no-access-log",
                      "--log-level", "warning"], cwd=tmp)
                 try:
                     wait_port(port)
@@ -302,7 +303,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="per redis lookup run")
     parser.add_argument("--url", help="an existing redis (default: a private redis-server)")
     args = parser.parse_args()
+    from benchmarks.harness import reported
 
+    with reported("store_bench.py"):
+        _main(args)
+
+
+def _main(args: argparse.Namespace) -> None:
     if args.url:
         async def used_memory() -> int:
             async with Redis.from_url(args.url) as client:

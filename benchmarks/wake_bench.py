@@ -215,8 +215,11 @@ def main() -> None:
     parser.add_argument("--ready-delay", type=float, default=0.05,
                         help="seconds the fake controller takes to make a resumed pod ready (default 0.05)")
     args = parser.parse_args()
-    for provider in ("local", "kubernetes") if args.provider == "both" else (args.provider,):
-        asyncio.run(run(provider, args.n, args.ready_delay))
+    from benchmarks.harness import reported
+
+    with reported("wake_bench.py"):
+        for provider in ("local", "kubernetes") if args.provider == "both" else (args.provider,):
+            asyncio.run(run(provider, args.n, args.ready_delay))
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ def local_networks(policy: Policy) -> dict[str, str]:
     return {name: pool.network for name, pool in policy.pools.items() if pool.provider == "local"}
 
 
-def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
+def build_providers(settings: Settings, policy: Policy, metrics: Metrics | None = None) -> PoolProviders:
     """One provider instance per kind, serving every pool of that kind."""
     by_kind: dict[str, list[str]] = {}
     for name, pool in policy.pools.items():
@@ -142,7 +142,10 @@ def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
     if "kubernetes" in by_kind:
         from gateway.providers.kubernetes import KubernetesProvider
 
-        instances["kubernetes"] = KubernetesProvider.from_policy(settings, policy, by_kind["kubernetes"])
+        from gateway.providers.kubernetes_calls import KubeObserver
+
+        observer = KubeObserver() if metrics is None else KubeObserver(metrics.kube_request, metrics.kube_watch_restart)
+        instances["kubernetes"] = KubernetesProvider.from_policy(settings, policy, by_kind["kubernetes"], observer)
     return PoolProviders({name: instances[kind] for kind, names in by_kind.items() for name in names})
 
 
@@ -236,7 +239,7 @@ class Gateway:
         metrics = Metrics(per_org=settings.per_org_metrics, org_label_limit=settings.org_label_limit,
                           multiprocess_dir=settings.prometheus_multiproc_dir)
         store = InstrumentedStore(build_store(settings), metrics)
-        return cls(settings, policy, store, build_providers(settings, policy), metrics, access)
+        return cls(settings, policy, store, build_providers(settings, policy, metrics), metrics, access)
 
     async def start(self, data_sock: socket.socket, control_sock: socket.socket,
                     grpc_sock: socket.socket | None = None) -> None:
@@ -358,6 +361,10 @@ class Gateway:
             await self.store.ping()
         except GatewayError as exc:
             problems.append(f"store: {exc.message}")
+        for provider in self.provider.distinct:
+            problem = getattr(provider, "readiness_problem", None)
+            if problem is not None and (found := problem(self.settings.kube_api_grace)):
+                problems.append(found)
         return problems
 
     def describe(self) -> list[str]:

@@ -92,6 +92,14 @@ class Metrics:
                                   multiprocess_mode="livesum")
         self.security_denials = Counter("sgw_security_denials_total", "Requests denied for isolation or auth",
                                         ["reason"], registry=r)
+        # Kubernetes API calls (gateway/providers/kubernetes_calls.py): code is the HTTP status or "error".
+        self.kube_requests = Counter("sgw_kube_requests_total", "Kubernetes API calls by verb, resource and code",
+                                     ["verb", "resource", "code"], registry=r)
+        self.kube_latency = Histogram("sgw_kube_request_duration_seconds", "Kubernetes API call latency",
+                                      ["verb", "resource"], buckets=_STORE_BUCKETS[4:] + (2.5, 5, 10, 30), registry=r)
+        self.kube_watch_restarts = Counter("sgw_kube_watch_restarts_total",
+                                           "Shared Kubernetes watches restarted, by reason (closed, expired, dropped, "
+                                           "error)", ["reason"], registry=r)
         for reason in REAP_REASONS:
             self.reaps.labels(reason)
         for reason in ORPHAN_SWEEP_REASONS:
@@ -190,6 +198,13 @@ class Metrics:
 
     def woken(self, pool: str, seconds: float) -> None:
         self.wake_seconds.labels(pool).observe(seconds)
+
+    def kube_request(self, verb: str, resource: str, code: str, seconds: float) -> None:
+        self.kube_requests.labels(verb, resource, code).inc()
+        self.kube_latency.labels(verb, resource).observe(seconds)
+
+    def kube_watch_restart(self, reason: str) -> None:
+        self.kube_watch_restarts.labels(reason).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         self.fold()

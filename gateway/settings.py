@@ -158,6 +158,8 @@ class Settings(BaseSettings):
     kubernetes_service_host: str | None = Field(
         default=None, validation_alias=AliasChoices("kubernetes_service_host", "KUBERNETES_SERVICE_HOST"))
     orphan_grace: float = Field(default=600.0, gt=0)
+    # /readyz fails once every Kubernetes API call for this long went unanswered, 5xx or refused (401/403).
+    kube_api_grace: float = Field(default=60.0, gt=0)
     # Local sandboxes run under bubblewrap; where it cannot run, the gateway refuses to start unless this
     # accepts sandboxes that run as the gateway's user and see the host (its files, its loopback ports).
     local_unconfined: bool = False

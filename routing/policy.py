@@ -294,6 +294,29 @@ def _cross_references(raw: Mapping[str, Any]) -> list[str]:
     return errors
 
 
+#: A DNS-1123 label: what a Kubernetes pool's name must be, since it becomes a label value on every
+#: object the pool creates (and label values, object names and DNS labels all accept it).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def pool_name_errors(name: str, provider: str) -> list[str]:
+    """Why a pool cannot have this name, as error lines naming the field (none when it can)."""
+    if provider != "kubernetes" or _DNS_LABEL.fullmatch(name):
+        return []
+    suggestion = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63].strip("-") or "pool"
+    return [f"pools.{name}: a kubernetes pool's name becomes a label value on each object it creates, so it must "
+            f"be a DNS label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or "
+            f"digit (rename it, e.g. {suggestion!r})"]
+
+
+def _pool_names(raw: Mapping[str, Any]) -> list[str]:
+    pools = raw.get("pools")
+    if not isinstance(pools, dict):
+        return []
+    return [error for name, pool in pools.items() if isinstance(name, str) and isinstance(pool, dict)
+            for error in pool_name_errors(name, str(pool.get("provider", "local")))]
+
+
 def _provider_options(raw: Mapping[str, Any], checks: Mapping[str, OptionsCheck]) -> list[str]:
     """Each pool's provider section checked by that provider, on the raw mapping like the
     cross-references (so they are reported with every other error)."""
@@ -360,6 +383,7 @@ def parse_policy(text: str, source: str = "<policy>", extra_per_session_orgs: It
     except ValidationError as exc:
         errors = [f"{format_loc(e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()]
     errors += _provider_options(raw, option_checks or {})
+    errors += _pool_names(raw)
     errors += _cross_references(raw)
     if errors:
         raise PolicyError([f"{source}: {e}" for e in errors])

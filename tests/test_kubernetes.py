@@ -155,7 +155,8 @@ async def test_dropped_watch_still_becomes_ready(make_fake_kube, runtime_port):
     provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
     try:
         pending = asyncio.create_task(provider.ensure(request("ses-drop")))
-        await kube.server.wait_for_watchers(2)  # the managed watch and this object's watch
+        await kube.server.wait_for_object("sandboxes", "default", "ses-drop")
+        await kube.server.wait_for_watchers(1)  # the one shared watch, which this object's waiter reads
         kube.server.drop_watches()
         kube.controller.resume()
         endpoint = await pending
@@ -170,7 +171,8 @@ async def test_watch_410_recovers(make_fake_kube, runtime_port):
     provider = await started(kube, pool_options("sandbox", "v1beta1", runtime_port))
     try:
         pending = asyncio.create_task(provider.ensure(request("ses-gone")))
-        await kube.server.wait_for_watchers(2)
+        await kube.server.wait_for_object("sandboxes", "default", "ses-gone")
+        await kube.server.wait_for_watchers(1)
         kube.server.compact()
         kube.server.drop_watches()  # the resumed watch asks for a compacted version: 410
         kube.controller.resume()

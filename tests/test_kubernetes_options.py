@@ -94,6 +94,36 @@ def test_invalid_kubernetes_options(text: str, fragments: list[str]) -> None:
         assert fragment in errors[0], (fragment, errors[0])
 
 
+@pytest.mark.parametrize(("mode_fields", "refused"), [
+    pytest.param("{mode: claim, warm_pool: w, template: t}", "template does not apply to mode 'claim' at api_version "
+                 "v1beta1", id="a v1beta1 claim's template (dropped before)"),
+    pytest.param("{mode: sandbox, pod_template: {}, warm_pool: w}", "warm_pool does not apply to mode 'sandbox'",
+                 id="a sandbox pool's warm_pool"),
+    pytest.param("{mode: claim, warm_pool: w, service: true}", "service does not apply to mode 'claim'",
+                 id="a claim pool's service"),
+])
+def test_options_that_do_not_apply_are_refused_not_dropped(mode_fields: str, refused: str) -> None:
+    [error] = errors_of(f"pools:\n  small: {{provider: kubernetes, kubernetes: {mode_fields}}}\n  shared: {{}}\n")
+    assert error.startswith(f"{SOURCE}: pools.small.kubernetes: ") and refused in error, error
+
+
+@pytest.mark.parametrize(("name", "suggested"), [
+    pytest.param("GPU Pool", "gpu-pool", id="a space and capitals"),
+    pytest.param("p" * 64, "p" * 63, id="longer than a label value"),
+    pytest.param("-edge", "edge", id="starts with '-'"),
+    pytest.param("gpu_pool", "gpu-pool", id="an underscore (a label value, not a DNS label)"),
+])
+def test_a_kubernetes_pool_name_that_cannot_be_a_label_value_is_refused(name: str, suggested: str) -> None:
+    """Refused by the parse that check-policy and serve both run, naming the pool, instead of a 422 on
+    every create. Other providers' pools keep any name."""
+    text = (f"pools:\n  '{name}': {{provider: kubernetes, kubernetes: {{mode: claim, warm_pool: w}}}}\n"
+            f"  shared: {{}}\n  'Local Pool': {{}}\nrouting: {{prefix_pools: {{default: shared}}}}\n")
+    [error] = errors_of(text)
+    assert error.startswith(f"{SOURCE}: pools.{name}: a kubernetes pool's name becomes a label value")
+    assert repr(suggested) in error
+    parse_policy(text.replace(f"'{name}'", "gpu-pool-1"), SOURCE)  # a DNS label is fine
+
+
 BAD_EVERYWHERE = """\
 pools:
   small: {provider: kubernetes, idle_timeout: 10x, kubernetes: {mode: claim, api_version: v2}}

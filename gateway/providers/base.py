@@ -90,6 +90,11 @@ class PoolProviders:
         # One provider may serve several pools; start and close it once.
         self._distinct = list({id(p): p for p in self._by_pool.values()}.values())
 
+    @property
+    def distinct(self) -> list[SandboxProvider]:
+        """Each provider once (``/readyz`` asks those that can say whether their backend answers)."""
+        return list(self._distinct)
+
     def for_pool(self, pool: str) -> SandboxProvider:
         try:
             return self._by_pool[pool]

@@ -10,9 +10,12 @@ because label values cannot hold arbitrary strings. Those annotations are the
 sandbox's owner: an existing object is adopted only by the same owner
 (``_check_owner``), never handed to another identity.
 
-Readiness is watched, never polled: a watch on the one object (field selector
-on its name) from the create response's resourceVersion, resumed from the last
-seen version when the stream drops and restarted from a fresh GET on 410 Gone.
+Readiness is watched, never polled, through one shared watch per (namespace, kind)
+(``kubernetes_watch.Informer``: list, watch with bookmarks, relist on 410, backoff
+with jitter), so API connections do not grow with sandboxes in flight. Every call
+is retried where a retry can save it, within the request's own deadline
+(``kubernetes_calls``). An object being deleted (``deletionTimestamp``) is never
+adopted or routed to: ensure waits for it to go, then creates.
 Routable means ``Ready=True`` *and* a pod IP: old controllers report Ready for
 ``replicas: 0``. Terminal reasons fail at once and delete the object; a
 provisioning timeout deletes it too (504).
@@ -27,7 +30,7 @@ the new pod. An object deleted while suspended is created anew by resume (its fi
 are gone, as after any lost sandbox); resume never deletes on failure or timeout,
 since the files (PVCs) are the point of suspending.
 
-A second watch over every object of this installation notices sandboxes that
+The same watch over every object of this installation notices sandboxes that
 are deleted or lose their pod and reports them through ``on_lost`` (a Sandbox
 whose spec says suspended is not lost).
 """
@@ -35,55 +38,72 @@ whose spec says suspended is not lost).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio import client
 
-from gateway.errors import (
-    Conflict, KubeApiError, ObjectExists, ObjectMissing, ProvisionFailed, ProvisionTimeout, WatchExpired,
-)
+from gateway.errors import Conflict, KubeApiError, ObjectExists, ObjectMissing, ProvisionFailed, ProvisionTimeout, WatchExpired
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
+from routing import Isolation, PolicyError
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.kubernetes_api import (
     ANNOTATION, INSTALLATION, ISOLATION, MANAGED_BY, MERGE_PATCH, POOL, SUSPEND_WAIT, Kind, api_client, mode_patch,
-    observed, pod_ips, read_object, routable, sandbox_kind, suspended_spec, terminal_failure, translated,
-    watch_events,
+    observed, pod_ips, routable, sandbox_kind, suspended_spec, terminal_failure, terminating,
 )
+from gateway.providers.kubernetes_calls import Calls, KubeObserver
+from gateway.providers.kubernetes_watch import Informer, Obj
 from gateway.providers.kubernetes_options import KubernetesPoolOptions, pool_options
 
 log = logging.getLogger(__name__)
 
 #: Creates tried when each one finds the name taken and the read after it finds it free again (a delete raced us).
 _CREATE_ATTEMPTS = 3
+#: Creates are strict: an unknown field in a pool's template is an error naming it, never pruned in silence.
+_STRICT = "Strict"
 
 
 class KubernetesProvider:
     def __init__(self, pools: Mapping[str, KubernetesPoolOptions], installation: str, *,
                  kubeconfig: str | None = None, in_cluster: bool = False,
-                 api_client: client.ApiClient | None = None) -> None:
+                 api_client: client.ApiClient | None = None, observer: KubeObserver | None = None,
+                 calls: Calls | None = None) -> None:
         self._pools = dict(pools)
         self._installation = installation
         self._kubeconfig = kubeconfig
         self._in_cluster = in_cluster
         self._api_client = api_client
         self._owns_client = api_client is None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._calls = calls or Calls(observer)
+        self._informers: dict[tuple[str, Kind, str | None], Informer] = {}
+        self._on_lost: LostHandler | None = None
         # Names the managed watch has seen routable. Only that watch's own (ordered) stream
         # writes it: ensure() must not, or the watch's older, not-yet-ready events for the same
         # object (it may lag the per-object watch) would read as a sandbox that was lost.
         self._routable: set[str] = set()
 
     @classmethod
-    def from_policy(cls, settings: Any, policy: Any, pool_names: Sequence[str]) -> KubernetesProvider:
+    def from_policy(cls, settings: Any, policy: Any, pool_names: Sequence[str],
+                    observer: KubeObserver | None = None) -> KubernetesProvider:
         return cls(pool_options(policy, pool_names), settings.installation, kubeconfig=settings.kubeconfig,
-                   in_cluster=settings.in_cluster)
+                   in_cluster=settings.in_cluster, observer=observer)
+
+    def readiness_problem(self, grace: float) -> str | None:
+        """Why ``/readyz`` should fail: the API unanswered, 5xx or refusing our credentials for ``grace``."""
+        if self._calls.observer.healthy(grace):
+            return None
+        return (f"kubernetes: every API call for {grace:g}s or more was unanswered, a server error or refused "
+                f"(401/403); check the API server, the NetworkPolicy's egress and the service account's Role "
+                f"(setting kube_api_grace)")
+
+    @property
+    def observer(self) -> KubeObserver:
+        """API health (``/readyz``) and the metric hooks of every call this provider makes."""
+        return self._calls.observer
 
     @property
     def _api(self) -> client.CustomObjectsApi:
@@ -93,65 +113,129 @@ class KubernetesProvider:
     async def start(self, on_lost: LostHandler) -> None:
         if self._api_client is None:
             self._api_client = await api_client(self._kubeconfig, in_cluster=self._in_cluster)
+        self._on_lost = on_lost
+        await self._check_templates()
         targets = {(o.namespace, Kind.of(o)) for o in self._pools.values()}
         for namespace, kind in sorted(targets, key=str):
-            self._tasks.append(asyncio.create_task(self._watch_managed(namespace, kind, on_lost)))
+            self._informer(namespace, kind, self._selector()).listen(self._on_managed)
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for informer in self._informers.values():
+            await informer.stop()
         if self._owns_client and self._api_client is not None:
             await self._api_client.close()
+
+    async def _check_templates(self) -> None:
+        """Each sandbox pool's object, created once as a server-side dry run (nothing is stored) with
+        strict field validation: a typo in a pool's ``pod_template`` stops startup naming the pool and
+        the field, instead of failing every create later. An API that does not answer here is left to
+        the retries of real requests (and to ``/readyz``)."""
+        for name, pool in self._pools.items():
+            if pool.mode != "sandbox":
+                continue  # a claim carries no template of ours
+            kind = Kind.of(pool)
+            probe = SandboxRequest("sgw-template-check", name, Isolation.SHARED, Owner(None, "check", None), "check", 10)
+            body = self._manifest(pool, kind, probe)
+            try:
+                await self._calls.call(
+                    "create", kind.plural, f"checking pools.{name}.kubernetes (a dry-run create)",
+                    lambda timeout, body=body, kind=kind, pool=pool: self._api.create_namespaced_custom_object(
+                        kind.group, kind.version, pool.namespace, kind.plural, body, dry_run="All",
+                        field_validation=_STRICT, _request_timeout=timeout),
+                    deadline=self._calls.deadline(10.0))
+            except ObjectExists:
+                pass
+            except KubeApiError as exc:
+                status = getattr(exc.__cause__, "status", None)
+                if status in (400, 422):
+                    raise PolicyError([f"pools.{name}.kubernetes: the cluster refuses this pool's {kind.kind} "
+                                       f"(a dry-run create at startup): {exc.message}"]) from exc
+                log.warning("could not check pools.%s.kubernetes against the cluster: %s", name, exc.message)
+
+    def _informer(self, namespace: str, kind: Kind, selector: str | None) -> Informer:
+        """The one shared watch of (namespace, kind, selector), started on first use."""
+        key = (namespace, kind, selector)
+        informer = self._informers.get(key)
+        if informer is None:
+            informer = self._informers[key] = Informer(self._api, self._calls, kind, namespace, selector)
+            informer.start()
+        return informer
+
+    def _watch_of(self, pool: KubernetesPoolOptions, kind: Kind) -> Informer:
+        """Our objects are watched by our selector; the Sandbox a claim holds carries the controller's labels."""
+        ours = kind == Kind.of(pool)
+        return self._informer(pool.namespace, kind, self._selector() if ours else None)
 
     # create ---------------------------------------------------------------
     async def ensure(self, request: SandboxRequest) -> Endpoint:
         pool = self._pool(request.pool, request.sandbox_id)
         kind = Kind.of(pool)
-        obj = await self._create_or_adopt(pool, kind, request)
+        deadline = self._calls.deadline(request.timeout)
         try:
-            obj = await asyncio.wait_for(self._await_ready(pool, kind, obj), request.timeout)
+            async with asyncio.timeout_at(deadline):
+                obj = await self._create_or_adopt(pool, kind, request, deadline)
+                return self._endpoint(pool, await self._await_ready(pool, kind, obj))
         except TimeoutError:
-            await self.delete(request.sandbox_id, request.pool)
-            raise ProvisionTimeout(
-                f"sandbox {request.sandbox_id} was not Ready with a pod IP within {request.timeout:g}s; "
-                f"the {kind.kind} was deleted", sandbox_id=request.sandbox_id) from None
-        except ProvisionFailed:
-            await self.delete(request.sandbox_id, request.pool)
+            await self._clean_up(request)
+            raise self._timed_out(request, kind, f"; the {kind.kind} was deleted") from None
+        except (Conflict, ForeignSandbox):
+            raise  # not ours to delete
+        except ProvisionFailed:  # terminal, deleted, or the API kept failing until the deadline
+            await self._clean_up(request)
             raise
-        return self._endpoint(pool, obj)
 
-    async def _create_or_adopt(self, pool: KubernetesPoolOptions, kind: Kind,
-                               request: SandboxRequest) -> dict[str, Any]:
+    async def _clean_up(self, request: SandboxRequest) -> None:
+        """Delete what a failed ensure may have created (its create may have been stored though its answer
+        was lost); a failure here is logged, never raised over the error being reported."""
+        try:
+            await self.delete(request.sandbox_id, request.pool)
+        except ProvisionFailed as exc:
+            log.warning("could not delete sandbox %s after it failed: %s; the orphan sweep will",
+                        request.sandbox_id, exc.message)
+
+    @staticmethod
+    def _timed_out(request: SandboxRequest, kind: Kind, done: str) -> ProvisionTimeout:
+        return ProvisionTimeout(f"sandbox {request.sandbox_id} was not Ready with a pod IP within "
+                                f"{request.timeout:g}s{done}", sandbox_id=request.sandbox_id)
+
+    async def _create_or_adopt(self, pool: KubernetesPoolOptions, kind: Kind, request: SandboxRequest,
+                               deadline: float) -> Obj:
         body = self._manifest(pool, kind, request)
+        name = request.sandbox_id
         existing = None
-        for _ in range(_CREATE_ATTEMPTS):
+        attempts = 0
+        while attempts < _CREATE_ATTEMPTS:
             try:
-                with translated(f"creating {kind.kind} {request.sandbox_id}", request.sandbox_id):
-                    return await self._api.create_namespaced_custom_object(
-                        kind.group, kind.version, pool.namespace, kind.plural, body)
+                return await self._calls.call(
+                    "create", kind.plural, f"creating {kind.kind} {name}",
+                    lambda timeout: self._api.create_namespaced_custom_object(
+                        kind.group, kind.version, pool.namespace, kind.plural, body, field_validation=_STRICT,
+                        _request_timeout=timeout),
+                    deadline=deadline, sandbox_id=name)
             except ObjectExists:
-                pass  # created before, by us on any replica or by someone else: adopt it only if it is ours
-            existing = await self._get(pool, kind, request.sandbox_id)
+                pass  # created before, by us on any replica (or by our own retried create) or by someone else
+            existing = await self._get(pool, kind, name, deadline)
+            if existing is not None and terminating(existing) and _ours(existing, self._installation):
+                # Still being deleted (finalizers, garbage collection): wait for it to go, then create.
+                await self._watch_of(pool, kind).wait(existing, lambda o: False)
+                continue
             if existing is not None:
                 break
             # Gone between our create and our read (an orphan sweep or a session's delete on another replica
             # raced us): the name is free again, so create it, rather than blame an installation that is ours.
-        labels = (existing or {}).get("metadata", {}).get("labels") or {}
-        if existing is None or labels.get(INSTALLATION) != self._installation:
-            raise Conflict(f"{kind.kind} {pool.namespace}/{request.sandbox_id} already exists and is not managed "
+            attempts += 1
+        if existing is None or not _ours(existing, self._installation) or terminating(existing):
+            raise Conflict(f"{kind.kind} {pool.namespace}/{name} already exists and is not managed "
                            f"by installation {self._installation!r}; delete it or change the installation name",
-                           sandbox_id=request.sandbox_id)
+                           sandbox_id=name)
         _check_owner(request, existing)
         return existing
 
-    async def _await_ready(self, pool: KubernetesPoolOptions, kind: Kind, obj: dict[str, Any],
-                           generation: int | None = None) -> dict[str, Any]:
+    async def _await_ready(self, pool: KubernetesPoolOptions, kind: Kind, obj: Obj,
+                           generation: int | None = None) -> Obj:
         """The object once routable (and observed at ``generation``); a terminal reason raises."""
         name = obj["metadata"]["name"]
-        found = await self._watch_until(pool.namespace, kind, obj, lambda o: (
+        found = await self._watch_of(pool, kind).wait(obj, lambda o: (
             routable(o) and observed(o, generation)) or terminal_failure(o) is not None)
         if found is None:
             raise ProvisionFailed(f"{kind.kind} {name} was deleted while starting", sandbox_id=name)
@@ -159,36 +243,6 @@ class KubernetesProvider:
         if failure is not None:
             raise ProvisionFailed(f"{kind.kind} {name} failed: {failure}", sandbox_id=name)
         return found
-
-    async def _watch_until(self, namespace: str, kind: Kind, obj: dict[str, Any],
-                           done: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
-        """The first state of ``obj`` (this one, then its watch events) that is ``done``; None once
-        it is deleted. Resumes a dropped stream from the last version seen, re-reads on 410."""
-        name = obj["metadata"]["name"]
-        version = obj["metadata"].get("resourceVersion")
-        while not done(obj):
-            try:
-                with translated(f"watching {kind.kind} {name}", name):
-                    async for event in watch_events(self._api, kind, namespace, field_selector=f"metadata.name={name}",
-                                               resource_version=version, timeout_seconds=300):
-                        if event["type"] == "DELETED":
-                            return None
-                        if event["type"] == "BOOKMARK":
-                            version = event["object"]["metadata"].get("resourceVersion", version)
-                            continue
-                        obj = event["object"]
-                        version = obj["metadata"].get("resourceVersion", version)
-                        if done(obj):
-                            break
-            except WatchExpired:
-                # Our version fell out of the watch cache: start over from a fresh read.
-                fresh = await read_object(self._api, kind, namespace, name)
-                if fresh is None:
-                    return None
-                obj, version = fresh, fresh["metadata"].get("resourceVersion")
-            except (OSError, TimeoutError, aiohttp.ClientError):
-                pass  # the stream dropped: resume from the last version we saw
-        return obj
 
     def _manifest(self, pool: KubernetesPoolOptions, kind: Kind, request: SandboxRequest) -> dict[str, Any]:
         owner = request.owner
@@ -241,56 +295,61 @@ class KubernetesProvider:
         """Patch the Sandbox to no pod and wait (bounded) until it is no longer routable. Idempotent;
         a sandbox that is not there has nothing to suspend."""
         options = self._pool(pool, sandbox_id)
-        name = await self._sandbox_name(options, sandbox_id)
-        if name is None:
-            return
+        deadline = self._calls.deadline(SUSPEND_WAIT)
         kind = sandbox_kind(options.api_version)
         try:
-            obj = await self._set_running(options, name, sandbox_id, running=False)
-        except ObjectMissing:
-            return
-        try:
-            async with asyncio.timeout(SUSPEND_WAIT):
-                await self._watch_until(options.namespace, kind, obj, lambda o: not routable(o))
+            async with asyncio.timeout_at(deadline):
+                name = await self._sandbox_name(options, sandbox_id)
+                if name is None:
+                    return
+                try:
+                    obj = await self._set_running(options, name, sandbox_id, running=False, deadline=deadline)
+                except ObjectMissing:
+                    return
+                await self._watch_of(options, kind).wait(obj, lambda o: not routable(o))
         except TimeoutError:
             raise ProvisionTimeout(
-                f"Sandbox {options.namespace}/{name} still had its pod {SUSPEND_WAIT:g}s after being set "
+                f"Sandbox {options.namespace}/{sandbox_id} still had its pod {SUSPEND_WAIT:g}s after being set "
                 f"{mode_patch(options.api_version, False)['spec']}; check the agent-sandbox controller",
                 sandbox_id=sandbox_id) from None
 
     async def resume(self, request: SandboxRequest) -> Endpoint:
         """Patch the Sandbox to run and wait by watch until it is routable again (a new pod IP).
-        Idempotent. An object deleted while suspended is created anew (``ensure``)."""
+        Idempotent. An object deleted (or being deleted) while suspended is created anew (``ensure``)."""
         pool = self._pool(request.pool, request.sandbox_id)
         kind = Kind.of(pool)
-        obj = await self._get(pool, kind, request.sandbox_id)
-        if obj is None:
+        deadline = self._calls.deadline(request.timeout)
+        try:
+            async with asyncio.timeout_at(deadline):
+                ready = await self._resume(pool, kind, request, deadline)
+        except TimeoutError:
+            raise ProvisionTimeout(
+                f"sandbox {request.sandbox_id} was not Ready with a pod IP within {request.timeout:g}s of "
+                f"resuming; it stays set to run and keeps its files", sandbox_id=request.sandbox_id) from None
+        return ready if isinstance(ready, Endpoint) else self._endpoint(pool, ready)
+
+    async def _resume(self, pool: KubernetesPoolOptions, kind: Kind, request: SandboxRequest,
+                      deadline: float) -> Obj | Endpoint:
+        obj = await self._get(pool, kind, request.sandbox_id, deadline)
+        if obj is None or terminating(obj):
             log.warning("%s %s/%s was deleted while suspended: creating it anew (its files are gone)",
                         kind.kind, pool.namespace, request.sandbox_id)
             return await self.ensure(request)
-        labels = obj["metadata"].get("labels") or {}
-        if labels.get(INSTALLATION) != self._installation:
+        if not _ours(obj, self._installation):
             raise Conflict(f"{kind.kind} {pool.namespace}/{request.sandbox_id} is not managed by installation "
                            f"{self._installation!r}; it is not resumed", sandbox_id=request.sandbox_id)
         _check_owner(request, obj)
         name = _claimed_name(obj) if pool.mode == "claim" else request.sandbox_id
         target = sandbox_kind(pool.api_version)
         try:
-            sandbox = await self._set_running(pool, name, request.sandbox_id, running=True)
+            sandbox = await self._set_running(pool, name, request.sandbox_id, running=True, deadline=deadline)
             generation = sandbox["metadata"].get("generation")
         except ObjectMissing:
             if pool.mode == "sandbox":
-                return await self.resume(request)  # deleted between the read and the patch: create it
+                return await self._resume(pool, kind, request, deadline)  # deleted between the read and the patch
             # The claimed Sandbox is gone: the claim controller provides another; wait on the claim.
             sandbox, target, generation = obj, kind, None
-        try:
-            async with asyncio.timeout(request.timeout):
-                ready = await self._await_ready(pool, target, sandbox, generation)
-        except TimeoutError:
-            raise ProvisionTimeout(
-                f"sandbox {request.sandbox_id} was not Ready with a pod IP within {request.timeout:g}s of "
-                f"resuming; it stays set to run and keeps its files", sandbox_id=request.sandbox_id) from None
-        return self._endpoint(pool, ready)
+        return await self._await_ready(pool, target, sandbox, generation)
 
     async def _sandbox_name(self, pool: KubernetesPoolOptions, sandbox_id: str) -> str | None:
         """The Sandbox behind a pool's object: itself, or the one a claim names (None: no object)."""
@@ -300,13 +359,15 @@ class KubernetesProvider:
         return None if claim is None else _claimed_name(claim)
 
     async def _set_running(self, pool: KubernetesPoolOptions, name: str, sandbox_id: str, *,
-                           running: bool) -> dict[str, Any]:
+                           running: bool, deadline: float | None = None) -> Obj:
         kind = sandbox_kind(pool.api_version)
         verb = "resuming" if running else "suspending"
-        with translated(f"{verb} Sandbox {pool.namespace}/{name}", sandbox_id):
-            return await self._api.patch_namespaced_custom_object(
+        return await self._calls.call(
+            "patch", kind.plural, f"{verb} Sandbox {pool.namespace}/{name}",
+            lambda timeout: self._api.patch_namespaced_custom_object(
                 kind.group, kind.version, pool.namespace, kind.plural, name,
-                mode_patch(pool.api_version, running), _content_type=MERGE_PATCH)
+                mode_patch(pool.api_version, running), _content_type=MERGE_PATCH, _request_timeout=timeout),
+            deadline=deadline or self._calls.deadline(), sandbox_id=sandbox_id)
 
     # delete, list -------------------------------------------------------
     async def delete(self, sandbox_id: str, pool: str) -> None:
@@ -314,41 +375,43 @@ class KubernetesProvider:
         kind = Kind.of(options)
         self._routable.discard(sandbox_id)
         try:
-            with translated(f"deleting {kind.kind} {sandbox_id}", sandbox_id):
-                await self._api.delete_namespaced_custom_object(
+            await self._calls.call(
+                "delete", kind.plural, f"deleting {kind.kind} {sandbox_id}",
+                lambda timeout: self._api.delete_namespaced_custom_object(
                     kind.group, kind.version, options.namespace, kind.plural, sandbox_id,
-                    body=client.V1DeleteOptions(propagation_policy="Background"))
+                    body=client.V1DeleteOptions(propagation_policy="Background"), _request_timeout=timeout),
+                deadline=self._calls.deadline(), sandbox_id=sandbox_id)
         except ObjectMissing:
             pass  # deleted already
 
+    async def _list(self, namespace: str, kind: Kind, **params: Any) -> Obj:
+        return await self._calls.call(
+            "list", kind.plural, f"listing {kind.plural} in {namespace}",
+            lambda timeout: self._api.list_namespaced_custom_object(
+                kind.group, kind.version, namespace, kind.plural, label_selector=self._selector(),
+                _request_timeout=timeout, **params),
+            deadline=self._calls.deadline())
+
     async def list_managed(self) -> list[ManagedSandbox]:
         found: list[ManagedSandbox] = []
-        seen: set[tuple[str, Kind]] = set()
-        for options in self._pools.values():
-            target = (options.namespace, Kind.of(options))
-            if target in seen:
-                continue
-            seen.add(target)
-            kind = target[1]
-            with translated(f"listing {kind.plural} in {options.namespace}"):
-                listing = await self._api.list_namespaced_custom_object(
-                    kind.group, kind.version, options.namespace, kind.plural, label_selector=self._selector())
+        for namespace, kind in self._targets():
+            listing = await self._list(namespace, kind)
             found.extend(_managed(item) for item in listing.get("items", ()))
         return found
+
+    def _targets(self) -> list[tuple[str, Kind]]:
+        return sorted({(o.namespace, Kind.of(o)) for o in self._pools.values()}, key=str)
 
     async def managed_page(self, cursor: str | None, limit: int) -> ManagedPage:
         """One API page (``limit``/``continue``) of one (namespace, kind) at a time; the cursor is
         [target index, continue token]. An expired token (410) restarts that target's listing."""
-        targets = sorted({(o.namespace, Kind.of(o)) for o in self._pools.values()}, key=str)
+        targets = self._targets()
         index, token = json.loads(cursor) if cursor else (0, None)
         if index >= len(targets):
             return ManagedPage([], None)
         namespace, kind = targets[index]
         try:
-            with translated(f"listing {kind.plural} in {namespace}"):
-                listing = await self._api.list_namespaced_custom_object(
-                    kind.group, kind.version, namespace, kind.plural, label_selector=self._selector(),
-                    limit=limit, _continue=token or None)
+            listing = await self._list(namespace, kind, limit=limit, _continue=token or None)
         except WatchExpired:  # 410: the continue token expired
             if token:
                 return ManagedPage([], json.dumps([index, None]))
@@ -360,7 +423,8 @@ class KubernetesProvider:
         return ManagedPage(items, json.dumps([index + 1, None]) if index + 1 < len(targets) else None)
 
     async def probe(self, sandbox_id: str, pool: str) -> Probe:
-        """GONE when the object is not there (deleted behind our back), ALIVE when it is routable."""
+        """GONE when the object is not there (deleted behind our back) or is being deleted, ALIVE when
+        it is routable."""
         options = self._pools.get(pool)
         if options is None:
             return Probe.UNKNOWN
@@ -368,48 +432,23 @@ class KubernetesProvider:
             obj = await self._get(options, Kind.of(options), sandbox_id)
         except KubeApiError:
             return Probe.UNKNOWN  # the API server did not answer: never re-create on a guess
-        if obj is None:
+        if obj is None or terminating(obj):
             return Probe.GONE
         return Probe.ALIVE if routable(obj) else Probe.UNKNOWN
 
     # lost sandboxes -------------------------------------------------------
-    async def _watch_managed(self, namespace: str, kind: Kind, on_lost: LostHandler) -> None:
-        """Report objects of ours that are deleted or stop being routable; reconnect forever."""
-        version: str | None = None
-        while True:
-            try:
-                with translated(f"watching {kind.plural} in {namespace}"):
-                    if version is None:
-                        listing = await self._api.list_namespaced_custom_object(
-                            kind.group, kind.version, namespace, kind.plural, label_selector=self._selector())
-                        version = listing["metadata"].get("resourceVersion")
-                        self._routable.update(item["metadata"]["name"] for item in listing.get("items", ())
-                                              if routable(item))
-                    async for event in watch_events(self._api, kind, namespace, label_selector=self._selector(),
-                                               resource_version=version, timeout_seconds=300):
-                        obj = event["object"]
-                        version = obj["metadata"].get("resourceVersion", version)
-                        if event["type"] == "BOOKMARK":
-                            continue
-                        name = obj["metadata"]["name"]
-                        if event["type"] != "DELETED" and suspended_spec(obj):
-                            self._routable.discard(name)  # suspended on purpose: not lost
-                        elif event["type"] == "DELETED" or not routable(obj):
-                            if name in self._routable:
-                                self._routable.discard(name)
-                                on_lost(name)
-                        else:
-                            self._routable.add(name)
-            except asyncio.CancelledError:
-                raise
-            except WatchExpired:
-                version = None  # relist
-            except KubeApiError as exc:
-                log.warning("%s; retrying", exc.message)
-                await asyncio.sleep(1.0)
-            except Exception as exc:  # the stream dropped or the API server is away: back off, resume
-                log.warning("watch on %s in %s dropped: %s", kind.plural, namespace, exc)
-                await asyncio.sleep(1.0)
+    def _on_managed(self, event: str, obj: Obj) -> None:
+        """Report objects of ours that are deleted or stop being routable (the shared watch's listener)."""
+        name = obj["metadata"]["name"]
+        if event != "DELETED" and suspended_spec(obj) and not terminating(obj):
+            self._routable.discard(name)  # suspended on purpose: not lost
+        elif event == "DELETED" or not routable(obj):
+            if name in self._routable:
+                self._routable.discard(name)
+                if self._on_lost is not None:
+                    self._on_lost(name)
+        else:
+            self._routable.add(name)
 
     # helpers ----------------------------------------------------------------
     def _selector(self) -> str:
@@ -421,8 +460,17 @@ class KubernetesProvider:
             raise ProvisionFailed(f"pool {pool!r} is not a kubernetes pool", sandbox_id=sandbox_id)
         return options
 
-    async def _get(self, pool: KubernetesPoolOptions, kind: Kind, name: str) -> dict[str, Any] | None:
-        return await read_object(self._api, kind, pool.namespace, name)
+    async def _get(self, pool: KubernetesPoolOptions, kind: Kind, name: str,
+                   deadline: float | None = None) -> Obj | None:
+        """The object, or None when there is none of that name."""
+        try:
+            return await self._calls.call(
+                "get", kind.plural, f"reading {kind.kind} {pool.namespace}/{name}",
+                lambda timeout: self._api.get_namespaced_custom_object(
+                    kind.group, kind.version, pool.namespace, kind.plural, name, _request_timeout=timeout),
+                deadline=deadline or self._calls.deadline(), sandbox_id=name)
+        except ObjectMissing:
+            return None
 
     def describe(self) -> str:
         return ", ".join(f"{name}: {o.mode} {o.api_version} in {o.namespace}" for name, o in self._pools.items())
@@ -433,6 +481,12 @@ def _managed(item: Mapping[str, Any]) -> ManagedSandbox:
     created = meta.get("creationTimestamp")
     at = dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else time.time()
     return ManagedSandbox(meta["name"], (meta.get("labels") or {}).get(POOL, ""), at)
+
+
+def _ours(obj: Mapping[str, Any], installation: str) -> bool:
+    """Labelled as this installation's (exactly what its watch selects, so a wait on it is seen)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(INSTALLATION) == installation and labels.get(MANAGED_BY) == "sandbox-gateway"
 
 
 def _claimed_name(claim: Mapping[str, Any]) -> str:

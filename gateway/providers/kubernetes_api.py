@@ -9,6 +9,7 @@ neither imports the other.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -32,14 +33,32 @@ TERMINAL_REASONS = frozenset({
     "PodFailed", "PodSucceeded", "InvalidMetadata", "EnvVarsInjectionRejected",
 })
 
-# Exactly what this provider calls, per pool namespace; the Helm chart's Role renders these.
-RBAC_RULES: tuple[dict[str, Any], ...] = (
+# Exactly what this provider calls, per pool mode; the Helm chart's Role in each pool namespace renders
+# rbac_rules(the modes of the pools there). A claim pool patches (suspend, resume) and watches the Sandbox
+# its claim holds, but never creates or deletes one: creating a Sandbox amounts to creating any pod.
+RBAC_RULES_BY_MODE: dict[str, tuple[dict[str, Any], ...]] = {
     # patch: suspend and resume (spec.operatingMode, or spec.replicas at v1alpha1)
-    {"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"],
-     "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
-    {"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
-     "verbs": ["get", "list", "watch", "create", "delete"]},
-)
+    "sandbox": ({"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"],
+                 "verbs": ["get", "list", "watch", "create", "delete", "patch"]},),
+    "claim": ({"apiGroups": ["agents.x-k8s.io"], "resources": ["sandboxes"], "verbs": ["list", "watch", "patch"]},
+              {"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
+               "verbs": ["get", "list", "watch", "create", "delete"]}),
+}
+
+
+def rbac_rules(modes: Any) -> tuple[dict[str, Any], ...]:
+    """The rules a namespace whose pools have these modes needs: the union, one rule per resource."""
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for mode in modes:
+        for rule in RBAC_RULES_BY_MODE[mode]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    verbs.setdefault((group, resource), set()).update(rule["verbs"])
+    return tuple({"apiGroups": [g], "resources": [r], "verbs": sorted(v)} for (g, r), v in sorted(verbs.items()))
+
+
+#: Every mode's rules at once (an rbac.extraNamespaces namespace, whose pools' modes the chart cannot see).
+RBAC_RULES = rbac_rules(RBAC_RULES_BY_MODE)
 
 @dataclass(frozen=True, slots=True)
 class Kind:
@@ -75,7 +94,20 @@ def translated(doing: str, sandbox_id: str | None = None) -> Iterator[None]:
         yield
     except ApiException as exc:
         error = _BY_STATUS.get(exc.status or 0, KubeApiError)
-        raise error(f"Kubernetes API error {exc.status} {exc.reason} while {doing}", sandbox_id=sandbox_id) from exc
+        detail = _status_message(exc) if exc.status in (400, 403, 422) else None
+        raise error(f"Kubernetes API error {exc.status} {exc.reason} while {doing}"
+                    + (f": {detail}" if detail else ""), sandbox_id=sandbox_id) from exc
+
+
+def _status_message(exc: ApiException) -> str | None:
+    """The apiserver's own words (a Status ``message``): what a 400 (strict field validation names
+    the unknown field), 403 or 422 is about."""
+    try:
+        body = json.loads(exc.body) if exc.body else None
+    except (TypeError, ValueError):
+        return None
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message)[:500] if message else None
 
 
 async def read_object(api: client.CustomObjectsApi, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
@@ -101,7 +133,15 @@ def pod_ips(obj: Mapping[str, Any]) -> list[str]:
     return list(status.get("podIPs") or ())
 
 
+def terminating(obj: Mapping[str, Any]) -> bool:
+    """Deletion has begun (finalizers or garbage collection still hold the object): never adopted,
+    never routed to; it is waited out."""
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
 def routable(obj: Mapping[str, Any]) -> bool:
+    if terminating(obj):
+        return False
     ready = ready_condition(obj)
     return ready is not None and ready.get("status") == "True" and bool(pod_ips(obj))
 
@@ -130,23 +170,45 @@ def observed(obj: Mapping[str, Any], generation: int | None) -> bool:
 
 
 def terminal_failure(obj: Mapping[str, Any]) -> str | None:
+    """The reason an object will not become ready, else None. A claim's ReconcilerError is not one:
+    the claim controller requeues it (above all while the garbage collector still removes the
+    Sandbox of a claim of the same name that was deleted)."""
     ready = ready_condition(obj)
+    if ready is not None and obj.get("kind") == "SandboxClaim" and ready.get("reason") == "ReconcilerError":
+        return None
     if ready is not None and ready.get("status") == "False" and ready.get("reason") in TERMINAL_REASONS:
         return f"{ready['reason']}: {ready.get('message') or 'no message'}"
     return None
 
 
-async def watch_events(api: client.CustomObjectsApi, kind: Kind, namespace: str,
-                  **params: Any) -> AsyncIterator[dict[str, Any]]:
+async def watch_events(api: client.CustomObjectsApi, kind: Kind, namespace: str, *, observer: Any = None,
+                       **params: Any) -> AsyncIterator[dict[str, Any]]:
     """Watch events as dicts, through the real client's list call with ``watch=True``.
 
     Not ``kubernetes_asyncio.watch.Watch``: each of those builds its own ApiClient
     and SSL context (~50 ms of CPU on the event loop), once per sandbox here.
-    An ERROR event (410 Gone above all) is raised as the ``ApiException`` it means.
+    A non-200 answer (a 429, 5xx or 403 instead of a stream: the client does not check it for a
+    streamed call) and an ERROR event (410 Gone above all) are raised as the ``ApiException``
+    they mean, with the answer's headers (``Retry-After``). ``observer`` (a ``KubeObserver``)
+    is told the answer's status.
     """
-    response = await api.list_namespaced_custom_object(
-        kind.group, kind.version, namespace, kind.plural, watch=True, _preload_content=False, **params)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
     try:
+        response = await api.list_namespaced_custom_object(
+            kind.group, kind.version, namespace, kind.plural, watch=True, _preload_content=False, **params)
+    except Exception:
+        if observer is not None:
+            observer.answered("watch", kind.plural, "error", loop.time() - began)
+        raise
+    if observer is not None:
+        observer.answered("watch", kind.plural, str(response.status), loop.time() - began)
+    try:
+        if response.status != 200:
+            error = ApiException(status=response.status, reason=response.reason)
+            error.headers = response.headers
+            error.body = await response.read()
+            raise error
         async for line in response.content:
             if not line.strip():
                 continue
@@ -154,6 +216,8 @@ async def watch_events(api: client.CustomObjectsApi, kind: Kind, namespace: str,
             if event.get("type") == "ERROR":
                 status = event.get("object") or {}
                 raise ApiException(status=status.get("code", 500), reason=f"{status.get('reason')}: {status.get('message')}")
+            if "type" not in event or "object" not in event:
+                raise ApiException(status=500, reason=f"malformed watch event: {line[:200]!r}")
             yield event
     finally:
         response.release()

@@ -45,6 +45,14 @@ class KubernetesPoolOptions(BaseModel):
             raise ValueError("mode 'claim' with api_version v1alpha1 needs template (the SandboxTemplate name)")
         if self.mode == "claim" and self.api_version == "v1beta1" and not self.warm_pool:
             raise ValueError("mode 'claim' with api_version v1beta1 needs warm_pool (the SandboxWarmPool name)")
+        # An option that does not apply is refused, never dropped: the operator meant something by it.
+        if self.mode == "claim" and self.api_version == "v1beta1" and self.template:
+            raise ValueError("template does not apply to mode 'claim' at api_version v1beta1 (a v1beta1 claim names "
+                             "only a warm_pool, whose SandboxWarmPool names the template): remove it")
+        unused = [f for f in (("template", "warm_pool") if self.mode == "sandbox" else
+                              ("pod_template", "volume_claim_templates", "service")) if getattr(self, f) is not None]
+        if unused:
+            raise ValueError(f"{', '.join(unused)} does not apply to mode {self.mode!r}: remove it")
         return self
 
 

@@ -42,6 +42,7 @@ Obj = dict[str, Any]
 SYSTEM_META = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation",
                "name", "namespace", "selfLink", "managedFields")
 GC_FINALIZERS = ("orphan", "foregroundDeletion")
+HOLD_FINALIZER = "fakekube.test/slow-deletion"
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
@@ -86,6 +87,10 @@ class Api:
         self.create_log: list[CreateRecord] = []
         self._rng = rng or random.Random()
         self._gc_pending = False
+        # Misbehaviour a test switches on: garbage collection that runs this long after the owner goes,
+        # and deletions that a finalizer (HOLD_FINALIZER) holds this long per plural, as a controller's would.
+        self.gc_delay = 0.0
+        self.deletion_delay: dict[str, float] = {}
         self._deleted_uids: set[str] = set()
         store.subscribe(self._on_event)
 
@@ -301,6 +306,10 @@ class Api:
         extra = {"Orphan": "orphan", "Foreground": "foregroundDeletion"}.get(policy or "")
         if extra and extra not in finalizers:
             finalizers.append(extra)
+        hold = self.deletion_delay.get(res.plural)
+        if hold is not None and not options.get("dryRun"):
+            finalizers.append(HOLD_FINALIZER)
+            asyncio.get_running_loop().call_later(hold, self._release, res, namespace, name, meta["uid"])
         if options.get("dryRun"):
             return Written(from_storage(res, current, version), code=202 if finalizers else 200)
         if finalizers:
@@ -379,7 +388,7 @@ class Api:
             return
         if not self._gc_pending:
             self._gc_pending = True
-            asyncio.get_running_loop().call_soon(self._collect_garbage)
+            asyncio.get_running_loop().call_later(self.gc_delay, self._collect_garbage)
 
     def _all_objects(self) -> list[tuple[ResourceInfo, Obj]]:
         return [(res, o) for res in self.crds.resources.values() for o in self.store.items(res.key)]
@@ -422,6 +431,19 @@ class Api:
                 self.store.remove(res.key, _ns(obj), meta["name"])
             else:
                 self.store.put(res.key, current)
+
+    def _release(self, res: ResourceInfo, namespace: str, name: str, uid: str) -> None:
+        """Take HOLD_FINALIZER off (the object goes once it has no finalizer left)."""
+        current = self.store.get(res.key, namespace, name)
+        if current is None or current["metadata"]["uid"] != uid:
+            return
+        finalizers = [f for f in current["metadata"].get("finalizers") or () if f != HOLD_FINALIZER]
+        if finalizers:
+            current["metadata"]["finalizers"] = finalizers
+            self.store.put(res.key, current)
+        else:
+            current["metadata"].pop("finalizers", None)
+            self.store.remove(res.key, namespace, name)
 
     def _gc_delete(self, res: ResourceInfo, obj: Obj, policy: str) -> None:
         try:

@@ -14,6 +14,10 @@ Watches (`watch=true|1`) stream newline-delimited JSON events; a resourceVersion
 history answers 200 with one ERROR event carrying a 410 Expired Status, as the apiserver does.
 Test hooks: `drop_watches()`, `compact()`, `send_bookmarks()`, `create_count()`, `create_calls`,
 `add_namespace()`, `get_object()`, `list_objects()`, `wait_for_object()`, `wait_for_watchers()`.
+Misbehaviour (faults.py): `faults.inject(...)` (429 + Retry-After, 5xx, stalls, dropped connections,
+non-200 watches), `restart(down_for)` (watches and their cache lost), `connections` (open TCP
+connections, to bound a client's), `api.gc_delay` and `api.deletion_delay` (garbage collection and
+finalizer-held deletion that take time).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .api import Api, CreateRecord, rfc3339, utcnow
 from .convert import from_storage
 from .crds import DEFAULT_CRD_SET, PODS, ResourceInfo, load_crd_set
 from .errors import ApiError
+from .faults import Faults
 from .selectors import Selector
 from .store import DROP, END, Bookmark, Event, Store
 
@@ -55,6 +60,7 @@ class FakeKubeServer:
         self.store = Store(history_size)
         self.api = Api(self.crds, self.store, clock=clock, namespaces=namespaces, name_rules=name_rules)
         self.token = token
+        self.faults = Faults()
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._namespace_created = {ns: rfc3339(clock()) for ns in namespaces}
@@ -82,6 +88,27 @@ class FakeKubeServer:
             self._runner = None
 
     # --- test hooks -------------------------------------------------------------------------
+
+    def restart(self, down_for: float = 0.0) -> None:
+        """An apiserver restart: every watch and keep-alive connection is cut, the watch cache is
+        lost (a watch from an older resourceVersion gets 410) and, for ``down_for`` seconds, every
+        new connection is dropped."""
+        if down_for:
+            self.faults.down(down_for)
+        self.store.compact()
+        self.store.end_watches(True)
+        if self._runner is not None and self._runner.server is not None:
+            for handler in self._runner.server.connections:
+                handler.force_close()
+                if handler.transport is not None:
+                    handler.transport.abort()
+
+    @property
+    def connections(self) -> int:
+        """Open TCP connections to this server (a watch holds one; pooled keep-alives count too)."""
+        if self._runner is None or self._runner.server is None:
+            return 0
+        return len(self._runner.server.connections)
 
     def drop_watches(self, *, abrupt: bool = True) -> int:
         """Close every open watch stream; abrupt = cut the TCP connection mid-stream (the client
@@ -173,6 +200,17 @@ class FakeKubeServer:
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
             return _json(ApiError(401, "Unauthorized", "Unauthorized").body, 401)
+        fault = self.faults.take(request)
+        if fault is not None:
+            answer = await self.faults.answer(request, fault)
+            if answer is not None:
+                return answer
+            if fault.drop_after:
+                try:
+                    await handler(request)
+                except ApiError:
+                    pass
+                self.faults.cut(request)
         try:
             return await handler(request)
         except ApiError as err:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gateway.compat_locator import LOCATOR_RBAC_RULES
-from gateway.providers.kubernetes_api import RBAC_RULES
+from gateway.providers.kubernetes_api import RBAC_RULES, rbac_rules
 
 try:
     import helm_python
@@ -51,6 +51,24 @@ EXPECTED_RBAC_RULES: frozenset[tuple[str, frozenset[str], frozenset[str]]] = fro
     (group, frozenset(rule["resources"]), frozenset(rule["verbs"]))
     for rule in RBAC_RULES for group in rule["apiGroups"]
 )
+
+
+def expected_rbac_rules(modes: Any) -> frozenset[tuple[str, frozenset[str], frozenset[str]]]:
+    """What the Role of a namespace whose pools have these modes must grant: exactly rbac_rules(modes)."""
+    return frozenset((group, frozenset(rule["resources"]), frozenset(rule["verbs"]))
+                     for rule in rbac_rules(modes) for group in rule["apiGroups"])
+
+
+def namespace_modes(policy_text: str) -> dict[str, set[str]]:
+    """The pool modes per namespace of a rendered policy (the chart fills in each pool's namespace)."""
+    modes: dict[str, set[str]] = {}
+    for pool in (yaml.safe_load(policy_text).get("pools") or {}).values():
+        if (pool or {}).get("provider") == "kubernetes":
+            section = pool["kubernetes"]
+            modes.setdefault(section["namespace"], set()).add(section.get("mode", "sandbox"))
+    return modes
+
+
 # What the router headers' SandboxLocator calls: exactly what the router-compat Roles grant
 # (helper "sandbox-gateway.locatorRules").
 EXPECTED_LOCATOR_RULES: frozenset[tuple[str, frozenset[str], frozenset[str]]] = frozenset(
@@ -215,7 +233,9 @@ KITCHEN_SINK: dict[str, Any] = {
     "priorityClassName": "high",
     "dashboards": {"enabled": False},
     "networkPolicy": {"enabled": True, "extraDataFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
-                      "extraControlFrom": [{"podSelector": {"matchLabels": {"app": "prometheus"}}}]},
+                      "extraControlFrom": [{"podSelector": {"matchLabels": {"app": "prometheus"}}}],
+                      "egress": {"enabled": True, "redis": {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}]},
+                                 "extraTo": [{"to": [{"ipBlock": {"cidr": "10.9.0.0/16"}}], "ports": [{"port": 4317}]}]}},
     "routerCompat": copy.deepcopy(ROUTER_COMPAT),
     "grpc": {"tls": {"secretName": "grpc-tls"}},
 }

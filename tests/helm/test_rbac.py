@@ -12,7 +12,7 @@ import yaml
 from gateway.policy import parse_policy
 from gateway.providers.kubernetes_options import pool_options
 from tests.helm.harness import (
-    EXPECTED_RBAC_RULES, GRPC_TLS_DIR, KUBE_VERSIONS, NAMESPACE, SCENARIOS, helm_python, kubernetes_validate,
+    EXPECTED_RBAC_RULES, GRPC_TLS_DIR, expected_rbac_rules, namespace_modes, KUBE_VERSIONS, NAMESPACE, SCENARIOS, helm_python, kubernetes_validate,
     production_values, render, Rendered, role_rules, settings_from,
 )
 
@@ -113,8 +113,10 @@ def test_a_role_and_binding_per_kubernetes_pool_namespace(chart: helm_python.Cha
     assert sorted(o["metadata"]["namespace"] for o in roles) == sorted(expected)
     assert sorted(o["metadata"]["namespace"] for o in bindings) == sorted(expected)
     sa = r.one("ServiceAccount")
-    for role in roles:
-        assert role_rules(role) == EXPECTED_RBAC_RULES
+    modes = namespace_modes(r.policy_text)
+    for role in roles:  # each grants what its namespace's pool modes call, no more
+        # (a namespace that only rbac.extraNamespaces names gets every mode's rules)
+        assert role_rules(role) == expected_rbac_rules(modes.get(role["metadata"]["namespace"], ("sandbox", "claim")))
     for binding in bindings:
         role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": roles[0]["metadata"]["name"]}
         assert binding["roleRef"] == role_ref
@@ -122,6 +124,22 @@ def test_a_role_and_binding_per_kubernetes_pool_namespace(chart: helm_python.Cha
     assert not r.of_kind("ClusterRole") and not r.of_kind("ClusterRoleBinding")
     assert r.pod["spec"]["serviceAccountName"] == sa["metadata"]["name"]
     assert r.pod["spec"]["automountServiceAccountToken"] is True
+
+
+def test_a_claim_only_namespace_cannot_create_or_delete_sandboxes(chart: helm_python.Chart) -> None:
+    """Creating a Sandbox amounts to creating any pod: a namespace of claim pools gets sandboxclaims
+    and only list, watch and patch (suspend, resume) on the Sandboxes its claims hold; an
+    rbac.extraNamespaces namespace, whose pools the chart cannot see, gets every mode's rules."""
+    r = render(chart, {"replicaCount": 1, "redis": {"embedded": {"enabled": False}}, "rbac": {"extraNamespaces": ["spare"]},
+                       "policy": {"pools": {
+                           "small": {"provider": "kubernetes", "kubernetes": {"namespace": "claims", "mode": "claim",
+                                                                               "warm_pool": "w"}},
+                           "shared": {"provider": "local"}}}})
+    roles = {o["metadata"]["namespace"]: role_rules(o) for o in r.of_kind("Role")}
+    assert roles["claims"] == {("agents.x-k8s.io", frozenset({"sandboxes"}), frozenset({"list", "watch", "patch"})),
+                               ("extensions.agents.x-k8s.io", frozenset({"sandboxclaims"}),
+                                frozenset({"get", "list", "watch", "create", "delete"}))}
+    assert roles["spare"] == EXPECTED_RBAC_RULES
 
 
 def test_no_rbac_and_no_token_without_kubernetes_pools(chart: helm_python.Chart) -> None:

@@ -122,6 +122,19 @@ routing:
 {{- $namespaces | uniq | sortAlpha | toJson }}
 {{- end }}
 
+{{/* The sandbox ports of the kubernetes pools per namespace, as JSON {namespace: [ports]} (egress). */}}
+{{- define "sandbox-gateway.sandboxPorts" -}}
+{{- $policy := include "sandbox-gateway.policy" . | fromYaml }}
+{{- $ports := dict }}
+{{- range $name, $pool := $policy.pools }}
+{{- if eq (toString ($pool.provider | default "local")) "kubernetes" }}
+{{- $ns := $pool.kubernetes.namespace }}
+{{- $_ := set $ports $ns (append (default (list) (get $ports $ns)) (int ($pool.kubernetes.port | default 8888)) | uniq) }}
+{{- end }}
+{{- end }}
+{{- $ports | toJson }}
+{{- end }}
+
 {{/* Namespaces that get a Role + RoleBinding: pool namespaces + rbac.extraNamespaces. */}}
 {{- define "sandbox-gateway.rbacNamespaces" -}}
 {{- $namespaces := include "sandbox-gateway.poolNamespaces" . | fromJsonArray }}
@@ -129,17 +142,47 @@ routing:
 {{- end }}
 
 {{/*
-The API calls of the Kubernetes provider, and nothing more: exactly RBAC_RULES in
-gateway/providers/kubernetes_api.py (tests/helm/test_rbac.py compares).
+The pool modes in each Role namespace, as JSON {namespace: [modes]}: a pool's
+kubernetes.mode (default sandbox); an rbac.extraNamespaces entry gets both.
+*/}}
+{{- define "sandbox-gateway.namespaceModes" -}}
+{{- $policy := include "sandbox-gateway.policy" . | fromYaml }}
+{{- $modes := dict }}
+{{- range $name, $pool := $policy.pools }}
+{{- if eq (toString ($pool.provider | default "local")) "kubernetes" }}
+{{- $ns := $pool.kubernetes.namespace }}
+{{- $_ := set $modes $ns (append (default (list) (get $modes $ns)) ($pool.kubernetes.mode | default "sandbox") | uniq | sortAlpha) }}
+{{- end }}
+{{- end }}
+{{- range .Values.rbac.extraNamespaces }}
+{{- $_ := set $modes . (list "claim" "sandbox") }}
+{{- end }}
+{{- $modes | toJson }}
+{{- end }}
+
+{{/*
+The API calls of the Kubernetes provider for the pool modes of one namespace (the argument:
+a list of modes), and nothing more: exactly rbac_rules(modes) in
+gateway/providers/kubernetes_api.py (tests/helm/test_rbac.py compares). A claim-only
+namespace cannot create or delete Sandboxes (which amounts to creating arbitrary pods).
 */}}
 {{- define "sandbox-gateway.providerRules" -}}
+{{- if has "sandbox" . }}
 - apiGroups: ["agents.x-k8s.io"]
   resources: ["sandboxes"]
   # patch: suspend and resume (spec.operatingMode; spec.replicas at v1alpha1), the claimed Sandbox included
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
+{{- else }}
+- apiGroups: ["agents.x-k8s.io"]
+  resources: ["sandboxes"]
+  # a claim's Sandbox: suspended and resumed (patch), watched until ready again (list, watch)
+  verbs: ["list", "watch", "patch"]
+{{- end }}
+{{- if has "claim" . }}
 - apiGroups: ["extensions.agents.x-k8s.io"]
   resources: ["sandboxclaims"]
   verbs: ["get", "list", "watch", "create", "delete"]
+{{- end }}
 {{- end }}
 
 {{/*

@@ -1,0 +1,122 @@
+"""The benchmarks' harness: what it reports about the machine, the CPU it attributes, the peers it starts.
+
+A figure from ``benchmarks/`` is only as good as what is printed beside it, so these check the
+parts a reader relies on: the header names the build the gateway runs, each process's CPU lands
+on its own role, ``proxy_bench --serve`` with several workers gets a Redis of its own, and the
+nginx ``grpc_pass`` peer of ``grpc_bench`` really relays gRPC. Real processes, no stand-ins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+from grpclib.client import Channel
+from grpclib.const import Cardinality
+
+import gateway._compiled
+from benchmarks import grpc_bench, harness, proxy_bench, pyspy_profile
+from tests.grpc_helpers import RawCodec, echo_server
+from tests.redis_server import redis_server_path
+
+BUSY = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+
+
+def test_header_names_the_machine_the_build_and_the_load() -> None:
+    lines = harness.header("bench").splitlines()
+    fields = dict(line.split(":", 1) for line in lines[1:])
+    assert set(fields) >= {"cpu", "cores", "frequency", "kernel", "python", "build", "load average"}
+    # The build is asked of a fresh interpreter started like the gateway: the same choice as this one's.
+    assert fields["build"].strip().startswith(gateway._compiled.DESCRIPTION.split(" (")[0])
+    assert str(harness.ROOT / "gateway") in fields["build"]
+    assert "before the run" in fields["load average"]
+    assert "after the run" in harness.footer()
+
+
+def test_pure_python_build_is_reported_when_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(gateway._compiled.PURE_PYTHON_ENV, "1")
+    assert harness.gateway_build().startswith("pure Python")
+
+
+def test_cpu_meter_puts_each_process_cpu_on_its_role() -> None:
+    """A busy process and an idle one measured by PID, the load generator as a child run within."""
+    busy = subprocess.Popen([sys.executable, "-c", BUSY + "time.sleep(30)"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        meter = harness.CpuMeter({"busy": [busy.pid], "idle": [idle.pid]}, harness.LOAD_CHILD, "load")
+        with meter:
+            subprocess.run([sys.executable, "-c", BUSY], check=True)  # the load generator (wrk's place)
+            busy_end = 0.0
+            while busy_end < 0.3:  # until the busy one has spent its 0.3 s of CPU, however loaded the machine
+                busy_end = harness.cpu_ns([busy.pid])[0] / 1e9
+        cpu = meter.per_op(1000)
+    finally:
+        harness.stop_procs([busy, idle])
+    assert set(cpu) == {"busy", "idle", "load"}
+    # 0.3 s of CPU over 1000 ops: 300 us per op each (the interpreter's start-up adds to both)
+    assert cpu["load"].us >= 290
+    assert cpu["busy"].us >= 200
+    assert cpu["idle"].us < 20
+    assert 0 <= cpu["load"].sys_us <= cpu["load"].us
+
+
+@pytest.mark.skipif(redis_server_path() is None, reason="redis-server is not installed")
+def test_serve_with_workers_gets_a_redis_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It died with KeyError: 'BENCH_REDIS_URL'; now it starts redis-server on a port the kernel chose."""
+    monkeypatch.delenv("BENCH_REDIS_URL", raising=False)
+    with contextlib.ExitStack() as stack:
+        url, pids = proxy_bench.bench_redis(stack)
+        with redis.Redis.from_url(url, socket_timeout=5) as client:
+            assert client.ping()
+        assert len(pids) == 1 and os.path.exists(f"/proc/{pids[0]}")
+    with pytest.raises(redis.ConnectionError), redis.Redis.from_url(url, socket_timeout=5) as client:
+        client.ping()  # stopped with the run
+
+
+def test_serve_with_workers_uses_bench_redis_url_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BENCH_REDIS_URL", "redis://127.0.0.1:1/0")
+    with contextlib.ExitStack() as stack:
+        assert proxy_bench.bench_redis(stack) == ("redis://127.0.0.1:1/0", [])
+
+
+@pytest.mark.skipif(harness.NGINX is None, reason="nginx is not installed")
+async def test_nginx_grpc_peer_relays_calls(tmp_path: Path) -> None:
+    """More calls than nginx 1.22's default keepalive_requests (1000) on one client connection, all answered,
+    with the upstream pool kept (keepalive) and neither side's connection ended at 1000 requests."""
+    async with echo_server() as (_, sandbox_port):
+        nginx, port = grpc_bench.start_nginx_grpc(tmp_path, sandbox_port)
+        try:
+            conf = (tmp_path / "grpc.conf").read_text()
+            assert "keepalive 32;" in conf and "grpc_pass grpc://sandbox;" in conf and " http2 " in conf
+            assert "keepalive_requests 1000000;" in conf  # upstream
+            assert "keepalive_requests 10000000;" in conf  # clients
+            channel = Channel("127.0.0.1", port, codec=RawCodec())
+            try:
+                for i in range(1100):
+                    async with channel.request("/test.Echo/Unary", Cardinality.UNARY_UNARY, bytes, bytes) as call:
+                        await call.send_message(b"m%d" % i, end=True)
+                        assert await call.recv_message() == b"m%d" % i
+                        await call.recv_trailing_metadata()
+                        assert call.trailing_metadata is not None
+            finally:
+                channel.close()
+        finally:
+            harness.stop_procs([nginx])
+
+
+def test_profile_breakdown_splits_the_measured_user_cpu_and_leaves_syscalls_out(tmp_path: Path) -> None:
+    """py-spy samples wall clock: a sample inside write() is the kernel's (measured as stime), not the caller's."""
+    stacks = tmp_path / "gateway.txt"
+    stacks.write_text(
+        "run (uvloop/loop.pyx:1);begin (gateway/proxy/_downstream.py:10) 30\n"
+        "run (uvloop/loop.pyx:1);finished (gateway/proxy/_plane.py:20) 10\n"
+        "run (uvloop/loop.pyx:1);begin (gateway/proxy/_downstream.py:10);write (libc.so) 60\n"
+        "run (uvloop/loop.pyx:1);data_received (gateway/proxy/_downstream.py:5);llhttp_execute (parser.c) 10\n")
+    rows = dict(pyspy_profile.breakdown(stacks, user_us=10.0))
+    assert rows == {"begin (gateway/proxy/_downstream.py)": 6.0, "finished (gateway/proxy/_plane.py)": 2.0,
+                    "[parser: llhttp/httptools]": 2.0}
