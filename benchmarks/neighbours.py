@@ -40,18 +40,12 @@ from aiohttp import web  # noqa: E402
 from grpclib.client import Channel  # noqa: E402
 from grpclib.const import Cardinality  # noqa: E402
 
+from benchmarks.harness import footer, header  # noqa: E402
 from tests.gateway_process import GatewayProcess  # noqa: E402
 from tests.grpc_helpers import RawCodec, echo_server  # noqa: E402
 
 SOURCES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 VICTIM = {"X-Org-Id": "victim", "X-User-Id": "v", "X-Session-Id": "victim-1"}
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 class Sandbox:
@@ -153,6 +147,8 @@ def address(url: str) -> tuple[str, int]:
 
 async def main(args: argparse.Namespace) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    print(header("neighbours", f"descriptors:  {hard} (this process and the gateway's, raised to the hard limit)",
+                 f"victim:       {args.victim} sequential calls per port and attack", installed=True), flush=True)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     sandbox = Sandbox()
     app = web.Application()
@@ -214,10 +210,6 @@ async def main(args: argparse.Namespace) -> None:
                 await gateway.stop()
     await runner.cleanup()
 
-    import gateway._compiled as compiled  # the same sources and venv as the serve process
-
-    print(f"CPU: {cpu_model()} x {os.cpu_count()}; data plane: {compiled.DESCRIPTION}; "
-          f"descriptor limit {hard}; victim {args.victim} sequential calls per port")
     print()
     print("| attack | attacker | victim port | p50 ms | p99 ms | errors | load avg (1/5/15) |")
     print("|---|---|---|---|---|---|---|")
@@ -225,6 +217,7 @@ async def main(args: argparse.Namespace) -> None:
         for port, result in results.items():
             print(f"| {name} | {detail} | {port} | {result['p50']:.2f} | {result['p99']:.2f} | "
                   f"{result['errors']}/{result['calls']} | {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} |")
+    print(footer())
 
 
 if __name__ == "__main__":
