@@ -30,6 +30,7 @@ from gateway.compat import RouterCompat
 from gateway.grants import AccessGrants, Grants, McpTarget, NoGrants
 from gateway.hosts import AllowedHosts, default_allowed_hosts
 from gateway.errors import GatewayError
+from gateway.gate import ConnectionGate, connection_bounds
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics, RequestMetrics
 from gateway.model import SandboxState
@@ -80,7 +81,7 @@ def build_confinement(settings: Settings) -> Confinement:
     """bubblewrap, or (only when the settings accept it) nothing, where bubblewrap cannot run."""
     from gateway.providers.confine import Bubblewrap, Unconfined
 
-    bubblewrap = Bubblewrap(Path(settings.data_dir).absolute())
+    bubblewrap = Bubblewrap(Path(settings.data_dir).absolute(), disk_quota=settings.local_disk_quota_bytes)
     if not settings.local_unconfined:
         return bubblewrap
     try:
@@ -127,11 +128,13 @@ def build_providers(settings: Settings, policy: Policy, metrics: Metrics | None 
         by_kind.setdefault(pool.provider, []).append(name)
     instances: dict[str, SandboxProvider] = {}
     if "local" in by_kind:
+        from gateway.providers.confine import host_sandbox_cap
         from gateway.providers.local import LocalProvider
 
         instances["local"] = LocalProvider(Path(settings.data_dir), stop_on_close=settings.store_kind == "memory",
                                            confinement=build_confinement(settings), networks=local_networks(policy),
-                                           policy_source=policy.source)
+                                           policy_source=policy.source, min_free_bytes=settings.local_min_free_bytes,
+                                           max_sandboxes=settings.local_max_sandboxes or host_sandbox_cap())
     if "static" in by_kind:
         from gateway.providers.static import StaticProvider
 
@@ -268,12 +271,15 @@ class Gateway:
         undo.push_async_callback(self.router.release_reaper_lease)  # once no loop can take it again
         self._start_background_loops()
         undo.push_async_callback(self._stop_background_loops)
+        bounds = connection_bounds(self.settings.max_connections, self.settings.max_connections_per_client)
         self.data_plane = DataPlane(self.router, PlaneOptions.from_settings(self.settings),
                                     on_request=self._on_request, authenticator=self.authenticator,
                                     limits=OrgLimits.from_settings(self.settings),
                                     compat=self.compat if self.compat is not None else NoRouterHeaders(),
-                                    keys=self._preview_keys(), hosts=self.allowed_hosts)
+                                    keys=self._preview_keys(), hosts=self.allowed_hosts,
+                                    gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused))
         self.data_plane.request_timeouts = request_timeouts(self.router.policy)
+        self.metrics.add_fold(self._live_gauges)  # exact at a scrape, not up to 5 s behind
         await self.data_plane.start(data_sock)
         undo.push_async_callback(self._drain_fronts)
         if grpc_sock is not None:
@@ -281,7 +287,8 @@ class Gateway:
 
             self.grpc_front = GrpcFront(self.router, self.settings, authenticator=self.authenticator,
                                         limits=self.data_plane.limits, metrics=GrpcMetrics(self.metrics.registry),
-                                        access=self._access, admission=self.data_plane.admission)
+                                        access=self._access, admission=self.data_plane.admission,
+                                        gate=ConnectionGate("grpc", *bounds, on_refused=self.metrics.connection_refused))
             await self.grpc_front.start(grpc_sock)
             self.grpc_address = self.grpc_front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
@@ -398,11 +405,18 @@ class Gateway:
             log.info("reaped idle sandbox %s", sandbox_id)
         await self.router.sweep_orphans(self.settings.orphan_grace)
 
+    def _live_gauges(self) -> None:
+        """This process's requests in flight and open streams (a stream counts from its response head, declared
+        or not); set at every scrape and fold, and by the periodic refresh for the other workers' scrapes."""
+        m, plane = self.metrics, self.data_plane
+        if plane is not None:
+            m.in_flight.set(plane.in_flight)
+            m.open_streams.set(plane.open_streams)
+
     async def _refresh_gauges(self) -> None:
         """Store-wide session and sandbox counts (every replica reports the same; dashboards take max)."""
         m = self.metrics
-        m.in_flight.set(self.data_plane.in_flight)
-        m.open_streams.set(self.data_plane.open_streams)
+        self._live_gauges()
         counts = await self.router.fleet_counts()  # kept by the store as it changes: no scan
         for name in self.router.policy.pools:
             m.sessions.labels(name).set(counts.sessions.get(name, 0))

@@ -17,6 +17,8 @@
     ├── HeaderTooLarge                431 header_too_large                  RESOURCE_EXHAUSTED
     ├── NotImplementedByGateway       501 not_implemented                   UNIMPLEMENTED
     ├── StoreUnavailable              503 store_unavailable (+ Retry-After) UNAVAILABLE (+ retry-after)
+    ├── InsufficientStorage           507 insufficient_storage (+ Retry-After) RESOURCE_EXHAUSTED (a disk floor)
+    ├── TooManyConnections            503 too_many_connections (+ Retry-After) UNAVAILABLE (the gRPC front: GOAWAY)
     ├── ProvisionFailed               503 provision_failed                  UNAVAILABLE
     │   ├── ProvisionTimeout          504 provision_timeout                 UNAVAILABLE (retry: it is still coming)
     │   └── KubeApiError              503 provision_failed                  UNAVAILABLE (a Kubernetes API call failed)
@@ -160,6 +162,28 @@ class NotImplementedByGateway(GatewayError):
 class StoreUnavailable(GatewayError):
     status = 503
     code = "store_unavailable"
+    grpc_status = Status.UNAVAILABLE
+
+    def __init__(self, message: str, *, retry_after: float = 5.0) -> None:
+        super().__init__(message, retry_after=retry_after)
+
+
+class InsufficientStorage(GatewayError):
+    """The local provider's data dir is below its free-space floor: no new sandbox until space is freed."""
+
+    status = 507
+    code = "insufficient_storage"
+    grpc_status = Status.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, *, retry_after: float = 60.0, sandbox_id: str | None = None) -> None:
+        super().__init__(message, retry_after=retry_after, sandbox_id=sandbox_id)
+
+
+class TooManyConnections(GatewayError):
+    """A listener holds as many connections as it may (gateway/gate.py): the new one is answered and closed."""
+
+    status = 503
+    code = "too_many_connections"
     grpc_status = Status.UNAVAILABLE
 
     def __init__(self, message: str, *, retry_after: float = 5.0) -> None:

@@ -76,6 +76,10 @@ class Metrics:
             "sgw_capacity_rejections_total",
             "Requests refused at a cap or a tenant limit (org_rate, org_streams, max_body, ws_message)", ["scope"],
             registry=r)
+        self.connections_refused = Counter(
+            "sgw_connections_refused_total", "Connections refused at a listener's bound (gateway/gate.py), by "
+            "listener (data, grpc) and bound (max_connections, max_connections_per_client)", ["listener", "bound"],
+            registry=r)
         self.reaps = Counter("sgw_reaps_total", "Sandboxes destroyed by reason", ["reason"], registry=r)
         self.sweeps = Counter("sgw_orphan_sweeps_total", "Orphaned provider objects deleted", ["reason"], registry=r)
         self.route_cache_lookups = Counter("sgw_route_cache_total", "Route cache lookups", ["result"], registry=r)
@@ -170,6 +174,9 @@ class Metrics:
 
     def capacity_rejected(self, scope: str) -> None:
         self.capacity_rejections.labels(scope).inc()
+
+    def connection_refused(self, listener: str, bound: str) -> None:
+        self.connections_refused.labels(listener, bound).inc()
 
     def reaped(self, reason: str) -> None:
         if reason == "orphan":

@@ -19,6 +19,7 @@ import socket
 import tempfile
 
 from gateway.app import Gateway, confinement_problem
+from gateway.gate import connection_bounds, raise_descriptor_limit
 from gateway.logs import AccessLog, configure_logging
 from gateway.settings import Settings
 
@@ -136,6 +137,7 @@ def serve(settings: Settings) -> int:
     if problem is not None:
         log.error("%s", problem)
         return 2
+    _raise_descriptor_limit(settings)
     # Reserve the ports (and resolve port 0) before any worker starts.
     data_reserve = bind(settings.host, settings.data_port, listen=False)
     control_reserve = bind(settings.host, settings.control_port, listen=False)
@@ -152,6 +154,16 @@ def serve(settings: Settings) -> int:
         data_reserve.close()
         control_reserve.close()
         grpc_reserve.close()
+
+
+def _raise_descriptor_limit(settings: Settings) -> None:
+    """Every connection is a descriptor: take all the kernel allows (workers inherit it), and say what each
+    listener may hold of it (gateway/gate.py)."""
+    before, after = raise_descriptor_limit()
+    total, per_client = connection_bounds(settings.max_connections, settings.max_connections_per_client)
+    log.info("descriptors: soft limit %d -> %d (the hard limit); the data plane and the gRPC front each hold "
+             "up to %d connections (max_connections), %d per client address (max_connections_per_client)",
+             before, after, total, per_client)
 
 
 def _supervise(settings: Settings, data_port: int, control_port: int, grpc_port: int) -> int:

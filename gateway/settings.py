@@ -129,6 +129,18 @@ class Settings(BaseSettings):
     grpc_port: int = Field(default=50051, ge=0, le=65535)  # the gRPC front (gateway/grpcfront); 0 = any free port
     grpc_tls_cert_file: Path | None = None  # with grpc_tls_key_file: the gRPC front speaks TLS (ALPN h2), not h2c
     grpc_tls_key_file: Path | None = None
+    # The gRPC front's connection timing (gateway/grpcfront/keeper.py); gRPC servers' own names and defaults
+    # where they have one (grpc-go keepalive.ServerParameters / EnforcementPolicy):
+    grpc_handshake_timeout: float = Field(default=10.0, gt=0)       # preface + first SETTINGS (and TLS) within this
+    grpc_settings_ack_timeout: float = Field(default=10.0, gt=0)    # our SETTINGS ACKed within this
+    grpc_idle_timeout: float | None = Field(default=300.0, gt=0)    # no call for this long: GOAWAY NO_ERROR
+    grpc_keepalive_min_time: float = Field(default=300.0, gt=0)     # PINGs with no call: no more often than this
+    grpc_keepalive_permit_without_calls: bool = False               # else any PING with no call is a strike
+    grpc_max_connection_age: float | None = Field(default=None, gt=0)  # GOAWAY NO_ERROR after this (off)
+    grpc_max_connection_age_grace: float = Field(default=30.0, ge=0)   # ... then the calls left are ended
+    # The bytes one client connection may have in flight towards the front, all its streams together; credited
+    # back as the relay hands them on (gateway/grpcfront/connection.py). Each stream still has its 1 MiB window.
+    grpc_connection_window: int = Field(default=16 * 1024 * 1024, ge=1024 * 1024, le=2**31 - 1)
     # "auto": one per core this process may run on (sched_getaffinity), or 1 with the in-memory store
     workers: int | Literal["auto"] = 1
 
@@ -151,6 +163,15 @@ class Settings(BaseSettings):
     # Local sandboxes run under bubblewrap; where it cannot run, the gateway refuses to start unless this
     # accepts sandboxes that run as the gateway's user and see the host (its files, its loopback ports).
     local_unconfined: bool = False
+    # Local sandboxes running at once on this host (429 beyond); None: derived from the host's memory
+    # (gateway/providers/confine.py host_sandbox_cap: 256 MiB each). New local sandboxes are refused (507)
+    # while the data dir's filesystem has less free than local_min_free_bytes.
+    local_max_sandboxes: int | None = Field(default=None, ge=1)
+    local_min_free_bytes: int = Field(default=1024**3, ge=0)
+    # Each local sandbox's own filesystem (a sparse image loop-mounted in the sandbox's own mount namespace,
+    # gateway/providers/disk.py; root only): full, it answers ENOSPC inside that sandbox alone; the host sees
+    # box/disk.img, not the files. 0: none (sandboxes share the data dir's filesystem, files in box/root/).
+    local_disk_quota_bytes: int = Field(default=10 * 1024**3, ge=0)
 
     # authentication (gateway/auth.py): None = trusted headers on loopback only
     auth_mode: Literal["trusted-headers", "token"] | None = None
@@ -218,6 +239,12 @@ class Settings(BaseSettings):
     stream_idle_timeout: float = Field(default=300.0, gt=0)
     trust_forwarded_for: bool = False
     max_header_bytes: int = Field(default=32_768, ge=1024)
+
+    # Connections each client-facing listener (data plane, gRPC front) holds, in all and per source address
+    # (gateway/gate.py); None: derived from the descriptor limit (a fifth of it per listener, an eighth of
+    # that per address), leaving a reserve for the control API and the sandboxes. Per worker process.
+    max_connections: int | None = Field(default=None, ge=1)
+    max_connections_per_client: int | None = Field(default=None, ge=1)
 
     # tenant limits (gateway/limits.py; None = unlimited), per replica
     org_rate_limit: float | None = Field(default=None, gt=0)       # requests/s per org (or personal user)

@@ -159,6 +159,22 @@ async def test_a_sandbox_reaches_neither_another_runtime_nor_the_gateway(stack):
                         "alice's runtime": "FileNotFoundError"}
 
 
+async def test_a_sandbox_cannot_make_a_user_namespace_and_still_runs_threads_and_processes(stack):
+    """unshare -Ur used to give uid 0 in a new user namespace inside a sandbox (issue 28); the seccomp filter
+    (gateway/providers/seccomp.py) refuses it, while threads (clone3 answered ENOSYS, glibc falls back to
+    clone) and child processes start as before."""
+    for command in ("unshare -Ur id -u", "unshare --user true",
+                    "python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+                    "print(libc.unshare(0x10000000), ctypes.get_errno())'"):
+        seen = await stack.run("bob", "s2", command)
+        assert seen["exit_code"] != 0 or seen["stdout"].split() == ["-1", "1"], (command, seen)  # -1, EPERM
+        assert seen["stdout"].strip() != "0", (command, seen)
+    threads = "import threading; t = threading.Thread(target=print, args=('threaded',)); t.start(); t.join()"
+    seen = await stack.run("bob", "s2", f'python3 -c "{threads}" && sh -c "echo forked" && id -u')
+    assert seen["exit_code"] == 0 and seen["stdout"].split()[:2] == ["threaded", "forked"], seen
+    assert seen["stdout"].split()[2] != "0"
+
+
 async def test_files_persist_across_requests_and_a_restart(stack):
     await stack.run("alice", "s1", "mkdir -p work && echo kept > work/f.txt")
     assert (await stack.run("alice", "s1", "cat work/f.txt"))["stdout"] == "kept\n"

@@ -20,7 +20,10 @@ from tests.test_grpc_runtime import assert_output_as_it_comes
 @asynccontextmanager
 async def local_gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     """A whole Gateway on its embedded default: local pools, confined sandboxes, a memory store."""
-    gateway = Gateway.create(Settings(data_dir=tmp_path / "data", drain_timeout=1.0, access_log=False))
+    # local_disk_quota_bytes=0: a test writes into a sandbox's directory from the host, which a disk image
+    # (gateway/providers/disk.py) would hold out of sight
+    gateway = Gateway.create(Settings(data_dir=tmp_path / "data", drain_timeout=1.0, access_log=False,
+                                      local_disk_quota_bytes=0))
     await gateway.start(listening_socket(), listening_socket(), listening_socket())
     try:
         yield gateway

@@ -68,7 +68,10 @@ class Fleet:
         policy_file = self.tmp_path / "policy.yaml"
         policy_file.write_text(policy)
         name = f"r{len(self.gateways)}"
+        # local_disk_quota_bytes=0: the tests read a suspended sandbox's files on the host, which a disk image
+        # (gateway/providers/disk.py) would hold out of sight
         settings = Settings(data_dir=self.data_dir, redis_url=self.redis.url, redis_prefix=self.prefix,
+                            local_disk_quota_bytes=0,
                             replica_id=name, policy_file=policy_file, reap_interval=reap_interval,
                             activity_flush_interval=0.1, access_log=False)
         loaded = load_policy(settings)

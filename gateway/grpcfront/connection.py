@@ -32,11 +32,14 @@ Flow control is end to end per stream: a stream's receive window reopens
 (WINDOW_UPDATE) only as the relay takes the bytes, a quarter of the window at a
 time, and ``Stream.send_data`` waits for the peer's stream and connection
 windows and for the transport to drain. The connection's own receive window is
-reopened as DATA arrives, so what a connection holds is bounded by its streams'
-windows, and one stuck call (a client that reads nothing, a sandbox that does
-not read its request) never stalls the other calls sharing its connection:
-other sessions' calls, where a platform multiplexes its users over one
-connection, or other clients' calls to a shared sandbox.
+reopened in the same way, as the relay hands bytes on (or a stream ends with
+bytes it never will), so what one connection buffers in all is its window
+(``grpc_connection_window``, 16 MiB on the front), not its streams' windows
+added up (256 x 1 MiB). One stuck call (a client that reads nothing, a sandbox
+that does not read its request) holds at most its stream's 1 MiB of that, so
+it does not stall the other calls sharing its connection (other sessions'
+calls, where a platform multiplexes its users over one connection); only
+sixteen stuck calls on one connection would.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from gateway.errors import BadRequest, error_body
 from gateway.grpcfront import frames as f
 from gateway.grpcfront.frames import ConnectionFailure, StreamFailure
 from gateway.grpcfront.headers import HeaderCodec
+from gateway.grpcfront.keeper import NO_KEEPER, Keeper, NoKeeper
 from gateway.grpcfront.stream import STREAM_WINDOW, Headers, Stream, StreamClosed, StreamOwner
 
 log = logging.getLogger("gateway.grpc")
@@ -84,7 +88,8 @@ class ConnectionHandler(Protocol):
 class Connection:
     """The asyncio protocol of one HTTP/2 connection: the front's to a client, or ours to a sandbox."""
 
-    def __init__(self, handler: ConnectionHandler, *, client_side: bool, pause_reading: bool = False) -> None:
+    def __init__(self, handler: ConnectionHandler, *, client_side: bool, pause_reading: bool = False,
+                 window: int = CONNECTION_WINDOW) -> None:
         self.handler = handler
         self.client_side = client_side
         self.streams: dict[int, Stream] = {}
@@ -111,7 +116,9 @@ class Connection:
         self._settings_seen = False
         self._settled: asyncio.Future[None] = self._loop.create_future()  # the peer's first SETTINGS applied
         self._lost: asyncio.Future[None] = self._loop.create_future()
-        self._recv_window = CONNECTION_WINDOW
+        self._window = window               # the connection's receive window: what its streams hold in all
+        self._recv_window = window
+        self._held: dict[int, int] = {}     # per stream: bytes received and not yet handed on by the relay
         self._unacked = 0
         self._next_id = 1                   # client side: the next stream we open
         self._last_peer_id = 0              # server side: the highest stream a client opened
@@ -121,6 +128,7 @@ class Connection:
         self._block_end = False
         self._self_dependent = False        # the header block's HEADERS named its own stream as its parent
         self._hpack = HeaderCodec(max_header_list_size=MAX_HEADER_BLOCK)
+        self.keeper: Keeper | NoKeeper = NO_KEEPER  # server side: the front's deadlines (keeper.py)
 
     # -- asyncio protocol --------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -137,7 +145,7 @@ class Connection:
         else:
             settings[f.MAX_CONCURRENT_STREAMS] = MAX_STREAMS
         self.write(f.settings_frame(settings))
-        self.write(f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+        self.write(f.window_update(0, self._window - f.DEFAULT_WINDOW))
         self.handler.connection_made(self)
 
     def _refuse_without_h2(self, transport: Any) -> None:
@@ -169,6 +177,7 @@ class Connection:
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
+        self.keeper.stop()
         self._transport = None
         if not self._settled.done():
             self._settled.set_exception(ConnectionResetError("the connection closed before its SETTINGS"))
@@ -178,6 +187,12 @@ class Connection:
         self._wake(self._drain_waiters)
         self.handler.connection_lost(self)
         self._lost.set_result(None)
+
+    @property
+    def peer_host(self) -> str:
+        """The peer's address without its port ("" when unknown): what per-client bounds count by."""
+        peer = self._transport.get_extra_info("peername") if self._transport is not None else None
+        return str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
     async def wait_closed(self) -> None:
         """Until the connection is gone (and its handler told)."""
@@ -256,7 +271,9 @@ class Connection:
             await asyncio.shield(self._settled)
 
     def forget(self, stream: Stream) -> None:
-        """``stream`` is closed both ways: it no longer counts against the peer's limit."""
+        """``stream`` is closed both ways: it no longer counts against the peer's limit, nor what its buffer
+        still holds against the connection's window (what a reset stream's relay never takes is let go)."""
+        self._credit(self._held.pop(stream.id, 0))
         if self.streams.pop(stream.id, None) is not None:
             self._close_if_drained()
 
@@ -273,9 +290,20 @@ class Connection:
         waiting = self._waiting
         while waiting and self.active < MAX_STREAMS:
             self._start(waiting.popleft())
+        if not self.active:
+            self.keeper.calls_ended()
 
     def ack(self, stream_id: int, size: int) -> None:
-        """``size`` bytes of ``stream_id`` were taken by the relay: reopen its stream's window."""
+        """``size`` bytes of ``stream_id`` were taken by the relay: reopen its stream's window, and the
+        connection's by what the stream still held."""
+        held = self._held.get(stream_id)
+        if held is not None:
+            taken = min(size, held)
+            if held > taken:
+                self._held[stream_id] = held - taken
+            else:
+                del self._held[stream_id]
+            self._credit(taken)
         stream = self.streams.get(stream_id)
         if stream is not None:
             stream.ack(size)
@@ -284,10 +312,16 @@ class Connection:
         self.write(f.rst_stream(stream_id, code))
         self._reset_ids.append(stream_id)
 
+    def _hold(self, stream_id: int, size: int) -> None:
+        """``size`` bytes of DATA went into ``stream_id``'s buffer: the connection's window reopens by them only
+        as the relay hands them on (:meth:`ack`) or the stream ends (:meth:`forget`). So what one connection
+        buffers in all is its window, whatever its streams' windows add up to (256 x 1 MiB otherwise)."""
+        self._held[stream_id] = self._held.get(stream_id, 0) + size
+
     def _credit(self, size: int) -> None:
         """Reopen the connection's window by ``size``, a quarter of the window at a time."""
         self._unacked += size
-        if self._unacked >= CONNECTION_WINDOW // 4:
+        if self._unacked >= self._window // 4:
             self.write(f.window_update(0, self._unacked))
             self._recv_window += self._unacked
             self._unacked = 0
@@ -367,6 +401,7 @@ class Connection:
             if kind != f.SETTINGS or flags & f.ACK:
                 raise ConnectionFailure(f.PROTOCOL_ERROR, "the first frame must be SETTINGS")
             self._settings_seen = True
+            self.keeper.handshaken()
             self._loop.call_soon(self._settle)  # once this frame's settings are applied
         if kind == f.DATA:
             self._data(flags, stream_id, payload)
@@ -413,19 +448,21 @@ class Connection:
         self._recv_window -= size
         if self._recv_window < 0:
             raise ConnectionFailure(f.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        self._credit(size)
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_closed:
             if self._idle(stream_id):
                 raise ConnectionFailure(f.PROTOCOL_ERROR, f"DATA on stream {stream_id}, which was never opened")
-            # A stream we reset: what the peer sent before it knew is dropped (the connection's window reopened on
-            # receipt). One the peer ended (END_STREAM, RST_STREAM) takes no more DATA (RFC 9113 5.1).
+            # A stream we reset: what the peer sent before it knew is dropped (the connection's window reopens at
+            # once). One the peer ended (END_STREAM, RST_STREAM) takes no more DATA (RFC 9113 5.1).
+            self._credit(size)
             if stream is not None or stream_id not in self._reset_ids:
                 raise StreamFailure(stream_id, f.STREAM_CLOSED, "DATA after the end of the stream")
             return
         stream.recv_window -= size
         if stream.recv_window < 0:
+            self._credit(size)
             raise StreamFailure(stream_id, f.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
+        self._hold(stream_id, size)
         data = f.unpad(flags, payload, stream_id)
         if stream.expected is not None:
             stream.counted(len(data), bool(flags & f.END_STREAM))
@@ -515,6 +552,7 @@ class Connection:
         if stream.gone:  # reset while it waited: no call
             return
         self.active += 1
+        self.keeper.call_started()
         self.handler.accept(stream)
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
@@ -559,6 +597,7 @@ class Connection:
         if flags & f.ACK:
             if payload:
                 raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a SETTINGS ACK must be empty")
+            self.keeper.settings_acked()
             return
         for key, value in f.parse_settings(payload):
             if key == f.INITIAL_WINDOW_SIZE:
@@ -593,7 +632,7 @@ class Connection:
             raise ConnectionFailure(f.PROTOCOL_ERROR, "PING on a stream")
         if len(payload) != 8:
             raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a PING frame must be 8 bytes")
-        if not flags & f.ACK:
+        if not flags & f.ACK and self.keeper.ping():
             self.write(f.frame(f.PING, f.ACK, 0, payload))
 
     def _goaway(self, stream_id: int, payload: bytes) -> None:

@@ -14,9 +14,11 @@ import time
 from typing import Any
 
 from gateway.auth import Authenticator, TrustedHeaders
+from gateway.gate import ConnectionGate
 from gateway.grpcfront.call import Call
 from gateway.grpcfront.connection import Connection
-from gateway.grpcfront.frames import ERROR_NAMES
+from gateway.grpcfront.frames import ENHANCE_YOUR_CALM, ERROR_NAMES
+from gateway.grpcfront.keeper import Keeper, Timing
 from gateway.grpcfront.metrics import GrpcMetrics
 from gateway.grpcfront.stream import Stream
 from gateway.grpcfront.upstream import UpstreamChannels
@@ -51,17 +53,30 @@ class _ServerSide:
 
     def __init__(self, front: GrpcFront) -> None:
         self.front = front
+        self.client: str | None = None  # the address the front's gate counted this connection under
         self.ident_key: Credentials | None = None
         self.ident: Identity | None = None
 
     def connection_made(self, connection: Connection) -> None:
-        self.front.connections.add(connection)
+        front = self.front
+        client = connection.peer_host
+        bound = front.gate.admit(client)
+        if bound is not None:  # past a listener bound: refused at once (gateway/gate.py)
+            front.closed_by_policy(bound)
+            connection.close(ENHANCE_YOUR_CALM, front.gate.refusal(bound))
+            return
+        self.client = client
+        front.connections.add(connection)
+        connection.keeper = Keeper(connection, front.timing, front.closed_by_policy)
 
     def accept(self, stream: Stream) -> None:
         self.front.begin(Call(self.front, self, stream))
 
     def connection_lost(self, connection: Connection) -> None:
         self.front.connections.discard(connection)  # its streams' calls were told through their owners
+        if self.client is not None:
+            self.front.gate.release(self.client)
+            self.client = None
 
     def connection_failed(self, code: int) -> None:
         self.front.connection_failed("client", code)
@@ -77,7 +92,7 @@ class GrpcFront:
 
     def __init__(self, router: SessionRouter, settings: Settings, *, authenticator: Authenticator = TrustedHeaders(),
                  limits: OrgLimits | None = None, metrics: GrpcMetrics | None = None, access: Any = None,
-                 admission: Admission | None = None) -> None:
+                 admission: Admission | None = None, gate: ConnectionGate | None = None) -> None:
         self.router = router
         self.settings = settings
         # Who, may they: the data plane's own admission (app.py), so identity, credentials, org limits and
@@ -90,6 +105,8 @@ class GrpcFront:
         self.limits = admission.limits
         self.metrics = metrics
         self.access = access  # a gateway.logs.AccessLog, or None
+        self.timing = Timing.from_settings(settings)
+        self.gate = gate if gate is not None else ConnectionGate("grpc")  # unbounded unless given one
         self.channels = UpstreamChannels(connect_timeout=settings.upstream_connect_timeout,
                                          on_failure=functools.partial(self.connection_failed, "sandbox"))
         self.calls: set[Call] = set()
@@ -102,7 +119,10 @@ class GrpcFront:
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, sock=sock, backlog=2048, ssl=self._tls())
+        tls = self._tls()
+        self._server = await loop.create_server(
+            self._protocol, sock=sock, backlog=2048, ssl=tls,
+            ssl_handshake_timeout=self.timing.handshake_timeout if tls is not None else None)
         self.address = sock.getsockname()[:2]
 
     def _tls(self) -> ssl.SSLContext | None:
@@ -118,7 +138,8 @@ class GrpcFront:
 
     def _protocol(self) -> Connection:
         # pause_reading: a client that floods PINGs or SETTINGS and reads nothing stops being read
-        return Connection(_ServerSide(self), client_side=False, pause_reading=True)
+        return Connection(_ServerSide(self), client_side=False, pause_reading=True,
+                          window=self.settings.grpc_connection_window)
 
     def begin(self, call: Call) -> None:
         if self._draining:
@@ -131,6 +152,11 @@ class GrpcFront:
     def connection_failed(self, peer: str, code: int) -> None:
         if self.metrics is not None:
             self.metrics.connection_errors.labels(peer, ERROR_NAMES.get(code, hex(code))).inc()
+
+    def closed_by_policy(self, reason: str) -> None:
+        """A client connection ended by a time bound (keeper.py) or refused by a count bound."""
+        if self.metrics is not None:
+            self.metrics.connections_closed.labels(reason).inc()
 
     def finished(self, call: Call) -> None:
         self.calls.discard(call)

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.providers import outbound
+from gateway.providers import disk, outbound, seccomp
 
 #: Where the sandbox's own directory appears inside it (also its HOME and working directory).
 HOME = "/home/sandbox"
@@ -51,6 +51,8 @@ HOME = "/home/sandbox"
 LISTEN_FD = 3
 #: The gRPC service's listening socket, likewise (after outbound's INFO_FD, BLOCK_FD and SYNC_FD).
 GRPC_FD = 7
+#: The seccomp filter bubblewrap loads (seccomp.py: no new user namespaces), opened read-only on this descriptor.
+SECCOMP_FD = 8
 #: The UID a sandbox has inside its user namespace when the gateway is not root.
 INNER_UID = 1000
 #: Host UIDs given to sandboxes when the gateway is root: far above any login or subuid range.
@@ -70,8 +72,22 @@ class Limits:
     """Per-sandbox resource limits."""
 
     memory_bytes: int = 2 * 1024**3
-    processes: int = 512
-    open_files: int = 4096
+    # RLIMIT_NOFILE is per process: a sandbox may hold processes x open_files descriptors, 131,072 (it was
+    # 512 x 4096 = 2 million, two sandboxes' worth of a 24 GiB host's file-max of 2.4 million).
+    processes: int = 128
+    open_files: int = 1024
+
+
+#: What a running local sandbox is reckoned to take of the host's memory for the default cap: an idle runtime
+#: takes about 25 MiB (60 took 1.5 GB), a working one more; each may use up to its memory limit.
+SANDBOX_FOOTPRINT = 256 * 1024**2
+
+
+def host_sandbox_cap() -> int:
+    """How many local sandboxes may run at once by default: the host's memory at SANDBOX_FOOTPRINT each
+    (96 on a 24 GiB host)."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, memory // SANDBOX_FOOTPRINT)
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,7 @@ class Launch:
     argv: list[str]
     cgroups: list[str]
     outbound: bool = False
+    files: tuple[tuple[int, str], ...] = ()  # (descriptor, path): opened read-only for the launch (the filter)
 
 
 class Unconfined:
@@ -121,12 +138,20 @@ class Bubblewrap:
     confined = True
 
     def __init__(self, data_dir: Path, python: str = sys.executable, limits: Limits = Limits(), *,
-                 bwrap: str | None = None) -> None:
+                 bwrap: str | None = None, disk_quota: int = 0) -> None:
+        """``disk_quota``: bytes of each sandbox's own filesystem (disk.py; 0: none, the data dir's is shared;
+        ``serve`` gives ``local_disk_quota_bytes``, 10 GiB by default)."""
         self._data_dir = data_dir
         self._python = python
         self._limits = limits
         self._bwrap = bwrap or shutil.which("bwrap") or "bwrap"
         self._root = os.geteuid() == 0
+        self._no_quota = "local_disk_quota_bytes is 0" if not disk_quota else disk.unavailable()
+        self._quota = disk_quota if self._no_quota is None else 0
+        try:
+            self._filter: bytes | None = seccomp.no_new_userns()
+        except seccomp.Unsupported:
+            self._filter = None  # described at startup: sandboxes may then create user namespaces
 
     @functools.cached_property
     def _cgroup_parents(self) -> dict[str, Path]:
@@ -159,7 +184,11 @@ class Bubblewrap:
     def describe(self) -> str:
         who = "one unprivileged UID per sandbox" if self._root else f"UID {INNER_UID} in a user namespace"
         cgroups = "+".join(sorted(self._cgroup_parents)) or "none writable"
-        return (f"confined by bubblewrap ({who}; network per pool: none or outbound; cgroups: {cgroups}; "
+        userns = "new user namespaces denied (seccomp)" if self._filter is not None else \
+            "new user namespaces NOT denied (no seccomp filter for this architecture)"
+        userns += (f"; disk {self._quota // 1024**2} MiB each" if self._quota else
+                   f"; no disk quota ({self._no_quota}): sandboxes share the data dir's filesystem")
+        return (f"confined by bubblewrap ({who}; {userns}; network per pool: none or outbound; cgroups: {cgroups}; "
                 f"processes {self._limits.processes}, open files {self._limits.open_files}, "
                 f"memory {self._limits.memory_bytes // 1024**2} MiB)")
 
@@ -171,6 +200,7 @@ class Bubblewrap:
         """
         root = box / "root"
         root.mkdir(parents=True, exist_ok=True)
+        image = disk.image(box, self._quota) if self._quota else None
         uid = self._uid(box) if self._root else INNER_UID
         if self._root:
             os.chown(root, uid, uid)
@@ -185,12 +215,18 @@ class Bubblewrap:
             (etc / "resolv.conf").write_text(f"nameserver {outbound.DNS}\n")
         cgroups = self._make_cgroups(sandbox_id)
         blocked = outbound.blocked_prefixes() if online else None
+        files: tuple[tuple[int, str], ...] = ()
+        if self._filter is not None:
+            bpf = box / "seccomp.bpf"
+            bpf.write_bytes(self._filter)
+            files = ((SECCOMP_FD, str(bpf)),)
         argv = [*_prlimit(self._limits, address_space="memory" not in self._cgroup_parents),
-                *self._bwrap_argv(box, uid, sandbox_id, blocked)]
+                *(disk.launch_prefix(image, root, uid) if image is not None else ()),
+                *self._bwrap_argv(box, uid, sandbox_id, blocked, filtered=bool(files))]
         if cgroups:
             procs = [str(Path(c) / "cgroup.procs") for c in cgroups]
             argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", str(len(procs)), *procs, *argv]
-        return Launch(argv, cgroups, outbound=online)
+        return Launch(argv, cgroups, outbound=online, files=files)
 
     def release(self, cgroups: list[str]) -> None:
         """Kill whatever is left in the sandbox's cgroups (a fork bomb's stragglers) and remove them."""
@@ -212,7 +248,8 @@ class Bubblewrap:
             with contextlib.suppress(OSError):
                 cgroup.rmdir()
 
-    def _bwrap_argv(self, box: Path, uid: int, sandbox_id: str, blocked: list[str] | None) -> list[str]:
+    def _bwrap_argv(self, box: Path, uid: int, sandbox_id: str, blocked: list[str] | None, *,
+                    filtered: bool = False) -> list[str]:
         view = _View()
         # The private /tmp first: a later one would hide whatever is bound below it (a checkout and
         # its venv under /tmp, as CI's may be).
@@ -258,6 +295,8 @@ class Bubblewrap:
         runtime = [self._python, "-m", "gateway.runtime", "--listen-fd", str(LISTEN_FD), "--grpc-fd", str(GRPC_FD),
                    "--root", HOME,
                    "--sandbox-id", sandbox_id]
+        if filtered:  # loaded last, just before the command: bubblewrap's own setup is not filtered
+            view.args += ["--seccomp", str(SECCOMP_FD)]
         network: list[str] = []
         if blocked is not None:  # root only (check_outbound): the network is set up before privileges drop
             view.args += ["--info-fd", str(outbound.INFO_FD), "--block-fd", str(outbound.BLOCK_FD),

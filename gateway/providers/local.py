@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -47,7 +48,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from gateway.errors import ProvisionFailed, ProvisionTimeout
+from gateway.errors import CapacityExceeded, InsufficientStorage, ProvisionFailed, ProvisionTimeout
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from gateway.providers import outbound
 from gateway.providers._exits import exit_or_kill
@@ -102,8 +103,11 @@ def _pidfd(pid: int, sandbox_id: str) -> int | None:
 
 class LocalProvider:
     def __init__(self, data_dir: Path, *, stop_on_close: bool, confinement: Confinement | None = None,
-                 networks: Mapping[str, str] | None = None, policy_source: str = "the policy") -> None:
-        """``networks``: each pool's ``network`` (``none`` when absent), read once like every pool's provider options."""
+                 networks: Mapping[str, str] | None = None, policy_source: str = "the policy",
+                 max_sandboxes: int | None = None, min_free_bytes: int = 0) -> None:
+        """``networks``: each pool's ``network`` (``none`` when absent), read once like every pool's provider options.
+        ``max_sandboxes``: how many may run at once on this host (None: no cap); ``min_free_bytes``: the free
+        space the data dir's filesystem keeps, below which no new sandbox starts."""
         data_dir = data_dir.absolute()
         self._dir = data_dir / "sandboxes"
         self._run = _socket_dir(data_dir)  # where the gateway binds each runtime's socket
@@ -114,6 +118,9 @@ class LocalProvider:
         self._on_lost: LostHandler = lambda _sandbox_id: None
         self._watched: dict[str, tuple[int, int]] = {}  # sandbox_id -> (pidfd, pid)
         self._deleting: set[str] = set()
+        self._max_sandboxes = max_sandboxes
+        self._min_free = min_free_bytes
+        self._starting: set[str] = set()  # sandboxes being started by this process (not yet in the registry)
 
     @property
     def confined(self) -> bool:
@@ -160,22 +167,56 @@ class LocalProvider:
                 await asyncio.to_thread(self._confinement.release, state.get("cgroups", []))
                 _unlink(state["socket"])
                 await _stop_helper(state)
-            network = self._networks.get(request.pool, "none")
+            self._check_room(request.sandbox_id, new=state is None)
+            self._starting.add(request.sandbox_id)  # counted from here: concurrent starts cannot all pass the cap
             try:
-                launch = await asyncio.to_thread(self._confinement.prepare, box, request.sandbox_id, network)
-            except (OSError, RuntimeError) as exc:
-                raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be prepared: {exc}",
-                                      sandbox_id=request.sandbox_id) from None
-            pid, path, helper = await self._spawn(request, box, launch)
-            # A restart (a resume, a re-creation) keeps the sandbox's creation time: the orphan sweep's grace.
-            created_at = float(state.get("created_at", time.time())) if state is not None else time.time()
-            _write_state(box, {"pid": pid, "socket": path, "cgroups": launch.cgroups, "pool": request.pool,
-                               "created_at": created_at, "owner": request.owner.compact(), "helper": helper})
+                network = self._networks.get(request.pool, "none")
+                try:
+                    launch = await asyncio.to_thread(self._confinement.prepare, box, request.sandbox_id, network)
+                except OSError as exc:
+                    if exc.errno == errno.ENOSPC:
+                        raise self._no_space(request.sandbox_id, "the disk is full") from None
+                    raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be prepared: {exc}",
+                                          sandbox_id=request.sandbox_id) from None
+                except RuntimeError as exc:
+                    raise ProvisionFailed(f"local sandbox {request.sandbox_id} could not be prepared: {exc}",
+                                          sandbox_id=request.sandbox_id) from None
+                pid, path, helper = await self._spawn(request, box, launch)
+                # A restart (a resume, a re-creation) keeps the sandbox's creation time: the orphan sweep's grace.
+                created_at = float(state.get("created_at", time.time())) if state is not None else time.time()
+                _write_state(box, {"pid": pid, "socket": path, "cgroups": launch.cgroups, "pool": request.pool,
+                                   "created_at": created_at, "owner": request.owner.compact(), "helper": helper})
+            finally:
+                self._starting.discard(request.sandbox_id)
         if not await self._answers(path, pid, request.sandbox_id):
             raise ProvisionFailed(f"local sandbox {request.sandbox_id} exited before answering its health check "
                                   f"(see {box / 'runtime.log'})", sandbox_id=request.sandbox_id)
         self._watch(request.sandbox_id, pid, spawned=True)
         return _endpoint(request.sandbox_id, path)
+
+    def _check_room(self, sandbox_id: str, *, new: bool) -> None:
+        """A sandbox that starts (created, woken or restarted) needs a place under the host's cap (suspended
+        ones, which run nothing, take none), and a new one the disk's floor free: refused with the setting to
+        change, never as a failed provisioning. Starts under way in this process count (``_starting``);
+        another worker's count once its registry entry is written."""
+        if new:
+            free = shutil.disk_usage(self._dir).free
+            if free < self._min_free:
+                raise self._no_space(sandbox_id, f"{free // 1024**2} MiB free")
+        if self._max_sandboxes is not None:
+            live = {other for other, state in self._states() if _alive(state["pid"], other)}
+            running = len((live | self._starting) - {sandbox_id})
+            if running >= self._max_sandboxes:
+                raise CapacityExceeded(
+                    f"this host runs {running} local sandboxes, its cap (local_max_sandboxes, "
+                    f"SANDBOX_GATEWAY_LOCAL_MAX_SANDBOXES: {self._max_sandboxes}); retry when one ends",
+                    scope="local_sandboxes")
+
+    def _no_space(self, sandbox_id: str, what: str) -> InsufficientStorage:
+        return InsufficientStorage(
+            f"no new local sandbox: the data dir {self._dir.parent} is below its free-space floor ({what}; "
+            f"local_min_free_bytes, SANDBOX_GATEWAY_LOCAL_MIN_FREE_BYTES: {self._min_free}); free space or "
+            "delete sandboxes", sandbox_id=sandbox_id)
 
     async def _answers(self, path: str, pid: int, sandbox_id: str) -> bool:
         """Health-check a runtime that just said LISTENING until it answers (True) or exits (False).
@@ -221,6 +262,7 @@ class LocalProvider:
                 (os.POSIX_SPAWN_OPEN, 2, str(box / "runtime.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
                 (os.POSIX_SPAWN_DUP2, listener.fileno(), LISTEN_FD),
                 (os.POSIX_SPAWN_DUP2, grpc_listener.fileno(), GRPC_FD),
+                *((os.POSIX_SPAWN_OPEN, fd, name, os.O_RDONLY, 0) for fd, name in launch.files),
                 *(network.file_actions() if network is not None else ()),
             ])
         except OSError as exc:

@@ -4,6 +4,7 @@ from gateway.proxy._request cimport RequestReader
 from gateway.proxy._upstream cimport UpstreamConnection, UpstreamPool
 
 cdef class DownstreamConnection(RequestReader):
+    cpdef refuse_connection(self, str bound)
     cpdef pause(self, int bit)
     cpdef resume(self, int bit)
     cpdef _flush_up(self)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade
 
-from gateway.errors import BadRequest, CapacityExceeded, GatewayError, UpstreamError
+from gateway.errors import BadRequest, CapacityExceeded, GatewayError, TooManyConnections, UpstreamError
 from gateway.hosts import host_not_allowed
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
@@ -59,7 +59,18 @@ class DownstreamConnection(RequestReader):
             self.peer = str(peer[0]).encode()
             self.conn_line = b"X-Forwarded-For: " + self.peer + w.CRLF + w.XFP_HTTP
         self.idle_since = self.plane.now
+        bound = self.plane.gate.admit(self.peer)
+        if bound is not None:
+            self.refuse_connection(bound)
+            return
         self.plane.clients.add(self)
+
+    def refuse_connection(self, bound: str) -> None:
+        """Past a listener bound (gateway/gate.py): a 503 before any request is read, then the close."""
+        self.mode |= M_CLOSING
+        refusal = TooManyConnections(self.plane.gate.refusal(bound))
+        self.transport.write(w.error_response(refusal, self.plane.ids.next(), close=True))
+        self.transport.close()
 
     def pause_writing(self) -> None:
         self.wpaused = True
@@ -178,7 +189,10 @@ class DownstreamConnection(RequestReader):
     def connection_lost(self, exc: Exception | None) -> None:
         self.mode |= M_CLOSING
         plane = self.plane
+        if self not in plane.clients:
+            return  # refused at connection_made: never counted
         plane.clients.discard(self)
+        plane.gate.release(self.peer)
         pending = [self.current] if self.current is not None else []
         if self.queue:
             pending += self.queue

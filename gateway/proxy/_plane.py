@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.auth import Authenticator, TrustedHeaders
 from gateway.errors import CapacityExceeded, NotFound, UpstreamConnectError
+from gateway.gate import ConnectionGate
 from gateway.hosts import AllowedHosts
 from gateway.limits import OrgLimits, limit_key
 from gateway.model import Route
@@ -120,6 +121,7 @@ class DataPlane(PlaneState):
                  limits: OrgLimits | None = None,
                  compat: RouterHeaders = NoRouterHeaders(),
                  keys: PreviewKeys | None = None,
+                 gate: ConnectionGate | None = None,
                  hosts: AllowedHosts = AllowedHosts(["*"]),
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
                  long_request_after: float = LONG_REQUEST_AFTER) -> None:
@@ -146,6 +148,7 @@ class DataPlane(PlaneState):
         # the composition root keeps it in step with the policy. Empty: no pool caps a request.
         self.request_timeouts: dict[str, float] = {}
         self.clients: set[DownstreamConnection] = set()
+        self.gate = gate if gate is not None else ConnectionGate("data")  # unbounded unless given one
         self.inflight = 0
         self.pools: dict[tuple[str, int], UpstreamPool] = {}
         self.streams = 0

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import asyncio
     from collections import deque
 
+    from gateway.gate import ConnectionGate
     from gateway.model import Route
     from gateway.proxy._admission import Admission
     from gateway.proxy._keys import PreviewKeys
@@ -78,6 +79,7 @@ class PlaneState:
     request_timeouts: dict[str, float]
     pools: dict[tuple[str, int], UpstreamPool]
     clients: set[Any]
+    gate: ConnectionGate        # this listener's connection bounds (gateway/gate.py)
     admission: Admission
     ids: RequestIds
     loop: asyncio.AbstractEventLoop

@@ -1,0 +1,191 @@
+"""The gRPC front keeps time (gateway/grpcfront/keeper.py): a client that says nothing, never ACKs our
+SETTINGS, sits idle, PINGs with no call or outstays its maximum age is closed, with the GOAWAY a gRPC
+server sends, and the closing is counted by reason. Calls running are never cut short by the idle timer.
+
+Frames are spoken raw (tests/test_grpc_hostile.RawConnection) so what the front sends is seen as sent.
+Deadlines are short (fractions of a second) and each wait is for a frame or the close, bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from h2.errors import ErrorCodes
+from hyperframe.frame import GoAwayFrame, PingFrame, SettingsFrame
+
+from tests.grpc_helpers import echo_server, grpc_gateway, static_policy
+from tests.test_grpc_hostile import PREFACE, RawConnection, assert_serves, describe
+
+WAIT = 5.0  # generous: the machine is shared; every deadline under test is well below it
+SETTINGS_TIMEOUT = 0x4
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Any]:
+    async with echo_server() as (service, port):
+        yield service, port
+
+
+def gateway_with(sandbox: Any, tmp_path: Any, **settings: Any) -> Any:
+    return grpc_gateway(tmp_path, static_policy(tmp_path / "policy.yaml", ["127.0.0.1"], sandbox[1]), **settings)
+
+
+def closed_count(gateway: Any, reason: str) -> float:
+    value = gateway.metrics.registry.get_sample_value("sgw_grpc_connections_closed_total", {"reason": reason})
+    return value or 0.0
+
+
+async def ending(conn: RawConnection) -> Any:
+    """The first GOAWAY or the close, within WAIT (longer than RawConnection.ending's)."""
+    async with asyncio.timeout(WAIT):
+        while True:
+            frame = await conn.frame()
+            if frame is None or isinstance(frame, GoAwayFrame):
+                return frame
+
+
+async def closes(conn: RawConnection) -> None:
+    async with asyncio.timeout(WAIT):
+        while await conn.frame() is not None:
+            pass
+
+
+async def test_a_client_that_sends_nothing_is_closed_after_the_handshake_timeout(sandbox, tmp_path):
+    async with gateway_with(sandbox, tmp_path, grpc_handshake_timeout=0.3) as gateway:
+        silent = await RawConnection.open(gateway.grpc_address, handshake=False)
+        half = await RawConnection.open(gateway.grpc_address, handshake=False)
+        try:
+            await half.send(PREFACE[:10])  # a preface that never completes
+            for conn in (silent, half):
+                end = await ending(conn)
+                assert end is None or (isinstance(end, GoAwayFrame) and end.error_code == ErrorCodes.PROTOCOL_ERROR), \
+                    describe(end)
+                await closes(conn)
+            assert closed_count(gateway, "handshake_timeout") == 2
+            await assert_serves(gateway.grpc_address)
+        finally:
+            silent.close()
+            half.close()
+
+
+async def test_settings_never_acknowledged_end_with_settings_timeout(sandbox, tmp_path):
+    async with gateway_with(sandbox, tmp_path, grpc_settings_ack_timeout=0.3) as gateway:
+        conn = await RawConnection.open(gateway.grpc_address, handshake=False)
+        try:
+            await conn.send(PREFACE, SettingsFrame(0))  # and never the ACK of the front's SETTINGS
+            end = await ending(conn)
+            assert isinstance(end, GoAwayFrame) and end.error_code == SETTINGS_TIMEOUT, describe(end)
+            assert closed_count(gateway, "settings_timeout") == 1
+        finally:
+            conn.close()
+
+
+async def test_an_idle_connection_gets_goaway_no_error_and_a_running_call_keeps_it_open(sandbox, tmp_path):
+    service, _ = sandbox
+    async with gateway_with(sandbox, tmp_path, grpc_idle_timeout=0.4) as gateway:
+        busy = await RawConnection.open(gateway.grpc_address)
+        idle = await RawConnection.open(gateway.grpc_address)
+        try:
+            await idle.unary()  # a call, then nothing
+            stream = busy.next_stream()
+            await busy.send(*busy.call(stream, "/test.Echo/Slow"))
+            await asyncio.wait_for(service.slow_started.wait(), WAIT)
+            end = await ending(idle)
+            assert isinstance(end, GoAwayFrame) and end.error_code == ErrorCodes.NO_ERROR, describe(end)
+            assert b"idle" in end.additional_data
+            await closes(idle)
+            assert closed_count(gateway, "idle") == 1
+            await busy.ping(b"stillup!")  # the connection with a call running outlived the idle timeout
+        finally:
+            busy.close()
+            idle.close()
+
+
+async def test_pings_without_calls_past_the_strikes_get_enhance_your_calm_too_many_pings(sandbox, tmp_path):
+    async with gateway_with(sandbox, tmp_path) as gateway:
+        conn = await RawConnection.open(gateway.grpc_address)  # its handshake sent the first PING
+        try:
+            await conn.ping(b"strike-1")
+            await conn.ping(b"strike-2")
+            await conn.send(PingFrame(0, b"strike-3"))
+            end = await ending(conn)
+            assert isinstance(end, GoAwayFrame) and end.error_code == ErrorCodes.ENHANCE_YOUR_CALM, describe(end)
+            assert end.additional_data == b"too_many_pings"
+            assert closed_count(gateway, "too_many_pings") == 1
+            await assert_serves(gateway.grpc_address)
+        finally:
+            conn.close()
+
+
+async def test_pings_are_free_while_a_call_runs_and_when_permitted(sandbox, tmp_path):
+    service, _ = sandbox
+    async with gateway_with(sandbox, tmp_path, grpc_keepalive_permit_without_calls=True,
+                            grpc_keepalive_min_time=0.05) as gateway:
+        calling = await RawConnection.open(gateway.grpc_address)
+        spaced = await RawConnection.open(gateway.grpc_address)
+        try:
+            stream = calling.next_stream()
+            await calling.send(*calling.call(stream, "/test.Echo/Slow"))
+            await asyncio.wait_for(service.slow_started.wait(), WAIT)
+            for i in range(10):
+                await calling.ping(f"call-{i:03d}".encode())
+            for i in range(4):  # permitted without calls, spaced past keepalive_min_time
+                await asyncio.sleep(0.1)
+                await spaced.ping(f"idle-{i:03d}".encode())
+            assert closed_count(gateway, "too_many_pings") == 0
+        finally:
+            calling.close()
+            spaced.close()
+
+
+async def test_max_connection_age_sends_goaway_then_ends_the_calls_left_after_the_grace(sandbox, tmp_path):
+    service, _ = sandbox
+    async with gateway_with(sandbox, tmp_path, grpc_max_connection_age=0.3,
+                            grpc_max_connection_age_grace=0.5) as gateway:
+        idle = await RawConnection.open(gateway.grpc_address)
+        busy = await RawConnection.open(gateway.grpc_address)
+        try:
+            stream = busy.next_stream()
+            await busy.send(*busy.call(stream, "/test.Echo/Slow"))
+            await asyncio.wait_for(service.slow_started.wait(), WAIT)
+            end = await ending(idle)
+            assert isinstance(end, GoAwayFrame) and end.error_code == ErrorCodes.NO_ERROR, describe(end)
+            await closes(idle)
+            end = await ending(busy)  # the GOAWAY; the call runs on through the grace
+            assert isinstance(end, GoAwayFrame) and end.error_code == ErrorCodes.NO_ERROR, describe(end)
+            assert end.last_stream_id == stream
+            await closes(busy)        # and the grace ends it
+            assert closed_count(gateway, "max_age") == 2
+            await asyncio.wait_for(service.cancelled.wait(), WAIT)
+        finally:
+            idle.close()
+            busy.close()
+
+
+def test_timing_defaults_are_grpc_servers_and_named_settings():
+    from gateway.grpcfront.keeper import Timing
+    from gateway.settings import Settings
+
+    timing = Timing.from_settings(Settings())
+    assert timing.idle_timeout == 300.0 and timing.handshake_timeout == 10.0
+    assert timing.keepalive_min_time == 300.0 and not timing.keepalive_permit_without_calls
+    assert timing.max_connection_age is None
+
+
+async def test_a_grpcio_client_calls_on_after_its_idle_connection_was_closed(sandbox, tmp_path):
+    """What a real client makes of the idle GOAWAY: its next call opens a new connection and succeeds."""
+    import grpc
+
+    async with gateway_with(sandbox, tmp_path, grpc_idle_timeout=0.3) as gateway:
+        host, port = gateway.grpc_address
+        metadata = [("x-user-id", "u1"), ("x-session-id", "s1")]
+        async with grpc.aio.insecure_channel(f"{host}:{port}") as channel:
+            unary = channel.unary_unary("/test.Echo/Unary")
+            assert await unary(b"first", metadata=metadata, timeout=WAIT) == b"first"
+            async with asyncio.timeout(WAIT):
+                while closed_count(gateway, "idle") < 1:
+                    await asyncio.sleep(0.05)
+            assert await unary(b"second", metadata=metadata, timeout=WAIT) == b"second"
