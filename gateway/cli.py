@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="host names clients reach the gateway by, comma-separated ('.example.com' for every name "
                             "under it, '*' for any); other Hosts get 421 (DNS rebinding). Default on loopback: "
                             "localhost and *.localhost; required on any other address")
+    serve.add_argument("--allow-example-keys", action="store_true", default=None,
+                       help="accept the published example key secret (examples/auth/keys.yaml) off loopback: "
+                            "a demo only, since anyone can sign tokens with it")
     serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
                        help="one log line per data-plane request (default on)")
     serve.set_defaults(func=_cmd_serve)
