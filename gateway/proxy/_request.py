@@ -58,6 +58,9 @@ def _other_target_form(ex: Exchange) -> None:
     ex.host = match.group(1)
 
 
+_WS_EXTENSIONS = frozenset({b"sec-websocket-extensions"})  # declined while a message size limit is set
+
+
 class RequestReader(KeyedRequests):
     """The httptools request callbacks; the state they use is :class:`~gateway.proxy._state.ClientState`."""
 
@@ -207,6 +210,11 @@ class RequestReader(KeyedRequests):
                 ex.reject = BadRequest("CONNECT is not supported by the data plane", code="method_not_supported")
             elif ex.upgrade is not None and ex.upgrade.strip().lower() == b"websocket":
                 ex.websocket = True
+                if self.plane.ws_max_message is not None:  # type: ignore[union-attr]
+                    # ws_max_message_bytes bounds what the sandbox receives, and a compressed frame's
+                    # header tells only its wire size: no extension is offered, so none is negotiated
+                    # (and MessageSizeGuard refuses a frame that claims one with 1002).
+                    ex.tokens = _WS_EXTENSIONS if ex.tokens is None else ex.tokens | _WS_EXTENSIONS
         if ex.tokens:
             ex.headers = w.without_headers(ex.headers, ex.tokens)
         if self.current is None and not self.mode & M_CLOSING:

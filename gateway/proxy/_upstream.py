@@ -544,7 +544,7 @@ class UpstreamConnection:
             self.abort()
             return
         self.tunneled = True
-        self.frames = MessageSizeGuard(_ANY_SIZE)
+        self.frames = MessageSizeGuard(_ANY_SIZE, rsv_ok=True)
         if rest:
             self.frames.feed(rest)
         self.broken = True  # never pooled again
