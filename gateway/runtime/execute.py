@@ -2,7 +2,9 @@
 
 The command runs as ``/bin/sh -c <command>`` in its own session (so its own
 process group): a timeout or an abandoned request kills the whole group, not
-just the shell, and background children cannot keep the call hanging.
+just the shell. The answer comes when the shell exits: a job it left in the
+background (``server &``) keeps running but does not hold the call, even while
+it keeps the output pipes open.
 
 Exit codes follow the shell's conventions: 124 for a timeout (as
 ``timeout(1)``), 128+N for a command killed by signal N.
@@ -23,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from .config import CONFIG
-from .errors import BadRequest
+from .errors import BadRequest, TooLarge
 
 #: Used when the request gives no ``timeout_seconds``: long enough for builds
 #: and test runs, short enough that a forgotten process does not live forever.
@@ -31,6 +33,12 @@ DEFAULT_TIMEOUT_SECONDS = 300.0
 MAX_TIMEOUT_SECONDS = 24 * 3600.0
 TIMEOUT_EXIT_CODE = 124
 _READ_BYTES = 64 * 1024
+#: How long output is still read once the shell has exited: what it wrote is already in the pipes
+#: (read at once, then EOF); only a background job that holds them open makes the call wait this long.
+AFTER_EXIT_READ_SECONDS = 0.5
+#: The command is one argument of ``sh -c``; the kernel refuses a longer one (MAX_ARG_STRLEN, 32
+#: pages with its NUL) with E2BIG, so a longer command is refused up front with a clear error.
+MAX_COMMAND_BYTES = 32 * 4096 - 1
 
 
 @dataclass
@@ -93,9 +101,10 @@ async def run_command(command: str, *, cwd: Path, timeout: float, max_output_byt
     away, the server is stopping) the group is killed before re-raising, so
     no command outlives its request.
 
-    Output is read until both pipes close, as ``subprocess.run`` does: a
-    background job that keeps the command's stdout open (``server &``) holds
-    the call until the timeout; redirect its output to keep it running.
+    Output is read until both pipes close or, once the shell has exited, for
+    at most ``AFTER_EXIT_READ_SECONDS`` more: a background job that keeps the
+    command's stdout open (``server &``) keeps running, but what it writes
+    after that is lost (and it may get SIGPIPE): redirect its output to a file.
     """
     proc = await asyncio.create_subprocess_exec(
         "/bin/sh", "-c", command,
@@ -111,8 +120,8 @@ async def run_command(command: str, *, cwd: Path, timeout: float, max_output_byt
     timed_out = False
     try:
         async with asyncio.timeout(timeout):
-            await asyncio.gather(*readers)
             await proc.wait()
+        await asyncio.wait(readers, timeout=AFTER_EXIT_READ_SECONDS)
     except TimeoutError:
         timed_out = True
     finally:
@@ -133,6 +142,14 @@ async def run_command(command: str, *, cwd: Path, timeout: float, max_output_byt
     return ExecResult(stdout, stderr, returncode if returncode >= 0 else 128 - returncode)
 
 
+def check_command_size(command: str) -> None:
+    """Refuse a command the kernel would refuse as an argument (``TooLarge``, 413 / RESOURCE_EXHAUSTED)."""
+    size = len(command.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND_BYTES:
+        raise TooLarge(f"'command' is {size} bytes; one command may be at most {MAX_COMMAND_BYTES} (the kernel's "
+                       "limit on one argument): /upload a script and run that instead", code="command_too_large")
+
+
 def parse_execute_body(raw: bytes) -> tuple[str, float]:
     """Validate an ``/execute`` body into ``(command, timeout_seconds)``."""
     try:
@@ -146,6 +163,7 @@ def parse_execute_body(raw: bytes) -> tuple[str, float]:
         raise BadRequest("'command' is required and must be a string", code="invalid_command")
     if "\x00" in command:
         raise BadRequest("'command' must not contain NUL bytes", code="invalid_command")
+    check_command_size(command)
     timeout = body.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
     if timeout is None:
         timeout = DEFAULT_TIMEOUT_SECONDS

@@ -24,7 +24,15 @@ from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
-from .execute import DEFAULT_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS, TIMEOUT_EXIT_CODE, _kill_group, run_command
+from .errors import TooLarge
+from .execute import (
+    DEFAULT_TIMEOUT_SECONDS,
+    MAX_TIMEOUT_SECONDS,
+    TIMEOUT_EXIT_CODE,
+    _kill_group,
+    check_command_size,
+    run_command,
+)
 
 SERVICE = "/sandbox.runtime.v1.Runtime/"
 _READ_BYTES = 64 * 1024
@@ -198,6 +206,10 @@ def _timeout(request: ExecuteRequest) -> float:
 def _command(request: ExecuteRequest) -> str:
     if not request.command or "\x00" in request.command:
         raise GRPCError(Status.INVALID_ARGUMENT, "command is required and must not contain NUL bytes")
+    try:
+        check_command_size(request.command)
+    except TooLarge as exc:
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, exc.message) from None
     return request.command
 
 
