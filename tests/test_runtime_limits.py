@@ -21,15 +21,16 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from gateway.runtime.execute import MAX_COMMAND_BYTES
-from gateway.runtime.grpc_service import SERVICE, ExecuteReply, ExecuteRequest, MessageCodec
-from tests.grpc_helpers import UNARY
+from gateway.runtime.grpc_service import SERVICE, ExecuteReply, ExecuteRequest, MessageCodec, Output
+from tests.grpc_helpers import SERVER_STREAM, UNARY
 
 
 @asynccontextmanager
-async def runtime(root: Path) -> AsyncIterator[tuple[str, int]]:
+async def runtime(root: Path, module: str = "gateway.runtime") -> AsyncIterator[tuple[str, int]]:
     """``python -m gateway.runtime --port 0 --grpc-port 0``; yields its HTTP URL and gRPC port."""
+    command = ["runtime"] if module == "gateway.cli" else []
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.runtime", "--port", "0", "--grpc-port", "0", "--root", str(root),
+        sys.executable, "-m", module, *command, "--port", "0", "--grpc-port", "0", "--root", str(root),
         stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
     assert proc.stdout is not None
     try:
@@ -82,18 +83,47 @@ async def test_an_8_mb_grpc_execute_is_resource_exhausted(rt):
     assert refused.value.status is Status.RESOURCE_EXHAUSTED and str(MAX_COMMAND_BYTES) in str(refused.value.message)
 
 
-async def test_a_background_job_does_not_hold_the_answer(rt):
+async def _http_execute(url: str, command: str) -> tuple[str, int]:
+    async with aiohttp.ClientSession() as http, http.post(f"{url}/execute", json={"command": command}) as response:
+        result = await response.json()
+    assert not result["timed_out"]
+    return result["stdout"], result["exit_code"]
+
+
+async def _grpc_execute_stream(port: int, command: str) -> tuple[str, int]:
+    stdout, code = b"", None
+    async with Channel("127.0.0.1", port, codec=MessageCodec()) as channel:
+        async with channel.request(SERVICE + "ExecuteStream", SERVER_STREAM, ExecuteRequest, Output) as stream:
+            await stream.send_message(ExecuteRequest(command), end=True)
+            async for message in stream:
+                stdout += message.stdout
+                code = message.exit_code if message.exit_code is not None else code
+    assert code is not None
+    return stdout.decode(), code
+
+
+@pytest.mark.parametrize("call", [_http_execute, _grpc_execute_stream], ids=["POST /execute", "gRPC ExecuteStream"])
+async def test_a_background_job_does_not_hold_the_answer(rt, call):
     """``cmd &`` keeps the output pipes open as long as it runs; the answer comes when the shell exits."""
-    url, _ = rt
+    url, port = rt
     started = time.monotonic()
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{url}/execute", json={"command": "sleep 300 & echo $!"}) as response:
-            result = await response.json()
+    stdout, code = await asyncio.wait_for(call(url if call is _http_execute else port, "sleep 300 & echo $!"), 60)
     elapsed = time.monotonic() - started
-    pid = int(result["stdout"])
+    pid = int(stdout)
     try:
-        assert result["exit_code"] == 0 and not result["timed_out"] and elapsed < 30
+        assert code == 0 and elapsed < 30
         os.kill(pid, 0)  # the job itself goes on running
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+async def test_sandbox_gateway_runtime_serves_grpc_as_the_readme_says(tmp_path: Path) -> None:
+    """README: ``sandbox-gateway runtime ... [--grpc-port P]`` (the CLI had only --host/--port/--root)."""
+    async with runtime(tmp_path / "root", "gateway.cli") as (url, port):
+        async with Channel("127.0.0.1", port, codec=MessageCodec()) as channel:
+            async with channel.request(SERVICE + "Execute", UNARY, ExecuteRequest, ExecuteReply) as stream:
+                await stream.send_message(ExecuteRequest("echo hi"), end=True)
+                assert (await stream.recv_message()) == ExecuteReply("hi\n", "", 0)
+        async with aiohttp.ClientSession() as http, http.get(url) as response:
+            assert (await response.json())["status"] == "ok"

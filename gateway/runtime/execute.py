@@ -87,6 +87,31 @@ async def _drain(stream: asyncio.StreamReader, capture: _Capture) -> None:
         capture.dropped += max(0, len(chunk) - max(room, 0))
 
 
+class _ShellProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """Also says when the shell itself has exited: ``Process.wait()`` waits for the output pipes to
+    close as well, and a job the command left in the background holds them open as long as it runs."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=2**16, loop=loop)
+        self.exited = asyncio.Event()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self.exited.set()
+
+
+async def spawn_shell(
+    command: str, cwd: Path
+) -> tuple[asyncio.SubprocessTransport, asyncio.subprocess.Process, asyncio.Event]:
+    """``/bin/sh -c command`` in its own session, stdin from /dev/null, stdout and stderr piped; with
+    its transport (``close()`` it once done: it releases the pipes) and an event set when the shell exits."""
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _ShellProtocol(loop), "/bin/sh", "-c", command, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    return transport, asyncio.subprocess.Process(transport, protocol, loop), protocol.exited
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     """SIGKILL the command's process group; it may already be gone."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -106,33 +131,27 @@ async def run_command(command: str, *, cwd: Path, timeout: float, max_output_byt
     command's stdout open (``server &``) keeps running, but what it writes
     after that is lost (and it may get SIGPIPE): redirect its output to a file.
     """
-    proc = await asyncio.create_subprocess_exec(
-        "/bin/sh", "-c", command,
-        cwd=cwd,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
+    transport, proc, exited = await spawn_shell(command, cwd)
     assert proc.stdout is not None and proc.stderr is not None
     out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
     readers = [asyncio.create_task(_drain(proc.stdout, out)), asyncio.create_task(_drain(proc.stderr, err))]
     timed_out = False
     try:
         async with asyncio.timeout(timeout):
-            await proc.wait()
+            await exited.wait()
         await asyncio.wait(readers, timeout=AFTER_EXIT_READ_SECONDS)
     except TimeoutError:
         timed_out = True
     finally:
-        if proc.returncode is None or timed_out:
+        if not exited.is_set():
             _kill_group(proc)
-        # A grandchild that left the group may still hold the pipes open;
+        # A background job or a grandchild that left the group may still hold the pipes open;
         # we have what we need, so stop reading rather than wait for EOF.
         for reader in readers:
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
-        await proc.wait()  # reap the shell; prompt after SIGKILL
+        await exited.wait()  # the shell is reaped; prompt after SIGKILL
+        transport.close()  # our ends of the pipes (the shell has exited: nothing is killed)
     stdout, stderr = out.text("stdout"), err.text("stderr")
     if timed_out:
         note = f"\n[sandbox-runtime: command timed out after {timeout:g}s and was killed]\n"
