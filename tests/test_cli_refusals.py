@@ -140,7 +140,8 @@ def test_the_published_example_keys_are_refused_off_loopback(tmp_path: Path) -> 
     copy.write_text(KEYS.read_text().replace("example-hs-1", "prod-1"))
     for keys in (KEYS, copy):
         result = _cli(tmp_path, "serve", "--host", "0.0.0.0", "--auth-mode", "token", "--auth-keys", str(keys),
-                      "--data-port", "0", "--control-port", "0", "--grpc-port", "0")
+                      "--data-port", "0", "--control-port", "0", "--grpc-port", "0",
+                      env={"SANDBOX_GATEWAY_ALLOWED_HOSTS": "localhost"})
         assert result.returncode == 2, result.stderr
         assert "secret published in examples/auth/keys.yaml" in result.stderr, result.stderr
         assert "--allow-example-keys / SANDBOX_GATEWAY_ALLOW_EXAMPLE_KEYS" in result.stderr
@@ -159,12 +160,13 @@ def test_which_key_files_may_serve_off_loopback(tmp_path: Path, host: str, secre
 
     keys = tmp_path / "keys.yaml"
     keys.write_text(f"keys:\n  - {{kid: k1, alg: HS256, secret: '{secret}'}}\n")
-    settings = Settings(host=host, auth_mode="token", auth_keys_file=keys, allow_example_keys=demo)
+    settings = Settings(host=host, auth_mode="token", auth_keys_file=keys, allow_example_keys=demo,
+                        allowed_hosts=["localhost"])
     assert (example_keys_problem(settings) is not None) is refused
 
 
 async def test_a_demo_off_loopback_starts_with_the_example_keys(tmp_path: Path) -> None:
     process = GatewayProcess(tmp_path / "gw", "--host", "0.0.0.0", "--auth-mode", "token", "--auth-keys", str(KEYS),
-                             env={"SANDBOX_GATEWAY_ALLOW_EXAMPLE_KEYS": "1"})
+                             env={"SANDBOX_GATEWAY_ALLOW_EXAMPLE_KEYS": "1", "SANDBOX_GATEWAY_ALLOWED_HOSTS": "localhost"})
     await process.start()
     assert await process.stop() == 0
