@@ -51,3 +51,16 @@ async def test_the_by_hand_container_run_starts_as_written(tmp_path: Path) -> No
     args = [str(EXAMPLE_KEYS) if word == "/etc/sandbox-gateway/keys.yaml" else word for word in words[image + 2:]]
     assert words[image + 1] == "serve"
     await _starts(tmp_path, args, env)
+
+
+def test_the_mcp_recipe_installs_what_its_server_and_client_import() -> None:
+    """docs/clients.md recipe 6 adds only ``mcp`` to the serve venv: it must bring the server's uvicorn
+    and the client's httpx2 (tests/mcp_sandbox.py and the recipe's client import them)."""
+    from importlib.metadata import requires
+
+    recipe = (REPO / "docs" / "clients.md").read_text(encoding="utf-8").split("## 6. MCP client", 1)[1]
+    assert "pip install 'mcp>=2.3'" in recipe.split("## 7.", 1)[0]
+    needed = {re.split(r"[ ;<>=!\[]", line, maxsplit=1)[0].lower() for line in requires("mcp") or []
+              if "extra ==" not in line}
+    assert {"uvicorn", "httpx2"} <= needed
+    assert "import uvicorn" in (REPO / "tests" / "mcp_sandbox.py").read_text(encoding="utf-8")
