@@ -207,15 +207,21 @@ async def test_websocket_message_over_the_cap_is_closed_with_1009(ws_sandbox, st
     assert gw.records[-1].refused == "ws_message" and gw.records[-1].status == 101
 
 
-async def test_websocket_fragments_add_up_to_one_message(ws_sandbox, start_gateway):
-    """A message split into small frames is still one message: 3 x 400 bytes is over a 1000-byte cap."""
-    endpoint, _ = ws_sandbox
-    gw = await start_gateway(CachingFakeResolver(endpoint), ws_max_message_bytes=1000)
-    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+async def _raw_upgrade(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WebSocket upgrade by hand (no client library), answered 101: the frames after it are ours."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     headers = "".join(f"{k}: {v}\r\n" for k, v in identity_headers().items())
     writer.write(f"GET /ws HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                  f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{headers}\r\n".encode())
     assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 101 ")
+    return reader, writer
+
+
+async def test_websocket_fragments_add_up_to_one_message(ws_sandbox, start_gateway):
+    """A message split into small frames is still one message: 3 x 400 bytes is over a 1000-byte cap."""
+    endpoint, _ = ws_sandbox
+    gw = await start_gateway(CachingFakeResolver(endpoint), ws_max_message_bytes=1000)
+    reader, writer = await _raw_upgrade(gw.port)
 
     def frame(opcode: int, payload: bytes, fin: bool) -> bytes:  # a masked client frame, length < 65536
         size = bytes([0x80 | len(payload)]) if len(payload) < 126 else bytes([0xFE]) + len(payload).to_bytes(2, "big")
@@ -267,11 +273,7 @@ async def test_a_frame_claiming_an_extension_under_a_limit_is_refused(ws_sandbox
     """No extension was negotiated, so a compressed (RSV1) frame is a protocol error (1002), however small."""
     endpoint, _ = ws_sandbox
     gw = await start_gateway(CachingFakeResolver(endpoint), ws_max_message_bytes=1000)
-    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
-    headers = "".join(f"{k}: {v}\r\n" for k, v in identity_headers().items())
-    writer.write(f"GET /ws HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                 f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{headers}\r\n".encode())
-    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 101 ")
+    reader, writer = await _raw_upgrade(gw.port)
     writer.write(bytes([0xC2, 0x85]) + b"\0\0\0\0" + b"\x02\x00\x00\x00\xff")  # FIN|RSV1 binary, 5 bytes
     close = await asyncio.wait_for(reader.read(4), 5)
     assert close[:1] == b"\x88" and int.from_bytes(close[2:4], "big") == 1002
