@@ -35,7 +35,7 @@ async def _starts(tmp_path: Path, args: list[str], env: dict[str, str]) -> None:
 
 
 async def test_the_readme_token_walkthrough_starts_as_written(tmp_path: Path) -> None:
-    words = _shell_lines(REPO / "README.md", "SANDBOX_GATEWAY_ALLOWED_HOSTS=localhost")
+    words = _shell_lines(REPO / "README.md", "sandbox-gateway serve --host 0.0.0.0")
     env = dict(word.split("=", 1) for word in words if re.fullmatch(r"[A-Z_]+=.*", word))
     args = words[words.index("serve") + 1:]
     args[args.index("examples/auth/keys.yaml")] = str(EXAMPLE_KEYS)

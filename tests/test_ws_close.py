@@ -14,19 +14,17 @@ import aiohttp
 import pytest
 import uvloop
 from aiohttp import WSMsgType
-from aiohttp.test_utils import TestServer
 
 from gateway.model import Endpoint
-from gateway.runtime.server import create_app
 from tests.proxy_helpers import CachingFakeResolver, gateways, identity_headers, start_gateway  # noqa: F401 (a fixture)
+from tests.test_runtime_limits import runtime as runtime_process
 
 
 @pytest.fixture
 async def runtime(tmp_path: Path):  # type: ignore[no-untyped-def]
-    server = TestServer(create_app(tmp_path / "root", "ses-ws"), host="127.0.0.1")
-    await server.start_server()
-    yield Endpoint("127.0.0.1", server.port)
-    await server.close()
+    """The embedded runtime as the local provider runs it: its own process."""
+    async with runtime_process(tmp_path / "root") as (url, _):
+        yield Endpoint("127.0.0.1", int(url.rsplit(":", 1)[1]))
 
 
 async def _close_code(url: str, headers: dict[str, str]) -> int | None:
@@ -55,14 +53,10 @@ def test_the_sandbox_close_reaches_the_client_on_uvloop(tmp_path: Path) -> None:
     """uvloop (production's loop) ends a transport on a failed write in its own way: same outcome."""
     async def main() -> None:
         assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
-        server = TestServer(create_app(tmp_path / "root", "ses-ws"), host="127.0.0.1")
-        await server.start_server()
-        try:
-            async with gateways() as start:
-                gw = await start(CachingFakeResolver(Endpoint("127.0.0.1", server.port), sandbox_id="ses-ws"))
-                codes = [await _close_code(f"ws://127.0.0.1:{gw.port}/ws", identity_headers()) for _ in range(5)]
-                assert codes == [1009] * 5
-        finally:
-            await server.close()
+        async with runtime_process(tmp_path / "root") as (url, _), gateways() as start:
+            endpoint = Endpoint("127.0.0.1", int(url.rsplit(":", 1)[1]))
+            gw = await start(CachingFakeResolver(endpoint, sandbox_id="ses-ws"))
+            codes = [await _close_code(f"ws://127.0.0.1:{gw.port}/ws", identity_headers()) for _ in range(5)]
+            assert codes == [1009] * 5
 
     uvloop.run(main())
