@@ -51,8 +51,10 @@ async def test_request_trailers_reach_the_sandbox_after_the_body_never_in_its_he
         while not data.endswith(b"\r\n\r\n") or b"\r\n0\r\n" not in data:
             data += await reader.read(65536)
         received.set_result(data)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
         await writer.drain()
+        writer.close()
+        await writer.wait_closed()
 
     server = await asyncio.start_server(raw_sandbox, "127.0.0.1", 0)
     from gateway.model import Endpoint
@@ -68,7 +70,9 @@ async def test_request_trailers_reach_the_sandbox_after_the_body_never_in_its_he
     data = received.result()
     assert (await asyncio.wait_for(reader.readuntil(b"ok"), 10)).startswith(b"HTTP/1.1 200 ")
     writer.close()
+    await writer.wait_closed()
     server.close()
+    await server.wait_closed()
     head_out, _, body_out = data.partition(b"\r\n\r\n")
     assert b"\r\nx-checksum:" not in head_out.lower() and b"mallory" not in data and b"Bearer" not in data
     assert b"ses-other" not in data
