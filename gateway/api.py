@@ -291,6 +291,9 @@ async def list_sandboxes(request: web.Request) -> web.Response:
     state = query.get("state")
     if state is not None and state not in SandboxState.__members__.values():
         raise BadRequest(f"state {state!r} is not a sandbox state (one of: {', '.join(SandboxState)})")
+    pools = request.app[ROUTER].policy.pools
+    if "pool" in query and query["pool"] not in pools:
+        raise BadRequest(f"pool {query['pool']!r} is not in the policy (pools: {', '.join(pools)})")
     where = SandboxFilter(pool=query.get("pool"), state=None if state is None else SandboxState(state),
                           org_id=query.get("org"))
     page = await request.app[ROUTER].sandboxes(after, limit=limit, where=where)
@@ -320,6 +323,12 @@ async def suspend_sandbox(request: web.Request) -> web.Response:
     """Admin: suspend a ready sandbox now (idempotent); 409 while it is being created or woken."""
     record = await request.app[ROUTER].suspend_sandbox(_path_sandbox(request))
     return web.json_response(_sandbox_view(record))
+
+
+async def delete_sandbox(request: web.Request) -> web.Response:
+    """Admin: destroy a sandbox, shared ones included (a session's DELETE only unbinds from those)."""
+    record = await request.app[ROUTER].delete_sandbox(_path_sandbox(request))
+    return web.json_response({**_sandbox_view(record), "deleted": True})
 
 
 async def resume_sandbox(request: web.Request) -> web.Response:
@@ -396,6 +405,7 @@ def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[
     app.router.add_get("/v1/sandboxes", list_sandboxes)
     app.router.add_post("/v1/sandboxes/{sandbox_id}/suspend", suspend_sandbox)
     app.router.add_post("/v1/sandboxes/{sandbox_id}/resume", resume_sandbox)
+    app.router.add_delete("/v1/sandboxes/{sandbox_id}", delete_sandbox)
     app.router.add_get("/v1/route", route_dry_run)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

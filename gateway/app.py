@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
 import sys
@@ -37,7 +38,7 @@ from gateway.model import SandboxState
 from gateway.policy import load_policy, request_timeouts
 from gateway.providers.base import PoolProviders, SandboxProvider
 from gateway.sessions import RouterTuning, SessionRouter
-from gateway.settings import Settings
+from gateway.settings import Settings, option
 from gateway.store.base import SessionStore
 from gateway.store.instrumented import InstrumentedStore
 from routing import Policy, PolicyError
@@ -58,6 +59,29 @@ def build_auth(settings: Settings) -> tuple[Authenticator, AdminCheck]:
         assert keys is not None  # Settings validation guarantees a key file in token mode
         return TokenAuth(keys), admin
     return TrustedHeaders(), admin
+
+
+def example_keys_problem(settings: Settings) -> str | None:
+    """Why the key file must not serve off loopback (checked before any port is bound), or None.
+
+    The published example secret lets anyone who has read the README mint admin tokens: it is
+    accepted on loopback, or anywhere with ``allow_example_keys`` (a demo)."""
+    path = settings.auth_keys_file
+    if path is None:
+        return None
+    try:
+        keys = KeySet.load(path)
+    except OSError as exc:
+        return f"{option('auth_keys_file')}: cannot read {path}: {exc.strerror or exc}"
+    except ValueError as exc:
+        return f"{option('auth_keys_file')}: {exc}"
+    published = keys.published()
+    if not published or settings.allow_example_keys or settings.on_loopback:
+        return None
+    return (f"{path}: key {published[0]!r} has the secret published in examples/auth/keys.yaml, and anyone who "
+            f"has read the README can sign admin tokens with it; listening on {settings.host} needs your own "
+            "secret (e.g. from `openssl rand -hex 32`), or, for a demo, "
+            f"{option('allow_example_keys')}=1")
 
 
 def build_access(settings: Settings) -> AccessTokens | None:
@@ -272,7 +296,10 @@ class Gateway:
         self._start_background_loops()
         undo.push_async_callback(self._stop_background_loops)
         bounds = connection_bounds(self.settings.max_connections, self.settings.max_connections_per_client)
-        self.data_plane = DataPlane(self.router, PlaneOptions.from_settings(self.settings),
+        options = PlaneOptions.from_settings(self.settings)
+        if grpc_sock is not None:  # the port really bound (settings may say 0), named to HTTP/2 clients
+            options = dataclasses.replace(options, grpc_port=grpc_sock.getsockname()[1])
+        self.data_plane = DataPlane(self.router, options,
                                     on_request=self._on_request, authenticator=self.authenticator,
                                     limits=OrgLimits.from_settings(self.settings),
                                     compat=self.compat if self.compat is not None else NoRouterHeaders(),

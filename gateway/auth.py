@@ -76,6 +76,11 @@ class Key:
     sign: Any = None     # secret bytes or a private key object (only where tokens are issued)
 
 
+PUBLISHED_SECRETS = frozenset({b"change-me-change-me-change-me-change-me"})
+"""Secrets published in this repository (examples/auth/keys.yaml): anyone who has read the README
+can sign any token with them, so ``serve`` refuses them off loopback unless told it is a demo."""
+
+
 class KeySet:
     """Signing keys by ``kid``; loaded from a YAML/JSON file (see ``examples/auth/keys.yaml``)."""
 
@@ -89,6 +94,11 @@ class KeySet:
 
     def first(self) -> Key:
         return next(iter(self._keys.values()))
+
+    def published(self) -> list[str]:
+        """The kids of keys whose secret is one of the ``PUBLISHED_SECRETS``."""
+        return [kid for kid, key in self._keys.items() if isinstance(key.verify, bytes)
+                and key.verify in PUBLISHED_SECRETS]
 
     def signer(self) -> Key | None:
         """The key the gateway signs its own tokens with (sandbox access tokens): the first in the

@@ -149,10 +149,15 @@ def _cmd_token_issue(args: argparse.Namespace) -> int:
 
 
 def _cmd_runtime(args: argparse.Namespace) -> int:
-    from gateway.runtime import run
+    from gateway.runtime.__main__ import main as runtime_main
 
-    run(args.host, args.port, Path(args.root), args.sandbox_id)
-    return 0
+    forwarded = ["--host", args.host, "--port", str(args.port), "--root", str(args.root), "--sandbox-id",
+                 args.sandbox_id]
+    for flag, value in (("--listen-fd", args.listen_fd), ("--grpc-port", args.grpc_port),
+                        ("--grpc-fd", args.grpc_fd)):
+        if value is not None:
+            forwarded += [flag, str(value)]
+    return runtime_main(forwarded)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="host names clients reach the gateway by, comma-separated ('.example.com' for every name "
                             "under it, '*' for any); other Hosts get 421 (DNS rebinding). Default on loopback: "
                             "localhost and *.localhost; required on any other address")
+    serve.add_argument("--allow-example-keys", action="store_true", default=None,
+                       help="accept the published example key secret (examples/auth/keys.yaml) off loopback: "
+                            "a demo only, since anyone can sign tokens with it")
     serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
                        help="one log line per data-plane request (default on)")
     serve.set_defaults(func=_cmd_serve)
@@ -219,10 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     runtime = sub.add_parser("runtime", help="run the reference sandbox runtime (one sandbox)",
                              description="The reference sandbox runtime the local provider starts.")
-    runtime.add_argument("--host", default="127.0.0.1")
-    runtime.add_argument("--port", type=int, default=8888)
-    runtime.add_argument("--root", required=True, help="the sandbox's working directory")
-    runtime.add_argument("--sandbox-id", default="")
+    from gateway.runtime.__main__ import add_arguments as runtime_arguments
+
+    runtime_arguments(runtime)  # one set of flags with `python -m gateway.runtime` (--grpc-port among them)
     runtime.set_defaults(func=_cmd_runtime)
     return parser
 

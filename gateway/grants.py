@@ -10,7 +10,9 @@ expiry, and the ready-made URLs that the data plane's keys (``gateway.proxy._key
 
 Each URL carries ``?access_token=`` so it opens as it is (the data plane swaps the parameter for a
 cookie and redirects it out of the address bar); the bare token goes in ``Authorization: Bearer``.
-A port range in a grant has one URL template with ``{port}`` in it, for the client to fill in.
+A port range in a grant has one URL template with ``{port}`` in it, for the client to fill in;
+a few adjacent ports (a policy's ``ports: [19300, 19301]``, which the port set keeps as one range)
+get one URL each, as single ports do.
 
 ``public_url`` (the data plane as clients reach it) is a setting; without it the URLs name the
 host the caller reached the control API by, on the data plane's port, over plain HTTP: right for
@@ -101,7 +103,7 @@ class AccessGrants:
         token = self.tokens.mint(record.sandbox_id, incarnation_of(record.created_at), wanted, ttl)
         expires = self.tokens.verify(token).expires
         base = self._base(request_host)
-        urls = [self._urls(record.sandbox_id, low, high, token, base) for low, high in wanted.ranges]
+        urls = [self._urls(record.sandbox_id, low, high, token, base) for low, high in _listed(wanted)]
         return Grant(record.sandbox_id, token, expires, wanted, urls)
 
     def _base(self, request_host: str | None) -> str:
@@ -123,6 +125,20 @@ class AccessGrants:
         if self.path_prefix is not None:
             path_url = f"{base}{self.path_prefix}/{sandbox_id}/{shown}/{query}"
         return {"port": port, "host": host_url, "path": path_url}
+
+
+_EACH_UP_TO = 16  # a range of at most this many ports is listed port by port, not as a {port} template
+
+
+def _listed(ports: PortSet) -> list[tuple[int, int]]:
+    """The (low, high) entries a grant lists: small ranges split into their ports."""
+    out: list[tuple[int, int]] = []
+    for low, high in ports.ranges:
+        if high - low < _EACH_UP_TO:
+            out += [(port, port) for port in range(low, high + 1)]
+        else:
+            out.append((low, high))
+    return out
 
 
 def _ports(raw: Any) -> PortSet:

@@ -18,7 +18,7 @@ import signal
 import socket
 import tempfile
 
-from gateway.app import Gateway, confinement_problem
+from gateway.app import Gateway, confinement_problem, example_keys_problem
 from gateway.gate import connection_bounds, raise_descriptor_limit
 from gateway.logs import AccessLog, configure_logging
 from gateway.settings import Settings
@@ -127,15 +127,17 @@ def serve(settings: Settings) -> int:
     if settings.workers == "auto":
         log.info("workers: auto -> %d%s", workers, "" if settings.redis_url else
                  " (the memory store is one process's; with REDIS_URL, one per core)")
+    # The key file, the policy and what it needs of this host are checked before any port: a broken
+    # policy is reported as such even while another gateway holds the ports.
+    problem = example_keys_problem(settings) or confinement_problem(settings)
+    if problem is not None:
+        log.error("%s", problem)
+        return 2
     busy = [port for port in (settings.data_port, settings.control_port, settings.grpc_port)
             if port and _in_use(settings.host, port)]
     if busy:
         log.error("port %d on %s is already in use (another sandbox-gateway?); SO_REUSEPORT would otherwise "
                   "share it silently with a gateway that has its own sessions", busy[0], settings.host)
-        return 2
-    problem = confinement_problem(settings)
-    if problem is not None:
-        log.error("%s", problem)
         return 2
     _raise_descriptor_limit(settings)
     # Reserve the ports (and resolve port 0) before any worker starts.

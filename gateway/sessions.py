@@ -459,6 +459,20 @@ class SessionRouter:
                            sandbox_id=sandbox_id)
         return await self.store.get_sandbox(sandbox_id) or record
 
+    async def delete_sandbox(self, sandbox_id: str) -> SandboxRecord:
+        """Operator control: destroy a sandbox of any kind (``ses-``, and the shared ``usr-``/``org-``
+        ones that no session's DELETE destroys). Its sessions stay bound: the next request of one
+        creates it afresh. 409 while it is being created or changing state."""
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None:
+            raise unknown_sandbox(sandbox_id)
+        if record.state not in (SandboxState.READY, SandboxState.SUSPENDED):
+            raise Conflict(f"sandbox {sandbox_id} is {record.state}; delete it once it is ready or suspended",
+                           sandbox_id=sandbox_id)
+        await self.destroy(record, reason="requested")
+        self.events.reaped("requested")
+        return record
+
     async def resume_sandbox(self, sandbox_id: str) -> SandboxRecord:
         """Operator control: wake a suspended sandbox (idempotent: a ready one is answered as it is),
         through the same wake-once path as a request, held up to its pool's ``wake_timeout``."""

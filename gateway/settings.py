@@ -46,6 +46,7 @@ SERVE_FLAGS: dict[str, str] = {
     "workers": "--workers", "policy_file": "--policy", "data_dir": "--data-dir", "redis_url": "--redis-url",
     "log_level": "--log-level", "log_format": "--log-format", "access_log": "--access-log",
     "auth_mode": "--auth-mode", "auth_keys_file": "--auth-keys", "allowed_hosts": "--allowed-hosts",
+    "allow_example_keys": "--allow-example-keys",
 }
 """The one map from a setting to the ``serve`` flag that sets it (the CLI builds its overrides from
 it; a setting with no flag is set by its environment variable alone). Refusals name both."""
@@ -176,6 +177,9 @@ class Settings(BaseSettings):
     # authentication (gateway/auth.py): None = trusted headers on loopback only
     auth_mode: Literal["trusted-headers", "token"] | None = None
     auth_keys_file: Path | None = None
+    # Off loopback, a key file holding a secret published in this repository (examples/auth/keys.yaml)
+    # is refused at startup unless this says the gateway is a demo (gateway/auth.py PUBLISHED_SECRETS).
+    allow_example_keys: bool = False
     # Sandbox access tokens (gateway/access.py): the longest lifetime a caller may ask for, in seconds.
     access_token_max_ttl: float = Field(default=86_400.0, ge=1)
     # Host and path keys on the data plane (gateway/proxy/_keys.py), each off unless set:
@@ -333,6 +337,11 @@ class Settings(BaseSettings):
             if not 0 < port < 65536:
                 raise ValueError(f"{port} is not a TCP port")
         return value
+
+    @property
+    def on_loopback(self) -> bool:
+        """Listening on a loopback address only (what the demo defaults are safe for)."""
+        return _is_loopback(self.host)
 
     @property
     def effective_auth_mode(self) -> str:

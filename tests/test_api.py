@@ -157,6 +157,8 @@ LONG = "x" * 300
     pytest.param("POST", "/v1/sandboxes/org-0a/resume", None, 404, "not_found", id="resume unknown sandbox"),
     pytest.param("POST", "/v1/sandboxes/..%2Fetc/suspend", None, 400, "bad_request", id="suspend a non-ID"),
     pytest.param("GET", "/v1/sandboxes/org-0a/suspend", None, 405, "method_not_allowed", id="suspend by GET"),
+    pytest.param("DELETE", "/v1/sandboxes/org-0a", None, 404, "not_found", id="delete unknown sandbox"),
+    pytest.param("DELETE", "/v1/sandboxes/..%2Fetc", None, 400, "bad_request", id="delete a non-ID"),
 ])
 async def test_bad_input_gets_documented_json_error(api, stack, method, path, body, status, code):
     _, local = stack
@@ -171,6 +173,25 @@ async def test_bad_input_gets_documented_json_error(api, stack, method, path, bo
     payload = await response.json()
     assert payload["error"]["code"] == code and payload["error"]["message"]
     assert await local.list_managed() == []
+
+
+async def test_an_admin_deletes_a_shared_sandbox(api, stack):
+    """A session's DELETE only unbinds from a shared (org-/usr-) sandbox: DELETE /v1/sandboxes/{id}
+    destroys it; its sessions stay bound and the next use creates it afresh."""
+    _, local = stack
+    a = await bind(api, org_id="team", user_id="bob", session_id="s-1")
+    await bind(api, org_id="team", user_id="bob", session_id="s-2")
+    assert (await (await api.delete("/v1/sessions/s-1")).json())["deleted"] is True
+    assert len(await local.list_managed()) == 1  # unbinding left the shared sandbox up
+    deleted = await api.delete(f"/v1/sandboxes/{a['sandbox_id']}")
+    assert deleted.status == 200, await deleted.text()
+    assert (await deleted.json())["deleted"] is True and (await deleted.json())["sandbox_id"] == a["sandbox_id"]
+    assert await local.list_managed() == []
+    assert (await (await api.get("/v1/sandboxes")).json())["sandboxes"] == []
+    assert (await api.get("/v1/sessions/s-2")).status == 200  # still bound
+    again = await bind(api, org_id="team", user_id="bob", session_id="s-2")
+    assert again["sandbox_id"] == a["sandbox_id"] and again["state"] == "ready"
+    assert (await api.delete(f"/v1/sandboxes/{a['sandbox_id']}")).status == 200
 
 
 @pytest.mark.parametrize(("redis_url", "stops"), [(None, True), ("", True), ("redis://127.0.0.1:1/0", False)])
@@ -221,6 +242,7 @@ async def test_sandbox_listing_pages_with_a_cursor_and_filters(api, stack):
     pytest.param("state=asleep", "state", id="unknown state"),
     pytest.param("limit=1&limit=2", "limit", id="repeated"),
     pytest.param("sort=name", "sort", id="unknown parameter"),
+    pytest.param("pool=nope", "pool 'nope' is not in the policy (pools: small, shared)", id="unknown pool"),
 ])
 async def test_sandbox_listing_refuses_bad_parameters(api, query, names):
     response = await api.get(f"/v1/sandboxes?{query}")

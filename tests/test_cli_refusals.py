@@ -7,6 +7,7 @@ The CLI runs as a real subprocess, as an operator runs it.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,58 @@ def test_every_setting_is_named_by_the_variable_it_is_read_from() -> None:
         else:
             assert env_var(name) == "SANDBOX_GATEWAY_" + name.upper()
     assert set(SERVE_FLAGS) <= set(Settings.model_fields)
+
+
+def test_a_broken_policy_is_reported_even_while_another_gateway_holds_the_ports(tmp_path: Path) -> None:
+    """An operator's own ``serve`` holds 8080/8081/50051: a second one with a broken policy must say
+    what is wrong with the policy, not that a port is taken (the policy is checked before any port)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("pools:\n  small: {max_sandboxes: lots}\n  shared: {}\n")
+    with socket.socket() as held:  # stands in for the other gateway, on a port the kernel chose
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        result = _cli(tmp_path, "serve", "--policy", str(policy), "--data-port", port, "--control-port", port,
+                      "--grpc-port", port, "--data-dir", str(tmp_path / "data"))
+    assert result.returncode == 2, result.stderr
+    assert "pools.small.max_sandboxes" in result.stderr, result.stderr
+    assert "already in use" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_published_example_keys_are_refused_off_loopback(tmp_path: Path) -> None:
+    """The README's own line (``--host 0.0.0.0 --auth-keys examples/auth/keys.yaml``) would let anyone
+    who has read the README mint an admin token; a copy of the file under another name is no better."""
+    copy = tmp_path / "mine.yaml"
+    copy.write_text(KEYS.read_text().replace("example-hs-1", "prod-1"))
+    for keys in (KEYS, copy):
+        result = _cli(tmp_path, "serve", "--host", "0.0.0.0", "--auth-mode", "token", "--auth-keys", str(keys),
+                      "--data-port", "0", "--control-port", "0", "--grpc-port", "0",
+                      env={"SANDBOX_GATEWAY_ALLOWED_HOSTS": "localhost"})
+        assert result.returncode == 2, result.stderr
+        assert "secret published in examples/auth/keys.yaml" in result.stderr, result.stderr
+        assert "--allow-example-keys / SANDBOX_GATEWAY_ALLOW_EXAMPLE_KEYS" in result.stderr
+        assert "serving" not in result.stderr
+
+
+@pytest.mark.parametrize(("host", "secret", "demo", "refused"), [
+    pytest.param("0.0.0.0", "change-me-change-me-change-me-change-me", False, True, id="example secret off loopback"),
+    pytest.param("0.0.0.0", "change-me-change-me-change-me-change-me", True, False, id="a demo says so"),
+    pytest.param("127.0.0.1", "change-me-change-me-change-me-change-me", False, False, id="loopback: the walkthrough"),
+    pytest.param("0.0.0.0", "f" * 64, False, False, id="an operator's own secret"),
+])
+def test_which_key_files_may_serve_off_loopback(tmp_path: Path, host: str, secret: str, demo: bool,
+                                                refused: bool) -> None:
+    from gateway.app import example_keys_problem
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"keys:\n  - {{kid: k1, alg: HS256, secret: '{secret}'}}\n")
+    settings = Settings(host=host, auth_mode="token", auth_keys_file=keys, allow_example_keys=demo,
+                        allowed_hosts=["localhost"])
+    assert (example_keys_problem(settings) is not None) is refused
+
+
+async def test_a_demo_off_loopback_starts_with_the_example_keys(tmp_path: Path) -> None:
+    process = GatewayProcess(tmp_path / "gw", "--host", "0.0.0.0", "--auth-mode", "token", "--auth-keys", str(KEYS),
+                             env={"SANDBOX_GATEWAY_ALLOW_EXAMPLE_KEYS": "1", "SANDBOX_GATEWAY_ALLOWED_HOSTS": "localhost"})
+    await process.start()
+    assert await process.stop() == 0

@@ -155,7 +155,7 @@ async def test_a_second_gateway_on_the_same_port_is_refused(gateway, tmp_path):
 
     port = gateway.data_url.rsplit(":", 1)[1]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "--data-port", port, "--control-port", "0",
+        sys.executable, "-m", "gateway.cli", "serve", "--data-port", port, "--control-port", "0", "--grpc-port", "0",
         "--log-format", "text", cwd=tmp_path, stderr=asyncio.subprocess.PIPE)
     _, stderr = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2

@@ -293,7 +293,8 @@ def test_serve_refuses_an_outbound_pool_on_a_host_without_slirp4netns(tmp_path):
     # subprocess.run, not GatewayProcess: asyncio's child watcher sometimes reports 255 for a
     # child that exits this fast (seen on main's test_confinement serve test too).
     refused = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--data-port", "0", "--control-port", "0",
-                              "--policy", str(tmp_path / "policy.yaml"), "--data-dir", str(tmp_path / "data")],
+                              "--grpc-port", "0", "--policy", str(tmp_path / "policy.yaml"),
+                              "--data-dir", str(tmp_path / "data")],
                              env={**os.environ, "PATH": str(bin_dir)}, capture_output=True, text=True, timeout=60,
                              check=False)
     assert refused.returncode == 2, refused.stderr

@@ -275,6 +275,6 @@ def test_check_policy_and_serve_refuse_a_session_ttl_below_idle_timeout(tmp_path
                                                      "session_ttl (SANDBOX_GATEWAY_SESSION_TTL) (1200s)")
     assert "pools.shared" not in checked.stderr
     assert _cli("check-policy", "--session-ttl", "1h", str(policy), env=short).returncode == 0
-    served = _cli("serve", "--policy", str(policy), "--data-port", "0", "--control-port", "0",
+    served = _cli("serve", "--policy", str(policy), "--data-port", "0", "--control-port", "0", "--grpc-port", "0",
                   "--data-dir", str(tmp_path / "data"), env=short)
     assert served.returncode == 2 and "pools.small.idle_timeout" in served.stderr and "Traceback" not in served.stderr

@@ -207,15 +207,21 @@ async def test_websocket_message_over_the_cap_is_closed_with_1009(ws_sandbox, st
     assert gw.records[-1].refused == "ws_message" and gw.records[-1].status == 101
 
 
-async def test_websocket_fragments_add_up_to_one_message(ws_sandbox, start_gateway):
-    """A message split into small frames is still one message: 3 x 400 bytes is over a 1000-byte cap."""
-    endpoint, _ = ws_sandbox
-    gw = await start_gateway(CachingFakeResolver(endpoint), ws_max_message_bytes=1000)
-    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+async def _raw_upgrade(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WebSocket upgrade by hand (no client library), answered 101: the frames after it are ours."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     headers = "".join(f"{k}: {v}\r\n" for k, v in identity_headers().items())
     writer.write(f"GET /ws HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                  f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{headers}\r\n".encode())
     assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 101 ")
+    return reader, writer
+
+
+async def test_websocket_fragments_add_up_to_one_message(ws_sandbox, start_gateway):
+    """A message split into small frames is still one message: 3 x 400 bytes is over a 1000-byte cap."""
+    endpoint, _ = ws_sandbox
+    gw = await start_gateway(CachingFakeResolver(endpoint), ws_max_message_bytes=1000)
+    reader, writer = await _raw_upgrade(gw.port)
 
     def frame(opcode: int, payload: bytes, fin: bool) -> bytes:  # a masked client frame, length < 65536
         size = bytes([0x80 | len(payload)]) if len(payload) < 126 else bytes([0xFE]) + len(payload).to_bytes(2, "big")
@@ -227,6 +233,50 @@ async def test_websocket_fragments_add_up_to_one_message(ws_sandbox, start_gatew
     close = await asyncio.wait_for(reader.read(4), 5)
     assert close[:2] == b"\x88\x11" and int.from_bytes(close[2:4], "big") == 1009  # unmasked close, 2 + 15 bytes
     assert await asyncio.wait_for(reader.read(), 5) == b"message too big"
+    writer.close()
+
+
+@pytest.fixture
+async def deflate_sandbox(aiohttp_server):
+    """A WebSocket sandbox that would negotiate permessage-deflate; records the extensions it was offered."""
+    offered: list[str | None] = []
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        offered.append(request.headers.get("Sec-WebSocket-Extensions"))
+        ws = web.WebSocketResponse(max_msg_size=0, compress=True)
+        await ws.prepare(request)
+        async for msg in ws:
+            await ws.send_bytes(msg.data if isinstance(msg.data, bytes) else msg.data.encode())
+        return ws
+
+    return await backend(aiohttp_server, handler), offered
+
+
+@pytest.mark.parametrize("limit", [None, 200])
+async def test_a_message_limit_counts_what_the_sandbox_receives_not_compressed_bytes(deflate_sandbox, start_gateway,
+                                                                                    http, limit):
+    """100,000 bytes deflate to about 100 on the wire: with a 200-byte limit the extension is declined
+    (the sandbox is never offered it), so the message is counted whole and refused with 1009."""
+    endpoint, offered = deflate_sandbox
+    gw = await start_gateway(CachingFakeResolver(endpoint), ws_max_message_bytes=limit)
+    async with http.ws_connect(f"{gw.url}/ws", headers=identity_headers(), compress=15, max_msg_size=0) as ws:
+        assert ws.compress == (15 if limit is None else 0)
+        await ws.send_bytes(b"x" * 100_000)
+        answer = await ws.receive()
+    if limit is None:
+        assert answer.data == b"x" * 100_000 and offered[-1] is not None and "permessage-deflate" in offered[-1]
+    else:
+        assert (answer.type, answer.data) == (WSMsgType.CLOSE, 1009) and offered == [None]
+
+
+async def test_a_frame_claiming_an_extension_under_a_limit_is_refused(ws_sandbox, start_gateway):
+    """No extension was negotiated, so a compressed (RSV1) frame is a protocol error (1002), however small."""
+    endpoint, _ = ws_sandbox
+    gw = await start_gateway(CachingFakeResolver(endpoint), ws_max_message_bytes=1000)
+    reader, writer = await _raw_upgrade(gw.port)
+    writer.write(bytes([0xC2, 0x85]) + b"\0\0\0\0" + b"\x02\x00\x00\x00\xff")  # FIN|RSV1 binary, 5 bytes
+    close = await asyncio.wait_for(reader.read(4), 5)
+    assert close[:1] == b"\x88" and int.from_bytes(close[2:4], "big") == 1002
     writer.close()
 
 

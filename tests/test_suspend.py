@@ -360,7 +360,7 @@ def test_static_pools_cannot_suspend_said_at_check_policy_and_startup(tmp_path: 
     assert any("pools.shared" in line and "on_idle: suspend" in line and "'static'" in line
                for line in info.value.errors), info.value.errors
     for command in (["check-policy", str(policy)],
-                    ["serve", "--policy", str(policy), "--data-port", "0", "--control-port", "0",
+                    ["serve", "--policy", str(policy), "--data-port", "0", "--control-port", "0", "--grpc-port", "0",
                      "--data-dir", str(tmp_path / "data")]):
         done = subprocess.run([sys.executable, "-m", "gateway.cli", *command], capture_output=True, text=True,
                               timeout=60, check=False)

@@ -217,9 +217,15 @@ def test_protocol_error_wins_over_size_for_control_frames() -> None:
     assert MessageSizeGuard(10).feed(header(PING, 126)) == 1002
 
 
-def test_rsv_bits_are_not_policed() -> None:
-    """Extensions (permessage-deflate sets RSV1) are negotiated past the proxy."""
-    guard = MessageSizeGuard(10)
+@pytest.mark.parametrize("b0", [0xC1, 0xA1, 0x91], ids=["RSV1 (permessage-deflate)", "RSV2", "RSV3"])
+def test_a_frame_with_rsv_bits_is_refused_where_no_extension_was_negotiated(b0: int) -> None:
+    """The data plane declines extensions under a limit: a frame claiming one would hide its size."""
+    assert MessageSizeGuard(10).feed(bytes((b0, 0x85)) + b"\0" * 4 + b"x" * 5) == 1002
+
+
+def test_rsv_bits_pass_on_a_stream_whose_extensions_were_negotiated_end_to_end() -> None:
+    """The sandbox's frames are followed, not limited (rsv_ok): permessage-deflate sets RSV1."""
+    guard = MessageSizeGuard(10, rsv_ok=True)
     assert guard.feed(bytes((0xC1, 0x85)) + b"\0" * 4 + b"x" * 5) is None
     assert guard.feed(bytes((0xC1, 0x8B)) + b"\0" * 4) == 1009
 

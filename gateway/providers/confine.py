@@ -12,7 +12,9 @@ sandboxes are simply not in its view.
 Who the sandbox runs as depends on who the gateway is:
 
 * **root**: each sandbox gets its own unprivileged host UID (recorded in its directory, so a
-  resumed sandbox finds its files still its own). bubblewrap runs privileged to build the
+  resumed sandbox finds its files still its own, and claimed in a host-wide registry,
+  :data:`UID_REGISTRY`, so two installations on one host, each with its own data dir and the
+  same deterministic sandbox IDs, never hand out the same UID). bubblewrap runs privileged to build the
   view and ``setpriv`` drops to that UID with no capabilities in any namespace before the
   runtime starts. No user namespace on purpose: inside one the sandbox would hold every
   capability over its own namespaces, a larger kernel surface than a plain unprivileged
@@ -58,6 +60,10 @@ INNER_UID = 1000
 #: Host UIDs given to sandboxes when the gateway is root: far above any login or subuid range.
 UID_BASE = 1_500_000_000
 UID_RANGE = 1_000_000
+#: Host-wide claims on those UIDs, one file per UID naming the sandbox directory that holds it
+#: (every gateway on the host, whatever its data dir, claims here under one lock). Persistent,
+#: like the UIDs recorded in sandbox directories and the files they own.
+UID_REGISTRY = Path("/var/lib/sandbox-gateway/uids")
 CGROUP_V1 = Path("/sys/fs/cgroup")
 _PASSWD = f"root:x:0:0::/:/bin/sh\nsandbox:x:{{uid}}:{{uid}}::{HOME}:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n"
 _GROUP = "root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n"
@@ -138,10 +144,12 @@ class Bubblewrap:
     confined = True
 
     def __init__(self, data_dir: Path, python: str = sys.executable, limits: Limits = Limits(), *,
-                 bwrap: str | None = None, disk_quota: int = 0) -> None:
+                 bwrap: str | None = None, disk_quota: int = 0, uid_registry: Path = UID_REGISTRY) -> None:
         """``disk_quota``: bytes of each sandbox's own filesystem (disk.py; 0: none, the data dir's is shared;
-        ``serve`` gives ``local_disk_quota_bytes``, 10 GiB by default)."""
+        ``serve`` gives ``local_disk_quota_bytes``, 10 GiB by default). ``uid_registry``: where host UIDs are
+        claimed, shared by every installation on the host."""
         self._data_dir = data_dir
+        self._uid_registry = uid_registry
         self._python = python
         self._limits = limits
         self._bwrap = bwrap or shutil.which("bwrap") or "bwrap"
@@ -305,23 +313,36 @@ class Bubblewrap:
         return [self._bwrap, *view.args, "--", *network, *drop, *runtime]
 
     def _uid(self, box: Path) -> int:
-        """This sandbox's host UID: the one recorded in its directory, else a free one (under a host-wide lock)."""
+        """This sandbox's host UID: the one recorded in its directory, else a free one.
+
+        Free means unclaimed in the host-wide registry, or claimed by a sandbox directory that no
+        longer records it (destroyed: its claim is stale). Claims are made under the registry's
+        lock, so two gateways (any data dirs) never take one UID. A recorded UID that another live
+        sandbox directory claims (two installations from before the registry) is refused."""
+        box = box.absolute()
         recorded = box / "uid"
-        with contextlib.suppress(OSError, ValueError):
-            return int(recorded.read_text())
-        sandboxes = box.parent
-        fd = os.open(sandboxes.parent / "uids.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        registry = self._uid_registry
+        registry.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(registry / "lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            taken = set()
-            for other in sandboxes.iterdir():
-                with contextlib.suppress(OSError, ValueError):
-                    taken.add(int((other / "uid").read_text()))
-            start = int.from_bytes(hashlib.sha256(box.name.encode()).digest()[:4], "big") % UID_RANGE
-            uid = next(UID_BASE + (start + i) % UID_RANGE for i in range(UID_RANGE)
-                       if UID_BASE + (start + i) % UID_RANGE not in taken)
-            recorded.write_text(str(uid))
-            return uid
+            with contextlib.suppress(OSError, ValueError):
+                uid = int(recorded.read_text())
+                owner = _claimant(registry, uid)
+                if owner is not None and owner != box:
+                    raise RuntimeError(f"host UID {uid} recorded in {recorded} is also held by {owner} (another "
+                                       "installation on this host): destroy one of the two sandboxes")
+                (registry / str(uid)).write_text(str(box))
+                return uid
+            # Start from the sandbox's place on this host (its directory), then take the first free one.
+            start = int.from_bytes(hashlib.sha256(str(box).encode()).digest()[:4], "big") % UID_RANGE
+            for i in range(UID_RANGE):
+                uid = UID_BASE + (start + i) % UID_RANGE
+                if _claimant(registry, uid) is None:
+                    (registry / str(uid)).write_text(str(box))
+                    recorded.write_text(str(uid))
+                    return uid
+            raise RuntimeError(f"no free host UID left in {UID_BASE}-{UID_BASE + UID_RANGE - 1}")
         finally:
             os.close(fd)
 
@@ -339,6 +360,17 @@ class Bubblewrap:
                 continue
             made.append(str(cgroup))
         return made
+
+
+def _claimant(registry: Path, uid: int) -> Path | None:
+    """The sandbox directory that holds ``uid``: named by its claim and still recording it; else None."""
+    try:
+        owner = Path((registry / str(uid)).read_text())
+        if int((owner / "uid").read_text()) == uid:
+            return owner
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 class _View:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade
 
-from gateway.errors import BadRequest, CapacityExceeded, GatewayError, TooManyConnections, UpstreamError
+from gateway.errors import BadRequest, CapacityExceeded, GatewayError, NotFound, TooManyConnections, UpstreamError
 from gateway.hosts import host_not_allowed
 from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.proxy")
 
 LINGER_TIME = 2.0    # how long a refused upload is read and dropped before the connection closes
+
+
+_NO_FAVICON = NotFound("the gateway has no favicon; a sandbox's own is reached through its URL",
+                       code="not_found")
 
 
 class DownstreamConnection(RequestReader):
@@ -264,6 +268,9 @@ class DownstreamConnection(RequestReader):
         # headers allow (SECURITY.md, "Browsers").
         if plane.keyed and self._begin_keyed(ex, batch):
             return
+        if ex.url == b"/favicon.ico" and ex.user is None and ex.auth is None:
+            self.fail(ex, _NO_FAVICON)  # a browser's own fetch beside a path URL: no identity, no sandbox
+            return
         # Admission: who is this, may they, which route (gateway/proxy/_admission.py).
         admission = plane.admission
         try:
@@ -391,7 +398,7 @@ class DownstreamConnection(RequestReader):
             else:
                 out += pending
         if ex.req_done and ex.body == CHUNKED:
-            out.append(w.CHUNK_END)
+            out.append(w.last_chunk(ex.trailers))
         if not ex.req_done and ex.expect and ex.body != NO_BODY and not ex.bytes_in:
             self._send(w.CONTINUE_100)
         if batch:

@@ -21,7 +21,7 @@ cdef class Exchange:
     cdef public double timeout, deadline
     cdef public object keyed, cookie_tokens, code
     cdef public double sent_at
-    cdef public object upstream_time
+    cdef public object upstream_time, trailers
 
 cdef class RequestLog:
     cdef public object method, pool, sandbox_id

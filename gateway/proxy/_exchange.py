@@ -44,7 +44,7 @@ class Exchange:
         "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
         "protocol", "error", "retried", "stream_key", "refused", "compat", "timeout", "deadline", "keyed",
-        "cookie_tokens", "code", "sent_at", "upstream_time",
+        "cookie_tokens", "code", "sent_at", "upstream_time", "trailers",
     )
 
     def __init__(self, client: DownstreamConnection) -> None:
@@ -98,6 +98,7 @@ class Exchange:
         self.cookie_tokens: list[bytes] | None = None  # access-token cookies, cut out of Cookie
         self.code: str | None = None          # the error code of an answer the gateway gave itself
         self.sent_at = 0.0                    # perf_counter() when the head went to the sandbox
+        self.trailers: list[bytes] | None = None  # a chunked body's trailer fields, as (name, ": ", value, CRLF)
         self.upstream_time: float | None = None  # from then to the sandbox's response head
 
 

@@ -58,6 +58,22 @@ def _other_target_form(ex: Exchange) -> None:
     ex.host = match.group(1)
 
 
+def _trailer(ex: Exchange, name: bytes, value: bytes) -> None:
+    """A trailer field of a chunked request body (llhttp reports them as headers after the head).
+    Forwarded with the body's last chunk, except what the gateway reads or sets itself (identity,
+    credentials, Host, framing, hop-by-hop, X-Forwarded-*, X-Sandbox-*): those are never taken from a
+    trailer, which arrives after admission and, before this, could land in the forwarded head."""
+    low = name.lower()
+    if w.REQUEST_HEADERS.get(low, 0) or low.startswith(w.SANDBOX_HEADER_PREFIXES) or low in w.FRAMING_HEADERS:
+        return
+    if ex.trailers is None:
+        ex.trailers = []
+    ex.trailers += (name, w.COLON, value, w.CRLF)
+
+
+_WS_EXTENSIONS = frozenset({b"sec-websocket-extensions"})  # declined while a message size limit is set
+
+
 class RequestReader(KeyedRequests):
     """The httptools request callbacks; the state they use is :class:`~gateway.proxy._state.ClientState`."""
 
@@ -88,6 +104,9 @@ class RequestReader(KeyedRequests):
         assert ex is not None
         if self.big:
             self._count(len(name) + len(value) + 4)
+        if not self.mode & M_IN_HEAD:
+            _trailer(ex, name, value)
+            return
         code = w.REQUEST_HEADERS_EXACT.get(name)
         if code is None:
             low = name.lower()
@@ -207,6 +226,11 @@ class RequestReader(KeyedRequests):
                 ex.reject = BadRequest("CONNECT is not supported by the data plane", code="method_not_supported")
             elif ex.upgrade is not None and ex.upgrade.strip().lower() == b"websocket":
                 ex.websocket = True
+                if self.plane.ws_max_message is not None:  # type: ignore[union-attr]
+                    # ws_max_message_bytes bounds what the sandbox receives, and a compressed frame's
+                    # header tells only its wire size: no extension is offered, so none is negotiated
+                    # (and MessageSizeGuard refuses a frame that claims one with 1002).
+                    ex.tokens = _WS_EXTENSIONS if ex.tokens is None else ex.tokens | _WS_EXTENSIONS
         if ex.tokens:
             ex.headers = w.without_headers(ex.headers, ex.tokens)
         if self.current is None and not self.mode & M_CLOSING:
@@ -242,7 +266,7 @@ class RequestReader(KeyedRequests):
         self.parsing = None
         ex.req_done = True
         if ex.upstream is not None and ex.body == CHUNKED:
-            self.up_out.append(w.CHUNK_END)
+            self.up_out.append(w.last_chunk(ex.trailers))
 
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,33 @@ log = logging.getLogger("gateway.proxy")
 MAX_RESPONSE_HEAD = 256 * 1024
 _ANY_SIZE = 1 << 64  # the sandbox's messages are not limited; its frames are only followed
 _find_hop_by_hop = w.HOP_BY_HOP.search
+
+
+_UNREAD_LIMIT = 65536  # what is read of a reset tunnel's last bytes: a close frame is at most 127
+
+
+def unread(transport: asyncio.BaseTransport) -> bytes:
+    """Bytes the peer sent before it reset the connection, still in the kernel's receive buffer.
+
+    A write that fails with ECONNRESET ends the transport at once, before the loop reads what
+    arrived ahead of the reset: a sandbox that refuses a large WebSocket message sends its close
+    frame (1009) and drops the connection while the client's bytes are still going in, and that
+    close frame is what the client must see. The descriptor is still open in connection_lost
+    (asyncio and uvloop close it after) and non-blocking."""
+    sock = transport.get_extra_info("socket")
+    chunks: list[bytes] = []
+    try:
+        fd = sock.fileno()
+        size = 0
+        while size < _UNREAD_LIMIT:
+            chunk = os.read(fd, _UNREAD_LIMIT - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except (OSError, AttributeError, ValueError):
+        pass  # nothing more (EAGAIN, ECONNRESET), or no descriptor any more
+    return b"".join(chunks)
 
 
 class UpstreamPool:
@@ -309,6 +337,10 @@ class UpstreamConnection:
         if ex is None:
             self.pool.forget(self)
             return
+        if exc is not None and self.tunneled:
+            last = unread(self.transport)  # the sandbox's close frame, ahead of its reset
+            if last:
+                self._data_special(last)
         self._detach(ex)
         self.wpaused = False
         client = ex.client
@@ -514,7 +546,7 @@ class UpstreamConnection:
             self.abort()
             return
         self.tunneled = True
-        self.frames = MessageSizeGuard(_ANY_SIZE)
+        self.frames = MessageSizeGuard(_ANY_SIZE, rsv_ok=True)
         if rest:
             self.frames.feed(rest)
         self.broken = True  # never pooled again

@@ -115,6 +115,13 @@ CONTINUE_100 = b"HTTP/1.1 100 Continue\r\n\r\n"
 XFP_HTTP = b"X-Forwarded-Proto: http\r\n"
 TE_CHUNKED = b"Transfer-Encoding: chunked\r\n"
 WS_UPGRADE = b"Connection: Upgrade\r\nUpgrade: websocket\r\n"
+
+
+def last_chunk(trailers: list[bytes] | None) -> bytes:
+    """The end of a chunked body, with the request's trailer fields (RFC 9112 7.1.2) when it had some."""
+    return CHUNK_END if trailers is None else b"0\r\n" + b"".join(trailers) + CRLF
+
+
 CONN_CLOSE = b"Connection: close\r\n"
 CONN_KEEP_ALIVE = b"Connection: keep-alive\r\n"
 

@@ -55,14 +55,18 @@ class MessageSizeGuard:
     """Incremental RFC 6455 header scanner enforcing a maximum data-message size.
 
     A message's size is the sum of the payload lengths announced in the headers
-    of its data frame and continuation frames (the bytes on the wire, i.e. after
-    any compression extension). Control frames never count. RSV bits are not
-    checked: extensions are negotiated end to end, past the proxy.
+    of its data frame and continuation frames. Control frames never count. That
+    is what the sandbox receives only without a compression extension, so the
+    data plane declines extensions (drops ``Sec-WebSocket-Extensions`` from the
+    upgrade request) wherever a guard watches the client, and a frame with an RSV
+    bit set (an extension's mark, e.g. permessage-deflate's RSV1) is refused with
+    1002. ``rsv_ok`` keeps RSV bits unchecked for a stream whose extensions were
+    negotiated end to end (the sandbox's frames, which are followed, not limited).
     """
 
-    __slots__ = ("_max", "_skip", "_head", "_in_message", "_total", "_verdict")
+    __slots__ = ("_max", "_skip", "_head", "_in_message", "_total", "_verdict", "_rsv")
 
-    def __init__(self, max_message: int) -> None:
+    def __init__(self, max_message: int, *, rsv_ok: bool = False) -> None:
         if max_message < 0:
             raise ValueError("max_message must be >= 0")
         self._max = max_message
@@ -71,6 +75,7 @@ class MessageSizeGuard:
         self._in_message = False    # a fragmented data message awaits its FIN frame
         self._total = 0             # payload bytes of the current data message so far
         self._verdict: int | None = None
+        self._rsv = 0 if rsv_ok else 0x70  # the RSV bits a frame may not carry
 
     @property
     def verdict(self) -> int | None:
@@ -130,7 +135,7 @@ class MessageSizeGuard:
 
     def _frame(self, b0: int, length: int) -> int | None:
         """Account for one frame header; a close code if it is refused."""
-        if length >= _MSB_64:
+        if length >= _MSB_64 or b0 & self._rsv:
             return CLOSE_PROTOCOL_ERROR
         opcode = b0 & 0x0F
         fin = b0 & 0x80

@@ -8,7 +8,8 @@ every failure a client can see has the same shape::
      ├── BadRequest                 (400 bad_request, or a more specific code)
      ├── PathOutsideRoot            (403 path_outside_root)
      ├── PermissionDenied           (403 permission_denied)
-     └── NotFound                   (404 not_found)
+     ├── NotFound                   (404 not_found)
+     └── TooLarge                   (413 too_large, or a more specific code)
 
 The runtime is its own process speaking the agent-sandbox API, so it keeps its
 own small tree instead of importing the gateway's: a sandbox must not depend
@@ -62,3 +63,10 @@ class NotFound(RuntimeApiError):
 
     status = 404
     default_code = "not_found"
+
+
+class TooLarge(RuntimeApiError):
+    """The request is larger than the runtime can take (a command past the kernel's argument limit)."""
+
+    status = 413
+    default_code = "too_large"

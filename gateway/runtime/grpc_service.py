@@ -24,7 +24,17 @@ from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
-from .execute import DEFAULT_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS, TIMEOUT_EXIT_CODE, _kill_group, run_command
+from .errors import TooLarge
+from .execute import (
+    AFTER_EXIT_READ_SECONDS,
+    DEFAULT_TIMEOUT_SECONDS,
+    MAX_TIMEOUT_SECONDS,
+    TIMEOUT_EXIT_CODE,
+    _kill_group,
+    check_command_size,
+    run_command,
+    spawn_shell,
+)
 
 SERVICE = "/sandbox.runtime.v1.Runtime/"
 _READ_BYTES = 64 * 1024
@@ -198,6 +208,10 @@ def _timeout(request: ExecuteRequest) -> float:
 def _command(request: ExecuteRequest) -> str:
     if not request.command or "\x00" in request.command:
         raise GRPCError(Status.INVALID_ARGUMENT, "command is required and must not contain NUL bytes")
+    try:
+        check_command_size(request.command)
+    except TooLarge as exc:
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, exc.message) from None
     return request.command
 
 
@@ -222,9 +236,7 @@ class RuntimeService:
         request = await stream.recv_message()
         assert request is not None
         command, timeout = _command(request), _timeout(request)
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command, cwd=self.root, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        transport, proc, exited = await spawn_shell(command, self.root)
         assert proc.stdout is not None and proc.stderr is not None
         chunks: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=16)  # a slow client pauses the pipes
 
@@ -233,29 +245,39 @@ class RuntimeService:
                 await chunks.put((name, data))
             await chunks.put((name, b""))
 
+        async def end_after_exit() -> None:
+            """The shell has exited; a background job may hold the pipes as long as it runs: end anyway."""
+            await exited.wait()
+            await asyncio.wait(readers, timeout=AFTER_EXIT_READ_SECONDS)
+            await chunks.put(("", b""))
+
         readers = [asyncio.create_task(read("stdout", proc.stdout)), asyncio.create_task(read("stderr", proc.stderr))]
+        stopper = asyncio.create_task(end_after_exit())
         timed_out = False
         try:
             async with asyncio.timeout(timeout):
                 open_pipes = 2
                 while open_pipes:
                     name, data = await chunks.get()
+                    if not name:
+                        break
                     if not data:
                         open_pipes -= 1
                     elif name == "stdout":
                         await stream.send_message(Output(stdout=data))
                     else:
                         await stream.send_message(Output(stderr=data))
-                await proc.wait()
+                await exited.wait()
         except TimeoutError:
             timed_out = True
         finally:
-            if proc.returncode is None:
+            if not exited.is_set():
                 _kill_group(proc)
-            for reader in readers:
-                reader.cancel()
-            await asyncio.gather(*readers, return_exceptions=True)
-            await proc.wait()
+            for task in (*readers, stopper):
+                task.cancel()
+            await asyncio.gather(*readers, stopper, return_exceptions=True)
+            await exited.wait()
+            transport.close()
         code = proc.returncode
         assert code is not None
         await stream.send_message(Output(exit_code=TIMEOUT_EXIT_CODE if timed_out else code if code >= 0 else 128 - code))

@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 SANDBOX_ID_HEADER = "X-Runtime-Sandbox-Id"
 #: Bound on how long shutdown waits for in-flight requests before cancelling them.
 SHUTDOWN_TIMEOUT_SECONDS = 5.0
+#: The longest request target answered; a longer one gets 414 uri_too_long (JSON, like every error).
+MAX_URL_BYTES = 8190
+#: What the HTTP parser reads of a request line before it gives up with its own plain-text 400: far
+#: above MAX_URL_BYTES (and above the gateway's 32 KiB head limit), so a long URL reaches the 414.
+_MAX_LINE_BYTES = 65536
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -61,6 +66,9 @@ async def error_middleware(request: web.Request, handler: _Handler) -> web.Strea
     failure after that is theirs to handle (aiohttp closes the connection).
     """
     try:
+        if len(request.raw_path) > MAX_URL_BYTES:
+            return error_body(414, "uri_too_long", f"the request target is {len(request.raw_path)} bytes; the "
+                              f"runtime takes at most {MAX_URL_BYTES}: send long data in the body")
         return await handler(request)
     except RuntimeApiError as exc:
         return error_body(exc.status, exc.code, exc.message)
@@ -172,6 +180,7 @@ async def serve(host: str, port: int, root: Path, sandbox_id: str = "", *, liste
         shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS,
         # A client that disconnects cancels its handler, which kills its command.
         handler_cancellation=True,
+        max_line_size=_MAX_LINE_BYTES,
     )
     await runner.setup()
     grpc = None
