@@ -69,7 +69,9 @@ def build_store(settings: Settings) -> SessionStore:
     if settings.redis_url:
         from gateway.store.redis import RedisStore  # imported only when selected
 
-        return RedisStore(settings.redis_url, settings.redis_prefix, settings.replica_id)
+        return RedisStore(settings.redis_url, settings.redis_prefix, settings.replica_id,
+                          replica_acks=settings.redis_replica_acks,
+                          replica_ack_timeout=settings.redis_replica_ack_timeout)
     from gateway.store.memory import MemoryStore
 
     return MemoryStore()

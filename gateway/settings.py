@@ -131,6 +131,11 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".sandbox-gateway")
     redis_url: str | None = Field(default=None, validation_alias=AliasChoices("redis_url", "REDIS_URL"))
     redis_prefix: str = "sgw"
+    # Replicas that must hold a reservation or a binding before the gateway acts on it (Redis WAIT):
+    # 1 with Sentinel or a primary with a replica keeps them across a failover; short of it within
+    # redis_replica_ack_timeout the request gets 503 (docs/deployment.md, "Failover").
+    redis_replica_acks: int = Field(default=0, ge=0, le=5)
+    redis_replica_ack_timeout: float = Field(default=0.5, gt=0, le=10)
     replica_id: str = Field(default_factory=_default_replica_id)
     # Names this installation's Kubernetes objects (label) so two gateways never touch each other's.
     installation: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -259,6 +264,15 @@ class Settings(BaseSettings):
         if not 1 <= count <= 64 or isinstance(value, float):
             raise ValueError("must be a number of worker processes from 1 to 64, or 'auto'")
         return count
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_form(cls, value: str | None) -> str | None:
+        if value and "+sentinel://" in value.lower():
+            from gateway.store.redis_connect import parse_sentinel_url  # redis-py only when Sentinel is named
+
+            parse_sentinel_url(value)  # a ValueError names what is wrong
+        return value
 
     @field_validator("router_compat_namespaces")
     @classmethod

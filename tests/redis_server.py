@@ -41,12 +41,15 @@ def free_port() -> int:
 class RedisServer:
     """One ``redis-server`` process; keeps its port and data directory across restarts."""
 
-    def __init__(self, *, appendonly: bool = False) -> None:
+    def __init__(self, *, appendonly: bool = False, replicaof: int | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
         executable = redis_server_path()
         if executable is None:
             raise FileNotFoundError(f"{REDIS_SERVER} is not installed")
         self.executable = executable
         self.appendonly = appendonly
+        self.replicaof = replicaof  # the port of the primary this server replicates
+        self.extra = extra  # further redis-server options, as "--name", "value" pairs
         self.port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="redis-test-"))
         self._process: subprocess.Popen[bytes] | None = None
@@ -68,6 +71,10 @@ class RedisServer:
             "--daemonize", "no", "--save", "", "--logfile", str(self.directory / "redis.log"),
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "always",  # a test that kills the server must still find what it wrote
+            # a replica syncs at once, from memory, with no RDB file between
+            "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
+            *(("--replicaof", "127.0.0.1", str(self.replicaof)) if self.replicaof is not None else ()),
+            *self.extra,
         ]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
@@ -160,3 +167,94 @@ def redis_server_factory() -> Iterator[Callable[..., RedisServer]]:
     yield factory
     for server in servers:
         server.close()
+
+
+class SentinelServer(RedisServer):
+    """``redis-server --sentinel`` watching one primary as ``service`` (quorum 2), with timings short
+    enough for a test: the primary is down after ``down_after_ms`` without an answer."""
+
+    def __init__(self, primary_port: int, service: str = "sgw", *, down_after_ms: int = 500) -> None:
+        super().__init__()
+        self.primary_port = primary_port
+        self.service = service
+        self.down_after_ms = down_after_ms
+
+    def start(self, timeout: float = 10.0) -> None:
+        if self.running:
+            return
+        config = self.directory / "sentinel.conf"  # sentinel rewrites its config: a file of its own
+        if not config.exists():
+            config.write_text("\n".join([
+                f"port {self.port}", "bind 127.0.0.1", "daemonize no", f"dir {self.directory}",
+                f"logfile {self.directory / 'sentinel.log'}",
+                f"sentinel monitor {self.service} 127.0.0.1 {self.primary_port} 2",
+                f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}",
+                f"sentinel failover-timeout {self.service} 5000",
+                f"sentinel parallel-syncs {self.service} 1", ""]))
+        self._process = subprocess.Popen([self.executable, str(config), "--sentinel"],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._process.poll() is not None:
+                self._process = None
+                raise RuntimeError(f"redis sentinel exited during start on port {self.port}")
+            try:
+                with redis.Redis(port=self.port, socket_timeout=1.0) as client:
+                    client.ping()
+                    return
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    self.stop(kill=True)
+                    raise RuntimeError(f"redis sentinel on port {self.port} did not answer within {timeout}s") from None
+                time.sleep(0.01)
+
+    def primary(self) -> int | None:
+        """The port of the primary this sentinel reports now (None while it knows none)."""
+        with redis.Redis(port=self.port, socket_timeout=2.0, decode_responses=True) as client:
+            address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+        return None if address is None else int(address[1])
+
+
+class SentinelGroup:
+    """A primary, one replica of it and three sentinels, on loopback ports from the kernel."""
+
+    def __init__(self, service: str = "sgw", *, primary_options: tuple[str, ...] = ()) -> None:
+        self.service = service
+        self.primary = RedisServer(appendonly=True, extra=primary_options)
+        self.primary.start()
+        self.replica = RedisServer(appendonly=True, replicaof=self.primary.port)
+        self.sentinels: list[SentinelServer] = []
+        try:
+            self.replica.start()
+            self.wait_replicated(self.primary)
+            self.sentinels = [SentinelServer(self.primary.port, service) for _ in range(3)]
+            for sentinel in self.sentinels:
+                sentinel.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def url(self, db: int = 0) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}/{db}"
+
+    @staticmethod
+    def wait_replicated(primary: RedisServer, replicas: int = 1, timeout: float = 20.0) -> None:
+        """Wait until ``primary`` has ``replicas`` replicas online (WAIT acknowledges)."""
+        deadline = time.monotonic() + timeout
+        with redis.Redis(port=primary.port, socket_timeout=5.0) as client:
+            while int(client.execute_command("WAIT", replicas, 200)) < replicas:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the primary on port {primary.port} has no replica after {timeout}s")
+
+    def close(self) -> None:
+        for server in [*self.sentinels, self.replica, self.primary]:
+            server.close()
+
+
+@pytest.fixture
+def sentinel_group() -> Iterator[SentinelGroup]:
+    _require_redis()
+    group = SentinelGroup()
+    yield group
+    group.close()

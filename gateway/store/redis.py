@@ -96,6 +96,7 @@ record, since messages sent while disconnected are lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -104,7 +105,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
@@ -116,6 +117,7 @@ from gateway.store.base import (
     Reservation, Reserved, SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
 )
 from gateway.store import redis_codec as codec
+from gateway.store.redis_connect import close_pool, connection_pool
 from gateway.store.redis_errors import translated
 from gateway.store.redis_listener import RedisListener
 from gateway.store.redis_scripts import RedisKeys
@@ -150,6 +152,8 @@ class RedisStore:
         max_connections: int = 64,
         pool_timeout: float = 10.0,
         health_check_interval: int = 15,
+        replica_acks: int = 0,
+        replica_ack_timeout: float = 0.5,
     ) -> None:
         self.keys = RedisKeys(prefix)
         self.replica_id = replica_id
@@ -157,9 +161,11 @@ class RedisStore:
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_ms = max(1, math.ceil(heartbeat_ttl * 1000))
         self._recheck_interval = recheck_interval
+        self._replica_acks = replica_acks
+        self._ack_timeout_ms = max(1, math.ceil(replica_ack_timeout * 1000))
         # Retried: connection errors only (refused, reset, loading), with a short capped backoff.
         # Timeouts are not retried: the command may have run, and a store call should fail fast.
-        pool = BlockingConnectionPool.from_url(
+        self._pool = pool = connection_pool(
             url,
             max_connections=max_connections,
             # Waiting for a free connection is queueing, not a dead server: it gets its own,
@@ -212,7 +218,7 @@ class RedisStore:
     @translated("bind a session")
     async def put_binding(self, binding: Binding) -> Binding:
         self._listener.start()
-        stored = await self._put_binding(**self._put_binding_call(binding))
+        stored = await self._replicated(self._put_binding, self._put_binding_call(binding), "a binding")
         return binding if stored is None else codec.binding_of(binding.session_id, stored)
 
     @translated("delete a session")
@@ -302,7 +308,8 @@ class RedisStore:
         self._listener.start()
         now = self._clock()
         sandbox_id = record.sandbox_id
-        result = await self._reserve(**self._reserve_call(record, caps, now, lease_seconds))
+        result = await self._replicated(self._reserve, self._reserve_call(record, caps, now, lease_seconds),
+                                        "a reservation", undo=(sandbox_id, Reserved.CREATED))
         if result[0] == "cap":
             raise caps.exceeded(record, CapScope(result[1]))
         outcome = Reserved(result[0])
@@ -546,8 +553,34 @@ class RedisStore:
             except (redis_errors.RedisError, TimeoutError):
                 pass
         await self._redis.aclose()
+        await close_pool(self._pool)
 
     # internals ----------------------------------------------------------
+    async def _replicated(self, script: Any, call: dict[str, list[str]], what: str,
+                          undo: tuple[str, Reserved] | None = None) -> Any:
+        """Run a write the gateway acts on (a binding, a reservation); with ``replica_acks``, only
+        return once that many replicas have it (WAIT, on the same connection, in one round trip), so
+        a failover that promotes one of them cannot forget it. Short of acknowledgements, the write
+        may still be on the primary alone: the caller gets StoreUnavailable and acts on nothing, and a
+        fresh reservation (``undo``: its sandbox and the outcome that means fresh) is given back so a
+        retry need not wait out its creation lease."""
+        if not self._replica_acks:
+            return await script(**call)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            await script(**call, client=pipe)
+            pipe.execute_command("WAIT", self._replica_acks, self._ack_timeout_ms)
+            result, acked = await pipe.execute()
+        if acked >= self._replica_acks:
+            return result
+        if undo is not None and isinstance(result, list) and result and result[0] == undo[1]:
+            with contextlib.suppress(redis_errors.RedisError):
+                await self._release_record(undo[0], None, only_endpoint=None)
+        log.warning("redis: %s reached %d of %d replicas within %dms (redis_replica_acks)",
+                    what, acked, self._replica_acks, self._ack_timeout_ms)
+        raise StoreUnavailable(
+            f"the session store (redis) could not confirm {what} on {self._replica_acks} replica(s) within "
+            f"{self._ack_timeout_ms}ms (redis_replica_acks); retry shortly", retry_after=1.0)
+
     async def _read_sandbox(self, sandbox_id: str) -> tuple[SandboxRecord, str] | None:
         view = await self._get_sandbox(keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes], args=[sandbox_id])
         return None if view is None else codec.record_of(sandbox_id, view)

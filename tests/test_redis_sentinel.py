@@ -1,0 +1,153 @@
+"""The Redis store behind Sentinel: the URL form, following a failover, and the replica acknowledgements
+(``redis_replica_acks``) that keep reservations and bindings across one. Real redis-server and sentinels."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+from redis.asyncio import Redis
+
+from gateway.errors import StoreUnavailable
+from gateway.model import Binding, Isolation, Owner, SandboxRecord, SandboxState
+from gateway.settings import Settings
+from gateway.store.base import Caps, Reserved
+from gateway.store.redis import RedisStore
+from gateway.store.redis_connect import SentinelUrl, parse_sentinel_url
+from tests.redis_server import RedisServer, SentinelGroup, sentinel_group  # noqa: F401  (fixture)
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    pytest.param("redis+sentinel://10.0.0.1:26379,10.0.0.2:26380/sgw",
+                 SentinelUrl((("10.0.0.1", 26379), ("10.0.0.2", 26380)), "sgw"), id="two sentinels"),
+    pytest.param("redis+sentinel://s1,s2/main/3", SentinelUrl((("s1", 26379), ("s2", 26379)), "main", 3),
+                 id="default port, a db"),
+    pytest.param("redis+sentinel://:p%40ss@[::1]:5000/sgw?sentinel_password=sp",
+                 SentinelUrl((("::1", 5000),), "sgw", password="p@ss", sentinel_password="sp"),
+                 id="passwords, IPv6"),
+    pytest.param("redis+sentinel://app:pw@h/sgw?sentinel_username=mon&sentinel_password=x",
+                 SentinelUrl((("h", 26379),), "sgw", username="app", password="pw", sentinel_username="mon",
+                             sentinel_password="x"), id="ACL users"),
+    pytest.param("rediss+sentinel://h:1/sgw?ssl_ca_certs=/ca.pem",
+                 SentinelUrl((("h", 1),), "sgw", tls=True, ssl_ca_certs="/ca.pem"), id="TLS"),
+])
+def test_sentinel_url_form(url, expected):
+    assert parse_sentinel_url(url) == expected
+    assert "p@ss" not in repr(parse_sentinel_url(url))  # passwords stay out of logs
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    pytest.param("redis+sentinel:///sgw", "at least one sentinel", id="no sentinel"),
+    pytest.param("redis+sentinel://h:26379", "/service_name", id="no service"),
+    pytest.param("redis+sentinel://h:26379/sgw/x", "db", id="bad db"),
+    pytest.param("redis+sentinel://h:port/sgw", "bad port", id="bad port"),
+    pytest.param("redis+sentinel://h/sgw?sentinel_pasword=x", "sentinel_pasword", id="misspelt option"),
+])
+def test_a_bad_sentinel_url_is_refused_at_startup(url, message):
+    with pytest.raises(ValueError, match=message):
+        Settings(redis_url=url)
+
+
+def binding(session: str, sandbox: str = "shared-1") -> Binding:
+    return Binding(session, sandbox, "default", Isolation.SHARED, Owner("org", "u", None), time.time())
+
+
+def record(sandbox: str) -> SandboxRecord:
+    now = time.time()
+    return SandboxRecord(sandbox, "default", "org", SandboxState.CREATING, created_at=now, last_active=now,
+                         owner=Owner("org", "u", None))
+
+
+async def promoted(group: SentinelGroup, timeout: float = 30.0) -> int:
+    """Wait for the sentinels' ``+switch-master`` and return the new primary's port."""
+    client = Redis(port=group.sentinels[0].port, decode_responses=True)
+    pubsub = client.pubsub()
+    try:
+        await pubsub.subscribe("+switch-master")
+        async with asyncio.timeout(timeout):
+            while True:
+                if group.sentinels[0].primary() != group.primary.port:
+                    break  # switched before we subscribed
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if message is not None:
+                    break
+        port = group.sentinels[0].primary()
+        assert port is not None and port != group.primary.port
+        return port
+    finally:
+        await pubsub.aclose()
+        await client.aclose()
+
+
+async def eventually(call, timeout: float = 20.0):
+    """``call()`` until it stops raising StoreUnavailable (the store's own retries are bounded)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                return await call()
+            except StoreUnavailable:
+                await asyncio.sleep(0.05)  # no event to await: the primary comes back when Sentinel says
+
+
+@pytest.mark.slow
+async def test_the_store_follows_a_failover_and_resubscribes(sentinel_group: SentinelGroup):
+    group = sentinel_group
+    store = RedisStore(group.url(), "t", "r1", replica_acks=1)
+    other = RedisStore(group.url(), "t", "r2")
+    seen: list[str] = []
+    try:
+        store.subscribe(seen.append)
+        await store.subscribed()
+        await store.put_binding(binding("before"))
+        group.primary.stop(kill=True)
+        new_port = await promoted(group)
+        assert new_port == group.replica.port
+        # acknowledged by the replica before put_binding returned: the promotion kept it
+        found = await eventually(lambda: store.get_binding("before"))
+        assert found is not None and found.sandbox_id == "shared-1"
+        # the listener resubscribed on the new primary: another replica's invalidation arrives
+        await eventually(lambda: store.subscribed(1.0))
+        await other.put_binding(binding("elsewhere"))
+        await other.delete_binding("elsewhere")
+        async with asyncio.timeout(10):
+            while "elsewhere" not in seen:
+                await asyncio.sleep(0.02)  # pub/sub delivery: polled on the list the callback fills
+    finally:
+        await store.close()
+        await other.close()
+
+
+@pytest.mark.slow
+async def test_a_write_no_replica_acknowledged_is_refused_and_the_reservation_given_back(
+        sentinel_group: SentinelGroup):
+    group = sentinel_group
+    store = RedisStore(group.url(), "t", "r1", replica_acks=1, replica_ack_timeout=0.2)
+    try:
+        reserved = await store.reserve_sandbox(record("sb-1"), Caps(), 30.0)
+        assert reserved.outcome is Reserved.CREATED
+        group.replica.stop()
+        with pytest.raises(StoreUnavailable, match="redis_replica_acks"):
+            await store.put_binding(binding("s-unacked"))
+        with pytest.raises(StoreUnavailable, match="redis_replica_acks"):
+            await store.reserve_sandbox(record("sb-2"), Caps(), 30.0)
+        assert await store.get_sandbox("sb-2") is None  # given back: a retry reserves afresh
+        assert await store.get_sandbox("sb-1") is not None
+    finally:
+        await store.close()
+
+
+def test_plain_primary_with_a_replica_still_works(sentinel_group: SentinelGroup):
+    """The plain URL of a primary that has replicas: WAIT acknowledges through it too."""
+
+    async def run() -> None:
+        store = RedisStore(sentinel_group.primary.url, "p", "r1", replica_acks=1)
+        try:
+            await store.put_binding(binding("plain"))
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+    with redis.Redis(port=sentinel_group.replica.port, decode_responses=True) as replica:
+        assert replica.exists("{p}:b:plain")
