@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -107,6 +108,15 @@ class RedisServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its connections but answers nothing (a hung node)."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
 
     def restart(self, *, kill: bool = False) -> None:
         self.stop(kill=kill)

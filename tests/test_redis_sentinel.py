@@ -120,20 +120,28 @@ async def test_the_store_follows_a_failover_and_resubscribes(sentinel_group: Sen
 
 
 @pytest.mark.slow
-async def test_a_write_no_replica_acknowledged_is_refused_and_the_reservation_given_back(
+async def test_a_write_a_connected_replica_did_not_acknowledge_is_refused_and_the_reservation_given_back(
         sentinel_group: SentinelGroup):
     group = sentinel_group
     store = RedisStore(group.url(), "t", "r1", replica_acks=1, replica_ack_timeout=0.2)
     try:
         reserved = await store.reserve_sandbox(record("sb-1"), Caps(), 30.0)
         assert reserved.outcome is Reserved.CREATED
-        group.replica.stop()
+        group.replica.pause()  # connected, not answering: WAIT times out
         with pytest.raises(StoreUnavailable, match="redis_replica_acks"):
             await store.put_binding(binding("s-unacked"))
         with pytest.raises(StoreUnavailable, match="redis_replica_acks"):
             await store.reserve_sandbox(record("sb-2"), Caps(), 30.0)
         assert await store.get_sandbox("sb-2") is None  # given back: a retry reserves afresh
         assert await store.get_sandbox("sb-1") is not None
+        group.replica.stop(kill=True)  # gone: the primary is alone, and serves alone (nothing could keep a copy)
+        async with asyncio.timeout(20):
+            while True:
+                try:
+                    await store.put_binding(binding("s-alone"))
+                    break
+                except StoreUnavailable:
+                    await asyncio.sleep(0.1)  # until the primary notices its replica's connection closed
     finally:
         await store.close()
 
