@@ -41,6 +41,8 @@ from gateway.store.instrumented import InstrumentedStore
 from routing import Policy, PolicyError
 
 if TYPE_CHECKING:
+    from gateway.limit_leases import SharedOrgLimits
+    from gateway.limits import OrgLimits
     from gateway.providers.local import Confinement
 
 log = logging.getLogger("gateway")
@@ -244,7 +246,6 @@ class Gateway:
 
     async def _start(self, undo: contextlib.AsyncExitStack, data_sock: socket.socket,
                      control_sock: socket.socket, grpc_sock: socket.socket | None) -> None:
-        from gateway.limits import OrgLimits
         from gateway.proxy import DataPlane, NoRouterHeaders, PlaneOptions
 
         # The store is closed last (pushed in __init__), then, in the reverse of this order: the
@@ -264,7 +265,7 @@ class Gateway:
         undo.push_async_callback(self._stop_background_loops)
         self.data_plane = DataPlane(self.router, PlaneOptions.from_settings(self.settings),
                                     on_request=self._on_request, authenticator=self.authenticator,
-                                    limits=OrgLimits.from_settings(self.settings),
+                                    limits=self._org_limits(undo),
                                     compat=self.compat if self.compat is not None else NoRouterHeaders(),
                                     keys=self._preview_keys())
         self.data_plane.request_timeouts = request_timeouts(self.router.policy)
@@ -287,6 +288,22 @@ class Gateway:
         await web.SockSite(self._control_runner, control_sock).start()
         self.data_address = data_sock.getsockname()[:2]
         self.control_address = control_sock.getsockname()[:2]
+
+    def _org_limits(self, undo: contextlib.AsyncExitStack) -> OrgLimits | SharedOrgLimits:
+        """Per-org limits: the installation's (leased from Redis) or, without Redis or when asked, this
+        replica's. The shared ones give their stream slots back once the fronts have drained."""
+        from gateway.limits import OrgLimits
+
+        settings = self.settings
+        store = getattr(self.store, "inner", self.store)
+        if not settings.limits_shared or not hasattr(store, "limit_ledger"):
+            return OrgLimits.from_settings(settings)
+        from gateway.limit_leases import SharedOrgLimits
+
+        limits = SharedOrgLimits(store.limit_ledger(), rate=settings.org_rate_limit, burst=settings.org_rate_burst,
+                                 max_streams=settings.max_streams_per_org)
+        undo.push_async_callback(limits.close)
+        return limits
 
     async def stop(self) -> None:
         """Drain: stop accepting, let in-flight requests finish (bounded), leave sandboxes alive.

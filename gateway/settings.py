@@ -207,13 +207,20 @@ class Settings(BaseSettings):
     trust_forwarded_for: bool = False
     max_header_bytes: int = Field(default=32_768, ge=1024)
 
-    # tenant limits (gateway/limits.py; None = unlimited), per replica
+    # tenant limits (gateway/limits.py; None = unlimited): for the whole installation with Redis
+    # (org_limits_scope "installation": leased in batches, gateway/limit_leases.py), else per replica
+    org_limits_scope: Literal["installation", "replica"] = "installation"
     org_rate_limit: float | None = Field(default=None, gt=0)       # requests/s per org (or personal user)
     org_rate_burst: int | None = Field(default=None, ge=1)         # default: ceil(org_rate_limit)
     max_streams_per_org: int | None = Field(default=None, ge=1)    # open WebSocket/SSE streams per org (429 beyond)
     max_body_bytes: int | None = Field(default=None, ge=0)         # request body cap (413 beyond it)
     header_read_timeout: float = Field(default=10.0, gt=0)         # a request head must arrive within this (slowloris)
     ws_max_message_bytes: int | None = Field(default=None, ge=125) # WebSocket message cap, client to sandbox (close 1009)
+
+    @property
+    def limits_shared(self) -> bool:
+        """Org limits count for the whole installation: asked for, and there is a Redis to count in."""
+        return self.org_limits_scope == "installation" and bool(self.redis_url)
 
     @property
     def worker_count(self) -> int:

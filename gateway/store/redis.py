@@ -119,6 +119,7 @@ from gateway.store.base import (
 from gateway.store import redis_codec as codec
 from gateway.store.redis_connect import close_pool, connection_pool
 from gateway.store.redis_errors import translated
+from gateway.store.redis_limits import RedisLimitLedger
 from gateway.store.redis_listener import RedisListener
 from gateway.store.redis_scripts import RedisKeys
 from routing import per_session_sandbox_id
@@ -156,6 +157,7 @@ class RedisStore:
         replica_ack_timeout: float = 0.5,
     ) -> None:
         self.keys = RedisKeys(prefix)
+        self._prefix = prefix
         self.replica_id = replica_id
         self._clock = clock
         self._heartbeat_interval = heartbeat_interval
@@ -527,6 +529,11 @@ class RedisStore:
         ``wait_settled`` calls this itself; tests and readiness checks may too.
         """
         await self._listener.subscribed(timeout)
+
+    def limit_ledger(self) -> RedisLimitLedger:
+        """The installation's org limits (``gateway.limit_leases``), on this store's client; one holder
+        per process (the replica ID with a suffix of its own: workers of one replica hold apart)."""
+        return RedisLimitLedger(self._redis, self._prefix, f"{self.replica_id}/{uuid.uuid4().hex[:8]}")
 
     @translated("answer a ping")
     async def ping(self) -> None:
