@@ -147,8 +147,9 @@ def build_providers(settings: Settings, policy: Policy) -> PoolProviders:
 
 
 def tenant_limits(settings: Settings, policy: Policy) -> str:
-    """The tenant limits in force, in one line for the startup log: the per-replica admission limits
-    (gateway/limits.py, the proxy's caps) and the store-wide sandbox caps of the policy."""
+    """The tenant limits in force, in one line for the startup log: the admission limits (the org
+    limits per replica or, with Redis, for the installation; the proxy's caps) and the store-wide
+    sandbox caps of the policy."""
     import math
 
     def limit(value: float | None, unit: str = "") -> str:
@@ -166,7 +167,8 @@ def tenant_limits(settings: Settings, policy: Policy) -> str:
     caps = [f"pool {name} {limit(pool.max_sandboxes)}" for name, pool in policy.pools.items()]
     caps += [f"org {org} {rule.max_sandboxes}" for org, rule in sorted(policy.orgs.items())
              if rule.max_sandboxes is not None]
-    return f"tenant limits (per replica): {', '.join(per_replica)}; sandbox caps (store-wide): {', '.join(caps)}"
+    scope = "org limits for the installation" if settings.limits_shared else "per replica"
+    return f"tenant limits ({scope}): {', '.join(per_replica)}; sandbox caps (store-wide): {', '.join(caps)}"
 
 
 class Gateway:

@@ -151,3 +151,15 @@ async def test_a_killed_replica_gives_its_slots_back_within_its_lease(redis_serv
             holder.kill()
             await holder.wait()
         await replicas.close()
+
+
+def test_the_startup_line_says_which_scope_is_in_force():
+    from gateway.app import tenant_limits
+    from gateway.settings import Settings
+    from routing import default_policy
+
+    shared = Settings(redis_url="redis://127.0.0.1:1/0", org_rate_limit=50)
+    assert tenant_limits(shared, default_policy()).startswith("tenant limits (org limits for the installation): ")
+    alone = Settings(redis_url="redis://127.0.0.1:1/0", org_rate_limit=50, org_limits_scope="replica")
+    assert tenant_limits(alone, default_policy()).startswith("tenant limits (per replica): ")
+    assert tenant_limits(Settings(org_rate_limit=50), default_policy()).startswith("tenant limits (per replica): ")

@@ -154,7 +154,7 @@ class RedisStore:
         pool_timeout: float = 10.0,
         health_check_interval: int = 15,
         replica_acks: int = 0,
-        replica_ack_timeout: float = 0.5,
+        replica_ack_timeout: float = 1.0,
     ) -> None:
         self.keys = RedisKeys(prefix)
         self._prefix = prefix
