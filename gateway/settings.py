@@ -135,7 +135,7 @@ class Settings(BaseSettings):
     # 1 with Sentinel or a primary with a replica keeps them across a failover; short of it within
     # redis_replica_ack_timeout the request gets 503 (docs/deployment.md, "Failover").
     redis_replica_acks: int = Field(default=0, ge=0, le=5)
-    redis_replica_ack_timeout: float = Field(default=1.0, gt=0, le=10)
+    redis_replica_ack_timeout: float = Field(default=1.0, gt=0, le=1.5)  # under the 2 s socket timeout
     replica_id: str = Field(default_factory=_default_replica_id)
     # Names this installation's Kubernetes objects (label) so two gateways never touch each other's.
     installation: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -94,7 +94,7 @@ async def eventually(call, timeout: float = 20.0):
 @pytest.mark.slow
 async def test_the_store_follows_a_failover_and_resubscribes(sentinel_group: SentinelGroup):
     group = sentinel_group
-    store = RedisStore(group.url(), "t", "r1", replica_acks=1, replica_ack_timeout=5.0)
+    store = RedisStore(group.url(), "t", "r1", replica_acks=1, replica_ack_timeout=1.5)
     other = RedisStore(group.url(), "t", "r2")
     seen: list[str] = []
     try:
@@ -123,7 +123,7 @@ async def test_the_store_follows_a_failover_and_resubscribes(sentinel_group: Sen
 async def test_a_write_a_connected_replica_did_not_acknowledge_is_refused_and_the_reservation_given_back(
         sentinel_group: SentinelGroup):
     group = sentinel_group
-    store = RedisStore(group.url(), "t", "r1", replica_acks=1, replica_ack_timeout=3.0)
+    store = RedisStore(group.url(), "t", "r1", replica_acks=1, replica_ack_timeout=1.5)
     try:
         reserved = await store.reserve_sandbox(record("sb-1"), Caps(), 30.0)
         assert reserved.outcome is Reserved.CREATED
@@ -150,7 +150,7 @@ def test_plain_primary_with_a_replica_still_works(sentinel_group: SentinelGroup)
     """The plain URL of a primary that has replicas: WAIT acknowledges through it too."""
 
     async def run() -> None:
-        store = RedisStore(sentinel_group.primary.url, "p", "r1", replica_acks=1, replica_ack_timeout=5.0)
+        store = RedisStore(sentinel_group.primary.url, "p", "r1", replica_acks=1, replica_ack_timeout=1.5)
         try:
             await store.put_binding(binding("plain"))
         finally:

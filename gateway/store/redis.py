@@ -164,7 +164,9 @@ class RedisStore:
         self._heartbeat_ms = max(1, math.ceil(heartbeat_ttl * 1000))
         self._recheck_interval = recheck_interval
         self._replica_acks = replica_acks
-        self._ack_timeout_ms = max(1, math.ceil(replica_ack_timeout * 1000))
+        # WAIT blocks the connection: it must give up before the socket read does (a timeout there
+        # would not say why)
+        self._ack_timeout_ms = max(1, math.ceil(min(replica_ack_timeout, socket_timeout * 0.75) * 1000))
         # Retried: connection errors only (refused, reset, loading), with a short capped backoff.
         # Timeouts are not retried: the command may have run, and a store call should fail fast.
         self._pool = pool = connection_pool(
