@@ -159,3 +159,14 @@ def test_plain_primary_with_a_replica_still_works(sentinel_group: SentinelGroup)
     asyncio.run(run())
     with redis.Redis(port=sentinel_group.replica.port, decode_responses=True) as replica:
         assert replica.exists("{p}:b:plain")
+
+
+def test_no_primary_is_a_short_retry():
+    """Sentinel knows no primary (a failover under way): 503 with a Retry-After of a second, not the
+    five of an unreachable Redis, and a reason that says so."""
+    from redis.asyncio.sentinel import MasterNotFoundError
+
+    from gateway.store.redis_errors import unavailable
+
+    mapped = unavailable("bind a session", MasterNotFoundError("No master found for 'sgw'"))
+    assert mapped.retry_after == 1.0 and "no primary" in mapped.message

@@ -41,6 +41,8 @@ is cluster-safe)::
                                                       to look after a reset): orphan grace counts from it
     {P}:lease:<name>           hash    lease ttl      holder, until (the clock's deadline; the lease ends
                                                       at the deadline or the TTL, whichever comes first)
+    {P}:lim:rate:<org>         hash    burst/rate+1s  the org's request tokens for the installation (gateway.store.redis_limits)
+    {P}:lim:streams:<org>      hash    2 x lease      replica process -> stream slots held and until when
     {P}:settled                channel                {"id", "gen", "state": "ready"|"removed"|"suspended", "error"}
     {P}:invalidate             channel                [origin, "session"|"sandbox", id]
 
