@@ -120,30 +120,31 @@ async def test_the_store_follows_a_failover_and_resubscribes(sentinel_group: Sen
 
 
 @pytest.mark.slow
-async def test_a_write_a_connected_replica_did_not_acknowledge_is_refused_and_the_reservation_given_back(
+async def test_a_write_no_replica_acknowledged_is_refused_and_the_reservation_given_back(
         sentinel_group: SentinelGroup):
     group = sentinel_group
-    store = RedisStore(group.url(), "t", "r1", replica_acks=1, replica_ack_timeout=1.5)
+    plain = RedisStore(group.primary.url, "t", "r1", replica_acks=1, replica_ack_timeout=1.5)
+    sentinel = RedisStore(group.url(), "t", "r2", replica_acks=1, replica_ack_timeout=1.5)
     try:
-        reserved = await store.reserve_sandbox(record("sb-1"), Caps(), 30.0)
+        reserved = await plain.reserve_sandbox(record("sb-1"), Caps(), 30.0)
         assert reserved.outcome is Reserved.CREATED
         group.replica.pause()  # connected, not answering: WAIT times out
         with pytest.raises(StoreUnavailable, match="redis_replica_acks"):
-            await store.put_binding(binding("s-unacked"))
+            await plain.put_binding(binding("s-unacked"))
         with pytest.raises(StoreUnavailable, match="redis_replica_acks"):
-            await store.reserve_sandbox(record("sb-2"), Caps(), 30.0)
-        assert await store.get_sandbox("sb-2") is None  # given back: a retry reserves afresh
-        assert await store.get_sandbox("sb-1") is not None
-        group.replica.stop(kill=True)  # gone: the primary is alone, and serves alone (nothing could keep a copy)
-        async with asyncio.timeout(20):
-            while True:
-                try:
-                    await store.put_binding(binding("s-alone"))
-                    break
-                except StoreUnavailable:
-                    await asyncio.sleep(0.1)  # until the primary notices its replica's connection closed
+            await plain.reserve_sandbox(record("sb-2"), Caps(), 30.0)
+        assert await plain.get_sandbox("sb-2") is None  # given back: a retry reserves afresh
+        assert await plain.get_sandbox("sb-1") is not None
+        group.replica.stop(kill=True)
+        # Through Sentinel: once the sentinels see the replica down, the primary serves alone (nothing
+        # is left that could keep a copy) ...
+        await eventually(lambda: sentinel.put_binding(binding("s-alone")))
+        # ... while a plain URL, with nobody to ask whether the replica died or was promoted, refuses.
+        with pytest.raises(StoreUnavailable, match="redis_replica_acks"):
+            await plain.put_binding(binding("s-plain"))
     finally:
-        await store.close()
+        await plain.close()
+        await sentinel.close()
 
 
 def test_plain_primary_with_a_replica_still_works(sentinel_group: SentinelGroup):
@@ -170,3 +171,32 @@ def test_no_primary_is_a_short_retry():
 
     mapped = unavailable("bind a session", MasterNotFoundError("No master found for 'sgw'"))
     assert mapped.retry_after == 1.0 and "no primary" in mapped.message
+
+
+@pytest.mark.slow
+async def test_a_planned_failover_demotes_the_primary_under_the_store(sentinel_group: SentinelGroup):
+    """SENTINEL FAILOVER: the old primary lives on as a replica. Writes through connections to it fail
+    READONLY and go to the new primary; the listener still hears every invalidation."""
+    group = sentinel_group
+    store = RedisStore(group.url(), "t", "r1", replica_acks=1, replica_ack_timeout=1.5)
+    other = RedisStore(group.url(), "t", "r2", replica_acks=1, replica_ack_timeout=1.5)
+    seen: list[str] = []
+    try:
+        store.subscribe(seen.append)
+        await store.subscribed()
+        await store.put_binding(binding("before"))
+        await other.put_binding(binding("warm"))  # both have connections to the old primary
+        with redis.Redis(port=group.sentinels[0].port) as sentinel:
+            sentinel.execute_command("SENTINEL", "FAILOVER", group.service)
+        assert await promoted(group) == group.replica.port
+        await eventually(lambda: store.put_binding(binding("after")))
+        await eventually(lambda: other.put_binding(binding("elsewhere")))
+        await eventually(lambda: other.delete_binding("elsewhere"))
+        async with asyncio.timeout(10):
+            while "elsewhere" not in seen:
+                await asyncio.sleep(0.02)  # pub/sub delivery: polled on the list the callback fills
+        with redis.Redis(port=group.replica.port, decode_responses=True) as new_primary:
+            assert new_primary.exists("{t}:b:before", "{t}:b:after") == 2
+    finally:
+        await store.close()
+        await other.close()

@@ -16,13 +16,13 @@ pytestmark = pytest.mark.slow
 
 async def test_rate_and_streams_hold_across_three_replicas(replicas_factory, redis_server: RedisServer):
     replicas = await replicas_factory(redis_server.url, 3, env={
-        "SANDBOX_GATEWAY_ORG_RATE_LIMIT": "100", "SANDBOX_GATEWAY_ORG_RATE_BURST": "10",
+        "SANDBOX_GATEWAY_ORG_RATE_LIMIT": "100", "SANDBOX_GATEWAY_ORG_RATE_BURST": "50",
         "SANDBOX_GATEWAY_MAX_STREAMS_PER_ORG": "20"})
     hdrs = who("limited", "s1")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         async with http.get(f"{replicas[0].data_url}/", headers=hdrs) as response:
             assert response.status == 200  # the sandbox exists before the clock starts
-        await asyncio.sleep(0.2)  # the burst refills (10 tokens at 100/s)
+        await asyncio.sleep(0.5)  # the burst refills (50 tokens at 100/s)
 
         sent: list[tuple[float, int]] = []
         start = time.monotonic()
@@ -37,7 +37,7 @@ async def test_rate_and_streams_hold_across_three_replicas(replicas_factory, red
 
         await asyncio.gather(*(load(i) for i in range(12)))
         assert {status for _, status in sent} == {200, 429}
-        window = [status for t, status in sent if t >= 1.0]
+        window = [status for t, status in sent if t >= 1.0]  # past the burst
         offered = len(window) / 3.0
         admitted = window.count(200) / 3.0
         assert offered > 150, offered  # well over the limit (three replicas alone would admit 300/s)

@@ -119,7 +119,7 @@ from gateway.store.base import (
     Reservation, Reserved, SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
 )
 from gateway.store import redis_codec as codec
-from gateway.store.redis_connect import close_pool, connection_pool
+from gateway.store.redis_connect import close_pool, connection_pool, healthy_replicas
 from gateway.store.redis_errors import translated
 from gateway.store.redis_limits import RedisLimitLedger
 from gateway.store.redis_listener import RedisListener
@@ -570,20 +570,20 @@ class RedisStore:
     async def _replicated(self, script: Any, call: dict[str, list[str]], what: str,
                           undo: tuple[str, Reserved] | None = None) -> Any:
         """Run a write the gateway acts on (a binding, a reservation); with ``replica_acks``, only
-        return once that many replicas have it (WAIT, on the same connection, in one round trip), or
-        every replica connected to the primary when fewer are (a new primary left alone after a
-        failover keeps serving: nothing is left that could keep a copy), so a failover that
-        promotes a replica cannot forget it. Short of that (a replica connected but not answering),
-        the write may be on the primary alone: the caller gets StoreUnavailable and acts on nothing,
-        and a fresh reservation (``undo``: its sandbox and the outcome that means fresh) is given back
-        so a retry need not wait out its creation lease."""
+        return once that many replicas have it (WAIT, on the same connection, in one round trip), so
+        a failover that promotes a replica cannot forget it. With Sentinel, a primary the sentinels
+        see no replica up for (the survivor of a failover) serves alone: nothing is left that could
+        keep a copy. Short of that, the write may be on the primary alone (a replica not answering,
+        or a primary whose replica was just promoted away from it): the caller gets StoreUnavailable
+        and acts on nothing, and a fresh reservation (``undo``: its sandbox and the outcome that
+        means fresh) is given back so a retry need not wait out its creation lease."""
         if not self._replica_acks:
             return await script(**call)
         async with self._redis.pipeline(transaction=False) as pipe:
             await script(**call, client=pipe)
             pipe.execute_command("WAIT", self._replica_acks, self._ack_timeout_ms)
             result, acked = await pipe.execute()
-        if acked >= self._replica_acks or acked >= await self._replicas_connected():
+        if acked >= self._replica_acks or acked >= await self._replicas_up():
             return result  # as many as asked, or every replica there is (a primary left alone after a failover)
         if undo is not None and isinstance(result, list) and result and result[0] == undo[1]:
             with contextlib.suppress(redis_errors.RedisError):
@@ -625,10 +625,12 @@ class RedisStore:
             await pipe.execute()
         self._unsynced.difference_update(pending)
 
-    async def _replicas_connected(self) -> int:
-        """How many replicas the primary has now (ROLE), asked only when WAIT came back short."""
-        role = await self._redis.execute_command("ROLE")
-        return len(role[2]) if role and role[0] == "master" else 0
+    async def _replicas_up(self) -> int:
+        """How many replicas could hold a copy, asked only when WAIT came back short: the sentinels'
+        count of replicas up (a plain URL, or no sentinel answering: as many as were asked for, so
+        the write is refused)."""
+        count = await healthy_replicas(self._pool)
+        return self._replica_acks if count is None else count
 
     def _invalidation(self, kind: str, key: str) -> str:
         return codec.dumps([self._origin, kind, key])

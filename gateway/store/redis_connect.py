@@ -31,10 +31,12 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from redis.asyncio import BlockingConnectionPool
+from redis.exceptions import RedisError
 from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
-__all__ = ["SENTINEL_SCHEMES", "SentinelUrl", "connection_pool", "is_sentinel_url", "parse_sentinel_url"]
+__all__ = ["SENTINEL_SCHEMES", "SentinelUrl", "close_pool", "connection_pool", "healthy_replicas", "is_sentinel_url",
+           "parse_sentinel_url"]
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
@@ -149,3 +151,19 @@ async def close_pool(pool: ConnectionPool) -> None:
     """Close what the pool opened besides its connections: a Sentinel pool's sentinel clients."""
     if isinstance(pool, SentinelConnectionPool):
         await pool.sentinel_manager.aclose()
+
+
+async def healthy_replicas(pool: ConnectionPool) -> int | None:
+    """How many replicas the sentinels see up for the pool's primary; None for a plain URL (nobody
+    to ask) or when no sentinel answers. A primary's own view (ROLE) cannot tell a replica that died
+    from one that was just promoted away from it; the sentinels can, and until they see the
+    promoted one's old primary down they list it as a replica."""
+    if not isinstance(pool, SentinelConnectionPool):
+        return None
+    for sentinel in pool.sentinel_manager.sentinels:
+        try:
+            replicas = await sentinel.sentinel_slaves(pool.service_name)
+        except RedisError:
+            continue
+        return len(pool.sentinel_manager.filter_slaves(replicas))
+    return None
