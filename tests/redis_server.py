@@ -240,9 +240,26 @@ class SentinelGroup:
             self.sentinels = [SentinelServer(self.primary.port, service) for _ in range(3)]
             for sentinel in self.sentinels:
                 sentinel.start()
+            self.wait_sentinels_ready()
         except BaseException:
             self.close()
             raise
+
+    def wait_sentinels_ready(self, timeout: float = 30.0) -> None:
+        """Until every sentinel knows the replica (up) and the other two sentinels: before that a
+        failover finds no replica to promote, or no quorum."""
+        deadline = time.monotonic() + timeout
+        for sentinel in self.sentinels:
+            with redis.Redis(port=sentinel.port, socket_timeout=2.0, decode_responses=True) as client:
+                while True:
+                    replicas = client.sentinel_slaves(self.service)
+                    peers = client.sentinel_sentinels(self.service)
+                    if len(peers) >= 2 and any(not (r["is_sdown"] or r["is_disconnected"]) and
+                                               r.get("master-link-status") == "ok" for r in replicas):
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"sentinel {sentinel.port} knows {replicas} and {len(peers)} peers")
+                    time.sleep(0.05)
 
     def url(self, db: int = 0) -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)

@@ -130,6 +130,8 @@ __all__ = ["RedisKeys", "RedisStore"]
 
 log = logging.getLogger(__name__)
 
+_ALONE_WAIT_MS = 10  # WAIT while the primary has no replica up: long enough for one that just came back
+
 class RedisStore:
     """``SessionStore`` shared by every replica of one installation (``prefix``).
 
@@ -166,6 +168,7 @@ class RedisStore:
         self._heartbeat_ms = max(1, math.ceil(heartbeat_ttl * 1000))
         self._recheck_interval = recheck_interval
         self._replica_acks = replica_acks
+        self._alone = False  # the last write found the primary without a replica up (see _replicated)
         # WAIT blocks the connection: it must give up before the socket read does (a timeout there
         # would not say why)
         self._ack_timeout_ms = max(1, math.ceil(min(replica_ack_timeout, socket_timeout * 0.75) * 1000))
@@ -581,10 +584,16 @@ class RedisStore:
             return await script(**call)
         async with self._redis.pipeline(transaction=False) as pipe:
             await script(**call, client=pipe)
-            pipe.execute_command("WAIT", self._replica_acks, self._ack_timeout_ms)
+            # Alone (below): a short WAIT, still asking the sentinels after each, until a replica is back.
+            pipe.execute_command("WAIT", self._replica_acks, _ALONE_WAIT_MS if self._alone else self._ack_timeout_ms)
             result, acked = await pipe.execute()
-        if acked >= self._replica_acks or acked >= await self._replicas_up():
-            return result  # as many as asked, or every replica there is (a primary left alone after a failover)
+        if acked >= self._replica_acks:
+            self._alone = False
+            return result
+        if acked >= await self._replicas_up():
+            self._alone = True  # every replica there is: a primary left alone after a failover serves alone
+            return result
+        self._alone = False
         if undo is not None and isinstance(result, list) and result and result[0] == undo[1]:
             with contextlib.suppress(redis_errors.RedisError):
                 await self._release_record(undo[0], None, only_endpoint=None)

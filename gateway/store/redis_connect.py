@@ -165,5 +165,7 @@ async def healthy_replicas(pool: ConnectionPool) -> int | None:
             replicas = await sentinel.sentinel_slaves(pool.service_name)
         except RedisError:
             continue
-        return len(pool.sentinel_manager.filter_slaves(replicas))
+        # down: as the sentinels judge it (after down-after-milliseconds), or already unreachable to
+        # them (a dead old primary re-listed as a replica after the promotion is at once)
+        return sum(1 for r in replicas if not (r["is_sdown"] or r["is_odown"] or r.get("is_disconnected")))
     return None
