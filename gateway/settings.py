@@ -132,8 +132,8 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, validation_alias=AliasChoices("redis_url", "REDIS_URL"))
     redis_prefix: str = "sgw"
     # Replicas that must hold a reservation or a binding before the gateway acts on it (Redis WAIT):
-    # 1 with Sentinel or a primary with a replica keeps them across a failover; short of it within
-    # redis_replica_ack_timeout the request gets 503 (docs/deployment.md, "Failover").
+    # 1 keeps them across a failover; short of it within redis_replica_ack_timeout the request gets
+    # 503, unless the sentinels see no replica up (docs/deployment.md, "Redis: failover, ...").
     redis_replica_acks: int = Field(default=0, ge=0, le=5)
     redis_replica_ack_timeout: float = Field(default=1.0, gt=0, le=1.5)  # under the 2 s socket timeout
     replica_id: str = Field(default_factory=_default_replica_id)
