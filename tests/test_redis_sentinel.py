@@ -15,7 +15,7 @@ from gateway.model import Binding, Isolation, Owner, SandboxRecord, SandboxState
 from gateway.settings import Settings
 from gateway.store.base import Caps, Reserved
 from gateway.store.redis import RedisStore
-from gateway.store.redis_connect import SentinelUrl, parse_sentinel_url
+from gateway.store.redis_connect import PrimaryUnreachable, SentinelUrl, parse_sentinel_url
 from tests.redis_server import RedisServer, SentinelGroup, sentinel_group  # noqa: F401  (fixture)
 
 
@@ -163,14 +163,18 @@ def test_plain_primary_with_a_replica_still_works(sentinel_group: SentinelGroup)
 
 
 def test_no_primary_is_a_short_retry():
-    """Sentinel knows no primary (a failover under way): 503 with a Retry-After of a second, not the
-    five of an unreachable Redis, and a reason that says so."""
+    """Sentinel knows no primary, or the one it names does not answer (a failover under way): 503
+    with a Retry-After of a second, not the five of an unreachable plain Redis, and a reason that
+    says so."""
     from redis.asyncio.sentinel import MasterNotFoundError
 
     from gateway.store.redis_errors import unavailable
 
     mapped = unavailable("bind a session", MasterNotFoundError("No master found for 'sgw'"))
     assert mapped.retry_after == 1.0 and "no primary" in mapped.message
+    mapped = unavailable("bind a session", PrimaryUnreachable("Connection refused"))
+    assert mapped.retry_after == 1.0 and "primary cannot be reached" in mapped.message
+    assert unavailable("bind a session", redis.ConnectionError("refused")).retry_after == 5.0  # plain Redis
 
 
 @pytest.mark.slow

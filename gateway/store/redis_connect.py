@@ -31,12 +31,12 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from redis.asyncio import BlockingConnectionPool
-from redis.exceptions import RedisError
-from redis.asyncio.connection import ConnectionPool
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.connection import ConnectionPool, SSLConnection
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.exceptions import ConnectionError, RedisError  # noqa: A004  (redis-py's, not the builtin)
 
-__all__ = ["SENTINEL_SCHEMES", "SentinelUrl", "close_pool", "connection_pool", "healthy_replicas", "is_sentinel_url",
-           "parse_sentinel_url"]
+__all__ = ["SENTINEL_SCHEMES", "PrimaryUnreachable", "SentinelUrl", "close_pool", "connection_pool", "healthy_replicas",
+           "is_sentinel_url", "parse_sentinel_url"]
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
@@ -124,6 +124,28 @@ def _host_port(text: str) -> tuple[str, int]:
     return host, int(port) if port else DEFAULT_SENTINEL_PORT
 
 
+class PrimaryUnreachable(ConnectionError):
+    """The primary the sentinels name does not answer: most likely a failover under way (it was
+    killed and Sentinel has not yet promoted a replica), so a retry in a second or two may succeed."""
+
+
+class _SentinelConnection(SentinelManagedConnection):
+    """Tells a connect that failed (every path to one: the pool's, and a command's own retry) from
+    other connection errors, by type."""
+
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().connect_check_health(*args, **kwargs)
+        except (MasterNotFoundError, PrimaryUnreachable):
+            raise
+        except ConnectionError as exc:
+            raise PrimaryUnreachable(str(exc)) from exc
+
+
+class _SentinelSSLConnection(_SentinelConnection, SSLConnection):
+    pass
+
+
 class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     """``SentinelConnectionPool`` that waits for a free connection (``timeout``) instead of
     refusing past ``max_connections``, as the plain URL's ``BlockingConnectionPool`` does: a
@@ -142,9 +164,12 @@ def connection_pool(url: str, *, max_connections: int, timeout: float, **kwargs:
     if parsed.sentinel_username is not None:
         sentinel_kwargs["username"] = parsed.sentinel_username
     sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_kwargs)
+    tls = parsed.tls_kwargs()
+    tls.pop("ssl", None)
     return BlockingSentinelPool(parsed.service_name, sentinel, max_connections=max_connections, timeout=timeout,
                                 db=parsed.db, username=parsed.username, password=parsed.password,
-                                **parsed.tls_kwargs(), **kwargs)
+                                connection_class=_SentinelSSLConnection if parsed.tls else _SentinelConnection,
+                                **tls, **kwargs)
 
 
 async def close_pool(pool: ConnectionPool) -> None:

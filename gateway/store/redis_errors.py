@@ -11,6 +11,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.sentinel import MasterNotFoundError
 
 from gateway.errors import StoreUnavailable
+from gateway.store.redis_connect import PrimaryUnreachable
 
 __all__ = ["translated", "unavailable"]
 
@@ -39,6 +40,9 @@ def unavailable(action: str, exc: redis_errors.RedisError) -> StoreUnavailable:
     if isinstance(exc, MasterNotFoundError):
         # Sentinel knows no healthy primary: a failover is under way, and takes seconds.
         reason, retry_after = "it has no primary (a Sentinel failover is under way)", 1.0
+    elif isinstance(exc, PrimaryUnreachable):
+        # The primary Sentinel names does not answer: the seconds before Sentinel sees it down.
+        reason, retry_after = "its primary cannot be reached (a Sentinel failover may be under way)", 1.0
     elif isinstance(exc, redis_errors.BusyLoadingError):
         reason, retry_after = "it is loading its dataset", 2.0
     elif isinstance(exc, redis_errors.ConnectionError):
