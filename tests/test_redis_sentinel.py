@@ -204,3 +204,22 @@ async def test_a_planned_failover_demotes_the_primary_under_the_store(sentinel_g
     finally:
         await store.close()
         await other.close()
+
+
+async def test_without_any_sentinel_a_call_fails_fast(sentinel_group: SentinelGroup):
+    """Every sentinel gone: a store call is a 503 within seconds (redis-py's default retry of each
+    sentinel question, backoff up to 10 s, made it 48 s, and a gateway's stop 90 s)."""
+    store = RedisStore(sentinel_group.url(), "t", "r1")
+    try:
+        await store.put_binding(binding("up"))
+        for sentinel in sentinel_group.sentinels:
+            sentinel.stop()
+        sentinel_group.primary.stop()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="primary"):
+            await store.get_binding("up")
+        with pytest.raises(StoreUnavailable, match="no primary"):  # a new connection asks the sentinels
+            await store.get_binding("up")
+        assert time.monotonic() - started < 5.0
+    finally:
+        await store.close()

@@ -32,6 +32,8 @@ from urllib.parse import parse_qs, unquote
 
 from redis.asyncio import BlockingConnectionPool
 from redis.asyncio.connection import ConnectionPool, SSLConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.exceptions import ConnectionError, RedisError  # noqa: A004  (redis-py's, not the builtin)
 
@@ -158,7 +160,10 @@ def connection_pool(url: str, *, max_connections: int, timeout: float, **kwargs:
         return BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=timeout, **kwargs)
     parsed = parse_sentinel_url(url)
     socket_options = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
-    sentinel_kwargs: dict[str, Any] = {**socket_options, **parsed.tls_kwargs()}
+    # One try per sentinel per question: the store's own retry repeats the whole question, and
+    # redis-py's default (3 retries, backoff up to 10 s) made a stop with every sentinel gone take
+    # 90 s.
+    sentinel_kwargs: dict[str, Any] = {**socket_options, **parsed.tls_kwargs(), "retry": Retry(NoBackoff(), 0)}
     if parsed.sentinel_password is not None:
         sentinel_kwargs["password"] = parsed.sentinel_password
     if parsed.sentinel_username is not None:
