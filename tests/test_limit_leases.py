@@ -31,7 +31,7 @@ class Replicas:
             await store.close()
 
 
-async def offer(limiters: list[SharedOrgLimits], key: str, seconds: float, per_tick: int = 2,
+async def offer(limiters: list[SharedOrgLimits], key: str, seconds: float, per_tick: int = 6,
                 tick: float = 0.005) -> tuple[list[float], int]:
     """Requests for ``key`` round-robin over ``limiters`` for ``seconds``: when each was admitted, and
     how many were offered."""
@@ -60,7 +60,7 @@ async def test_the_rate_holds_for_the_installation(redis_server: RedisServer, sp
         await replicas.close()
     window = [t for t in admitted if t >= 1.0]  # past the burst
     rate = len(window) / 3.0
-    assert offered / 4.0 > 250, offered  # the load was well over the limit
+    assert offered / 4.0 > 200, offered  # the load was well over the limit
     assert 90 <= rate <= 110, rate  # 100/s +-10% in total (per replica, three replicas admitted ~300/s)
 
 
