@@ -63,13 +63,12 @@ class RedisServer:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def start(self, timeout: float = 10.0) -> None:
-        """Start the server and wait until it answers PING (and has loaded its data)."""
-        if self.running:
-            return
-        args = [
+    LOG = "redis.log"
+
+    def command(self) -> list[str]:
+        return [
             self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-            "--daemonize", "no", "--save", "", "--logfile", str(self.directory / "redis.log"),
+            "--daemonize", "no", "--save", "", "--logfile", str(self.directory / self.LOG),
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "always",  # a test that kills the server must still find what it wrote
             # a replica syncs at once, from memory, with no RDB file between
@@ -77,13 +76,18 @@ class RedisServer:
             *(("--replicaof", "127.0.0.1", str(self.replicaof)) if self.replicaof is not None else ()),
             *self.extra,
         ]
-        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the server and wait until it answers PING (and has loaded its data)."""
+        if self.running:
+            return
+        self._process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while True:
             if self._process.poll() is not None:
                 self._process = None
-                log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-server exited during start on port {self.port}:\n{log}")
+                log = (self.directory / self.LOG).read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{type(self).__name__} exited during start on port {self.port}:\n{log}")
             try:
                 with redis.Redis(port=self.port, socket_timeout=1.0) as client:
                     client.ping()  # raises BusyLoadingError while the AOF is being loaded
@@ -91,7 +95,8 @@ class RedisServer:
             except redis.RedisError:
                 if time.monotonic() > deadline:
                     self.stop(kill=True)
-                    raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout}s") from None
+                    raise RuntimeError(f"{type(self).__name__} on port {self.port} did not answer within {timeout}s"
+                                       ) from None
                 time.sleep(0.01)
 
     def stop(self, *, kill: bool = False) -> None:
@@ -189,34 +194,19 @@ class SentinelServer(RedisServer):
         self.service = service
         self.down_after_ms = down_after_ms
 
-    def start(self, timeout: float = 10.0) -> None:
-        if self.running:
-            return
+    LOG = "sentinel.log"
+
+    def command(self) -> list[str]:
         config = self.directory / "sentinel.conf"  # sentinel rewrites its config: a file of its own
         if not config.exists():
             config.write_text("\n".join([
                 f"port {self.port}", "bind 127.0.0.1", "daemonize no", f"dir {self.directory}",
-                f"logfile {self.directory / 'sentinel.log'}",
+                f"logfile {self.directory / self.LOG}",
                 f"sentinel monitor {self.service} 127.0.0.1 {self.primary_port} 2",
                 f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}",
                 f"sentinel failover-timeout {self.service} 5000",
                 f"sentinel parallel-syncs {self.service} 1", ""]))
-        self._process = subprocess.Popen([self.executable, str(config), "--sentinel"],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._process.poll() is not None:
-                self._process = None
-                raise RuntimeError(f"redis sentinel exited during start on port {self.port}")
-            try:
-                with redis.Redis(port=self.port, socket_timeout=1.0) as client:
-                    client.ping()
-                    return
-            except redis.RedisError:
-                if time.monotonic() > deadline:
-                    self.stop(kill=True)
-                    raise RuntimeError(f"redis sentinel on port {self.port} did not answer within {timeout}s") from None
-                time.sleep(0.01)
+        return [self.executable, str(config), "--sentinel"]
 
     def primary(self) -> int | None:
         """The port of the primary this sentinel reports now (None while it knows none)."""
