@@ -14,6 +14,13 @@
    the layout measured is exactly the one ``RedisStore.put_binding`` writes.
 3. :func:`gateway_benchmarks`: route resolution from the per-process cache vs
    through Redis, and ``serve --workers 1/2/3`` on one Redis.
+4. ``--mix``: the gateway's own mix at the store, from ``--mix-processes`` client processes
+   (one client process saturates long before Redis does): per 100 operations 80 route
+   look-ups (``get_binding`` + ``get_sandbox``), 8 new sessions with their own sandbox
+   (``reserve_sandbox`` + ``mark_ready`` + ``put_binding``), 2 reaps (``release_sandbox`` of one of
+   them, after a ``scan_sandboxes`` page) and 10 activity batches (``touch``, 20 entries). Redis's
+   own CPU (``INFO cpu``, main thread) per operation gives the ceiling one Redis core carries
+   (operations/s at 100%), reported with sessions per GiB from the memory measurement.
 
 A private ``redis-server`` (tests/redis_server.py) is started unless ``--url`` is
 given; on a shared server the memory delta includes everyone else's writes.
@@ -279,6 +286,98 @@ def _replica_throughput(url: str, args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+MIX = "read=80,bind=8,reap=2,touch=10"
+
+
+def _mix_worker(url: str, prefix: str, worker: int, seconds: float, tasks: int, out: object, mix: str) -> None:
+    """One client process of the mix: ``tasks`` coroutines for ``seconds``; puts its count in ``out``."""
+    import random
+
+    kinds = [name for part in mix.split(",") for name, _, weight in [part.partition("=")] for _ in range(int(weight))]
+
+    async def main() -> int:
+        store = RedisStore(url, prefix, f"mix-{worker}", max_connections=tasks + 2)
+        try:
+            sessions = [make_binding(i, 10, time.time()).session_id for i in range(LOOKUP_SESSIONS)]
+            done = 0
+            deadline = time.perf_counter() + seconds
+
+            async def task(n: int) -> None:
+                nonlocal done
+                rng = random.Random(worker * 1000 + n)
+                made: list[str] = []
+                serial = 0
+                while time.perf_counter() < deadline:
+                    kind = rng.choice(kinds)
+                    now = time.time()
+                    if kind == "read":
+                        binding = await store.get_binding(rng.choice(sessions))
+                        assert binding is not None
+                        await store.get_sandbox(binding.sandbox_id)
+                    elif kind == "bind":
+                        serial += 1
+                        session = f"mix-{worker}-{n}-{serial}"
+                        sandbox = f"mixsb-{worker}-{n}-{serial}"
+                        record = SandboxRecord(sandbox, "small", "org-mix", SandboxState.CREATING, created_at=now,
+                                               owner=Owner("org-mix", "u", None))
+                        await store.reserve_sandbox(record, Caps(), 60)
+                        await store.mark_ready(sandbox, Endpoint("10.0.0.2", 8080))
+                        await store.put_binding(Binding(session, sandbox, "small", Isolation.SHARED,
+                                                        Owner("org-mix", "u", None), now))
+                        made.append(sandbox)
+                    elif kind == "reap":
+                        await store.scan_sandboxes(None, limit=20, scan=50)
+                        if made:
+                            await store.release_sandbox(made.pop(0))
+                    else:
+                        await store.touch({s: now for s in made[-10:]},
+                                          {rng.choice(sessions): now for _ in range(10)})
+                    done += 1
+
+            await asyncio.gather(*(task(n) for n in range(tasks)))
+            return done
+        finally:
+            await store.close()
+
+    out.put(asyncio.run(main()))  # type: ignore[attr-defined]
+
+
+async def bench_mix(url: str, seconds: float, processes: int, tasks: int, mix: str = MIX) -> list[Row]:
+    import multiprocessing
+
+    prefix = f"mix-{uuid.uuid4().hex[:6]}"
+    seeded = RedisStore(url, prefix, "seed")
+    try:
+        await seed(seeded, LOOKUP_SESSIONS, 10)
+    finally:
+        await seeded.close()
+
+    async def redis_cpu() -> float:
+        async with Redis.from_url(url) as client:
+            info = await client.info("cpu")
+        main = ("used_cpu_sys_main_thread", "used_cpu_user_main_thread")
+        return sum(float(info[k]) for k in main) if all(k in info for k in main) else \
+            float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    workers = [context.Process(target=_mix_worker, args=(url, prefix, w, seconds, tasks, out, mix)) for w in range(processes)]
+    cpu_before, started = await redis_cpu(), time.perf_counter()
+    for worker in workers:
+        worker.start()
+    done = sum([await asyncio.to_thread(out.get) for _ in workers])
+    elapsed = time.perf_counter() - started
+    for worker in workers:
+        worker.join()
+    cpu = await redis_cpu() - cpu_before
+    rate = done / seconds
+    per_op_us = cpu / done * 1e6
+    return [Row(f"mix {mix}, {processes} processes x {tasks} tasks", f"{rate:,.0f} ops/s",
+                f"redis main thread {cpu / elapsed:.0%} of a core", ""),
+            Row("  redis CPU per mix operation", f"{per_op_us:,.1f} us", ""),
+            Row("  ceiling at one redis core (100%)", f"{1e6 / per_op_us:,.0f} ops/s", "")]
+
+
 def print_table(rows: list[Row]) -> None:
     header = Row("measure", "redis store", "baseline", "ratio")
     widths = [max(len(getattr(r, f)) for r in [header, *rows]) for f in ("name", "value", "baseline", "ratio")]
@@ -288,6 +387,9 @@ def print_table(rows: list[Row]) -> None:
 
 
 async def run(args: argparse.Namespace, url: str, used_memory: Callable[[], Awaitable[int]]) -> None:
+    if args.mix:
+        print_table(await bench_mix(url, args.seconds, args.mix_processes, args.mix_tasks, args.mix_weights))
+        return
     concurrency = [int(c) for c in args.concurrency.split(",")]
     rows = await bench_lookups(url, concurrency, args.seconds, args.sessions_per_sandbox)
     rows += await bench_memory(url, args.sessions, args.sessions_per_sandbox, used_memory)
@@ -302,6 +404,10 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16,64", help="lookup tasks, comma-separated")
     parser.add_argument("--seconds", type=float, default=3.0, help="per redis lookup run")
     parser.add_argument("--url", help="an existing redis (default: a private redis-server)")
+    parser.add_argument("--mix", action="store_true", help="only the gateway's mix of operations (section 4)")
+    parser.add_argument("--mix-processes", type=int, default=2, help="client processes for --mix")
+    parser.add_argument("--mix-tasks", type=int, default=16, help="tasks per client process for --mix")
+    parser.add_argument("--mix-weights", default=MIX, help="operations per 100 (read, bind, reap, touch)")
     args = parser.parse_args()
     from benchmarks.harness import reported
 

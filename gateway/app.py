@@ -44,6 +44,8 @@ from gateway.store.instrumented import InstrumentedStore
 from routing import Policy, PolicyError
 
 if TYPE_CHECKING:
+    from gateway.limit_leases import SharedOrgLimits
+    from gateway.limits import OrgLimits
     from gateway.providers.local import Confinement
 
 log = logging.getLogger("gateway")
@@ -95,7 +97,9 @@ def build_store(settings: Settings) -> SessionStore:
     if settings.redis_url:
         from gateway.store.redis import RedisStore  # imported only when selected
 
-        return RedisStore(settings.redis_url, settings.redis_prefix, settings.replica_id)
+        return RedisStore(settings.redis_url, settings.redis_prefix, settings.replica_id,
+                          replica_acks=settings.redis_replica_acks,
+                          replica_ack_timeout=settings.redis_replica_ack_timeout)
     from gateway.store.memory import MemoryStore
 
     return MemoryStore()
@@ -174,8 +178,9 @@ def build_providers(settings: Settings, policy: Policy, metrics: Metrics | None 
 
 
 def tenant_limits(settings: Settings, policy: Policy) -> str:
-    """The tenant limits in force, in one line for the startup log: the per-replica admission limits
-    (gateway/limits.py, the proxy's caps) and the store-wide sandbox caps of the policy."""
+    """The tenant limits in force, in one line for the startup log: the admission limits (the org
+    limits per replica or, with Redis, for the installation; the proxy's caps) and the store-wide
+    sandbox caps of the policy."""
     import math
 
     def limit(value: float | None, unit: str = "") -> str:
@@ -193,7 +198,8 @@ def tenant_limits(settings: Settings, policy: Policy) -> str:
     caps = [f"pool {name} {limit(pool.max_sandboxes)}" for name, pool in policy.pools.items()]
     caps += [f"org {org} {rule.max_sandboxes}" for org, rule in sorted(policy.orgs.items())
              if rule.max_sandboxes is not None]
-    return f"tenant limits (per replica): {', '.join(per_replica)}; sandbox caps (store-wide): {', '.join(caps)}"
+    scope = "org limits for the installation" if settings.limits_shared else "per replica"
+    return f"tenant limits ({scope}): {', '.join(per_replica)}; sandbox caps (store-wide): {', '.join(caps)}"
 
 
 class Gateway:
@@ -277,7 +283,6 @@ class Gateway:
 
     async def _start(self, undo: contextlib.AsyncExitStack, data_sock: socket.socket,
                      control_sock: socket.socket, grpc_sock: socket.socket | None) -> None:
-        from gateway.limits import OrgLimits
         from gateway.proxy import DataPlane, NoRouterHeaders, PlaneOptions
 
         # The store is closed last (pushed in __init__), then, in the reverse of this order: the
@@ -301,7 +306,7 @@ class Gateway:
             options = dataclasses.replace(options, grpc_port=grpc_sock.getsockname()[1])
         self.data_plane = DataPlane(self.router, options,
                                     on_request=self._on_request, authenticator=self.authenticator,
-                                    limits=OrgLimits.from_settings(self.settings),
+                                    limits=self._org_limits(undo),
                                     compat=self.compat if self.compat is not None else NoRouterHeaders(),
                                     keys=self._preview_keys(), hosts=self.allowed_hosts,
                                     gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused))
@@ -328,6 +333,22 @@ class Gateway:
         await web.SockSite(self._control_runner, control_sock).start()
         self.data_address = data_sock.getsockname()[:2]
         self.control_address = control_sock.getsockname()[:2]
+
+    def _org_limits(self, undo: contextlib.AsyncExitStack) -> OrgLimits | SharedOrgLimits:
+        """Per-org limits: the installation's (leased from Redis) or, without Redis or when asked, this
+        replica's. The shared ones give their stream slots back once the fronts have drained."""
+        from gateway.limits import OrgLimits
+
+        settings = self.settings
+        store = getattr(self.store, "inner", self.store)
+        if not settings.limits_shared or not hasattr(store, "limit_ledger"):
+            return OrgLimits.from_settings(settings)
+        from gateway.limit_leases import SharedOrgLimits
+
+        limits = SharedOrgLimits(store.limit_ledger(), rate=settings.org_rate_limit, burst=settings.org_rate_burst,
+                                 max_streams=settings.max_streams_per_org)
+        undo.push_async_callback(limits.close)
+        return limits
 
     async def stop(self) -> None:
         """Drain: stop accepting, let in-flight requests finish (bounded), leave sandboxes alive.

@@ -151,6 +151,11 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".sandbox-gateway")
     redis_url: str | None = Field(default=None, validation_alias=AliasChoices("redis_url", "REDIS_URL"))
     redis_prefix: str = "sgw"
+    # Replicas that must hold a reservation or a binding before the gateway acts on it (Redis WAIT):
+    # 1 keeps them across a failover; short of it within redis_replica_ack_timeout the request gets
+    # 503, unless the sentinels see no replica up (docs/deployment.md, "Redis: failover, ...").
+    redis_replica_acks: int = Field(default=0, ge=0, le=5)
+    redis_replica_ack_timeout: float = Field(default=1.0, gt=0, le=1.5)  # under the 2 s socket timeout
     replica_id: str = Field(default_factory=_default_replica_id)
     # Names this installation's Kubernetes objects (label) so two gateways never touch each other's.
     installation: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -250,13 +255,20 @@ class Settings(BaseSettings):
     max_connections: int | None = Field(default=None, ge=1)
     max_connections_per_client: int | None = Field(default=None, ge=1)
 
-    # tenant limits (gateway/limits.py; None = unlimited), per replica
+    # tenant limits (gateway/limits.py; None = unlimited): for the whole installation with Redis
+    # (org_limits_scope "installation": leased in batches, gateway/limit_leases.py), else per replica
+    org_limits_scope: Literal["installation", "replica"] = "installation"
     org_rate_limit: float | None = Field(default=None, gt=0)       # requests/s per org (or personal user)
     org_rate_burst: int | None = Field(default=None, ge=1)         # default: ceil(org_rate_limit)
     max_streams_per_org: int | None = Field(default=None, ge=1)    # open WebSocket/SSE streams per org (429 beyond)
     max_body_bytes: int | None = Field(default=None, ge=0)         # request body cap (413 beyond it)
     header_read_timeout: float = Field(default=10.0, gt=0)         # a request head must arrive within this (slowloris)
     ws_max_message_bytes: int | None = Field(default=None, ge=125) # WebSocket message cap, client to sandbox (close 1009)
+
+    @property
+    def limits_shared(self) -> bool:
+        """Org limits count for the whole installation: asked for, and there is a Redis to count in."""
+        return self.org_limits_scope == "installation" and bool(self.redis_url)
 
     @property
     def worker_count(self) -> int:
@@ -312,6 +324,15 @@ class Settings(BaseSettings):
         if not 1 <= count <= 64 or isinstance(value, float):
             raise ValueError("must be a number of worker processes from 1 to 64, or 'auto'")
         return count
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_form(cls, value: str | None) -> str | None:
+        if value and "+sentinel://" in value.lower():
+            from gateway.store.redis_connect import parse_sentinel_url  # redis-py only when Sentinel is named
+
+            parse_sentinel_url(value)  # a ValueError names what is wrong
+        return value
 
     @field_validator("router_compat_namespaces")
     @classmethod

@@ -41,6 +41,8 @@ is cluster-safe)::
                                                       to look after a reset): orphan grace counts from it
     {P}:lease:<name>           hash    lease ttl      holder, until (the clock's deadline; the lease ends
                                                       at the deadline or the TTL, whichever comes first)
+    {P}:lim:rate:<org>         hash    burst/rate+1s  the org's request tokens for the installation (gateway.store.redis_limits)
+    {P}:lim:streams:<org>      hash    2 x lease      replica process -> stream slots held and until when
     {P}:settled                channel                {"id", "gen", "state": "ready"|"removed"|"suspended", "error"}
     {P}:invalidate             channel                [origin, "session"|"sandbox", id]
 
@@ -96,6 +98,7 @@ record, since messages sent while disconnected are lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -104,7 +107,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
@@ -116,7 +119,9 @@ from gateway.store.base import (
     Reservation, Reserved, SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
 )
 from gateway.store import redis_codec as codec
+from gateway.store.redis_connect import close_pool, connection_pool, healthy_replicas
 from gateway.store.redis_errors import translated
+from gateway.store.redis_limits import RedisLimitLedger
 from gateway.store.redis_listener import RedisListener
 from gateway.store.redis_scripts import RedisKeys
 from routing import per_session_sandbox_id
@@ -124,6 +129,8 @@ from routing import per_session_sandbox_id
 __all__ = ["RedisKeys", "RedisStore"]
 
 log = logging.getLogger(__name__)
+
+_ALONE_WAIT_MS = 10  # WAIT while the primary has no replica up: long enough for one that just came back
 
 class RedisStore:
     """``SessionStore`` shared by every replica of one installation (``prefix``).
@@ -150,16 +157,24 @@ class RedisStore:
         max_connections: int = 64,
         pool_timeout: float = 10.0,
         health_check_interval: int = 15,
+        replica_acks: int = 0,
+        replica_ack_timeout: float = 1.0,
     ) -> None:
         self.keys = RedisKeys(prefix)
+        self._prefix = prefix
         self.replica_id = replica_id
         self._clock = clock
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_ms = max(1, math.ceil(heartbeat_ttl * 1000))
         self._recheck_interval = recheck_interval
+        self._replica_acks = replica_acks
+        self._alone = False  # the last write found the primary without a replica up (see _replicated)
+        # WAIT blocks the connection: it must give up before the socket read does (a timeout there
+        # would not say why)
+        self._ack_timeout_ms = max(1, math.ceil(min(replica_ack_timeout, socket_timeout * 0.75) * 1000))
         # Retried: connection errors only (refused, reset, loading), with a short capped backoff.
         # Timeouts are not retried: the command may have run, and a store call should fail fast.
-        pool = BlockingConnectionPool.from_url(
+        self._pool = pool = connection_pool(
             url,
             max_connections=max_connections,
             # Waiting for a free connection is queueing, not a dead server: it gets its own,
@@ -212,7 +227,7 @@ class RedisStore:
     @translated("bind a session")
     async def put_binding(self, binding: Binding) -> Binding:
         self._listener.start()
-        stored = await self._put_binding(**self._put_binding_call(binding))
+        stored = await self._replicated(self._put_binding, self._put_binding_call(binding), "a binding")
         return binding if stored is None else codec.binding_of(binding.session_id, stored)
 
     @translated("delete a session")
@@ -302,7 +317,8 @@ class RedisStore:
         self._listener.start()
         now = self._clock()
         sandbox_id = record.sandbox_id
-        result = await self._reserve(**self._reserve_call(record, caps, now, lease_seconds))
+        result = await self._replicated(self._reserve, self._reserve_call(record, caps, now, lease_seconds),
+                                        "a reservation", undo=(sandbox_id, Reserved.CREATED))
         if result[0] == "cap":
             raise caps.exceeded(record, CapScope(result[1]))
         outcome = Reserved(result[0])
@@ -521,6 +537,11 @@ class RedisStore:
         """
         await self._listener.subscribed(timeout)
 
+    def limit_ledger(self) -> RedisLimitLedger:
+        """The installation's org limits (``gateway.limit_leases``), on this store's client; one holder
+        per process (the replica ID with a suffix of its own: workers of one replica hold apart)."""
+        return RedisLimitLedger(self._redis, self._prefix, f"{self.replica_id}/{uuid.uuid4().hex[:8]}")
+
     @translated("answer a ping")
     async def ping(self) -> None:
         self._listener.start()
@@ -546,8 +567,42 @@ class RedisStore:
             except (redis_errors.RedisError, TimeoutError):
                 pass
         await self._redis.aclose()
+        await close_pool(self._pool)
 
     # internals ----------------------------------------------------------
+    async def _replicated(self, script: Any, call: dict[str, list[str]], what: str,
+                          undo: tuple[str, Reserved] | None = None) -> Any:
+        """Run a write the gateway acts on (a binding, a reservation); with ``replica_acks``, only
+        return once that many replicas have it (WAIT, on the same connection, in one round trip), so
+        a failover that promotes a replica cannot forget it. With Sentinel, a primary the sentinels
+        see no replica up for (the survivor of a failover) serves alone: nothing is left that could
+        keep a copy. Short of that, the write may be on the primary alone (a replica not answering,
+        or a primary whose replica was just promoted away from it): the caller gets StoreUnavailable
+        and acts on nothing, and a fresh reservation (``undo``: its sandbox and the outcome that
+        means fresh) is given back so a retry need not wait out its creation lease."""
+        if not self._replica_acks:
+            return await script(**call)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            await script(**call, client=pipe)
+            # Alone (below): a short WAIT, still asking the sentinels after each, until a replica is back.
+            pipe.execute_command("WAIT", self._replica_acks, _ALONE_WAIT_MS if self._alone else self._ack_timeout_ms)
+            result, acked = await pipe.execute()
+        if acked >= self._replica_acks:
+            self._alone = False
+            return result
+        if acked >= await self._replicas_up():
+            self._alone = True  # every replica there is: a primary left alone after a failover serves alone
+            return result
+        self._alone = False
+        if undo is not None and isinstance(result, list) and result and result[0] == undo[1]:
+            with contextlib.suppress(redis_errors.RedisError):
+                await self._release_record(undo[0], None, only_endpoint=None)
+        log.warning("redis: %s reached %d of %d replicas within %dms (redis_replica_acks)",
+                    what, acked, self._replica_acks, self._ack_timeout_ms)
+        raise StoreUnavailable(
+            f"the session store (redis) could not confirm {what} on {self._replica_acks} replica(s) within "
+            f"{self._ack_timeout_ms}ms (redis_replica_acks); retry shortly", retry_after=1.0)
+
     async def _read_sandbox(self, sandbox_id: str) -> tuple[SandboxRecord, str] | None:
         view = await self._get_sandbox(keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes], args=[sandbox_id])
         return None if view is None else codec.record_of(sandbox_id, view)
@@ -578,6 +633,13 @@ class RedisStore:
                     pipe.hdel(self.keys.streams(sandbox_id), self.replica_id)
             await pipe.execute()
         self._unsynced.difference_update(pending)
+
+    async def _replicas_up(self) -> int:
+        """How many replicas could hold a copy, asked only when WAIT came back short: the sentinels'
+        count of replicas up (a plain URL, or no sentinel answering: as many as were asked for, so
+        the write is refused)."""
+        count = await healthy_replicas(self._pool)
+        return self._replica_acks if count is None else count
 
     def _invalidation(self, kind: str, key: str) -> str:
         return codec.dumps([self._origin, kind, key])

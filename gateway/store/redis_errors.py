@@ -8,8 +8,10 @@ from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar
 
 from redis import exceptions as redis_errors
+from redis.asyncio.sentinel import MasterNotFoundError
 
 from gateway.errors import StoreUnavailable
+from gateway.store.redis_connect import PrimaryUnreachable
 
 __all__ = ["translated", "unavailable"]
 
@@ -35,7 +37,13 @@ def translated(action: str) -> Callable[[Callable[_P, Awaitable[_T]]], Callable[
 
 def unavailable(action: str, exc: redis_errors.RedisError) -> StoreUnavailable:
     """The ``StoreUnavailable`` for a redis error, classified by type (never by message text)."""
-    if isinstance(exc, redis_errors.BusyLoadingError):
+    if isinstance(exc, MasterNotFoundError):
+        # Sentinel knows no healthy primary: a failover is under way, and takes seconds.
+        reason, retry_after = "it has no primary (a Sentinel failover is under way)", 1.0
+    elif isinstance(exc, PrimaryUnreachable):
+        # The primary Sentinel names does not answer: the seconds before Sentinel sees it down.
+        reason, retry_after = "its primary cannot be reached (a Sentinel failover may be under way)", 1.0
+    elif isinstance(exc, redis_errors.BusyLoadingError):
         reason, retry_after = "it is loading its dataset", 2.0
     elif isinstance(exc, redis_errors.ConnectionError):
         reason, retry_after = "it cannot be reached", 5.0
