@@ -29,8 +29,8 @@ _STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 _STATUS_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 # The reasons SessionRouter reports, exported at zero from the start: a labelled counter has no
 # series until first used, so a dashboard panel said "No data" (not 0) until the first reap or sweep.
-REAP_REASONS = ("idle", "session_deleted", "gone", "retention")  # gone: found unreachable and gone at its provider;
-# retention: suspended for longer than its pool's retention
+REAP_REASONS = ("idle", "session_deleted", "gone", "retention", "requested")  # gone: found unreachable and gone at its provider;
+# retention: suspended for longer than its pool's retention; requested: an operator's DELETE /v1/sandboxes/{id}
 ORPHAN_SWEEP_REASONS = ("no_store_record",)
 
 
