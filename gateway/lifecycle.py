@@ -112,13 +112,15 @@ class Lifecycle:
         return ready
 
     # suspend ----------------------------------------------------------------
-    async def suspend(self, record: SandboxRecord, *, reason: str) -> SandboxRecord | None:
-        """Suspend a ready sandbox; None when it was not ready (any more) and nothing was done."""
+    async def suspend(self, record: SandboxRecord, *, reason: str,
+                      idle_before: float = math.inf) -> SandboxRecord | None:
+        """Suspend a ready sandbox; None when it was not ready (any more), or was active at or after
+        ``idle_before`` (the store's compare-and-set: the reaper's view may be stale), and nothing was done."""
         router, store = self._router, self._router.store
         if not router.provider.can_suspend(record.pool):
             raise Conflict(f"sandboxes of pool {record.pool!r} cannot be suspended (its provider keeps no "
                            f"state to wake); delete the session instead", sandbox_id=record.sandbox_id)
-        if await store.begin_suspend(record.sandbox_id, router.tuning.lease_seconds) is None:
+        if await store.begin_suspend(record.sandbox_id, router.tuning.lease_seconds, idle_before) is None:
             return None
         log.info("suspending sandbox %s (pool %s): %s", record.sandbox_id, record.pool, reason)
         outcome = "suspended"
@@ -172,13 +174,15 @@ class Lifecycle:
             self._reap_from = page.next
             for record in page.records:
                 if record.state is SandboxState.READY:
-                    if record.last_active >= now - idle_after.get(record.pool, math.inf):
+                    idle_before = now - idle_after.get(record.pool, math.inf)
+                    if record.last_active >= idle_before:
                         continue  # a pool with a longer idle_timeout (or one no longer in the policy)
                     if await store.open_streams(record.sandbox_id) > 0:
                         await store.touch({record.sandbox_id: now}, {})
                         continue
                     if pools[record.pool].on_idle == "suspend" and router.provider.can_suspend(record.pool):
-                        await self.suspend(record, reason="idle")
+                        # The store re-checks the activity: this page may pair a state newer than its time.
+                        await self.suspend(record, reason="idle", idle_before=idle_before)
                         continue
                     await self.destroy(record, reason="idle")
                     router.events.reaped("idle")

@@ -515,6 +515,24 @@ class StoreContract:
         assert ready.state is SandboxState.READY and ready.endpoint == moved
         assert seen == ["org-1"] * 3  # and once resumed: the endpoint may be new
 
+    async def test_a_suspend_refuses_a_record_active_since_the_caller_looked(self, store: SessionStore,
+                                                                              clock: FakeClock) -> None:
+        """The reaper reads a page of the index, then suspends: in between, the sandbox may have been
+        woken (ready again, active now) or used. The store compares the activity it holds."""
+        await ready_at(store, {"org-1": T0, "org-2": T0})
+        clock.advance(100)
+        idle_before = clock() - 50  # what the reaper judged with: idle since T0 < idle_before
+        await store.touch({"org-1": clock()}, {})  # used after the page was read
+        assert await store.begin_suspend("org-1", 30, idle_before) is None
+        assert (await store.get_sandbox("org-1")).state is SandboxState.READY  # type: ignore[union-attr]
+        suspending = await store.begin_suspend("org-2", 30, idle_before)  # truly idle: suspended
+        assert suspending is not None and suspending.state is SandboxState.SUSPENDING
+        await store.mark_suspended("org-2")
+        assert (await store.reserve_sandbox(record("org-2"), Caps(), 30)).outcome is Reserved.RESUME
+        await store.mark_ready("org-2", ENDPOINT)  # woken: becoming ready is activity
+        assert await store.begin_suspend("org-2", 30, idle_before) is None  # the stale page's verdict
+        assert await store.begin_suspend("org-1", 30) is not None  # no idle bound: the operator's suspend
+
     async def test_waiters_share_a_wake_and_its_failure(self, store: SessionStore) -> None:
         await ready_at(store, {"org-1": T0})
         await store.begin_suspend("org-1", 30)

@@ -8,6 +8,7 @@ futures resolved by ``mark_ready``/``release_sandbox``.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter, defaultdict
 import bisect
@@ -144,9 +145,10 @@ class MemoryStore:
         self._sandboxes[new.sandbox_id] = new
         self._count(new, 1)
 
-    async def begin_suspend(self, sandbox_id: str, lease_seconds: float) -> SandboxRecord | None:
+    async def begin_suspend(self, sandbox_id: str, lease_seconds: float,
+                            idle_before: float = math.inf) -> SandboxRecord | None:
         current = self._sandboxes.get(sandbox_id)
-        if current is None or current.state is not SandboxState.READY:
+        if current is None or current.state is not SandboxState.READY or current.last_active >= idle_before:
             return None
         suspending = current.with_(state=SandboxState.SUSPENDING, lease_until=self._clock() + lease_seconds)
         self._replace(current, suspending)

@@ -321,11 +321,13 @@ class RedisStore:
         return codec.record_of(sandbox_id, view)[0]
 
     @translated("suspend a sandbox")
-    async def begin_suspend(self, sandbox_id: str, lease_seconds: float) -> SandboxRecord | None:
+    async def begin_suspend(self, sandbox_id: str, lease_seconds: float,
+                            idle_before: float = math.inf) -> SandboxRecord | None:
         view = await self._begin_suspend(
             keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_state],
             args=[sandbox_id, codec.num(self._clock() + lease_seconds), self.keys.invalidate,
-                  self._invalidation("sandbox", sandbox_id)])
+                  self._invalidation("sandbox", sandbox_id),
+                  "" if idle_before == math.inf else codec.num(idle_before)])
         if view is None:
             return None
         self._listener.notify(sandbox_id)

@@ -321,9 +321,15 @@ return found
 BEGIN_SUSPEND = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:state hash
 -- ARGV[1] sandbox id  ARGV[2] lease_until  ARGV[3] invalidate channel  ARGV[4] invalidate message
--- returns the suspending record's view; false (nil) when the record is not ready (nothing changed)
+-- ARGV[5] idle before ('' = any): refuse a record whose last activity (its index score) is at or after it
+-- returns the suspending record's view; false (nil) when the record is not ready, or was active since
+-- (nothing changed)
 local cur = redis.call('HMGET', KEYS[1], 's', 'p')
 if cur[1] ~= 'ready' then return false end
+if ARGV[5] ~= '' then
+  local at = redis.call('ZSCORE', KEYS[2], ARGV[1])
+  if at and tonumber(at) >= tonumber(ARGV[5]) then return false end
+end
 restate(KEYS[3], cur[2], 'ready', 'suspending')
 redis.call('HSET', KEYS[1], 's', 'suspending', 'l', ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
