@@ -30,9 +30,10 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
-from gateway.errors import Conflict, GatewayError, NotFound, ProvisionFailed, WakeTimeout
+from gateway.errors import Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, WakeTimeout
 from gateway.model import Binding, SandboxRecord, SandboxRequest, SandboxState
 from gateway.providers.base import ForeignSandbox
 from gateway.store.base import NotReserved, Position
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 REAPER_LEASE = "reaper"
 DEFAULT_WAKE_TIMEOUT = 60.0  # for a pool no longer in the policy
+MIN_LEASE = 0.5  # a lease renewed every third of it: shorter would be all renewals
 WAKING_STATES = frozenset({SandboxState.SUSPENDING, SandboxState.SUSPENDED, SandboxState.RESUMING})
 """A request for a sandbox in one of these is held for a wake (bounded by ``wake_timeout``)."""
 
@@ -58,17 +60,32 @@ class Lifecycle:
         self._sweep_from: str | None = None
 
     # wake -------------------------------------------------------------------
-    async def held(self, wake: asyncio.Future[SandboxRecord], pool: str, sandbox_id: str) -> SandboxRecord:
-        """Hold a request for the wake in flight (``wake``, shared and shielded) up to the pool's
-        ``wake_timeout``; past it, ``WakeTimeout`` (503 + Retry-After) while the wake goes on."""
+    async def held(self, wake: Callable[[], asyncio.Future[SandboxRecord]], pool: str,
+                   sandbox_id: str) -> SandboxRecord:
+        """Hold a request for the wake in flight (``wake()`` gives the shared task) up to the pool's
+        ``wake_timeout``; past it, ``WakeTimeout`` (503 + Retry-After) while the wake goes on.
+
+        A request is held until its own deadline, whatever the wake it joined does: when that
+        wait gives up first (it joined another replica's wake with its provisioning timeout, or a
+        waker that died), it joins the next one (reserving again takes a lapsed lease over), and
+        only its own deadline answers it, with 503 and Retry-After, never a 504."""
         events = self._router.events
         spec = self._router.policy.pools.get(pool)
         budget = spec.wake_timeout if spec is not None else DEFAULT_WAKE_TIMEOUT
+        loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        deadline = loop.time() + budget
         events.wake_waiting(pool, 1)
         try:
-            async with asyncio.timeout(budget):
-                record = await asyncio.shield(wake)
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        record = await asyncio.shield(wake())
+                    break
+                except ProvisionTimeout:
+                    if loop.time() >= deadline:
+                        raise TimeoutError from None
+                    await asyncio.sleep(0)  # the shared task's entry goes with its done callback
         except TimeoutError:
             raise WakeTimeout(
                 f"sandbox {sandbox_id} is waking up and was not ready within {budget:g}s "
@@ -79,6 +96,51 @@ class Lifecycle:
         events.woken(pool, time.perf_counter() - started)
         return record
 
+    def lease_for(self, pool: str) -> float:
+        """The lease of a creation, suspend or wake in ``pool``: ``creation_lease``, and at most half
+        the pool's ``wake_timeout``, so that a wake whose replica died is taken over (its lease
+        lapsed) while its requests are still held. Renewed while its holder runs (:meth:`renewing`)."""
+        spec = self._router.policy.pools.get(pool)
+        wake_timeout = spec.wake_timeout if spec is not None else DEFAULT_WAKE_TIMEOUT
+        return max(MIN_LEASE, min(self._router.tuning.lease_seconds, wake_timeout / 2))
+
+    @contextlib.asynccontextmanager
+    async def renewing(self, record: SandboxRecord, lease_seconds: float) -> AsyncIterator[None]:
+        """Renew the lease of the reservation ``record`` (as reserved: its ``lease_until``) every third
+        of ``lease_seconds`` while the body runs: a live holder keeps it however long the provider
+        takes, a dead one loses it within ``lease_seconds``.
+
+        Stopped by a flag as well as cancelled, and not awaited: a cancellation that lands on a
+        store call can be swallowed by the Redis client (asyncio.wait_for on Python 3.11), and the
+        body's outcome must never wait for a renewal."""
+        done = asyncio.Event()
+        renewal = asyncio.create_task(self._renew(record.sandbox_id, record.lease_until, lease_seconds, done),
+                                      name=f"lease-{record.sandbox_id}")
+        try:
+            yield
+        finally:
+            done.set()
+            renewal.cancel()
+
+    async def _renew(self, sandbox_id: str, held_until: float, lease_seconds: float, done: asyncio.Event) -> None:
+        store = self._router.store
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(lease_seconds / 3):
+                    await done.wait()
+            if done.is_set():
+                return
+            try:
+                renewed = await store.extend_lease(sandbox_id, held_until, lease_seconds)
+            except GatewayError as exc:  # the store is away: try again; past the lease, it is taken over
+                log.warning("could not renew the lease on sandbox %s: %s", sandbox_id, exc.message)
+                continue
+            if renewed is None:
+                if not done.is_set():
+                    log.warning("the lease on sandbox %s was lost (it lapsed and was taken over)", sandbox_id)
+                return
+            held_until = renewed
+
     async def resume(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
         """Resume a sandbox this caller reserved (``Reserved.RESUME``); on failure it goes back to
         ``suspended`` with the error, which every waiter shares."""
@@ -86,7 +148,8 @@ class Lifecycle:
         request = SandboxRequest(record.sandbox_id, record.pool, binding.isolation, binding.owner,
                                  binding.session_id, timeout, bound_at=binding.created_at)
         try:
-            endpoint = await router.provider.resume(request)
+            async with self.renewing(record, self.lease_for(record.pool)):
+                endpoint = await router.provider.resume(request)
         except ForeignSandbox:
             router.events.resumed(record.pool, "not_found")
             with contextlib.suppress(GatewayError):
@@ -120,12 +183,15 @@ class Lifecycle:
         if not router.provider.can_suspend(record.pool):
             raise Conflict(f"sandboxes of pool {record.pool!r} cannot be suspended (its provider keeps no "
                            f"state to wake); delete the session instead", sandbox_id=record.sandbox_id)
-        if await store.begin_suspend(record.sandbox_id, router.tuning.lease_seconds, idle_before) is None:
+        lease = self.lease_for(record.pool)
+        suspending = await store.begin_suspend(record.sandbox_id, lease, idle_before)
+        if suspending is None:
             return None
         log.info("suspending sandbox %s (pool %s): %s", record.sandbox_id, record.pool, reason)
         outcome = "suspended"
         try:
-            await router.provider.suspend(record.sandbox_id, record.pool)
+            async with self.renewing(suspending, lease):
+                await router.provider.suspend(record.sandbox_id, record.pool)
         except BaseException as exc:
             outcome = outcome_of(exc)
             # Recorded as suspended all the same: its next request resumes it, and resume is

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Hashable
@@ -82,7 +83,9 @@ class RouterTuning:
     route_ttl: float = 30.0          # how long a cached route is trusted without the store
     route_stale_ttl: float = 300.0   # how long a cached route may serve while the store is down
     route_cache_size: int = 100_000
-    lease_seconds: float = 180.0     # creation lease; renewed by nothing, so > any provisioning timeout
+    # The lease of a creation, suspend or wake (at most half the pool's wake_timeout): renewed every third
+    # of it while its replica works on it, so a replica that died holds the sandbox this long at most.
+    lease_seconds: float = 10.0
     session_ttl: float = 86_400.0    # a binding idle this long is forgotten
     # The holder renews the reaper lease every reaper_lease_renew seconds (and on each pass), so a
     # dead holder's lease lapses within reaper_lease_ttl and another replica reaps from its next pass.
@@ -355,12 +358,13 @@ class SessionRouter:
         if record is None or record.state is not SandboxState.READY:
             if record is not None and not self._claims(binding, record):
                 raise self.foreign(binding)  # before anything is woken for a caller it will never serve
-            task = _shared(self._inflight, (binding.sandbox_id, binding.owner), lambda: self._ensure_once(binding))
+            ensure = functools.partial(_shared, self._inflight, (binding.sandbox_id, binding.owner),
+                                       functools.partial(self._ensure_once, binding))
             if record is not None and record.state in WAKING_STATES:
-                record = await self.lifecycle.held(task, binding.pool, binding.sandbox_id)
+                record = await self.lifecycle.held(ensure, binding.pool, binding.sandbox_id)
             else:
                 # Shielded: one caller giving up must not abort a creation others wait for.
-                record = await asyncio.shield(task)
+                record = await asyncio.shield(ensure())
         if not self._claims(binding, record):
             # The binding was lost (store reset, session_ttl) and re-made by someone else: never share.
             raise self.foreign(binding)
@@ -383,7 +387,8 @@ class SessionRouter:
             template = SandboxRecord(binding.sandbox_id, binding.pool, binding.owner.org_id,
                                      SandboxState.CREATING, created_at=self.clock(), owner=binding.owner)
             try:
-                reservation = await self.store.reserve_sandbox(template, self._caps(binding), self.tuning.lease_seconds)
+                reservation = await self.store.reserve_sandbox(template, self._caps(binding),
+                                                               self.lifecycle.lease_for(binding.pool))
             except CapacityExceeded as exc:
                 self.events.capacity_rejected(exc.scope)
                 raise
@@ -407,7 +412,8 @@ class SessionRouter:
                                  binding.session_id, timeout, bound_at=binding.created_at)
         started = time.perf_counter()
         try:
-            endpoint = await self.provider.ensure(request)
+            async with self.lifecycle.renewing(record, self.lifecycle.lease_for(record.pool)):
+                endpoint = await self.provider.ensure(request)
         except ForeignSandbox:
             self.events.provisioned(record.pool, time.perf_counter() - started, "not_found")
             # Released without an error: a waiter (the owner, perhaps) reserves again, and adopts.

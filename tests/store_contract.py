@@ -533,6 +533,27 @@ class StoreContract:
         assert await store.begin_suspend("org-2", 30, idle_before) is None  # the stale page's verdict
         assert await store.begin_suspend("org-1", 30) is not None  # no idle bound: the operator's suspend
 
+    async def test_a_lease_is_renewed_by_its_holder_only(self, store: SessionStore, clock: FakeClock) -> None:
+        """A live creator or waker renews its lease (the deadline it was given is its proof); once
+        it lapsed and someone took the work over, or the work settled, a renewal changes nothing."""
+        held = (await store.reserve_sandbox(record("org-1"), Caps(), 10)).record.lease_until
+        clock.advance(8)
+        renewed = await store.extend_lease("org-1", held, 10)
+        assert renewed == clock() + 10
+        assert (await store.get_sandbox("org-1")).lease_until == renewed  # type: ignore[union-attr]
+        assert await store.extend_lease("org-1", held, 10) is None  # an old deadline proves nothing
+        clock.advance(11)  # the holder died: its lease lapsed
+        taken = await store.reserve_sandbox(record("org-1"), Caps(), 10)
+        assert taken.outcome is Reserved.TAKEN_OVER
+        assert await store.extend_lease("org-1", renewed, 10) is None  # the dead holder's renewal: refused
+        assert await store.extend_lease("org-1", taken.record.lease_until, 10) is not None  # the new holder's
+        await store.mark_ready("org-1", ENDPOINT)
+        assert await store.extend_lease("org-1", taken.record.lease_until, 10) is None  # settled: nothing to renew
+        suspending = await store.begin_suspend("org-1", 10)
+        assert suspending is not None
+        assert await store.extend_lease("org-1", suspending.lease_until, 10) == clock() + 10  # a suspend too
+        assert await store.extend_lease("ses-none", 0.0, 10) is None
+
     async def test_waiters_share_a_wake_and_its_failure(self, store: SessionStore) -> None:
         await ready_at(store, {"org-1": T0})
         await store.begin_suspend("org-1", 30)

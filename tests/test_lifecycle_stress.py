@@ -7,16 +7,24 @@ the index is, under load), and the counting provider with its gate.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
+import uuid
 
+import pytest
+
+from gateway.errors import WakeTimeout
 from gateway.model import SandboxState
 from gateway.providers.base import PoolProviders
 from gateway.sessions import SessionRouter
-from gateway.store.base import ANY_SANDBOX, Position, SandboxFilter, SandboxPage
+from gateway.store.base import ANY_SANDBOX, Caps, Position, Reserved, SandboxFilter, SandboxPage
 from gateway.store.memory import MemoryStore
-from routing import Identity, parse_policy
+from gateway.store.redis import RedisStore
+from routing import Identity, Policy, parse_policy
 from tests.clock import FakeClock
 from tests.conftest import CountingProvider
+from tests.redis_server import RedisServer
 
 ALICE = Identity.parse(org_id="acme", user_id="alice", session_id="s1")
 SUSPEND_WHEN_IDLE = "pools:\n  small: {}\n  shared: {idle_timeout: 10m, on_idle: suspend, retention: 2h}\n"
@@ -58,3 +66,86 @@ async def test_the_reaper_never_suspends_a_sandbox_it_just_woke(counting_provide
     assert counting_provider.suspended == [route.sandbox_id]  # not suspended a second time
     record = await store.get_sandbox(route.sandbox_id)
     assert record is not None and record.state is SandboxState.READY
+
+
+def _policy(wake_timeout: str, provisioning_timeout: str = "2m") -> Policy:
+    return parse_policy("pools:\n  small: {}\n  shared: {on_idle: suspend, wake_timeout: %s, provisioning_timeout: %s}\n"
+                        % (wake_timeout, provisioning_timeout), "test")
+
+
+async def test_a_request_held_by_a_wake_is_503_with_retry_after_at_its_own_deadline(
+        counting_provider: CountingProvider) -> None:
+    """It joined a wake another replica runs (alive: its lease holds) and waited for it with the
+    pool's provisioning_timeout, shorter than wake_timeout: that was a 504 without Retry-After."""
+    store = MemoryStore()
+    router = SessionRouter(store, PoolProviders({"small": counting_provider, "shared": counting_provider}),
+                           _policy("1s", "100ms"), replica_id="r1")
+    route = await router.resolve(ALICE)
+    await router.suspend_sandbox(route.sandbox_id)
+    suspended = await store.get_sandbox(route.sandbox_id)
+    assert suspended is not None
+    other = await store.reserve_sandbox(suspended, Caps(), 60)  # another replica wakes it, slowly
+    assert other.outcome is Reserved.RESUME
+    started = time.monotonic()
+    with pytest.raises(WakeTimeout) as info:
+        await router.resolve(ALICE)
+    assert info.value.status == 503 and info.value.headers()["Retry-After"]
+    assert time.monotonic() - started >= 0.9  # its own wake_timeout, not the 100 ms of a provisioning wait
+    assert counting_provider.resumed == []  # the other replica's wake: never doubled
+    await store.mark_ready(route.sandbox_id, counting_provider.endpoint)  # the other replica's wake ends
+    assert (await router.resolve(ALICE)).sandbox_id == route.sandbox_id
+
+
+async def _replicas(redis_url: str, policy: Policy, count: int) -> list[tuple[SessionRouter, CountingProvider]]:
+    prefix = f"life-{uuid.uuid4().hex[:8]}"
+    made = []
+    for index in range(count):
+        provider = CountingProvider()
+        store = RedisStore(redis_url, prefix, f"r{index}")
+        made.append((SessionRouter(store, PoolProviders({"small": provider, "shared": provider}), policy,
+                                   replica_id=f"r{index}"), provider))
+    return made
+
+
+async def test_a_waker_that_died_is_taken_over_within_seconds(redis_server: RedisServer) -> None:
+    """Killed mid-wake, a replica left the sandbox resuming under a 180 s lease nobody renewed: other
+    replicas answered 503, then 504, for three minutes. The lease is short now (at most half of
+    wake_timeout) and a live holder renews it: a dead one's lapses, and the next request takes over."""
+    (dead, _), (alive, provider) = await _replicas(redis_server.url, _policy("8s"), 2)
+    try:
+        route = await dead.resolve(ALICE)
+        await dead.suspend_sandbox(route.sandbox_id)
+        suspended = await dead.store.get_sandbox(route.sandbox_id)
+        assert suspended is not None
+        lease = dead.lifecycle.lease_for("shared")
+        assert lease == 4.0  # creation_lease 10 s, capped at half of wake_timeout
+        # The replica reserves the wake and dies before it resumes anything (nothing renews its lease).
+        assert (await dead.store.reserve_sandbox(suspended, Caps(), lease)).outcome is Reserved.RESUME
+        started = time.monotonic()
+        woken = await alive.resolve(ALICE)
+        assert woken.sandbox_id == route.sandbox_id
+        assert time.monotonic() - started < lease + 3.5  # within wake_timeout, not 180 s
+        assert provider.resumed == [route.sandbox_id]
+    finally:
+        await dead.store.close()
+        await alive.store.close()
+
+
+async def test_a_slow_waker_that_lives_keeps_its_lease(redis_server: RedisServer) -> None:
+    """The other side of a short lease: a resume that takes several leases' time is renewed while
+    its replica lives, so nobody takes it over (two resumes of one sandbox)."""
+    (waker, slow), (other, provider) = await _replicas(redis_server.url, _policy("4s"), 2)
+    try:
+        route = await waker.resolve(ALICE)
+        await waker.suspend_sandbox(route.sandbox_id)
+        slow.gate = asyncio.Event()  # the provider takes its time to resume
+        waking = asyncio.create_task(waker.resolve(ALICE))
+        joining = asyncio.create_task(other.resolve(ALICE))
+        await asyncio.sleep(3 * waker.lifecycle.lease_for("shared") / 2)  # past the lease as first granted
+        slow.gate.set()
+        assert (await waking).sandbox_id == route.sandbox_id
+        assert (await joining).sandbox_id == route.sandbox_id
+        assert slow.resumed == [route.sandbox_id] and provider.resumed == []  # woken once, not taken over
+    finally:
+        await waker.store.close()
+        await other.store.close()

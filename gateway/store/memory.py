@@ -155,6 +155,14 @@ class MemoryStore:
         self._publish(sandbox_id)
         return self._with_sessions(suspending)
 
+    async def extend_lease(self, sandbox_id: str, held_until: float, lease_seconds: float) -> float | None:
+        current = self._sandboxes.get(sandbox_id)
+        if current is None or current.state not in UNSETTLED_STATES or current.lease_until != held_until:
+            return None
+        until = self._clock() + lease_seconds
+        self._sandboxes[sandbox_id] = current.with_(lease_until=until)
+        return until
+
     async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         current = self._sandboxes.get(sandbox_id)
         if current is None or current.state not in (SandboxState.SUSPENDING, SandboxState.RESUMING):

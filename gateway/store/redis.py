@@ -182,6 +182,7 @@ class RedisStore:
         self._release = self._redis.register_script(lua.RELEASE_SANDBOX)
         self._begin_suspend = self._redis.register_script(lua.BEGIN_SUSPEND)
         self._mark_suspended = self._redis.register_script(lua.MARK_SUSPENDED)
+        self._extend_lease = self._redis.register_script(lua.EXTEND_LEASE)
         self._acquire_lease = self._redis.register_script(lua.ACQUIRE_LEASE)
         self._release_lease = self._redis.register_script(lua.RELEASE_LEASE)
         self._index_page = self._redis.register_script(lua.INDEX_PAGE)
@@ -332,6 +333,12 @@ class RedisStore:
             return None
         self._listener.notify(sandbox_id)
         return codec.record_of(sandbox_id, view)[0]
+
+    @translated("renew a lease")
+    async def extend_lease(self, sandbox_id: str, held_until: float, lease_seconds: float) -> float | None:
+        until = self._clock() + lease_seconds
+        held = await self._extend_lease(keys=[self.keys.sandbox(sandbox_id)], args=[codec.num(held_until), codec.num(until)])
+        return until if held == 1 else None
 
     @translated("suspend a sandbox")
     async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:

@@ -336,6 +336,18 @@ redis.call('PUBLISH', ARGV[3], ARGV[4])
 return view(KEYS[1], KEYS[2], ARGV[1])
 """
 
+EXTEND_LEASE = """
+-- KEYS[1] sandbox hash
+-- ARGV[1] the lease deadline the caller holds  ARGV[2] the new deadline
+-- returns 1 when the record is creating, suspending or resuming under that very deadline (now ARGV[2]);
+-- 0 when the caller holds it no more (settled, released, or taken over: a takeover writes a new deadline)
+local cur = redis.call('HMGET', KEYS[1], 's', 'l')
+if cur[1] ~= 'creating' and cur[1] ~= 'suspending' and cur[1] ~= 'resuming' then return 0 end
+if tonumber(cur[2] or '0') ~= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'l', ARGV[2])
+return 1
+"""
+
 MARK_SUSPENDED = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:pool hash  KEYS[4] count:org hash
 -- KEYS[5] count:state hash
