@@ -278,7 +278,8 @@ class Gateway:
             self.grpc_address = self.grpc_front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
                                      warnings=self._provider_warnings(), grants=self._grants(data_sock),
-                                     mcp=McpTarget(self.settings.kagent_mcp_port, self.settings.kagent_mcp_path))
+                                     mcp=McpTarget(self.settings.kagent_mcp_port, self.settings.kagent_mcp_path),
+                                     suspend_grace=self.settings.suspend_grace)
         self._control_runner = ControlRunner(control, access_log=None, handle_signals=False)
         await self._control_runner.setup()
         undo.push_async_callback(self._control_runner.cleanup)

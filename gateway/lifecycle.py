@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 REAPER_LEASE = "reaper"
 DEFAULT_WAKE_TIMEOUT = 60.0  # for a pool no longer in the policy
+QUIET_POLL = 0.25  # how often an operator's suspend looks again for the sandbox's exchanges to end
 MIN_LEASE = 0.5  # a lease renewed every third of it: shorter would be all renewals
 WAKING_STATES = frozenset({SandboxState.SUSPENDING, SandboxState.SUSPENDED, SandboxState.RESUMING})
 """A request for a sandbox in one of these is held for a wake (bounded by ``wake_timeout``)."""
@@ -205,6 +206,39 @@ class Lifecycle:
         finally:
             router.events.suspended(record.pool, outcome)
         return await store.mark_suspended(record.sandbox_id)
+
+    async def suspend_when_quiet(self, record: SandboxRecord, grace: float) -> SandboxRecord | None:
+        """The operator's suspend: wait up to ``grace`` seconds for the sandbox's open exchanges to
+        end, then suspend it; ``Conflict`` (409) naming them when they outlast the grace.
+
+        "Open" is what protects a sandbox from idle reaping, on every replica: a long request or
+        stream counted in the store, or a request begun within ``activity_grace`` (one younger than
+        the data plane's LONG_REQUEST_AFTER is known only by its start). The suspend itself is the
+        store's compare-and-set on that activity, so a request that starts meanwhile wins."""
+        router, store = self._router, self._router.store
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while True:
+            await router.flush_activity()  # this replica's own requests count at once
+            current = await store.get_sandbox(record.sandbox_id)
+            if current is None or current.state is not SandboxState.READY:
+                return None
+            quiet_since = router.clock() - router.tuning.activity_grace
+            streams = await store.open_streams(record.sandbox_id)
+            if streams == 0 and current.last_active < quiet_since:
+                suspended = await self.suspend(current, reason="requested", idle_before=quiet_since)
+                if suspended is not None:
+                    return suspended
+                continue  # used (or changed) in between: judge again
+            left = deadline - loop.time()
+            if left <= 0:
+                raise Conflict(
+                    f"sandbox {record.sandbox_id} has open exchanges: {streams} long request(s) or stream(s) "
+                    f"open, its last request began {max(0.0, router.clock() - current.last_active):.1f}s ago "
+                    f"(a request counts as open for activity_grace, {router.tuning.activity_grace:g}s); "
+                    f"retry later, wait longer with ?grace=SECONDS, or cut them with ?force=true",
+                    sandbox_id=record.sandbox_id)
+            await asyncio.sleep(min(QUIET_POLL, left))
 
     # reaping ----------------------------------------------------------------
     async def destroy(self, record: SandboxRecord, *, reason: str) -> None:

@@ -452,14 +452,18 @@ class SessionRouter:
     async def sweep_orphans(self, grace: float) -> list[str]:
         return await self.lifecycle.sweep_orphans(grace)
 
-    async def suspend_sandbox(self, sandbox_id: str) -> SandboxRecord:
-        """Operator control: suspend a ready sandbox now (idempotent: one suspending or suspended
-        already is answered as it is). 409 while it is being created or woken."""
+    async def suspend_sandbox(self, sandbox_id: str, *, grace: float | None = None) -> SandboxRecord:
+        """Operator control: suspend a ready sandbox (idempotent: one suspending or suspended already
+        is answered as it is). 409 while it is being created or woken. With ``grace``, it waits up to
+        that long for the sandbox's open exchanges to end (409 naming them past it,
+        ``Lifecycle.suspend_when_quiet``); without, it suspends now and cuts them."""
         record = await self.store.get_sandbox(sandbox_id)
         if record is None:
             raise unknown_sandbox(sandbox_id)
-        if record.state is SandboxState.READY:
-            record = await self.lifecycle.suspend(record, reason="requested") or record
+        if record.state is SandboxState.READY and grace is not None:
+            await self.lifecycle.suspend_when_quiet(record, grace)
+        elif record.state is SandboxState.READY:
+            record = await self.lifecycle.suspend(record, reason="requested (forced)") or record
         elif record.state not in (SandboxState.SUSPENDING, SandboxState.SUSPENDED):
             raise Conflict(f"sandbox {sandbox_id} is {record.state}; suspend it once it is ready",
                            sandbox_id=sandbox_id)

@@ -187,6 +187,9 @@ class Settings(BaseSettings):
     # while the replica lives (and at most half a pool's wake_timeout): one that died is taken over
     # within it by the next request, on any replica.
     creation_lease: float = Field(default=10.0, gt=0)
+    # How long an operator's suspend (POST /v1/sandboxes/{id}/suspend) waits for the sandbox's open
+    # exchanges to end before it answers 409 naming them (?grace= overrides it, ?force=true cuts them).
+    suspend_grace: float = Field(default=30.0, ge=0, le=3600)
     reap_interval: float = Field(default=15.0, gt=0)
     activity_flush_interval: float = Field(default=1.0, gt=0)
     drain_timeout: float = Field(default=20.0, ge=0)

@@ -14,7 +14,9 @@ import uuid
 
 import pytest
 
-from gateway.errors import WakeTimeout
+from gateway.api import create_control_app
+from gateway.errors import Conflict, WakeTimeout
+from gateway.metrics import Metrics
 from gateway.model import SandboxState
 from gateway.providers.base import PoolProviders
 from gateway.sessions import SessionRouter
@@ -149,3 +151,88 @@ async def test_a_slow_waker_that_lives_keeps_its_lease(redis_server: RedisServer
     finally:
         await waker.store.close()
         await other.store.close()
+
+
+# the operator's suspend ------------------------------------------------------------------
+async def _operator_fixture(counting_provider: CountingProvider) -> tuple[SessionRouter, FakeClock, str]:
+    clock = FakeClock()
+    router = SessionRouter(MemoryStore(clock=clock), PoolProviders({"small": counting_provider,
+                                                                    "shared": counting_provider}),
+                           _policy("60s"), replica_id="r1", clock=clock)
+    route = await router.resolve(ALICE)
+    return router, clock, route.sandbox_id
+
+
+async def test_an_operator_suspend_waits_for_a_stream_to_end(counting_provider: CountingProvider) -> None:
+    """The 20 s /execute the operator's suspend cut at 3 s (502): now the suspend waits for it."""
+    router, clock, sandbox_id = await _operator_fixture(counting_provider)
+    router.stream_opened(sandbox_id)  # a long request, promoted to a stream, on some replica
+    await router.flush_activity()
+    clock.advance(router.tuning.activity_grace + 1)
+    suspending = asyncio.create_task(router.suspend_sandbox(sandbox_id, grace=30))
+    await asyncio.sleep(0.6)  # a few of its looks: the stream holds it
+    assert not suspending.done() and counting_provider.suspended == []
+    router.stream_closed(sandbox_id)  # the request completes (its end is activity) ...
+    clock.advance(router.tuning.activity_grace + 1)  # ... and the sandbox stays quiet
+    record = await suspending
+    assert record.state is SandboxState.SUSPENDED and counting_provider.suspended == [sandbox_id]
+
+
+async def test_an_operator_suspend_refuses_409_naming_what_is_open(counting_provider: CountingProvider) -> None:
+    router, clock, sandbox_id = await _operator_fixture(counting_provider)
+    router.stream_opened(sandbox_id)
+    await router.flush_activity()
+    with pytest.raises(Conflict) as info:
+        await router.suspend_sandbox(sandbox_id, grace=0.3)
+    assert info.value.status == 409
+    assert "1 long request(s) or stream(s) open" in info.value.message and "?force=true" in info.value.message
+    assert counting_provider.suspended == []
+    assert (await router.store.get_sandbox(sandbox_id)).state is SandboxState.READY  # type: ignore[union-attr]
+    forced = await router.suspend_sandbox(sandbox_id)  # ?force=true: at once, the stream is cut
+    assert forced.state is SandboxState.SUSPENDED and counting_provider.suspended == [sandbox_id]
+
+
+async def test_a_recent_request_counts_as_open(counting_provider: CountingProvider) -> None:
+    """A request younger than the data plane's LONG_REQUEST_AFTER is known only by its start: it is
+    open, for an operator's suspend as for the reaper, for activity_grace."""
+    router, clock, sandbox_id = await _operator_fixture(counting_provider)
+    clock.advance(5)
+    await router.resolve(ALICE)  # a request began 0 s ago (recorded on the next flush)
+    with pytest.raises(Conflict) as info:
+        await router.suspend_sandbox(sandbox_id, grace=0)
+    assert "0 long request(s)" in info.value.message and "began 0.0s ago" in info.value.message
+    clock.advance(router.tuning.activity_grace + 0.5)
+    assert (await router.suspend_sandbox(sandbox_id, grace=0)).state is SandboxState.SUSPENDED
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    pytest.param("?force=yes", "force must be true or false", id="force not a boolean"),
+    pytest.param("?grace=-1", "grace must be a number of seconds from 0 to 3600", id="negative grace"),
+    pytest.param("?grace=soon", "grace must be a number of seconds", id="grace not a number"),
+    pytest.param("?grace=nan", "grace must be a number of seconds", id="grace nan"),
+    pytest.param("?wait=1", "unknown query parameter 'wait' (allowed: force, grace)", id="unknown parameter"),
+])
+async def test_the_suspend_endpoint_names_a_bad_parameter(aiohttp_client, counting_provider: CountingProvider,
+                                                          query: str, message: str) -> None:
+    router, _clock, sandbox_id = await _operator_fixture(counting_provider)
+    client = await aiohttp_client(create_control_app(router, _ready, Metrics()))
+    response = await client.post(f"/v1/sandboxes/{sandbox_id}/suspend{query}")
+    assert response.status == 400
+    assert message in (await response.json())["error"]["message"]
+
+
+async def test_the_suspend_endpoint_waits_refuses_and_forces(aiohttp_client,
+                                                             counting_provider: CountingProvider) -> None:
+    router, _clock, sandbox_id = await _operator_fixture(counting_provider)
+    client = await aiohttp_client(create_control_app(router, _ready, Metrics(), suspend_grace=0.2))
+    router.stream_opened(sandbox_id)
+    response = await client.post(f"/v1/sandboxes/{sandbox_id}/suspend")  # the setting's grace
+    assert response.status == 409
+    error = (await response.json())["error"]
+    assert error["code"] == "conflict" and "open exchanges" in error["message"]
+    response = await client.post(f"/v1/sandboxes/{sandbox_id}/suspend?force=true")
+    assert response.status == 200 and (await response.json())["state"] == "suspended"
+
+
+async def _ready() -> list[str]:
+    return []
