@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from gateway.api import create_control_app
-from gateway.errors import Conflict, WakeTimeout
+from gateway.errors import Conflict, NotFound, WakeTimeout
 from gateway.metrics import Metrics
 from gateway.model import SandboxState
 from gateway.providers.base import PoolProviders
@@ -236,3 +236,20 @@ async def test_the_suspend_endpoint_waits_refuses_and_forces(aiohttp_client,
 
 async def _ready() -> list[str]:
     return []
+
+
+async def test_a_squatted_session_id_is_refused_and_counted(counting_provider: CountingProvider) -> None:
+    """SECURITY.md, squatting in a shared org: after the store lost its bindings, another user of the
+    org sends the victim's session ID first. It binds to the squatter's own sandbox (nothing of the
+    victim's is exposed); the victim gets 404 and every such request is counted."""
+    metrics = Metrics()
+    router = SessionRouter(MemoryStore(), PoolProviders({"small": counting_provider, "shared": counting_provider}),
+                           _policy("60s"), replica_id="r1", events=metrics)
+    mallory = Identity.parse(org_id="acme", user_id="mallory", session_id="s1")
+    squatted = await router.resolve(mallory)
+    for _ in range(2):
+        with pytest.raises(NotFound):
+            await router.resolve(ALICE)
+    assert squatted.sandbox_id == router.dry_run(mallory).sandbox_id != router.dry_run(ALICE).sandbox_id
+    denied = metrics.registry.get_sample_value("sgw_security_denials_total", {"reason": "owner_mismatch"})
+    assert denied == 2
