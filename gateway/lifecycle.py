@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 REAPER_LEASE = "reaper"
 DEFAULT_WAKE_TIMEOUT = 60.0  # for a pool no longer in the policy
+SUSPENDED = "suspended"  # what _reap_one answers for a sandbox it suspended (not destroyed)
 QUIET_POLL = 0.25  # how often an operator's suspend looks again for the sandbox's exchanges to end
 MIN_LEASE = 0.5  # a lease renewed every third of it: shorter would be all renewals
 WAKING_STATES = frozenset({SandboxState.SUSPENDING, SandboxState.SUSPENDED, SandboxState.RESUMING})
@@ -255,47 +256,75 @@ class Lifecycle:
         """One reaper pass, only on the replica holding the reaper lease. Returns the IDs it
         destroyed (suspended ones are logged and counted, not returned).
 
-        Bounded: it examines at most ``reap_batch`` entries of the activity index (idle ones,
-        oldest first, resuming where the previous pass stopped) and ``reap_batch`` idle sessions,
-        whatever the fleet size.
+        Sized by what is due: it takes batches of ``reap_batch`` idle entries of the activity index
+        (oldest first, resuming where the previous pass stopped) and acts on each batch
+        ``reap_concurrency`` sandboxes at a time, for as long as due entries remain and the pass is
+        within ``reap_budget`` seconds; a fleet with nothing due costs one bounded read. Its rate
+        (sandboxes acted on per second) is reported with every pass that found work.
         """
         router, store, tuning = self._router, self._router.store, self._router.tuning
         now = router.clock()
         if not await router.renew_reaper_lease():
             return []
-        reaped = []
+        reaped: list[str] = []
         pools = router.policy.pools
-        idle_after = {name: max(pool.idle_timeout, tuning.activity_grace) for name, pool in pools.items()}
-        keep_for = {name: pool.retention for name, pool in pools.items()}
         if pools:
-            batch = tuning.reap_batch
-            page = await store.scan_sandboxes(self._reap_from, limit=batch, scan=batch,
-                                              before=now - min(*idle_after.values(), *keep_for.values()))
-            self._reap_from = page.next
-            for record in page.records:
-                if record.state is SandboxState.READY:
-                    idle_before = now - idle_after.get(record.pool, math.inf)
-                    if record.last_active >= idle_before:
-                        continue  # a pool with a longer idle_timeout (or one no longer in the policy)
-                    if await store.open_streams(record.sandbox_id) > 0:
-                        await store.touch({record.sandbox_id: now}, {})
-                        continue
-                    if pools[record.pool].on_idle == "suspend" and router.provider.can_suspend(record.pool):
-                        # The store re-checks the activity: this page may pair a state newer than its time.
-                        await self.suspend(record, reason="idle", idle_before=idle_before)
-                        continue
-                    await self.destroy(record, reason="idle")
-                    router.events.reaped("idle")
-                    reaped.append(record.sandbox_id)
-                elif record.state is SandboxState.SUSPENDED:
-                    if record.last_active >= now - keep_for.get(record.pool, math.inf):
-                        continue
-                    await self.destroy(record, reason="retention")
-                    router.events.reaped("retention")
-                    reaped.append(record.sandbox_id)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            limit = asyncio.Semaphore(tuning.reap_concurrency)
+            acted = 0
+            cutoff = now - min(*(max(p.idle_timeout, tuning.activity_grace) for p in pools.values()),
+                               *(p.retention for p in pools.values()))
+            while True:
+                page = await store.scan_sandboxes(self._reap_from, limit=tuning.reap_batch, scan=tuning.reap_batch,
+                                                  before=cutoff)
+                self._reap_from = page.next
+
+                async def one(record: SandboxRecord) -> str | None:
+                    async with limit:
+                        return await self._reap_one(record, now)
+
+                outcomes = await asyncio.gather(*(one(record) for record in page.records))
+                acted += sum(outcome is not None for outcome in outcomes)
+                reaped += [outcome for outcome in outcomes if outcome and outcome != SUSPENDED]
+                if page.next is None or loop.time() - started >= tuning.reap_budget:
+                    break
+                if not await router.renew_reaper_lease():
+                    break  # lost the lease mid-pass: the new holder goes on from its own position
+            if acted:
+                router.events.reap_pass(acted, loop.time() - started)
         for session_id in await store.idle_sessions(now - tuning.session_ttl, tuning.reap_batch):
             await store.delete_binding(session_id)
         return reaped
+
+    async def _reap_one(self, record: SandboxRecord, now: float) -> str | None:
+        """Act on one entry of a reaper page: its ID when destroyed, ``SUSPENDED`` when suspended,
+        None when it is not due (a longer idle_timeout, a stream open, used since the page was read)."""
+        router, store, tuning = self._router, self._router.store, self._router.tuning
+        pool = router.policy.pools.get(record.pool)
+        if pool is None:
+            return None  # a pool no longer in the policy: never reaped on a guess
+        if record.state is SandboxState.READY:
+            idle_before = now - max(pool.idle_timeout, tuning.activity_grace)
+            if record.last_active >= idle_before:
+                return None
+            if await store.open_streams(record.sandbox_id) > 0:
+                await store.touch({record.sandbox_id: now}, {})
+                return None
+            if pool.on_idle == "suspend" and router.provider.can_suspend(record.pool):
+                # The store re-checks the activity: this page may pair a state newer than its time.
+                done = await self.suspend(record, reason="idle", idle_before=idle_before)
+                return SUSPENDED if done is not None else None
+            await self.destroy(record, reason="idle")
+            router.events.reaped("idle")
+            return record.sandbox_id
+        if record.state is SandboxState.SUSPENDED:
+            if record.last_active >= now - pool.retention:
+                return None
+            await self.destroy(record, reason="retention")
+            router.events.reaped("retention")
+            return record.sandbox_id
+        return None
 
     async def sweep_orphans(self, grace: float) -> list[str]:
         """Delete provider objects of this installation that the store does not know (lease holder only).

@@ -62,6 +62,7 @@ class RouterEvents(Protocol):
     def resumed(self, pool: str, outcome: str) -> None: ...
     def wake_waiting(self, pool: str, delta: int) -> None: ...
     def woken(self, pool: str, seconds: float) -> None: ...
+    def reap_pass(self, acted: int, seconds: float) -> None: ...
 
 
 class NoEvents:
@@ -76,6 +77,7 @@ class NoEvents:
     def resumed(self, pool: str, outcome: str) -> None: ...
     def wake_waiting(self, pool: str, delta: int) -> None: ...
     def woken(self, pool: str, seconds: float) -> None: ...
+    def reap_pass(self, acted: int, seconds: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,9 @@ class RouterTuning:
     # dead holder's lease lapses within reaper_lease_ttl and another replica reaps from its next pass.
     reaper_lease_ttl: float = 15.0   # a few renewals long: one slow store call does not lose it
     reaper_lease_renew: float = 5.0
-    reap_batch: int = 500            # index entries (and sessions) one reaper pass examines at most
+    reap_batch: int = 500            # index entries (and sessions) one reaper batch examines at most
+    reap_concurrency: int = 32       # sandboxes a reaper batch acts on at once
+    reap_budget: float = 5.0         # seconds a reaper pass keeps taking batches while more is due
     sweep_batch: int = 500           # provider objects one orphan sweep checks at most
     # No sandbox is reaped or suspended sooner than this after its last request began, whatever its
     # idle_timeout: a request younger than the data plane's LONG_REQUEST_AFTER (10 s) counts only by

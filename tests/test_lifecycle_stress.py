@@ -19,7 +19,7 @@ from gateway.errors import Conflict, NotFound, WakeTimeout
 from gateway.metrics import Metrics
 from gateway.model import SandboxState
 from gateway.providers.base import PoolProviders
-from gateway.sessions import SessionRouter
+from gateway.sessions import RouterTuning, SessionRouter
 from gateway.store.base import ANY_SANDBOX, Caps, Position, Reserved, SandboxFilter, SandboxPage
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
@@ -253,3 +253,43 @@ async def test_a_squatted_session_id_is_refused_and_counted(counting_provider: C
     assert squatted.sandbox_id == router.dry_run(mallory).sandbox_id != router.dry_run(ALICE).sandbox_id
     denied = metrics.registry.get_sample_value("sgw_security_denials_total", {"reason": "owner_mismatch"})
     assert denied == 2
+
+
+# reaping throughput ----------------------------------------------------------------------
+async def test_a_reaper_pass_keeps_going_while_more_is_due(counting_provider: CountingProvider) -> None:
+    """At a million sandboxes, 58% idle, a pass took 500 every 15 s: 8.3 hours to drain. A pass now
+    takes batch after batch while entries are due (within its time budget), several sandboxes at once."""
+    clock = FakeClock()
+    metrics = Metrics()
+    router = SessionRouter(MemoryStore(clock=clock), PoolProviders({"small": counting_provider,
+                                                                    "shared": counting_provider}),
+                           parse_policy("pools: {small: {idle_timeout: 10m}, shared: {idle_timeout: 10m}}\n"
+                                        "routing: {per_session_orgs: [acme]}", "test"),
+                           replica_id="r1", clock=clock, events=metrics,
+                           tuning=RouterTuning(reap_batch=50, reap_concurrency=8))
+    routes = [await router.resolve(Identity.parse(org_id="acme", user_id="u", session_id=f"s{i}")) for i in range(600)]
+    await router.flush_activity()
+    clock.advance(601)
+    busy = routes[-1].sandbox_id
+    await router.resolve(Identity.parse(org_id="acme", user_id="u", session_id="s599"))  # one stays in use
+    await router.flush_activity()
+    reaped = await router.reap_once()
+    assert len(reaped) == 599 and busy not in reaped  # twelve batches of 50 in one pass, not one
+    assert sorted(counting_provider.deleted) == sorted(r.sandbox_id for r in routes[:-1])
+    assert (metrics.registry.get_sample_value("sgw_reap_rate") or 0) > 0
+    assert await router.reap_once() == []  # nothing due: one bounded read
+
+
+async def test_a_reaper_pass_stops_at_its_budget(counting_provider: CountingProvider) -> None:
+    clock = FakeClock()
+    router = SessionRouter(MemoryStore(clock=clock), PoolProviders({"small": counting_provider,
+                                                                    "shared": counting_provider}),
+                           parse_policy("pools: {small: {idle_timeout: 10m}, shared: {idle_timeout: 10m}}\n"
+                                        "routing: {per_session_orgs: [acme]}", "test"),
+                           replica_id="r1", clock=clock, tuning=RouterTuning(reap_batch=10, reap_budget=0.0))
+    for i in range(30):
+        await router.resolve(Identity.parse(org_id="acme", user_id="u", session_id=f"s{i}"))
+    await router.flush_activity()
+    clock.advance(601)
+    assert len(await router.reap_once()) == 10  # one batch: the budget is spent
+    assert len(await router.reap_once()) == 10  # the next pass goes on from there
