@@ -554,6 +554,27 @@ class StoreContract:
         assert await store.extend_lease("org-1", suspending.lease_until, 10) == clock() + 10  # a suspend too
         assert await store.extend_lease("ses-none", 0.0, 10) is None
 
+    async def test_a_filtered_listing_pages_through_every_match_once(self, store: SessionStore) -> None:
+        """Filtered pages are short and may be empty, but paging by their cursor returns each match once."""
+        await ready_at(store, {f"org-{i}": T0 + i for i in range(7)})
+        for i in (1, 2, 5):
+            await store.begin_suspend(f"org-{i}", 30)
+            await store.mark_suspended(f"org-{i}")
+        await store.touch({f"org-{i}": T0 + 100 + i for i in range(7)}, {})  # suspends moved them: order again
+        seen: list[str] = []
+        after: Position | None = None
+        for _ in range(20):
+            page = await store.scan_sandboxes(after, limit=2, scan=3, where=SandboxFilter(state=SandboxState.SUSPENDED))
+            assert len(page.records) <= 2 and all(r.state is SandboxState.SUSPENDED for r in page.records)
+            seen += [r.sandbox_id for r in page.records]
+            if page.next is None:
+                break
+            after = page.next
+        assert seen == ["org-1", "org-2", "org-5"]
+        page = await store.scan_sandboxes(None, limit=10, scan=10, where=SandboxFilter(pool="shared", org_id="acme"))
+        assert [r.sandbox_id for r in page.records] == [f"org-{i}" for i in range(7)] and page.next is None
+        assert (await store.scan_sandboxes(None, limit=10, scan=10, where=SandboxFilter(pool="small"))).records == []
+
     async def test_waiters_share_a_wake_and_its_failure(self, store: SessionStore) -> None:
         await ready_at(store, {"org-1": T0})
         await store.begin_suspend("org-1", 30)

@@ -412,6 +412,29 @@ end
 return out
 """
 
+READ_MATCHING = """
+-- KEYS[1..n] sandbox hashes, in index order
+-- ARGV[1] state ('' = any)  ARGV[2] pool ('' = any)  ARGV[3] org ('' = any)  ARGV[4] how many matches at most
+-- returns {examined, i1, fields1, i2, fields2, ...}: the matching records (fields as READ_RECORDS gives them,
+-- i their position in KEYS) and how many keys were examined (all of them, or up to the last match kept):
+-- a filtered listing decodes only what it returns, not every record it looked at
+local want_state, want_pool, want_org, limit = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local out = {0}
+local found = 0
+for i, key in ipairs(KEYS) do
+  out[1] = i
+  local h = redis.call('HMGET', key, 's', 'p', 'o')
+  if h[1] and (want_state == '' or h[1] == want_state) and (want_pool == '' or h[2] == want_pool)
+      and (want_org == '' or h[3] == want_org) then
+    out[#out + 1] = i
+    out[#out + 1] = redis.call('HMGET', key, 's', 'p', 'o', 'c', 'e', 'l', 'g', 'u', 'b', 'v', 'm', 'n')
+    found = found + 1
+    if found >= limit then break end
+  end
+end
+return out
+"""
+
 RELEASE_LEASE = """
 -- KEYS[1] lease hash {holder, until}
 -- ARGV[1] holder
