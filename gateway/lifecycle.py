@@ -33,7 +33,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
-from gateway.errors import Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, WakeTimeout
+from gateway.errors import (
+    Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable, WakeTimeout,
+)
 from gateway.model import Binding, SandboxRecord, SandboxRequest, SandboxState
 from gateway.providers.base import ForeignSandbox
 from gateway.store.base import NotReserved, Position
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 REAPER_LEASE = "reaper"
 DEFAULT_WAKE_TIMEOUT = 60.0  # for a pool no longer in the policy
 SUSPENDED = "suspended"  # what _reap_one answers for a sandbox it suspended (not destroyed)
+STORE_RETRY = 0.2  # the pause before a request held by a wake tries again after a store error
 QUIET_POLL = 0.25  # how often an operator's suspend looks again for the sandbox's exchanges to end
 MIN_LEASE = 0.5  # a lease renewed every third of it: shorter would be all renewals
 WAKING_STATES = frozenset({SandboxState.SUSPENDING, SandboxState.SUSPENDED, SandboxState.RESUMING})
@@ -70,7 +73,8 @@ class Lifecycle:
         A request is held until its own deadline, whatever the wake it joined does: when that
         wait gives up first (it joined another replica's wake with its provisioning timeout, or a
         waker that died), it joins the next one (reserving again takes a lapsed lease over), and
-        only its own deadline answers it, with 503 and Retry-After, never a 504."""
+        only its own deadline answers it, with 503 and Retry-After, never a 504. A store error while
+        it waits is tried again until then too (and is the answer if the store stays away)."""
         events = self._router.events
         spec = self._router.policy.pools.get(pool)
         budget = spec.wake_timeout if spec is not None else DEFAULT_WAKE_TIMEOUT
@@ -78,6 +82,7 @@ class Lifecycle:
         started = time.perf_counter()
         deadline = loop.time() + budget
         events.wake_waiting(pool, 1)
+        store_error: StoreUnavailable | None = None
         try:
             while True:
                 try:
@@ -85,9 +90,17 @@ class Lifecycle:
                         record = await asyncio.shield(wake())
                     break
                 except ProvisionTimeout:
-                    if loop.time() >= deadline:
-                        raise TimeoutError from None
-                    await asyncio.sleep(0)  # the shared task's entry goes with its done callback
+                    store_error = None
+                    pause = 0.0  # the shared task's entry goes with its done callback: join the next
+                except StoreUnavailable as exc:
+                    # One slow store call (a replica starved in a wake storm) must not end a hold that
+                    # has time left; a store that stays away is answered as such at the deadline.
+                    store_error, pause = exc, STORE_RETRY
+                if loop.time() + pause >= deadline:
+                    if store_error is not None:
+                        raise store_error
+                    raise TimeoutError
+                await asyncio.sleep(pause)
         except TimeoutError:
             raise WakeTimeout(
                 f"sandbox {sandbox_id} is waking up and was not ready within {budget:g}s "

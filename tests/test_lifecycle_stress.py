@@ -15,12 +15,12 @@ import uuid
 import pytest
 
 from gateway.api import create_control_app
-from gateway.errors import Conflict, NotFound, WakeTimeout
+from gateway.errors import Conflict, NotFound, StoreUnavailable, WakeTimeout
 from gateway.metrics import Metrics
 from gateway.model import SandboxState
 from gateway.providers.base import PoolProviders
 from gateway.sessions import RouterTuning, SessionRouter
-from gateway.store.base import ANY_SANDBOX, Caps, Position, Reserved, SandboxFilter, SandboxPage
+from gateway.store.base import ANY_SANDBOX, Caps, Position, Reserved, SandboxFilter, SandboxPage, Settlement
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from routing import Identity, Policy, parse_policy
@@ -293,3 +293,35 @@ async def test_a_reaper_pass_stops_at_its_budget(counting_provider: CountingProv
     clock.advance(601)
     assert len(await router.reap_once()) == 10  # one batch: the budget is spent
     assert len(await router.reap_once()) == 10  # the next pass goes on from there
+
+
+class OneSlowWaitStore(MemoryStore):
+    """The memory store, whose first ``wait_settled`` fails as a Redis call that did not answer in time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = 0
+
+    async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
+        if not self.failed:
+            self.failed += 1
+            raise StoreUnavailable("the session store (redis) could not wait for a sandbox: it did not answer in time")
+        return await super().wait_settled(sandbox_id, timeout)
+
+
+async def test_a_store_error_while_held_by_a_wake_is_tried_again(counting_provider: CountingProvider) -> None:
+    """The wake storm's 503 store_unavailable: one slow store read, on a replica starved by a hundred
+    wakes, answered every request sharing that wait."""
+    store = OneSlowWaitStore()
+    router = SessionRouter(store, PoolProviders({"small": counting_provider, "shared": counting_provider}),
+                           _policy("10s"), replica_id="r1")
+    route = await router.resolve(ALICE)
+    await router.suspend_sandbox(route.sandbox_id)
+    suspended = await store.get_sandbox(route.sandbox_id)
+    assert suspended is not None
+    assert (await store.reserve_sandbox(suspended, Caps(), 60)).outcome is Reserved.RESUME  # another replica wakes it
+    held = asyncio.create_task(router.resolve(ALICE))
+    await asyncio.sleep(0.5)  # past the failed wait and its retry
+    assert store.failed == 1 and not held.done()
+    await store.mark_ready(route.sandbox_id, counting_provider.endpoint)
+    assert (await held).sandbox_id == route.sandbox_id
