@@ -182,7 +182,8 @@ class Gateway:
             tuning=RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
                                 session_ttl=settings.session_ttl, lease_seconds=settings.creation_lease,
                                 # a pass with a backlog works most of its interval, then the next one goes on
-                                reap_budget=0.8 * settings.reap_interval),
+                                reap_budget=0.8 * settings.reap_interval,
+                                activity_flush=settings.activity_flush_interval + 0.5),
             events=metrics,
         )
         self.authenticator, self.admin = build_auth(settings)

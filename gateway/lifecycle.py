@@ -229,21 +229,31 @@ class Lifecycle:
         stream counted in the store, or a request begun within ``activity_grace`` (one younger than
         the data plane's LONG_REQUEST_AFTER is known only by its start). The suspend itself is the
         store's compare-and-set on that activity, so a request that starts meanwhile wins."""
-        router, store = self._router, self._router.store
+        router, store, tuning = self._router, self._router.store, self._router.tuning
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
+        quiet_at: float | None = None  # when it was first seen quiet (loop time)
         while True:
             await router.flush_activity()  # this replica's own requests count at once
             current = await store.get_sandbox(record.sandbox_id)
             if current is None or current.state is not SandboxState.READY:
                 return None
-            quiet_since = router.clock() - router.tuning.activity_grace
+            quiet_since = router.clock() - tuning.activity_grace
             streams = await store.open_streams(record.sandbox_id)
             if streams == 0 and current.last_active < quiet_since:
-                suspended = await self.suspend(current, reason="requested", idle_before=quiet_since)
-                if suspended is not None:
-                    return suspended
-                continue  # used (or changed) in between: judge again
+                # Quiet twice, an activity flush apart: a request that began on another replica just
+                # before the first look is in the store by the second (replicas flush in batches).
+                if quiet_at is None:
+                    quiet_at = loop.time()
+                elif loop.time() - quiet_at >= tuning.activity_flush:
+                    suspended = await self.suspend(current, reason="requested", idle_before=quiet_since)
+                    if suspended is not None:
+                        return suspended
+                    quiet_at = None  # used (or changed) in between: judge again
+                if quiet_at is not None:
+                    await asyncio.sleep(QUIET_POLL)
+                continue
+            quiet_at = None
             left = deadline - loop.time()
             if left <= 0:
                 raise Conflict(

@@ -101,6 +101,9 @@ class RouterTuning:
     # idle_timeout: a request younger than the data plane's LONG_REQUEST_AFTER (10 s) counts only by
     # its start, until it is promoted to a stream and that count is flushed (activity_flush_interval).
     activity_grace: float = 20.0
+    # How often replicas flush recorded activity to the store (serve: activity_flush_interval, plus a
+    # margin): an operator's suspend sees a sandbox quiet twice this far apart before it suspends it.
+    activity_flush: float = 1.5
 
 
 class ActivityLog:
