@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from redis.asyncio import Redis
@@ -153,49 +156,42 @@ async def route_resolution(url: str, count: int, lookups: int = 2000) -> float:
         await store.close()
 
 
-async def reap_pass(url: str, workdir: Path, *, idle: bool) -> tuple[float, int]:
+@contextlib.asynccontextmanager
+async def reaper(url: str, workdir: Path, offset: float, name: str) -> AsyncIterator[Any]:
+    """A router in this process holding the reaper lease, its clock ``offset`` seconds on."""
     from gateway.providers.base import PoolProviders
     from gateway.providers.local import LocalProvider
     from gateway.sessions import SessionRouter
     from routing import default_policy
 
-    offset = 86_400.0 * 2 if idle else 0.0  # a clock two days on: every sandbox (and session) is idle
-    store = RedisStore(url, PREFIX, "bench-reaper", clock=lambda: time.time() + offset)
+    store = RedisStore(url, PREFIX, name, clock=lambda: time.time() + offset)
     local = LocalProvider(workdir, stop_on_close=False)
     providers = PoolProviders({"small": local, "shared": local})
-    router = SessionRouter(store, providers, default_policy([]), replica_id="bench-reaper",
-                           clock=lambda: time.time() + offset)
+    router = SessionRouter(store, providers, default_policy([]), replica_id=name, clock=lambda: time.time() + offset)
     await providers.start(router.sandbox_lost)
     try:
         await store._redis.delete(store.keys.lease("reaper"))  # the stopped replica's lease
-        started = time.perf_counter()
-        reaped = await router.reap_once()
-        await router.sweep_orphans(600.0)
-        return (time.perf_counter() - started) * 1000, len(reaped)
+        yield router
     finally:
         await providers.close()
         await store.close()
 
 
+async def reap_pass(url: str, workdir: Path, *, idle: bool) -> tuple[float, int]:
+    offset = 86_400.0 * 2 if idle else 0.0  # a clock two days on: every sandbox (and session) is idle
+    async with reaper(url, workdir, offset, "bench-reaper") as router:
+        started = time.perf_counter()
+        reaped = await router.reap_once()
+        await router.sweep_orphans(600.0)
+        return (time.perf_counter() - started) * 1000, len(reaped)
+
+
 async def drain(url: str, workdir: Path, seconds: float) -> tuple[int, float]:
     """Reaper passes back to back, every sandbox idle, for up to ``seconds`` (or until drained):
-    (sandboxes reaped, seconds taken). What the lease holder does every ``reap_interval`` while a
-    backlog lasts, minus the interval's sleep."""
-    from gateway.providers.base import PoolProviders
-    from gateway.providers.local import LocalProvider
-    from gateway.sessions import SessionRouter
-    from routing import default_policy
-
-    offset = 86_400.0 * 2
-    store = RedisStore(url, PREFIX, "bench-drain", clock=lambda: time.time() + offset)
-    local = LocalProvider(workdir, stop_on_close=False)
-    providers = PoolProviders({"small": local, "shared": local})
-    router = SessionRouter(store, providers, default_policy([]), replica_id="bench-drain",
-                           clock=lambda: time.time() + offset)
-    await providers.start(router.sandbox_lost)
+    (sandboxes reaped, seconds taken). What the lease holder does while a backlog lasts, minus the
+    sleep between passes (serve's pass goes on for up to 4 x reap_interval, then sleeps one)."""
     reaped = 0
-    try:
-        await store._redis.delete(store.keys.lease("reaper"))
+    async with reaper(url, workdir, 86_400.0 * 2, "bench-drain") as router:
         started = time.perf_counter()
         while time.perf_counter() - started < seconds:
             done = len(await router.reap_once())
@@ -203,9 +199,6 @@ async def drain(url: str, workdir: Path, seconds: float) -> tuple[int, float]:
             if not done:
                 break
         return reaped, time.perf_counter() - started
-    finally:
-        await providers.close()
-        await store.close()
 
 
 async def run(args: argparse.Namespace, url: str) -> None:

@@ -181,8 +181,9 @@ class Gateway:
             store, provider, policy, replica_id=settings.replica_id,
             tuning=RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
                                 session_ttl=settings.session_ttl, lease_seconds=settings.creation_lease,
-                                # a pass with a backlog works most of its interval, then the next one goes on
-                                reap_budget=0.8 * settings.reap_interval,
+                                # a pass with a backlog goes on for a few intervals (the next one starts an
+                                # interval after it ends): the backlog drains at ~80% of the reaper's pace
+                                reap_budget=4 * settings.reap_interval,
                                 activity_flush=settings.activity_flush_interval + 0.5),
             events=metrics,
         )
