@@ -338,16 +338,27 @@ class Lifecycle:
                 # The store re-checks the activity: this page may pair a state newer than its time.
                 done = await self.suspend(record, reason="idle", idle_before=idle_before)
                 return SUSPENDED if done is not None else None
+            if not await self._still(record, SandboxState.READY, idle_before):
+                return None
             await self.destroy(record, reason="idle")
             router.events.reaped("idle")
             return record.sandbox_id
         if record.state is SandboxState.SUSPENDED:
-            if record.last_active >= now - pool.retention:
+            kept_before = now - pool.retention
+            if record.last_active >= kept_before or not await self._still(record, SandboxState.SUSPENDED, kept_before):
                 return None
             await self.destroy(record, reason="retention")
             router.events.reaped("retention")
             return record.sandbox_id
         return None
+
+    async def _still(self, record: SandboxRecord, state: SandboxState, before: float) -> bool:
+        """Whether the record is still in ``state`` and inactive since ``before``, read again just
+        before a delete: a page of the index may be seconds old by the time a busy pass reaches an
+        entry (a sandbox woken or used since). A read, not a compare-and-set like the suspend's:
+        the window left is one round trip, where it was the page's age."""
+        current = await self._router.store.get_sandbox(record.sandbox_id)
+        return current is not None and current.state is state and current.last_active < before
 
     async def sweep_orphans(self, grace: float) -> list[str]:
         """Delete provider objects of this installation that the store does not know (lease holder only).

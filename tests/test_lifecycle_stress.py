@@ -325,3 +325,24 @@ async def test_a_store_error_while_held_by_a_wake_is_tried_again(counting_provid
     assert store.failed == 1 and not held.done()
     await store.mark_ready(route.sandbox_id, counting_provider.endpoint)
     assert (await held).sandbox_id == route.sandbox_id
+
+
+@pytest.mark.parametrize("on_idle", ["delete", "suspend"])
+async def test_the_reaper_never_deletes_a_sandbox_used_since_its_page(counting_provider: CountingProvider,
+                                                                      on_idle: str) -> None:
+    """A busy pass may reach an entry seconds after it read the page: the sandbox was used since."""
+    clock = FakeClock()
+    store = StalePageStore(clock)
+    router = SessionRouter(store, PoolProviders({"small": counting_provider, "shared": counting_provider}),
+                           parse_policy(f"pools:\n  small: {{}}\n  shared: {{idle_timeout: 10m, on_idle: {on_idle}}}\n",
+                                        "test"), replica_id="r1", clock=clock)
+    route = await router.resolve(ALICE)
+    await router.flush_activity()
+    store.frozen[route.sandbox_id] = clock()  # the page, as read before the request below
+    clock.advance(601 + router.tuning.activity_grace)
+    router.invalidate(route.session_id)
+    await router.resolve(ALICE)  # used again
+    await router.flush_activity()
+    assert await router.reap_once() == []
+    assert counting_provider.deleted == [] and counting_provider.suspended == []
+    assert (await store.get_sandbox(route.sandbox_id)).state is SandboxState.READY  # type: ignore[union-attr]
