@@ -50,7 +50,8 @@ DEFAULT_WAKE_TIMEOUT = 60.0  # for a pool no longer in the policy
 SUSPENDED = "suspended"  # what _reap_one answers for a sandbox it suspended (not destroyed)
 STORE_RETRY = 0.2  # the pause before a request held by a wake tries again after a store error
 QUIET_POLL = 0.25  # how often an operator's suspend looks again for the sandbox's exchanges to end
-MIN_LEASE = 0.5  # a lease renewed every third of it: shorter would be all renewals
+MIN_LEASE = 0.5  # a lease renewed every quarter of it: shorter would be all renewals
+RENEWALS_PER_LEASE = 4  # a holder renews its lease this often per lease: one late renewal does not lose it
 WAKING_STATES = frozenset({SandboxState.SUSPENDING, SandboxState.SUSPENDED, SandboxState.RESUMING})
 """A request for a sandbox in one of these is held for a wake (bounded by ``wake_timeout``)."""
 
@@ -121,8 +122,8 @@ class Lifecycle:
 
     @contextlib.asynccontextmanager
     async def renewing(self, record: SandboxRecord, lease_seconds: float) -> AsyncIterator[None]:
-        """Renew the lease of the reservation ``record`` (as reserved: its ``lease_until``) every third
-        of ``lease_seconds`` while the body runs: a live holder keeps it however long the provider
+        """Renew the lease of the reservation ``record`` (as reserved: its ``lease_until``) every quarter
+        of ``lease_seconds`` (sooner after a failed renewal) while the body runs: a live holder keeps it however long the provider
         takes, a dead one loses it within ``lease_seconds``.
 
         Stopped by a flag as well as cancelled, and not awaited: a cancellation that lands on a
@@ -139,17 +140,22 @@ class Lifecycle:
 
     async def _renew(self, sandbox_id: str, held_until: float, lease_seconds: float, done: asyncio.Event) -> None:
         store = self._router.store
+        pause = lease_seconds / RENEWALS_PER_LEASE
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(lease_seconds / 3):
+                async with asyncio.timeout(pause):
                     await done.wait()
             if done.is_set():
                 return
             try:
                 renewed = await store.extend_lease(sandbox_id, held_until, lease_seconds)
-            except GatewayError as exc:  # the store is away: try again; past the lease, it is taken over
+            except GatewayError as exc:
+                # One slow store call must not cost the lease (a takeover while we live: two resumes):
+                # try again soon; a store away past the lease lets it lapse, and it is taken over.
                 log.warning("could not renew the lease on sandbox %s: %s", sandbox_id, exc.message)
+                pause = min(STORE_RETRY, lease_seconds / RENEWALS_PER_LEASE)
                 continue
+            pause = lease_seconds / RENEWALS_PER_LEASE
             if renewed is None:
                 if not done.is_set():
                     log.warning("the lease on sandbox %s was lost (it lapsed and was taken over)", sandbox_id)

@@ -85,7 +85,7 @@ class RouterTuning:
     route_ttl: float = 30.0          # how long a cached route is trusted without the store
     route_stale_ttl: float = 300.0   # how long a cached route may serve while the store is down
     route_cache_size: int = 100_000
-    # The lease of a creation, suspend or wake (at most half the pool's wake_timeout): renewed every third
+    # The lease of a creation, suspend or wake (at most half the pool's wake_timeout): renewed every quarter
     # of it while its replica works on it, so a replica that died holds the sandbox this long at most.
     lease_seconds: float = 10.0
     session_ttl: float = 86_400.0    # a binding idle this long is forgotten

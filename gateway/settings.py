@@ -183,7 +183,7 @@ class Settings(BaseSettings):
     # A binding idle this long is forgotten. Checked against the policy at startup and on every reload
     # (Policy.check_session_ttl): a binding must not expire while its sandbox may still run.
     session_ttl: float = Field(default=DEFAULT_SESSION_TTL, gt=0)
-    # The lease a replica holds while it creates, suspends or wakes a sandbox, renewed every third of it
+    # The lease a replica holds while it creates, suspends or wakes a sandbox, renewed every quarter of it
     # while the replica lives (and at most half a pool's wake_timeout): one that died is taken over
     # within it by the next request, on any replica.
     creation_lease: float = Field(default=10.0, gt=0)

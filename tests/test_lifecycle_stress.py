@@ -346,3 +346,38 @@ async def test_the_reaper_never_deletes_a_sandbox_used_since_its_page(counting_p
     assert await router.reap_once() == []
     assert counting_provider.deleted == [] and counting_provider.suspended == []
     assert (await store.get_sandbox(route.sandbox_id)).state is SandboxState.READY  # type: ignore[union-attr]
+
+
+class OneSlowRenewalStore(MemoryStore):
+    """The memory store, whose first lease renewal fails as a Redis call that did not answer in time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewals: list[str] = []
+
+    async def extend_lease(self, sandbox_id: str, held_until: float, lease_seconds: float) -> float | None:
+        if not self.renewals:
+            self.renewals.append("failed")
+            raise StoreUnavailable("the session store (redis) could not renew a lease: it did not answer in time")
+        self.renewals.append("renewed")
+        return await super().extend_lease(sandbox_id, held_until, lease_seconds)
+
+
+async def test_a_failed_renewal_is_tried_again_before_the_lease_lapses(counting_provider: CountingProvider) -> None:
+    """In the wake storm one renewal that timed out, then the next a whole interval later, let the
+    lease lapse under a live waker: another replica took the wake over (102 resumes for 100)."""
+    store = OneSlowRenewalStore()
+    router = SessionRouter(store, PoolProviders({"small": counting_provider, "shared": counting_provider}),
+                           _policy("8s"), replica_id="r1")
+    route = await router.resolve(ALICE)
+    await router.suspend_sandbox(route.sandbox_id)
+    assert router.lifecycle.lease_for("shared") == 4.0
+    counting_provider.gate = asyncio.Event()
+    waking = asyncio.create_task(router.resolve(ALICE))
+    await asyncio.sleep(2.0)  # a quarter (1 s: fails), a retry 0.2 s later; the next quarter is at 2.2 s
+    record = await store.get_sandbox(route.sandbox_id)
+    assert record is not None and record.state is SandboxState.RESUMING
+    assert store.renewals[:2] == ["failed", "renewed"]
+    assert record.lease_until > time.time()  # still held: nobody could take it over
+    counting_provider.gate.set()
+    assert (await waking).sandbox_id == route.sandbox_id
