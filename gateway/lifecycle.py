@@ -122,9 +122,9 @@ class Lifecycle:
 
     @contextlib.asynccontextmanager
     async def renewing(self, record: SandboxRecord, lease_seconds: float) -> AsyncIterator[None]:
-        """Renew the lease of the reservation ``record`` (as reserved: its ``lease_until``) every quarter
-        of ``lease_seconds`` (sooner after a failed renewal) while the body runs: a live holder keeps it however long the provider
-        takes, a dead one loses it within ``lease_seconds``.
+        """Renew the lease of the reservation ``record`` (as reserved: its ``lease_until``) every
+        quarter of ``lease_seconds`` (sooner after a failed renewal) while the body runs: a live
+        holder keeps it however long the provider takes, a dead one loses it within ``lease_seconds``.
 
         Stopped by a flag as well as cancelled, and not awaited: a cancellation that lands on a
         store call can be swallowed by the Redis client (asyncio.wait_for on Python 3.11), and the
@@ -132,6 +132,7 @@ class Lifecycle:
         done = asyncio.Event()
         renewal = asyncio.create_task(self._renew(record.sandbox_id, record.lease_until, lease_seconds, done),
                                       name=f"lease-{record.sandbox_id}")
+        renewal.add_done_callback(_renewal_ended)
         try:
             yield
         finally:
@@ -391,6 +392,12 @@ class Lifecycle:
                 router.events.reaped("orphan")
                 swept.append(managed.sandbox_id)
         return swept
+
+
+def _renewal_ended(task: asyncio.Task[None]) -> None:
+    """A renewal task is never awaited (``Lifecycle.renewing``): an unexpected error is logged here."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("renewing a lease failed", exc_info=task.exception())
 
 
 def outcome_of(exc: BaseException) -> str:
