@@ -95,7 +95,7 @@ class RouterTuning:
     reaper_lease_renew: float = 5.0
     reap_batch: int = 500            # index entries (and sessions) one reaper batch examines at most
     reap_concurrency: int = 32       # sandboxes a reaper batch acts on at once
-    reap_budget: float = 5.0         # seconds a reaper pass keeps taking batches while more is due (serve: 4 x reap_interval)
+    reap_budget: float = 5.0         # seconds a reaper pass goes on while more is due (serve: 4 x reap_interval)
     sweep_batch: int = 500           # provider objects one orphan sweep checks at most
     # No sandbox is reaped or suspended sooner than this after its last request began, whatever its
     # idle_timeout: a request younger than the data plane's LONG_REQUEST_AFTER (10 s) counts only by

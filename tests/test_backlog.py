@@ -151,7 +151,8 @@ async def test_a_backlog_that_stays_full_is_502_once_the_request_time_is_up(star
                                       upstream_connect_retries=1, upstream_connect_backoff=0.01)
         async with aiohttp.ClientSession() as http:
             started = time.monotonic()
-            async with http.get(f"{gateway.url}/", headers=identity_headers(**{"X-Sandbox-Timeout": "1.5"})) as response:
+            limited = identity_headers(**{"X-Sandbox-Timeout": "1.5"})
+            async with http.get(f"{gateway.url}/", headers=limited) as response:
                 elapsed = time.monotonic() - started
                 assert response.status == 502
                 error = (await response.json())["error"]

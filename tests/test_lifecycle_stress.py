@@ -71,7 +71,8 @@ async def test_the_reaper_never_suspends_a_sandbox_it_just_woke(counting_provide
 
 
 def _policy(wake_timeout: str, provisioning_timeout: str = "2m") -> Policy:
-    return parse_policy("pools:\n  small: {}\n  shared: {on_idle: suspend, wake_timeout: %s, provisioning_timeout: %s}\n"
+    return parse_policy("pools:\n  small: {}\n"
+                        "  shared: {on_idle: suspend, wake_timeout: %s, provisioning_timeout: %s}\n"
                         % (wake_timeout, provisioning_timeout), "test")
 
 

@@ -340,7 +340,8 @@ class RedisStore:
     @translated("renew a lease")
     async def extend_lease(self, sandbox_id: str, held_until: float, lease_seconds: float) -> float | None:
         until = self._clock() + lease_seconds
-        held = await self._extend_lease(keys=[self.keys.sandbox(sandbox_id)], args=[codec.num(held_until), codec.num(until)])
+        held = await self._extend_lease(keys=[self.keys.sandbox(sandbox_id)],
+                                        args=[codec.num(held_until), codec.num(until)])
         return until if held == 1 else None
 
     @translated("suspend a sandbox")
