@@ -14,7 +14,11 @@
    first one alone on versions without paging, which answer everything). Target: under 50 ms.
 4. One reaper pass (``reap_once`` + ``sweep_orphans``, what a replica runs every
    ``reap_interval``) in this process with nothing idle (the steady state), then with every
-   sandbox idle (one bounded batch is reaped).
+   sandbox idle (``--idle-pass``: batches until the pass's budget is spent). With ``--drain S``,
+   passes back to back for up to S seconds: the reaping throughput, and how long 58% of the
+   fleet (the issue's backlog) would take to drain at it. Target: under 10 minutes.
+   ``GET /v1/sandboxes?state=suspended&limit=100`` (a filter that matches nothing here: the
+   worst case of a filtered page) is timed beside the unfiltered page. Target: under 20 ms.
 
 Before/after: run it with ``PYTHONPATH`` pointing at another checkout (e.g. an exported
 ``main``); it uses only calls that every version has. Each run prints one table.
@@ -24,13 +28,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from redis.asyncio import Redis
@@ -117,6 +124,15 @@ async def idle_cpu_and_listing(url: str, seconds: float, requests: int, workdir:
                 outcome = f"{len(body['sandboxes']):,} listed"
                 if len(body["sandboxes"]) > 100:
                     break  # a version without paging answered everything: one request says enough
+        filtered = []
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+            for _ in range(requests):
+                started = time.perf_counter()
+                async with http.get(f"{gateway.control_url}/v1/sandboxes",
+                                    params={"limit": "100", "state": "suspended"}) as response:
+                    await response.read()
+                filtered.append(time.perf_counter() - started)
+        outcome += f"; ?state=suspended page {statistics.median(filtered) * 1000:.1f} ms"
         return used / seconds * 100, statistics.median(timings) * 1000, outcome
     finally:
         await gateway.stop()
@@ -140,28 +156,49 @@ async def route_resolution(url: str, count: int, lookups: int = 2000) -> float:
         await store.close()
 
 
-async def reap_pass(url: str, workdir: Path, *, idle: bool) -> tuple[float, int]:
+@contextlib.asynccontextmanager
+async def reaper(url: str, workdir: Path, offset: float, name: str) -> AsyncIterator[Any]:
+    """A router in this process holding the reaper lease, its clock ``offset`` seconds on."""
     from gateway.providers.base import PoolProviders
     from gateway.providers.local import LocalProvider
     from gateway.sessions import SessionRouter
     from routing import default_policy
 
-    offset = 86_400.0 * 2 if idle else 0.0  # a clock two days on: every sandbox (and session) is idle
-    store = RedisStore(url, PREFIX, "bench-reaper", clock=lambda: time.time() + offset)
+    store = RedisStore(url, PREFIX, name, clock=lambda: time.time() + offset)
     local = LocalProvider(workdir, stop_on_close=False)
     providers = PoolProviders({"small": local, "shared": local})
-    router = SessionRouter(store, providers, default_policy([]), replica_id="bench-reaper",
-                           clock=lambda: time.time() + offset)
+    router = SessionRouter(store, providers, default_policy([]), replica_id=name, clock=lambda: time.time() + offset)
     await providers.start(router.sandbox_lost)
     try:
         await store._redis.delete(store.keys.lease("reaper"))  # the stopped replica's lease
+        yield router
+    finally:
+        await providers.close()
+        await store.close()
+
+
+async def reap_pass(url: str, workdir: Path, *, idle: bool) -> tuple[float, int]:
+    offset = 86_400.0 * 2 if idle else 0.0  # a clock two days on: every sandbox (and session) is idle
+    async with reaper(url, workdir, offset, "bench-reaper") as router:
         started = time.perf_counter()
         reaped = await router.reap_once()
         await router.sweep_orphans(600.0)
         return (time.perf_counter() - started) * 1000, len(reaped)
-    finally:
-        await providers.close()
-        await store.close()
+
+
+async def drain(url: str, workdir: Path, seconds: float) -> tuple[int, float]:
+    """Reaper passes back to back, every sandbox idle, for up to ``seconds`` (or until drained):
+    (sandboxes reaped, seconds taken). What the lease holder does while a backlog lasts, minus the
+    sleep between passes (serve's pass goes on for up to 4 x reap_interval, then sleeps one)."""
+    reaped = 0
+    async with reaper(url, workdir, 86_400.0 * 2, "bench-drain") as router:
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            done = len(await router.reap_once())
+            reaped += done
+            if not done:
+                break
+        return reaped, time.perf_counter() - started
 
 
 async def run(args: argparse.Namespace, url: str) -> None:
@@ -183,6 +220,13 @@ async def run(args: argparse.Namespace, url: str) -> None:
         if args.idle_pass:
             idle_ms, reaped = await reap_pass(url, Path(tmp) / "reaper", idle=True)
             rows.append(("reaper pass + sweep, all idle", f"{idle_ms:.1f} ms ({reaped:,} reaped)", ""))
+        if args.drain:
+            drained, took = await drain(url, Path(tmp) / "drain", args.drain)
+            rate = drained / took if took else 0.0
+            backlog = 0.58 * args.sandboxes
+            rows.append(("reaping throughput, all idle", f"{rate:,.0f}/s ({drained:,} in {took:.0f} s)", ""))
+            rows.append((f"drain 58% of {args.sandboxes:,} at that rate", f"{backlog / rate / 60:.1f} min" if rate
+                         else "-", "< 10 min"))
     print(f"\n{args.sandboxes:,} sandboxes, code from {os.environ.get('PYTHONPATH') or 'this checkout'}")
     for name, value, target in rows:
         print(f"  {name:<36} {value:>28}  {target}")
@@ -194,6 +238,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="idle CPU measured over this long")
     parser.add_argument("--requests", type=int, default=20, help="GET /v1/sandboxes requests (median)")
     parser.add_argument("--idle-pass", action="store_true", help="also reap one batch with everything idle")
+    parser.add_argument("--drain", type=float, default=0.0, metavar="SECONDS",
+                        help="then reap passes back to back, everything idle, for up to this long: the reaping "
+                             "throughput and the time 58%% of the fleet would take to drain")
     parser.add_argument("--url", help="an existing Redis (flushed first!); default: a private redis-server")
     parser.add_argument("--no-fill", dest="fill", action="store_false",
                         help="with --url: measure what is there (a previous run's fill), flush nothing")

@@ -75,7 +75,8 @@ def summary(label: str, values: list[float]) -> str:
 
 
 async def suspend(http: aiohttp.ClientSession, control: str, sandbox_id: str) -> None:
-    async with http.post(f"{control}/v1/sandboxes/{sandbox_id}/suspend") as response:
+    # force: the sample's own GET just ended, and an operator's suspend would wait activity_grace for it
+    async with http.post(f"{control}/v1/sandboxes/{sandbox_id}/suspend?force=true") as response:
         body = await response.text()
         if response.status in (404, 405) and "sandbox" not in body.lower():
             raise MissingSuspendApi(

@@ -16,6 +16,7 @@ import asyncio
 import functools
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -48,6 +49,7 @@ MCP_TARGET = web.AppKey("mcp_target", McpTarget)
 HOSTS = web.AppKey("hosts", AllowedHosts)
 #: Notices every caller of GET /v1/sandboxes sees (e.g. local sandboxes that run unconfined).
 WARNINGS = web.AppKey("warnings", list)
+SUSPEND_GRACE = web.AppKey("suspend_grace", float)
 
 _IDENTITY_FIELDS = ("org_id", "user_id", "session_id", "bot_id")
 
@@ -319,9 +321,31 @@ def _sandbox_view(record: SandboxRecord) -> dict[str, Any]:
             "endpoint": record.endpoint.url() if record.endpoint is not None else None}
 
 
+SUSPEND_MAX_GRACE = 3600.0
+_SUSPEND_PARAMETERS = ("force", "grace")
+
+
 async def suspend_sandbox(request: web.Request) -> web.Response:
-    """Admin: suspend a ready sandbox now (idempotent); 409 while it is being created or woken."""
-    record = await request.app[ROUTER].suspend_sandbox(_path_sandbox(request))
+    """Admin: suspend a ready sandbox (idempotent); 409 while it is being created or woken.
+
+    It waits for the sandbox's open exchanges to end, up to ``?grace=SECONDS`` (default: the
+    ``suspend_grace`` setting), then answers 409 naming them; ``?force=true`` suspends at once
+    and cuts them."""
+    sandbox_id = _path_sandbox(request)
+    query = _single_valued(request, _SUSPEND_PARAMETERS)
+    force = query.get("force", "false")
+    if force not in ("true", "false"):
+        raise BadRequest(f"force must be true or false (got {force[:40]!r})")
+    grace = request.app[SUSPEND_GRACE]
+    if "grace" in query:
+        try:
+            grace = float(query["grace"])
+        except ValueError:
+            grace = math.nan
+        if not 0 <= grace <= SUSPEND_MAX_GRACE:
+            raise BadRequest(f"grace must be a number of seconds from 0 to {SUSPEND_MAX_GRACE:g} "
+                             f"(got {query['grace'][:40]!r})")
+    record = await request.app[ROUTER].suspend_sandbox(sandbox_id, grace=None if force == "true" else grace)
     return web.json_response(_sandbox_view(record))
 
 
@@ -385,7 +409,7 @@ async def metrics(request: web.Request) -> web.Response:
 def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[list[str]]], metrics_: Metrics,
                        admin: AdminCheck = AllowAll(), *, warnings: list[str] | None = None,
                        grants: Grants = NoGrants(), mcp: McpTarget = McpTarget(),
-                       hosts: AllowedHosts = AllowedHosts(["*"])) -> web.Application:
+                       hosts: AllowedHosts = AllowedHosts(["*"]), suspend_grace: float = 30.0) -> web.Application:
     app = web.Application(middlewares=[error_middleware, hosts_middleware, headers_middleware, admin_middleware],
                           client_max_size=64 * 1024)
     app[HOSTS] = hosts
@@ -396,6 +420,7 @@ def create_control_app(router: SessionRouter, readiness: Callable[[], Awaitable[
     app[METRICS] = metrics_
     app[GRANTS] = grants
     app[MCP_TARGET] = mcp
+    app[SUSPEND_GRACE] = suspend_grace
     app.router.add_post("/v1/sessions", create_session)
     app.router.add_get("/v1/sessions/{session_id}", get_session)
     app.router.add_delete("/v1/sessions/{session_id}", delete_session)

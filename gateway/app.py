@@ -217,7 +217,11 @@ class Gateway:
         self.router = SessionRouter(
             store, provider, policy, replica_id=settings.replica_id,
             tuning=RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
-                                session_ttl=settings.session_ttl, lease_seconds=settings.creation_lease),
+                                session_ttl=settings.session_ttl, lease_seconds=settings.creation_lease,
+                                # a pass with a backlog goes on for a few intervals (the next one starts an
+                                # interval after it ends): the backlog drains at ~80% of the reaper's pace
+                                reap_budget=4 * settings.reap_interval,
+                                activity_flush=settings.activity_flush_interval + 0.5),
             events=metrics,
         )
         self.authenticator, self.admin = build_auth(settings)
@@ -326,7 +330,7 @@ class Gateway:
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
                                      warnings=self._provider_warnings(), grants=self._grants(data_sock),
                                      mcp=McpTarget(self.settings.kagent_mcp_port, self.settings.kagent_mcp_path),
-                                     hosts=self.allowed_hosts)
+                                     hosts=self.allowed_hosts, suspend_grace=self.settings.suspend_grace)
         self._control_runner = ControlRunner(control, access_log=None, handle_signals=False)
         await self._control_runner.setup()
         undo.push_async_callback(self._control_runner.cleanup)

@@ -30,9 +30,12 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
-from gateway.errors import Conflict, GatewayError, NotFound, ProvisionFailed, WakeTimeout
+from gateway.errors import (
+    Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable, WakeTimeout,
+)
 from gateway.model import Binding, SandboxRecord, SandboxRequest, SandboxState
 from gateway.providers.base import ForeignSandbox
 from gateway.store.base import NotReserved, Position
@@ -44,6 +47,11 @@ log = logging.getLogger(__name__)
 
 REAPER_LEASE = "reaper"
 DEFAULT_WAKE_TIMEOUT = 60.0  # for a pool no longer in the policy
+SUSPENDED = "suspended"  # what _reap_one answers for a sandbox it suspended (not destroyed)
+STORE_RETRY = 0.2  # the pause before a request held by a wake tries again after a store error
+QUIET_POLL = 0.25  # how often an operator's suspend looks again for the sandbox's exchanges to end
+MIN_LEASE = 0.5  # a lease renewed every quarter of it: shorter would be all renewals
+RENEWALS_PER_LEASE = 4  # a holder renews its lease this often per lease: one late renewal does not lose it
 WAKING_STATES = frozenset({SandboxState.SUSPENDING, SandboxState.SUSPENDED, SandboxState.RESUMING})
 """A request for a sandbox in one of these is held for a wake (bounded by ``wake_timeout``)."""
 
@@ -58,17 +66,42 @@ class Lifecycle:
         self._sweep_from: str | None = None
 
     # wake -------------------------------------------------------------------
-    async def held(self, wake: asyncio.Future[SandboxRecord], pool: str, sandbox_id: str) -> SandboxRecord:
-        """Hold a request for the wake in flight (``wake``, shared and shielded) up to the pool's
-        ``wake_timeout``; past it, ``WakeTimeout`` (503 + Retry-After) while the wake goes on."""
+    async def held(self, wake: Callable[[], asyncio.Future[SandboxRecord]], pool: str,
+                   sandbox_id: str) -> SandboxRecord:
+        """Hold a request for the wake in flight (``wake()`` gives the shared task) up to the pool's
+        ``wake_timeout``; past it, ``WakeTimeout`` (503 + Retry-After) while the wake goes on.
+
+        A request is held until its own deadline, whatever the wake it joined does: when that
+        wait gives up first (it joined another replica's wake with its provisioning timeout, or a
+        waker that died), it joins the next one (reserving again takes a lapsed lease over), and
+        only its own deadline answers it, with 503 and Retry-After, never a 504. A store error while
+        it waits is tried again until then too (and is the answer if the store stays away)."""
         events = self._router.events
         spec = self._router.policy.pools.get(pool)
         budget = spec.wake_timeout if spec is not None else DEFAULT_WAKE_TIMEOUT
+        loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        deadline = loop.time() + budget
         events.wake_waiting(pool, 1)
+        store_error: StoreUnavailable | None = None
         try:
-            async with asyncio.timeout(budget):
-                record = await asyncio.shield(wake)
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        record = await asyncio.shield(wake())
+                    break
+                except ProvisionTimeout:
+                    store_error = None
+                    pause = 0.0  # the shared task's entry goes with its done callback: join the next
+                except StoreUnavailable as exc:
+                    # One slow store call (a replica starved in a wake storm) must not end a hold that
+                    # has time left; a store that stays away is answered as such at the deadline.
+                    store_error, pause = exc, STORE_RETRY
+                if loop.time() + pause >= deadline:
+                    if store_error is not None:
+                        raise store_error
+                    raise TimeoutError
+                await asyncio.sleep(pause)
         except TimeoutError:
             raise WakeTimeout(
                 f"sandbox {sandbox_id} is waking up and was not ready within {budget:g}s "
@@ -79,6 +112,57 @@ class Lifecycle:
         events.woken(pool, time.perf_counter() - started)
         return record
 
+    def lease_for(self, pool: str) -> float:
+        """The lease of a creation, suspend or wake in ``pool``: ``creation_lease``, and at most half
+        the pool's ``wake_timeout``, so that a wake whose replica died is taken over (its lease
+        lapsed) while its requests are still held. Renewed while its holder runs (:meth:`renewing`)."""
+        spec = self._router.policy.pools.get(pool)
+        wake_timeout = spec.wake_timeout if spec is not None else DEFAULT_WAKE_TIMEOUT
+        return max(MIN_LEASE, min(self._router.tuning.lease_seconds, wake_timeout / 2))
+
+    @contextlib.asynccontextmanager
+    async def renewing(self, record: SandboxRecord, lease_seconds: float) -> AsyncIterator[None]:
+        """Renew the lease of the reservation ``record`` (as reserved: its ``lease_until``) every
+        quarter of ``lease_seconds`` (sooner after a failed renewal) while the body runs: a live
+        holder keeps it however long the provider takes, a dead one loses it within ``lease_seconds``.
+
+        Stopped by a flag as well as cancelled, and not awaited: a cancellation that lands on a
+        store call can be swallowed by the Redis client (asyncio.wait_for on Python 3.11), and the
+        body's outcome must never wait for a renewal."""
+        done = asyncio.Event()
+        renewal = asyncio.create_task(self._renew(record.sandbox_id, record.lease_until, lease_seconds, done),
+                                      name=f"lease-{record.sandbox_id}")
+        renewal.add_done_callback(_renewal_ended)
+        try:
+            yield
+        finally:
+            done.set()
+            renewal.cancel()
+
+    async def _renew(self, sandbox_id: str, held_until: float, lease_seconds: float, done: asyncio.Event) -> None:
+        store = self._router.store
+        pause = lease_seconds / RENEWALS_PER_LEASE
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await done.wait()
+            if done.is_set():
+                return
+            try:
+                renewed = await store.extend_lease(sandbox_id, held_until, lease_seconds)
+            except GatewayError as exc:
+                # One slow store call must not cost the lease (a takeover while we live: two resumes):
+                # try again soon; a store away past the lease lets it lapse, and it is taken over.
+                log.warning("could not renew the lease on sandbox %s: %s", sandbox_id, exc.message)
+                pause = min(STORE_RETRY, lease_seconds / RENEWALS_PER_LEASE)
+                continue
+            pause = lease_seconds / RENEWALS_PER_LEASE
+            if renewed is None:
+                if not done.is_set():
+                    log.warning("the lease on sandbox %s was lost (it lapsed and was taken over)", sandbox_id)
+                return
+            held_until = renewed
+
     async def resume(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
         """Resume a sandbox this caller reserved (``Reserved.RESUME``); on failure it goes back to
         ``suspended`` with the error, which every waiter shares."""
@@ -86,7 +170,8 @@ class Lifecycle:
         request = SandboxRequest(record.sandbox_id, record.pool, binding.isolation, binding.owner,
                                  binding.session_id, timeout, bound_at=binding.created_at)
         try:
-            endpoint = await router.provider.resume(request)
+            async with self.renewing(record, self.lease_for(record.pool)):
+                endpoint = await router.provider.resume(request)
         except ForeignSandbox:
             router.events.resumed(record.pool, "not_found")
             with contextlib.suppress(GatewayError):
@@ -112,18 +197,23 @@ class Lifecycle:
         return ready
 
     # suspend ----------------------------------------------------------------
-    async def suspend(self, record: SandboxRecord, *, reason: str) -> SandboxRecord | None:
-        """Suspend a ready sandbox; None when it was not ready (any more) and nothing was done."""
+    async def suspend(self, record: SandboxRecord, *, reason: str,
+                      idle_before: float = math.inf) -> SandboxRecord | None:
+        """Suspend a ready sandbox; None when it was not ready (any more), or was active at or after
+        ``idle_before`` (the store's compare-and-set: the reaper's view may be stale), and nothing was done."""
         router, store = self._router, self._router.store
         if not router.provider.can_suspend(record.pool):
             raise Conflict(f"sandboxes of pool {record.pool!r} cannot be suspended (its provider keeps no "
                            f"state to wake); delete the session instead", sandbox_id=record.sandbox_id)
-        if await store.begin_suspend(record.sandbox_id, router.tuning.lease_seconds) is None:
+        lease = self.lease_for(record.pool)
+        suspending = await store.begin_suspend(record.sandbox_id, lease, idle_before)
+        if suspending is None:
             return None
         log.info("suspending sandbox %s (pool %s): %s", record.sandbox_id, record.pool, reason)
         outcome = "suspended"
         try:
-            await router.provider.suspend(record.sandbox_id, record.pool)
+            async with self.renewing(suspending, lease):
+                await router.provider.suspend(record.sandbox_id, record.pool)
         except BaseException as exc:
             outcome = outcome_of(exc)
             # Recorded as suspended all the same: its next request resumes it, and resume is
@@ -137,6 +227,49 @@ class Lifecycle:
         finally:
             router.events.suspended(record.pool, outcome)
         return await store.mark_suspended(record.sandbox_id)
+
+    async def suspend_when_quiet(self, record: SandboxRecord, grace: float) -> SandboxRecord | None:
+        """The operator's suspend: wait up to ``grace`` seconds for the sandbox's open exchanges to
+        end, then suspend it; ``Conflict`` (409) naming them when they outlast the grace.
+
+        "Open" is what protects a sandbox from idle reaping, on every replica: a long request or
+        stream counted in the store, or a request begun within ``activity_grace`` (one younger than
+        the data plane's LONG_REQUEST_AFTER is known only by its start). The suspend itself is the
+        store's compare-and-set on that activity, so a request that starts meanwhile wins."""
+        router, store, tuning = self._router, self._router.store, self._router.tuning
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        quiet_at: float | None = None  # when it was first seen quiet (loop time)
+        while True:
+            await router.flush_activity()  # this replica's own requests count at once
+            current = await store.get_sandbox(record.sandbox_id)
+            if current is None or current.state is not SandboxState.READY:
+                return None
+            quiet_since = router.clock() - tuning.activity_grace
+            streams = await store.open_streams(record.sandbox_id)
+            if streams == 0 and current.last_active < quiet_since:
+                # Quiet twice, an activity flush apart: a request that began on another replica just
+                # before the first look is in the store by the second (replicas flush in batches).
+                if quiet_at is None:
+                    quiet_at = loop.time()
+                elif loop.time() - quiet_at >= tuning.activity_flush:
+                    suspended = await self.suspend(current, reason="requested", idle_before=quiet_since)
+                    if suspended is not None:
+                        return suspended
+                    quiet_at = None  # used (or changed) in between: judge again
+                if quiet_at is not None:
+                    await asyncio.sleep(QUIET_POLL)
+                continue
+            quiet_at = None
+            left = deadline - loop.time()
+            if left <= 0:
+                raise Conflict(
+                    f"sandbox {record.sandbox_id} has open exchanges: {streams} long request(s) or stream(s) "
+                    f"open, its last request began {max(0.0, router.clock() - current.last_active):.1f}s ago "
+                    f"(a request counts as open for activity_grace, {router.tuning.activity_grace:g}s); "
+                    f"retry later, wait longer with ?grace=SECONDS, or cut them with ?force=true",
+                    sandbox_id=record.sandbox_id)
+            await asyncio.sleep(min(QUIET_POLL, left))
 
     # reaping ----------------------------------------------------------------
     async def destroy(self, record: SandboxRecord, *, reason: str) -> None:
@@ -153,45 +286,86 @@ class Lifecycle:
         """One reaper pass, only on the replica holding the reaper lease. Returns the IDs it
         destroyed (suspended ones are logged and counted, not returned).
 
-        Bounded: it examines at most ``reap_batch`` entries of the activity index (idle ones,
-        oldest first, resuming where the previous pass stopped) and ``reap_batch`` idle sessions,
-        whatever the fleet size.
+        Sized by what is due: it takes batches of ``reap_batch`` idle entries of the activity index
+        (oldest first, resuming where the previous pass stopped) and acts on each batch
+        ``reap_concurrency`` sandboxes at a time, for as long as due entries remain and the pass is
+        within ``reap_budget`` seconds; a fleet with nothing due costs one bounded read. Its rate
+        (sandboxes acted on per second) is reported with every pass that found work.
         """
         router, store, tuning = self._router, self._router.store, self._router.tuning
         now = router.clock()
         if not await router.renew_reaper_lease():
             return []
-        reaped = []
+        reaped: list[str] = []
         pools = router.policy.pools
-        idle_after = {name: max(pool.idle_timeout, tuning.activity_grace) for name, pool in pools.items()}
-        keep_for = {name: pool.retention for name, pool in pools.items()}
         if pools:
-            batch = tuning.reap_batch
-            page = await store.scan_sandboxes(self._reap_from, limit=batch, scan=batch,
-                                              before=now - min(*idle_after.values(), *keep_for.values()))
-            self._reap_from = page.next
-            for record in page.records:
-                if record.state is SandboxState.READY:
-                    if record.last_active >= now - idle_after.get(record.pool, math.inf):
-                        continue  # a pool with a longer idle_timeout (or one no longer in the policy)
-                    if await store.open_streams(record.sandbox_id) > 0:
-                        await store.touch({record.sandbox_id: now}, {})
-                        continue
-                    if pools[record.pool].on_idle == "suspend" and router.provider.can_suspend(record.pool):
-                        await self.suspend(record, reason="idle")
-                        continue
-                    await self.destroy(record, reason="idle")
-                    router.events.reaped("idle")
-                    reaped.append(record.sandbox_id)
-                elif record.state is SandboxState.SUSPENDED:
-                    if record.last_active >= now - keep_for.get(record.pool, math.inf):
-                        continue
-                    await self.destroy(record, reason="retention")
-                    router.events.reaped("retention")
-                    reaped.append(record.sandbox_id)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            limit = asyncio.Semaphore(tuning.reap_concurrency)
+            acted = 0
+            cutoff = now - min(*(max(p.idle_timeout, tuning.activity_grace) for p in pools.values()),
+                               *(p.retention for p in pools.values()))
+            while True:
+                page = await store.scan_sandboxes(self._reap_from, limit=tuning.reap_batch, scan=tuning.reap_batch,
+                                                  before=cutoff)
+                self._reap_from = page.next
+
+                async def one(record: SandboxRecord) -> str | None:
+                    async with limit:
+                        return await self._reap_one(record, now)
+
+                outcomes = await asyncio.gather(*(one(record) for record in page.records))
+                acted += sum(outcome is not None for outcome in outcomes)
+                reaped += [outcome for outcome in outcomes if outcome and outcome != SUSPENDED]
+                if page.next is None or loop.time() - started >= tuning.reap_budget:
+                    break
+                if not await router.renew_reaper_lease():
+                    break  # lost the lease mid-pass: the new holder goes on from its own position
+            if acted:
+                router.events.reap_pass(acted, loop.time() - started)
         for session_id in await store.idle_sessions(now - tuning.session_ttl, tuning.reap_batch):
             await store.delete_binding(session_id)
         return reaped
+
+    async def _reap_one(self, record: SandboxRecord, now: float) -> str | None:
+        """Act on one entry of a reaper page: its ID when destroyed, ``SUSPENDED`` when suspended,
+        None when it is not due (a longer idle_timeout, a stream open, used since the page was read)."""
+        router, store, tuning = self._router, self._router.store, self._router.tuning
+        pool = router.policy.pools.get(record.pool)
+        if pool is None:
+            return None  # a pool no longer in the policy: never reaped on a guess
+        if record.state is SandboxState.READY:
+            idle_before = now - max(pool.idle_timeout, tuning.activity_grace)
+            if record.last_active >= idle_before:
+                return None
+            if await store.open_streams(record.sandbox_id) > 0:
+                await store.touch({record.sandbox_id: now}, {})
+                return None
+            if pool.on_idle == "suspend" and router.provider.can_suspend(record.pool):
+                # The store re-checks the activity: this page may pair a state newer than its time.
+                done = await self.suspend(record, reason="idle", idle_before=idle_before)
+                return SUSPENDED if done is not None else None
+            if not await self._still(record, SandboxState.READY, idle_before):
+                return None
+            await self.destroy(record, reason="idle")
+            router.events.reaped("idle")
+            return record.sandbox_id
+        if record.state is SandboxState.SUSPENDED:
+            kept_before = now - pool.retention
+            if record.last_active >= kept_before or not await self._still(record, SandboxState.SUSPENDED, kept_before):
+                return None
+            await self.destroy(record, reason="retention")
+            router.events.reaped("retention")
+            return record.sandbox_id
+        return None
+
+    async def _still(self, record: SandboxRecord, state: SandboxState, before: float) -> bool:
+        """Whether the record is still in ``state`` and inactive since ``before``, read again just
+        before a delete: a page of the index may be seconds old by the time a busy pass reaches an
+        entry (a sandbox woken or used since). A read, not a compare-and-set like the suspend's:
+        the window left is one round trip, where it was the page's age."""
+        current = await self._router.store.get_sandbox(record.sandbox_id)
+        return current is not None and current.state is state and current.last_active < before
 
     async def sweep_orphans(self, grace: float) -> list[str]:
         """Delete provider objects of this installation that the store does not know (lease holder only).
@@ -218,6 +392,12 @@ class Lifecycle:
                 router.events.reaped("orphan")
                 swept.append(managed.sandbox_id)
         return swept
+
+
+def _renewal_ended(task: asyncio.Task[None]) -> None:
+    """A renewal task is never awaited (``Lifecycle.renewing``): an unexpected error is logged here."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("renewing a lease failed", exc_info=task.exception())
 
 
 def outcome_of(exc: BaseException) -> str:

@@ -82,6 +82,8 @@ class Metrics:
             registry=r)
         self.reaps = Counter("sgw_reaps_total", "Sandboxes destroyed by reason", ["reason"], registry=r)
         self.sweeps = Counter("sgw_orphan_sweeps_total", "Orphaned provider objects deleted", ["reason"], registry=r)
+        self.reap_rate = Gauge("sgw_reap_rate", "Sandboxes the last reaper pass that found work acted on (destroyed or "
+                               "suspended) per second", registry=r, multiprocess_mode="max")
         self.route_cache_lookups = Counter("sgw_route_cache_total", "Route cache lookups", ["result"], registry=r)
         self.store_errors = Counter("sgw_store_errors_total", "Session store failures", ["op"], registry=r)
         self.store_latency = Histogram("sgw_store_latency_seconds", "Session store call latency", ["op"],
@@ -205,6 +207,9 @@ class Metrics:
 
     def kube_watch_restart(self, reason: str) -> None:
         self.kube_watch_restarts.labels(reason).inc()
+
+    def reap_pass(self, acted: int, seconds: float) -> None:
+        self.reap_rate.set(acted / seconds if seconds > 0 else acted)
 
     def exposition(self) -> tuple[bytes, str]:
         self.fold()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Hashable
@@ -61,6 +62,7 @@ class RouterEvents(Protocol):
     def resumed(self, pool: str, outcome: str) -> None: ...
     def wake_waiting(self, pool: str, delta: int) -> None: ...
     def woken(self, pool: str, seconds: float) -> None: ...
+    def reap_pass(self, acted: int, seconds: float) -> None: ...
 
 
 class NoEvents:
@@ -75,6 +77,7 @@ class NoEvents:
     def resumed(self, pool: str, outcome: str) -> None: ...
     def wake_waiting(self, pool: str, delta: int) -> None: ...
     def woken(self, pool: str, seconds: float) -> None: ...
+    def reap_pass(self, acted: int, seconds: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,18 +85,25 @@ class RouterTuning:
     route_ttl: float = 30.0          # how long a cached route is trusted without the store
     route_stale_ttl: float = 300.0   # how long a cached route may serve while the store is down
     route_cache_size: int = 100_000
-    lease_seconds: float = 180.0     # creation lease; renewed by nothing, so > any provisioning timeout
+    # The lease of a creation, suspend or wake (at most half the pool's wake_timeout): renewed every quarter
+    # of it while its replica works on it, so a replica that died holds the sandbox this long at most.
+    lease_seconds: float = 10.0
     session_ttl: float = 86_400.0    # a binding idle this long is forgotten
     # The holder renews the reaper lease every reaper_lease_renew seconds (and on each pass), so a
     # dead holder's lease lapses within reaper_lease_ttl and another replica reaps from its next pass.
     reaper_lease_ttl: float = 15.0   # a few renewals long: one slow store call does not lose it
     reaper_lease_renew: float = 5.0
-    reap_batch: int = 500            # index entries (and sessions) one reaper pass examines at most
+    reap_batch: int = 500            # index entries (and sessions) one reaper batch examines at most
+    reap_concurrency: int = 32       # sandboxes a reaper batch acts on at once
+    reap_budget: float = 5.0         # seconds a reaper pass goes on while more is due (serve: 4 x reap_interval)
     sweep_batch: int = 500           # provider objects one orphan sweep checks at most
     # No sandbox is reaped or suspended sooner than this after its last request began, whatever its
     # idle_timeout: a request younger than the data plane's LONG_REQUEST_AFTER (10 s) counts only by
     # its start, until it is promoted to a stream and that count is flushed (activity_flush_interval).
     activity_grace: float = 20.0
+    # How often replicas flush recorded activity to the store (serve: activity_flush_interval, plus a
+    # margin): an operator's suspend sees a sandbox quiet twice this far apart before it suspends it.
+    activity_flush: float = 1.5
 
 
 class ActivityLog:
@@ -355,12 +365,13 @@ class SessionRouter:
         if record is None or record.state is not SandboxState.READY:
             if record is not None and not self._claims(binding, record):
                 raise self.foreign(binding)  # before anything is woken for a caller it will never serve
-            task = _shared(self._inflight, (binding.sandbox_id, binding.owner), lambda: self._ensure_once(binding))
+            ensure = functools.partial(_shared, self._inflight, (binding.sandbox_id, binding.owner),
+                                       functools.partial(self._ensure_once, binding))
             if record is not None and record.state in WAKING_STATES:
-                record = await self.lifecycle.held(task, binding.pool, binding.sandbox_id)
+                record = await self.lifecycle.held(ensure, binding.pool, binding.sandbox_id)
             else:
                 # Shielded: one caller giving up must not abort a creation others wait for.
-                record = await asyncio.shield(task)
+                record = await asyncio.shield(ensure())
         if not self._claims(binding, record):
             # The binding was lost (store reset, session_ttl) and re-made by someone else: never share.
             raise self.foreign(binding)
@@ -383,7 +394,8 @@ class SessionRouter:
             template = SandboxRecord(binding.sandbox_id, binding.pool, binding.owner.org_id,
                                      SandboxState.CREATING, created_at=self.clock(), owner=binding.owner)
             try:
-                reservation = await self.store.reserve_sandbox(template, self._caps(binding), self.tuning.lease_seconds)
+                reservation = await self.store.reserve_sandbox(template, self._caps(binding),
+                                                               self.lifecycle.lease_for(binding.pool))
             except CapacityExceeded as exc:
                 self.events.capacity_rejected(exc.scope)
                 raise
@@ -407,7 +419,8 @@ class SessionRouter:
                                  binding.session_id, timeout, bound_at=binding.created_at)
         started = time.perf_counter()
         try:
-            endpoint = await self.provider.ensure(request)
+            async with self.lifecycle.renewing(record, self.lifecycle.lease_for(record.pool)):
+                endpoint = await self.provider.ensure(request)
         except ForeignSandbox:
             self.events.provisioned(record.pool, time.perf_counter() - started, "not_found")
             # Released without an error: a waiter (the owner, perhaps) reserves again, and adopts.
@@ -446,14 +459,18 @@ class SessionRouter:
     async def sweep_orphans(self, grace: float) -> list[str]:
         return await self.lifecycle.sweep_orphans(grace)
 
-    async def suspend_sandbox(self, sandbox_id: str) -> SandboxRecord:
-        """Operator control: suspend a ready sandbox now (idempotent: one suspending or suspended
-        already is answered as it is). 409 while it is being created or woken."""
+    async def suspend_sandbox(self, sandbox_id: str, *, grace: float | None = None) -> SandboxRecord:
+        """Operator control: suspend a ready sandbox (idempotent: one suspending or suspended already
+        is answered as it is). 409 while it is being created or woken. With ``grace``, it waits up to
+        that long for the sandbox's open exchanges to end (409 naming them past it,
+        ``Lifecycle.suspend_when_quiet``); without, it suspends now and cuts them."""
         record = await self.store.get_sandbox(sandbox_id)
         if record is None:
             raise unknown_sandbox(sandbox_id)
-        if record.state is SandboxState.READY:
-            record = await self.lifecycle.suspend(record, reason="requested") or record
+        if record.state is SandboxState.READY and grace is not None:
+            await self.lifecycle.suspend_when_quiet(record, grace)
+        elif record.state is SandboxState.READY:
+            record = await self.lifecycle.suspend(record, reason="requested (forced)") or record
         elif record.state not in (SandboxState.SUSPENDING, SandboxState.SUSPENDED):
             raise Conflict(f"sandbox {sandbox_id} is {record.state}; suspend it once it is ready",
                            sandbox_id=sandbox_id)

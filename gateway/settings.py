@@ -230,8 +230,13 @@ class Settings(BaseSettings):
     # A binding idle this long is forgotten. Checked against the policy at startup and on every reload
     # (Policy.check_session_ttl): a binding must not expire while its sandbox may still run.
     session_ttl: float = Field(default=DEFAULT_SESSION_TTL, gt=0)
-    # How long a replica may take to create a sandbox before another replica takes the creation over.
-    creation_lease: float = Field(default=180.0, gt=0)
+    # The lease a replica holds while it creates, suspends or wakes a sandbox, renewed every quarter of it
+    # while the replica lives (and at most half a pool's wake_timeout): one that died is taken over
+    # within it by the next request, on any replica.
+    creation_lease: float = Field(default=10.0, gt=0)
+    # How long an operator's suspend (POST /v1/sandboxes/{id}/suspend) waits for the sandbox's open
+    # exchanges to end before it answers 409 naming them (?grace= overrides it, ?force=true cuts them).
+    suspend_grace: float = Field(default=30.0, ge=0, le=3600)
     reap_interval: float = Field(default=15.0, gt=0)
     activity_flush_interval: float = Field(default=1.0, gt=0)
     drain_timeout: float = Field(default=20.0, ge=0)

@@ -515,6 +515,66 @@ class StoreContract:
         assert ready.state is SandboxState.READY and ready.endpoint == moved
         assert seen == ["org-1"] * 3  # and once resumed: the endpoint may be new
 
+    async def test_a_suspend_refuses_a_record_active_since_the_caller_looked(self, store: SessionStore,
+                                                                              clock: FakeClock) -> None:
+        """The reaper reads a page of the index, then suspends: in between, the sandbox may have been
+        woken (ready again, active now) or used. The store compares the activity it holds."""
+        await ready_at(store, {"org-1": T0, "org-2": T0})
+        clock.advance(100)
+        idle_before = clock() - 50  # what the reaper judged with: idle since T0 < idle_before
+        await store.touch({"org-1": clock()}, {})  # used after the page was read
+        assert await store.begin_suspend("org-1", 30, idle_before) is None
+        assert (await store.get_sandbox("org-1")).state is SandboxState.READY  # type: ignore[union-attr]
+        suspending = await store.begin_suspend("org-2", 30, idle_before)  # truly idle: suspended
+        assert suspending is not None and suspending.state is SandboxState.SUSPENDING
+        await store.mark_suspended("org-2")
+        assert (await store.reserve_sandbox(record("org-2"), Caps(), 30)).outcome is Reserved.RESUME
+        await store.mark_ready("org-2", ENDPOINT)  # woken: becoming ready is activity
+        assert await store.begin_suspend("org-2", 30, idle_before) is None  # the stale page's verdict
+        assert await store.begin_suspend("org-1", 30) is not None  # no idle bound: the operator's suspend
+
+    async def test_a_lease_is_renewed_by_its_holder_only(self, store: SessionStore, clock: FakeClock) -> None:
+        """A live creator or waker renews its lease (the deadline it was given is its proof); once
+        it lapsed and someone took the work over, or the work settled, a renewal changes nothing."""
+        held = (await store.reserve_sandbox(record("org-1"), Caps(), 10)).record.lease_until
+        clock.advance(8)
+        renewed = await store.extend_lease("org-1", held, 10)
+        assert renewed == clock() + 10
+        assert (await store.get_sandbox("org-1")).lease_until == renewed  # type: ignore[union-attr]
+        assert await store.extend_lease("org-1", held, 10) is None  # an old deadline proves nothing
+        clock.advance(11)  # the holder died: its lease lapsed
+        taken = await store.reserve_sandbox(record("org-1"), Caps(), 10)
+        assert taken.outcome is Reserved.TAKEN_OVER
+        assert await store.extend_lease("org-1", renewed, 10) is None  # the dead holder's renewal: refused
+        assert await store.extend_lease("org-1", taken.record.lease_until, 10) is not None  # the new holder's
+        await store.mark_ready("org-1", ENDPOINT)
+        assert await store.extend_lease("org-1", taken.record.lease_until, 10) is None  # settled: nothing to renew
+        suspending = await store.begin_suspend("org-1", 10)
+        assert suspending is not None
+        assert await store.extend_lease("org-1", suspending.lease_until, 10) == clock() + 10  # a suspend too
+        assert await store.extend_lease("ses-none", 0.0, 10) is None
+
+    async def test_a_filtered_listing_pages_through_every_match_once(self, store: SessionStore) -> None:
+        """Filtered pages are short and may be empty, but paging by their cursor returns each match once."""
+        await ready_at(store, {f"org-{i}": T0 + i for i in range(7)})
+        for i in (1, 2, 5):
+            await store.begin_suspend(f"org-{i}", 30)
+            await store.mark_suspended(f"org-{i}")
+        await store.touch({f"org-{i}": T0 + 100 + i for i in range(7)}, {})  # suspends moved them: order again
+        seen: list[str] = []
+        after: Position | None = None
+        for _ in range(20):
+            page = await store.scan_sandboxes(after, limit=2, scan=3, where=SandboxFilter(state=SandboxState.SUSPENDED))
+            assert len(page.records) <= 2 and all(r.state is SandboxState.SUSPENDED for r in page.records)
+            seen += [r.sandbox_id for r in page.records]
+            if page.next is None:
+                break
+            after = page.next
+        assert seen == ["org-1", "org-2", "org-5"]
+        page = await store.scan_sandboxes(None, limit=10, scan=10, where=SandboxFilter(pool="shared", org_id="acme"))
+        assert [r.sandbox_id for r in page.records] == [f"org-{i}" for i in range(7)] and page.next is None
+        assert (await store.scan_sandboxes(None, limit=10, scan=10, where=SandboxFilter(pool="small"))).records == []
+
     async def test_waiters_share_a_wake_and_its_failure(self, store: SessionStore) -> None:
         await ready_at(store, {"org-1": T0})
         await store.begin_suspend("org-1", 30)

@@ -164,7 +164,7 @@ async def test_suspend_then_wake_keeps_a_file(fleet: Fleet) -> None:
     pid = fleet.runtime_pid(sandbox_id)
 
     for _ in range(2):  # idempotent
-        status, body = await fleet.control(gateway, "POST", f"/v1/sandboxes/{sandbox_id}/suspend")
+        status, body = await fleet.control(gateway, "POST", f"/v1/sandboxes/{sandbox_id}/suspend?force=true")
         assert status == 200 and body["state"] == "suspended" and body["endpoint"] is None, body
     assert not running(pid, sandbox_id)  # no compute ...
     assert (fleet.data_dir / "sandboxes" / sandbox_id / "root" / "note.txt").read_text() == "kept\n"  # ... files kept
@@ -189,7 +189,7 @@ async def test_two_hundred_requests_over_three_replicas_wake_it_once(fleet: Flee
     for replica in replicas:  # each replica has the route cached: each must drop it at the suspend
         await fleet.execute(replica, "true")
     sandbox_id = await fleet.sandbox_of()
-    status, _ = await fleet.control(replicas[1], "POST", f"/v1/sandboxes/{sandbox_id}/suspend")
+    status, _ = await fleet.control(replicas[1], "POST", f"/v1/sandboxes/{sandbox_id}/suspend?force=true")
     assert status == 200
 
     results = await asyncio.gather(*(fleet.request(replicas[i % 3], "GET", "/") for i in range(200)))
@@ -206,7 +206,7 @@ async def test_a_wake_past_its_budget_gets_503_and_a_later_request_succeeds(flee
     gateway = await fleet.replica(SUSPENDING % "1ms")
     await fleet.execute(gateway, "echo kept > note.txt")
     sandbox_id = await fleet.sandbox_of()
-    await fleet.control(gateway, "POST", f"/v1/sandboxes/{sandbox_id}/suspend")
+    await fleet.control(gateway, "POST", f"/v1/sandboxes/{sandbox_id}/suspend?force=true")
 
     status, headers, body = await fleet.request(gateway, "POST", "/execute", json={"command": "cat note.txt"})
     assert status == 503 and int(headers["Retry-After"]) >= 1, body

@@ -54,6 +54,7 @@ from gateway.providers import outbound
 from gateway.providers._exits import exit_or_kill
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.confine import GRPC_FD, LISTEN_FD, Bubblewrap, Launch
+from gateway.runtime.config import LISTEN_BACKLOG
 
 log = logging.getLogger(__name__)
 
@@ -253,9 +254,9 @@ class LocalProvider:
         helper = None
         try:
             listener.bind(path)
-            listener.listen(1024)
+            listener.listen(LISTEN_BACKLOG)
             grpc_listener.bind(grpc_path)
-            grpc_listener.listen(1024)
+            grpc_listener.listen(LISTEN_BACKLOG)
             pid = os.posix_spawnp(launch.argv[0], launch.argv, _ENV, setsid=True, file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, write_fd, 1),

@@ -36,6 +36,23 @@ log = logging.getLogger("gateway.proxy")
 CLIENT_KEEPALIVE_TIMEOUT = 75.0   # an idle client connection is closed after this long (nginx's default)
 LONG_REQUEST_AFTER = 10.0         # an exchange open this long counts as a stream for the reaper
 WRITE_BUFFER_HIGH = 256 * 1024    # per transport; reading from the other side pauses above this
+EAGAIN_BACKOFF_CAP = 0.1          # the longest pause between connects to a Unix socket whose backlog is full
+
+
+def _unix_connected(path: str) -> socket.socket:
+    """A socket connected to ``path``, or BlockingIOError when its listen backlog is full.
+
+    Connected here, not by the loop: a Unix connect never waits (it succeeds or fails at once), but
+    the standard loop takes EAGAIN for "in progress", waits for writability and hands back a socket
+    that was never connected; uvloop raises it. Either way :meth:`DataPlane.connect` sees EAGAIN."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -233,8 +250,12 @@ class DataPlane(PlaneState):
             else:
                 route = await self.compat.route(ex.compat)
         ex.route = route
+        limit = ex.timeout  # the request's own time limit bounds connects to a busy sandbox (see connect)
+        pool_limit = self.request_timeouts.get(route.pool)
+        if pool_limit is not None and (not limit or pool_limit < limit):
+            limit = pool_limit
         try:
-            return await self.connect(route, fresh)
+            return await self.connect(route, fresh, limit)
         except UpstreamConnectError:
             if keyed is not None:
                 # Nothing is re-created for a key: forget the route, let the provider say whether the
@@ -250,7 +271,7 @@ class DataPlane(PlaneState):
             if again.endpoint == route.endpoint:
                 raise
             ex.route = again
-            return await self.connect(again, fresh)
+            return await self.connect(again, fresh, limit)
 
     def admit_keyed(self, ex: Exchange, route: Route) -> None:
         """A keyed request counts against its sandbox owner's limits (the token carries no identity):
@@ -263,8 +284,15 @@ class DataPlane(PlaneState):
             ex.refused = exc.scope
             raise
 
-    async def connect(self, route: Route, fresh: bool) -> UpstreamConnection:
-        """A pooled connection, or a new one (retrying refused connects with exponential backoff)."""
+    async def connect(self, route: Route, fresh: bool, limit: float = 0.0) -> UpstreamConnection:
+        """A pooled connection, or a new one (retrying refused connects with exponential backoff).
+
+        A Unix socket whose listen backlog is full fails a connect at once with EAGAIN, where TCP would
+        retry its SYN inside the connect timeout: the sandbox is alive and busy (a first-use burst).
+        Those connects are retried, the backoff capped at ``EAGAIN_BACKOFF_CAP``, until the request's
+        own time limit (``limit``, X-Sandbox-Timeout or the pool's request_timeout) or, without one,
+        ``upstream_connect_timeout`` has passed since the first attempt; they do not use up
+        ``upstream_connect_retries``, which count the other failures (refused, timed out)."""
         pool = self._pool(route)
         if not fresh:
             conn = pool.take()
@@ -275,23 +303,36 @@ class DataPlane(PlaneState):
         factory = functools.partial(UpstreamConnection, self, pool)
         ssl = True if endpoint.scheme == "https" else None
         delay = options.upstream_connect_backoff
-        attempts = options.upstream_connect_retries + 1
+        failures = options.upstream_connect_retries + 1
+        busy_until = self.loop.time() + max(limit, options.upstream_connect_timeout)
+        busy_delay = 0.005
         reason = ""
-        for attempt in range(attempts):
+        while True:
             try:
                 async with asyncio.timeout(options.upstream_connect_timeout):
                     if endpoint.unix is not None:
-                        _, conn = await self.loop.create_unix_connection(factory, endpoint.unix, ssl=ssl)
+                        _, conn = await self.loop.create_unix_connection(
+                            factory, sock=_unix_connected(endpoint.unix), ssl=ssl,
+                            server_hostname=endpoint.host if ssl else None)
                     else:
                         _, conn = await self.loop.create_connection(factory, endpoint.host, endpoint.port, ssl=ssl)
                 return conn
             except TimeoutError:
                 reason = f"connect timed out after {options.upstream_connect_timeout:g}s"
+            except BlockingIOError as exc:  # EAGAIN: a full backlog (Unix sockets)
+                reason = (exc.strerror or "Resource temporarily unavailable") + " (its listen backlog stayed full)"
+                if self.loop.time() + busy_delay < busy_until:
+                    await asyncio.sleep(busy_delay)
+                    busy_delay = min(busy_delay * 2, EAGAIN_BACKOFF_CAP)
+                    continue
+                break
             except OSError as exc:
                 reason = exc.strerror or type(exc).__name__
-            if attempt + 1 < attempts:
-                await asyncio.sleep(delay)
-                delay *= 2
+            failures -= 1
+            if failures <= 0:
+                break
+            await asyncio.sleep(delay)
+            delay *= 2
         where = "its Unix socket" if endpoint.unix else f"{endpoint.host}:{endpoint.port}"
         raise UpstreamConnectError(
             f"sandbox {route.sandbox_id} is unreachable at {where}: {reason}",

@@ -13,6 +13,13 @@ from pathlib import Path
 
 from aiohttp import web
 
+#: The listen backlog of the runtime's sockets: the local provider listens with it, and the runtime
+#: keeps it when it serves the inherited socket (asyncio's ``create_server(sock=...)``, under
+#: aiohttp's ``SockSite`` and grpclib's ``Server.start``, calls ``listen()`` again with its own
+#: default of 100-128). A Unix socket whose backlog is full fails a connect at once with EAGAIN
+#: (no SYN retry as on TCP): a first-use burst of a thousand requests must fit.
+LISTEN_BACKLOG = 1024
+
 #: Output kept per stream (stdout, stderr) of one ``/execute`` call.
 DEFAULT_MAX_OUTPUT_BYTES = 10 * 1024 * 1024
 

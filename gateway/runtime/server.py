@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .config import CONFIG, DEFAULT_MAX_OUTPUT_BYTES, RuntimeConfig
+from .config import CONFIG, DEFAULT_MAX_OUTPUT_BYTES, LISTEN_BACKLOG, RuntimeConfig
 from .errors import RuntimeApiError
 from .execute import handle_execute
 from .files import handle_download, handle_exists, handle_list, handle_upload
@@ -188,7 +188,7 @@ async def serve(host: str, port: int, root: Path, sandbox_id: str = "", *, liste
         if grpc_fd is not None:
             grpc = await _start_grpc_on(socket.socket(fileno=grpc_fd), app[CONFIG])
         if listen_fd is not None:
-            await web.SockSite(runner, socket.socket(fileno=listen_fd)).start()
+            await web.SockSite(runner, socket.socket(fileno=listen_fd), backlog=LISTEN_BACKLOG).start()
             print(f"LISTENING fd {listen_fd}", flush=True)
         else:
             await web.TCPSite(runner, host, port).start()
@@ -221,7 +221,7 @@ async def _start_grpc_on(sock: socket.socket, config: RuntimeConfig) -> Any:
     from .grpc_service import create_server
 
     server = create_server(config.root, config.sandbox_id, config.max_output_bytes)
-    await server.start(sock=sock)
+    await server.start(sock=sock, backlog=LISTEN_BACKLOG)
     return server
 
 

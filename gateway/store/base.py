@@ -263,9 +263,18 @@ class SessionStore(Protocol):
         Becoming ready is activity: the record's last activity moves to now."""
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         """Remove the record (freeing capacity) and wake waiters: FAILED with ``error``, else REMOVED."""
-    async def begin_suspend(self, sandbox_id: str, lease_seconds: float) -> SandboxRecord | None:
+    async def begin_suspend(self, sandbox_id: str, lease_seconds: float,
+                            idle_before: float = math.inf) -> SandboxRecord | None:
         """``ready`` -> ``suspending`` under a lease, dropping every replica's cached route; None
-        (nothing changed) when the record is not ready."""
+        (nothing changed) when the record is not ready, or was active at or after ``idle_before``.
+
+        The idle check is part of the compare-and-set: the reaper's page of the index may be older
+        than the record (a sandbox woken, or used, since), and only the store sees both at once."""
+    async def extend_lease(self, sandbox_id: str, held_until: float, lease_seconds: float) -> float | None:
+        """Renew the lease of a creation, suspend or wake the caller holds (its record is unsettled
+        and its lease still ends at ``held_until``, the deadline the caller was given): the new
+        deadline, now + ``lease_seconds``. None when the caller holds it no more (settled, released,
+        or taken over after it lapsed): it must stop renewing."""
     async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         """``suspending`` or ``resuming`` -> ``suspended`` (endpoint gone, not counted by the caps,
         last activity = now), waking waiters: FAILED with ``error`` (a resume that failed), else

@@ -8,6 +8,7 @@ futures resolved by ``mark_ready``/``release_sandbox``.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter, defaultdict
 import bisect
@@ -144,14 +145,23 @@ class MemoryStore:
         self._sandboxes[new.sandbox_id] = new
         self._count(new, 1)
 
-    async def begin_suspend(self, sandbox_id: str, lease_seconds: float) -> SandboxRecord | None:
+    async def begin_suspend(self, sandbox_id: str, lease_seconds: float,
+                            idle_before: float = math.inf) -> SandboxRecord | None:
         current = self._sandboxes.get(sandbox_id)
-        if current is None or current.state is not SandboxState.READY:
+        if current is None or current.state is not SandboxState.READY or current.last_active >= idle_before:
             return None
         suspending = current.with_(state=SandboxState.SUSPENDING, lease_until=self._clock() + lease_seconds)
         self._replace(current, suspending)
         self._publish(sandbox_id)
         return self._with_sessions(suspending)
+
+    async def extend_lease(self, sandbox_id: str, held_until: float, lease_seconds: float) -> float | None:
+        current = self._sandboxes.get(sandbox_id)
+        if current is None or current.state not in UNSETTLED_STATES or current.lease_until != held_until:
+            return None
+        until = self._clock() + lease_seconds
+        self._sandboxes[sandbox_id] = current.with_(lease_until=until)
+        return until
 
     async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         current = self._sandboxes.get(sandbox_id)

@@ -197,10 +197,12 @@ class RedisStore:
         self._release = self._redis.register_script(lua.RELEASE_SANDBOX)
         self._begin_suspend = self._redis.register_script(lua.BEGIN_SUSPEND)
         self._mark_suspended = self._redis.register_script(lua.MARK_SUSPENDED)
+        self._extend_lease = self._redis.register_script(lua.EXTEND_LEASE)
         self._acquire_lease = self._redis.register_script(lua.ACQUIRE_LEASE)
         self._release_lease = self._redis.register_script(lua.RELEASE_LEASE)
         self._index_page = self._redis.register_script(lua.INDEX_PAGE)
         self._read_records = self._redis.register_script(lua.READ_RECORDS)
+        self._read_matching = self._redis.register_script(lua.READ_MATCHING)
         self._origin = uuid.uuid4().hex  # tells this instance's invalidations from other replicas'
         self._listener = RedisListener(self._redis, self.keys, self._origin, connect_timeout=connect_timeout,
                                        on_remote_release=self._forget_streams)
@@ -277,6 +279,8 @@ class RedisStore:
         entries = [Position(float(flat[i + 1]), flat[i]) for i in range(0, len(flat), 2)]
         more = len(entries) > scan
         entries = entries[:scan]
+        if not where.any:
+            return await self._scan_matching(entries, more, limit, where)
         by_id = {r.sandbox_id: r for r in await self._read_many(entries)}
         found: list[SandboxRecord] = []
         for index, entry in enumerate(entries):
@@ -337,15 +341,24 @@ class RedisStore:
         return codec.record_of(sandbox_id, view)[0]
 
     @translated("suspend a sandbox")
-    async def begin_suspend(self, sandbox_id: str, lease_seconds: float) -> SandboxRecord | None:
+    async def begin_suspend(self, sandbox_id: str, lease_seconds: float,
+                            idle_before: float = math.inf) -> SandboxRecord | None:
         view = await self._begin_suspend(
             keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_state],
             args=[sandbox_id, codec.num(self._clock() + lease_seconds), self.keys.invalidate,
-                  self._invalidation("sandbox", sandbox_id)])
+                  self._invalidation("sandbox", sandbox_id),
+                  "" if idle_before == math.inf else codec.num(idle_before)])
         if view is None:
             return None
         self._listener.notify(sandbox_id)
         return codec.record_of(sandbox_id, view)[0]
+
+    @translated("renew a lease")
+    async def extend_lease(self, sandbox_id: str, held_until: float, lease_seconds: float) -> float | None:
+        until = self._clock() + lease_seconds
+        held = await self._extend_lease(keys=[self.keys.sandbox(sandbox_id)],
+                                        args=[codec.num(held_until), codec.num(until)])
+        return until if held == 1 else None
 
     @translated("suspend a sandbox")
     async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
@@ -606,6 +619,22 @@ class RedisStore:
     async def _read_sandbox(self, sandbox_id: str) -> tuple[SandboxRecord, str] | None:
         view = await self._get_sandbox(keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes], args=[sandbox_id])
         return None if view is None else codec.record_of(sandbox_id, view)
+
+    async def _scan_matching(self, entries: list[Position], more: bool, limit: int,
+                             where: SandboxFilter) -> SandboxPage:
+        """A filtered page: the filter runs in Redis (READ_MATCHING), so only the matches cross the wire
+        and are decoded, not every record examined (120 ms for a page at 1,000,000 otherwise)."""
+        if not entries:
+            return SandboxPage([], None)
+        reply = await self._read_matching(
+            keys=[self.keys.sandbox(entry.sandbox_id) for entry in entries],
+            args=[where.state.value if where.state is not None else "", where.pool or "", where.org_id or "", limit])
+        examined, found = int(reply[0]), []
+        for i in range(1, len(reply), 2):
+            entry = entries[int(reply[i]) - 1]
+            found.append(codec.record_of(entry.sandbox_id, [*reply[i + 1], codec.num(entry.last_active)])[0])
+        more = more or examined < len(entries)
+        return SandboxPage(found, entries[examined - 1] if more and examined else None)
 
     async def _read_many(self, entries: list[Position]) -> list[SandboxRecord]:
         """The records of index entries, in one script call (the index gave the last activity

@@ -321,13 +321,31 @@ return found
 BEGIN_SUSPEND = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:state hash
 -- ARGV[1] sandbox id  ARGV[2] lease_until  ARGV[3] invalidate channel  ARGV[4] invalidate message
--- returns the suspending record's view; false (nil) when the record is not ready (nothing changed)
+-- ARGV[5] idle before ('' = any): refuse a record whose last activity (its index score) is at or after it
+-- returns the suspending record's view; false (nil) when the record is not ready, or was active since
+-- (nothing changed)
 local cur = redis.call('HMGET', KEYS[1], 's', 'p')
 if cur[1] ~= 'ready' then return false end
+if ARGV[5] ~= '' then
+  local at = redis.call('ZSCORE', KEYS[2], ARGV[1])
+  if at and tonumber(at) >= tonumber(ARGV[5]) then return false end
+end
 restate(KEYS[3], cur[2], 'ready', 'suspending')
 redis.call('HSET', KEYS[1], 's', 'suspending', 'l', ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return view(KEYS[1], KEYS[2], ARGV[1])
+"""
+
+EXTEND_LEASE = """
+-- KEYS[1] sandbox hash
+-- ARGV[1] the lease deadline the caller holds  ARGV[2] the new deadline
+-- returns 1 when the record is creating, suspending or resuming under that very deadline (now ARGV[2]);
+-- 0 when the caller holds it no more (settled, released, or taken over: a takeover writes a new deadline)
+local cur = redis.call('HMGET', KEYS[1], 's', 'l')
+if cur[1] ~= 'creating' and cur[1] ~= 'suspending' and cur[1] ~= 'resuming' then return 0 end
+if tonumber(cur[2] or '0') ~= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'l', ARGV[2])
+return 1
 """
 
 MARK_SUSPENDED = _HELPERS + """
@@ -390,6 +408,29 @@ READ_RECORDS = """
 local out = {}
 for i, key in ipairs(KEYS) do
   out[i] = redis.call('HMGET', key, 's', 'p', 'o', 'c', 'e', 'l', 'g', 'u', 'b', 'v', 'm', 'n')
+end
+return out
+"""
+
+READ_MATCHING = """
+-- KEYS[1..n] sandbox hashes, in index order
+-- ARGV[1] state ('' = any)  ARGV[2] pool ('' = any)  ARGV[3] org ('' = any)  ARGV[4] how many matches at most
+-- returns {examined, i1, fields1, i2, fields2, ...}: the matching records (fields as READ_RECORDS gives them,
+-- i their position in KEYS) and how many keys were examined (all of them, or up to the last match kept):
+-- a filtered listing decodes only what it returns, not every record it looked at
+local want_state, want_pool, want_org, limit = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local out = {0}
+local found = 0
+for i, key in ipairs(KEYS) do
+  out[1] = i
+  local h = redis.call('HMGET', key, 's', 'p', 'o')
+  if h[1] and (want_state == '' or h[1] == want_state) and (want_pool == '' or h[2] == want_pool)
+      and (want_org == '' or h[3] == want_org) then
+    out[#out + 1] = i
+    out[#out + 1] = redis.call('HMGET', key, 's', 'p', 'o', 'c', 'e', 'l', 'g', 'u', 'b', 'v', 'm', 'n')
+    found = found + 1
+    if found >= limit then break end
+  end
 end
 return out
 """

@@ -71,9 +71,11 @@ class Faults:
         else:
             name = "Redis SIGKILLed, back empty (no persistence)"
             expected = STORE_DOWN | SANDBOX_DOWN | {SECRET_MISSING}
+        bound = await self.bound_sessions()  # a binding an earlier restart wiped is not this one's loss
         window = self.recorder.open(name, expected)
         await self.cluster.restart_redis(persistent=persistent, outage=outage)
-        self.log.bindings_lost[name] = await self.count_lost_bindings()
+        lost = bound - await self.bound_sessions()
+        self.log.bindings_lost[name] = self.log.bindings_lost.get(name, 0) + len(lost)
         if not persistent:
             await self.impostors([s for s in self.load.sessions if s.sandbox_id.startswith("ses-")][:4])
         await self.cluster.wait_all_ready()
@@ -119,10 +121,10 @@ class Faults:
             return WRONG_OWNER
         return SESSION_TAKEN if answered_by is not None else IMPOSTOR_REFUSED
 
-    async def count_lost_bindings(self) -> int:
-        """Sessions whose binding the store no longer has (asked through a replica, owner-checked)."""
+    async def bound_sessions(self) -> set[str]:
+        """Sessions whose binding the store has (asked through a replica, owner-checked)."""
         sessions = [s for s in self.load.sessions + self.log.extra_sessions if s.kind in ("local", "kube")]
-        lost = 0
+        bound = set()
         replica = self.cluster.live()[0]
         assert self.cluster.http is not None
         for session in sessions:
@@ -130,10 +132,11 @@ class Faults:
                 async with self.cluster.http.get(f"{replica.process.control_url}/v1/sessions/{session.session_id}",
                                                  headers=session.headers) as response:
                     if response.status != 503:
-                        lost += response.status == 404
+                        if response.status == 200:
+                            bound.add(session.session_id)
                         break
                 await asyncio.sleep(0.1)  # the replica has not reconnected yet: no event to await
-        return lost
+        return bound
 
     # --- sandboxes ------------------------------------------------------------------------
     async def kill_local_sandbox(self, session: Session) -> None:
