@@ -42,7 +42,9 @@ async def _cluster(root: Path, **env: str) -> AsyncIterator[Cluster]:
         pytest.skip("redis-server is not installed")
     # A hundred runtimes resumed at once on two cores may take longer than the suite's 8 s to answer
     # their first request: a slow machine, not a lifecycle error (no stalling pool is used here).
-    cluster = await start_cluster(root, extra_env={"SANDBOX_GATEWAY_UPSTREAM_READ_TIMEOUT": "60", **env})
+    # The wake storm runs 100 sandboxes at once: above the local cap a small host derives (memory / 256 MiB).
+    cluster = await start_cluster(root, extra_env={"SANDBOX_GATEWAY_UPSTREAM_READ_TIMEOUT": "60",
+                                                   "SANDBOX_GATEWAY_LOCAL_MAX_SANDBOXES": "400", **env})
     try:
         yield cluster
     finally:
