@@ -325,6 +325,7 @@ class Gateway:
             self.grpc_front = GrpcFront(self.router, self.settings, authenticator=self.authenticator,
                                         limits=self.data_plane.limits, metrics=GrpcMetrics(self.metrics.registry),
                                         access=self._access, admission=self.data_plane.admission,
+                                        tracer=self.data_plane.tracer,
                                         gate=ConnectionGate("grpc", *bounds, on_refused=self.metrics.connection_refused))
             await self.grpc_front.start(grpc_sock)
             self.grpc_address = self.grpc_front.address

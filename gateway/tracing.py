@@ -23,7 +23,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from gateway.grpcfront.call import Call
+    from gateway.model import Route
     from gateway.proxy._exchange import Exchange
+    from routing import Identity
     from gateway.settings import Settings
 
 # The trace of the request this task resolves for (set only inside a traced resolution): lets the
@@ -80,46 +83,61 @@ class RequestTrace:
                 _RESOLVING.reset(token)
 
     def upstream(self, ex: Exchange) -> tuple[bytes, ...]:
-        """Start ``sandbox.upstream`` (again, on a retry) and give the header lines that pass it on."""
+        """The header line that passes the trace on to the sandbox (HTTP/1.1), ``sandbox.upstream`` started."""
+        value = self.traceparent(ex.route)
+        return (b"traceparent: " + value + b"\r\n",) if value else ()
+
+    def traceparent(self, route: Route | None) -> bytes:
+        """Start ``sandbox.upstream`` (again, on a retry); its W3C ``traceparent`` (empty if invalid)."""
         otel = self.tracer.otel
         if self.upstream_span is not None:
             self.upstream_span.set_attribute("outcome", "retried")
             self.upstream_span.end()
-        route = ex.route
         span = self.upstream_span = self.tracer.tracer.start_span(
             "sandbox.upstream", context=otel.set_span_in_context(self.span), kind=otel.SpanKind.CLIENT,
             attributes={"sandbox.id": route.sandbox_id, "sandbox.pool": route.pool} if route is not None else None)
         context = span.get_span_context()
         if not context.is_valid:
-            return ()
-        flags = b"01" if context.trace_flags.sampled else b"00"
-        return (b"traceparent: 00-%032x-%016x-%s\r\n" % (context.trace_id, context.span_id, flags),)
+            return b""
+        return b"00-%032x-%016x-%s" % (context.trace_id, context.span_id, b"01" if context.trace_flags.sampled else b"00")
+
+    def grpc_head(self, head: list[tuple[bytes, bytes]], route: Route) -> list[tuple[bytes, bytes]]:
+        """A gRPC call's head for the sandbox: the client's trace metadata replaced by the upstream span's."""
+        head = [(name, value) for name, value in head if name not in _TRACE_HEADERS]
+        value = self.traceparent(route)
+        if value:
+            head.append((b"traceparent", value))
+        return head
 
     def end(self, ex: Exchange) -> None:
-        """The request is over: its attributes and outcome, then the spans ended."""
+        """The HTTP request is over."""
+        self.finish(ex.route, ex.identity, ("http.response.status_code", ex.status),
+                    ex.refused or ex.code or ex.error, ex.upstream_time, ex.status >= 500 or ex.status == 0)
+
+    def finish(self, route: Route | None, identity: Identity | None, status: tuple[str, int], outcome: str | None,
+               upstream_time: float | None, failed: bool) -> None:
+        """The request (or gRPC call) is over: its attributes and outcome, then the spans ended."""
         span = self.span
-        route = ex.route
         up = self.upstream_span
         if up is not None:
             self.upstream_span = None
-            if ex.upstream_time is not None:
-                up.set_attribute("http.response.status_code", ex.status)
-                up.end(end_time=up.start_time + int(ex.upstream_time * 1e9))
+            if upstream_time is not None:
+                up.set_attribute(*status)
+                up.end(end_time=up.start_time + int(upstream_time * 1e9))
             else:
-                up.set_attribute("outcome", ex.error or "no_response")
+                up.set_attribute("outcome", outcome or "no_response")
                 up.end()
         if span.is_recording():
             if route is not None:
                 span.set_attribute("sandbox.id", route.sandbox_id)
                 span.set_attribute("sandbox.pool", route.pool)
-            identity = ex.identity
             if identity is not None and identity.org_id is not None:
                 span.set_attribute("org.id", identity.org_id)
-            span.set_attribute("http.response.status_code", ex.status)
-            outcome = ex.refused or ex.code or ex.error
+            span.set_attribute(*status)
             span.set_attribute("outcome", outcome or "ok")
-            if ex.status >= 500 or ex.status == 0:
-                span.set_status(self.tracer.otel.Status(self.tracer.otel.StatusCode.ERROR, outcome or ""))
+            if failed:
+                otel = self.tracer.otel
+                span.set_status(otel.Status(otel.StatusCode.ERROR, outcome or ""))
         span.end()
 
 
@@ -152,8 +170,8 @@ class Tracer:
         return cls(settings.tracing_otlp_endpoint, settings.tracing_sample_ratio)
 
     def begin(self, ex: Exchange) -> None:
-        """The request's span, continuing the client's ``traceparent``; the inbound trace headers are
-        not forwarded (the sandbox gets the upstream span's context instead)."""
+        """The HTTP request's span, continuing the client's ``traceparent``; the inbound trace headers
+        are not forwarded (the sandbox gets the upstream span's context instead)."""
         carrier: dict[str, str] = {}
         headers = ex.headers
         kept: list[bytes] | None = None
@@ -167,12 +185,19 @@ class Tracer:
                 kept += headers[i:i + 4]
         if kept is not None:
             ex.headers = kept
+        ex.trace = self._start("http.request", carrier, {
+            "http.request.method": ex.method.decode("latin-1"), "request.id": (ex.request_id or b"").decode("latin-1")})
+
+    def begin_call(self, call: Call) -> RequestTrace:
+        """A gRPC call's span (``grpc.call``), continuing the client's ``traceparent`` metadata."""
+        carrier = {name.decode("latin-1"): value.decode("latin-1")
+                   for name, value in call.headers if name in _TRACE_HEADERS}
+        return self._start("grpc.call", carrier, {"rpc.system": "grpc"})
+
+    def _start(self, name: str, carrier: dict[str, str], attributes: dict[str, Any]) -> RequestTrace:
         context = self.propagator.extract(carrier) if carrier else None
-        span = self.tracer.start_span(
-            "http.request", context=context, kind=self.otel.SpanKind.SERVER,
-            attributes={"http.request.method": ex.method.decode("latin-1"),
-                        "request.id": (ex.request_id or b"").decode("latin-1")})
-        ex.trace = RequestTrace(self, span)
+        return RequestTrace(self, self.tracer.start_span(name, context=context, kind=self.otel.SpanKind.SERVER,
+                                                         attributes=attributes))
 
     def flush(self, timeout: float = 5.0) -> bool:
         return self.provider.force_flush(int(timeout * 1000))

@@ -19,6 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from gateway.app import Gateway, build_providers
@@ -32,6 +35,7 @@ from gateway.settings import Settings
 from gateway.store.instrumented import InstrumentedStore
 from gateway.store.redis import RedisStore
 from gateway.tracing import Tracer
+from tests.grpc_helpers import UNARY, RawCodec, echo_server, grpc_gateway, ident, static_policy
 from tests.proxy_helpers import listening_socket
 from tests.redis_server import RedisServer
 
@@ -228,3 +232,42 @@ def test_the_access_line_carries_the_trace_id() -> None:
             assert json.loads(traced)["trace_id"] == trace_id and "trace_id" not in json.loads(untraced)
         else:
             assert traced.endswith(f" trace_id={trace_id}") and "trace_id" not in untraced
+
+
+async def test_a_grpc_call_is_traced_and_the_sandbox_gets_its_traceparent(
+        tmp_path: Path, receiver: tuple[Receiver, str]) -> None:
+    spans, endpoint = receiver
+    async with echo_server() as (sandbox, port), grpc_gateway(
+            tmp_path, static_policy(tmp_path / "policy.yaml", ["127.0.0.1"], port),
+            tracing_otlp_endpoint=endpoint, access_log=False) as gateway:
+        assert gateway.grpc_address is not None
+        channel = Channel(*gateway.grpc_address, codec=RawCodec())
+        try:
+            client_trace, client_span = secrets.token_hex(16), secrets.token_hex(8)
+            async with channel.request("/test.Echo/Unary", UNARY, bytes, bytes, metadata=ident(
+                    traceparent=f"00-{client_trace}-{client_span}-01")) as stream:
+                await stream.send_message(b"hi", end=True)
+                assert await stream.recv_message() == b"hi"
+            # Refused: no identity (UNAUTHENTICATED), in a trace of its own.
+            with pytest.raises(GRPCError) as refused:
+                async with channel.request("/test.Echo/Unary", UNARY, bytes, bytes, metadata={}) as stream:
+                    await stream.send_message(b"hi", end=True)
+                    await stream.recv_message()
+            assert refused.value.status is Status.UNAUTHENTICATED
+        finally:
+            channel.close()
+        version, trace_id, parent, flags = sandbox.seen[-1]["traceparent"].split("-")
+        assert (version, trace_id, flags) == ("00", client_trace, "01") and parent != client_span
+        call = by_name(await spans.wait_for(client_trace, 4))
+        assert set(call) == {"grpc.call", "sandbox.resolve", "sandbox.provision", "sandbox.upstream"}
+        assert call["grpc.call"]["parent"] == client_span and call["sandbox.upstream"]["span_id"] == parent
+        assert call["sandbox.resolve"]["parent"] == call["grpc.call"]["span_id"]
+        assert call["sandbox.provision"]["parent"] == call["sandbox.resolve"]["span_id"]
+        assert call["grpc.call"]["attributes"]["rpc.grpc.status_code"] == 0
+        assert call["grpc.call"]["attributes"]["outcome"] == "ok"
+        await asyncio.to_thread(gateway.data_plane.tracer.flush)
+        async with asyncio.timeout(30):
+            while not any(s["name"] == "grpc.call" and s["attributes"].get("rpc.grpc.status_code") == 16
+                          for s in spans.spans):
+                spans.arrived.clear()
+                await spans.arrived.wait()
