@@ -121,7 +121,9 @@ class RequestTrace:
         up = self.upstream_span
         if up is not None:
             self.upstream_span = None
-            if upstream_time is not None:
+            if not up.is_recording():  # not sampled
+                up.end()
+            elif upstream_time is not None:
                 up.set_attribute(*status)
                 up.end(end_time=up.start_time + int(upstream_time * 1e9))
             else:

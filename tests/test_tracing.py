@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import secrets
 import uuid
 from collections.abc import AsyncIterator
@@ -151,7 +152,8 @@ def sent_traceparent(body: dict[str, Any] | None) -> tuple[str, str]:
     return trace_id, parent
 
 
-async def test_cold_warm_wake_and_refusal_are_traced_over_otlp(traced: tuple[Gateway, Receiver]) -> None:
+async def test_cold_warm_wake_and_refusal_are_traced_over_otlp(traced: tuple[Gateway, Receiver],
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     gateway, receiver = traced
     tracer = gateway.data_plane.tracer
     assert isinstance(tracer, Tracer)
@@ -188,6 +190,13 @@ async def test_cold_warm_wake_and_refusal_are_traced_over_otlp(traced: tuple[Gat
     assert set(warm) == {"http.request", "sandbox.upstream"}
     assert warm["http.request"]["parent"] == "" and warm["sandbox.upstream"]["span_id"] == warm_parent
 
+    # Not sampled (the client's flag is kept): served, the context passed on, nothing exported.
+    unsampled = secrets.token_hex(16)
+    status, body = await call(gateway, "/echo", {**ALICE, "traceparent": f"00-{unsampled}-{secrets.token_hex(8)}-00"})
+    assert status == 200
+    headers = {name.lower(): value for name, value in body["headers"].items()}  # type: ignore[index]
+    assert headers["traceparent"].startswith(f"00-{unsampled}-") and headers["traceparent"].endswith("-00")
+
     # Wake: suspended through the control API, woken by the next request.
     assert gateway.control_address is not None
     async with aiohttp.ClientSession() as http, http.post(
@@ -212,6 +221,8 @@ async def test_cold_warm_wake_and_refusal_are_traced_over_otlp(traced: tuple[Gat
     assert attributes["http.response.status_code"] == 400 and attributes["outcome"] == "invalid_identity"
     assert "sandbox.id" not in attributes
     assert receiver.content_types == {"application/x-protobuf"}
+    assert receiver.trace(unsampled) == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_tracing_is_off_by_default_and_then_loads_nothing() -> None:
