@@ -155,7 +155,15 @@ def _gateway_worker(port: int, backend_port: int, fast_path: bool) -> None:
         sock.listen(4096)
         sock.setblocking(False)
         resolver = FixedResolver() if fast_path else SlowPathResolver()
-        plane = DataPlane(resolver, PlaneOptions(upstream_pool_size=512))
+        # BENCH_TRACING_ENDPOINT (an OTLP/HTTP receiver): requests traced (gateway/tracing.py), for its cost;
+        # BENCH_TRACING_RATIO: the share sampled (default 1.0).
+        endpoint = os.environ.get("BENCH_TRACING_ENDPOINT")
+        tracer = None
+        if endpoint:
+            from gateway.tracing import Tracer
+
+            tracer = Tracer(endpoint, float(os.environ.get("BENCH_TRACING_RATIO", "1.0")))
+        plane = DataPlane(resolver, PlaneOptions(upstream_pool_size=512), tracer=tracer)
         await plane.start(sock)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -313,7 +313,8 @@ class Gateway:
                                     limits=self._org_limits(undo),
                                     compat=self.compat if self.compat is not None else NoRouterHeaders(),
                                     keys=self._preview_keys(), hosts=self.allowed_hosts,
-                                    gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused))
+                                    gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused),
+                                    tracer=self._tracer(undo))
         self.data_plane.request_timeouts = request_timeouts(self.router.policy)
         self.metrics.add_fold(self._live_gauges)  # exact at a scrape, not up to 5 s behind
         await self.data_plane.start(data_sock)
@@ -324,6 +325,7 @@ class Gateway:
             self.grpc_front = GrpcFront(self.router, self.settings, authenticator=self.authenticator,
                                         limits=self.data_plane.limits, metrics=GrpcMetrics(self.metrics.registry),
                                         access=self._access, admission=self.data_plane.admission,
+                                        tracer=self.data_plane.tracer,
                                         gate=ConnectionGate("grpc", *bounds, on_refused=self.metrics.connection_refused))
             await self.grpc_front.start(grpc_sock)
             self.grpc_address = self.grpc_front.address
@@ -337,6 +339,16 @@ class Gateway:
         await web.SockSite(self._control_runner, control_sock).start()
         self.data_address = data_sock.getsockname()[:2]
         self.control_address = control_sock.getsockname()[:2]
+
+    def _tracer(self, undo: contextlib.AsyncExitStack) -> Any:
+        """The OpenTelemetry tracer (gateway/tracing.py), None when tracing is off; at stop, after the
+        fronts have drained, the spans left are exported (off the loop: the exporter blocks)."""
+        from gateway.tracing import Tracer
+
+        tracer = Tracer.from_settings(self.settings)
+        if tracer is not None:
+            undo.push_async_callback(asyncio.to_thread, tracer.shutdown)
+        return tracer
 
     def _org_limits(self, undo: contextlib.AsyncExitStack) -> OrgLimits | SharedOrgLimits:
         """Per-org limits: the installation's (leased from Redis) or, without Redis or when asked, this

@@ -144,6 +144,9 @@ class AccessLog:
                     f'"path":{path},"status":{entry.status},"bytes_in":{entry.bytes_in},'
                     f'"bytes_out":{entry.bytes_out},"duration_ms":{entry.duration * 1000:.2f},"upstream_ms":{up},'
                     f'"request_id":"{entry.request_id}",{who},"protocol":"{entry.protocol}","error":{error}}}')
+            if entry.trace_id is not None:
+                line = f'{line[:-1]},"trace_id":"{entry.trace_id}"}}'
+
         else:
             second = int(now)
             if second != self._second:
@@ -153,6 +156,8 @@ class AccessLog:
                     f"bytes_in={entry.bytes_in} bytes_out={entry.bytes_out} duration_ms={entry.duration * 1000:.2f} "
                     f"upstream_ms={up} request_id={entry.request_id} {who} protocol={entry.protocol} "
                     f"error={code or '-'}")
+            if entry.trace_id is not None:
+                line = f"{line} trace_id={entry.trace_id}"
         pending = self._pending
         pending.append(line)
         if len(pending) >= self._max_pending:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from gateway import tracing
 from gateway.access import incarnation_of, stale
 from gateway.errors import (
     CapacityExceeded, Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable,
@@ -400,9 +401,11 @@ class SessionRouter:
                 self.events.capacity_rejected(exc.scope)
                 raise
             if reservation.created:
-                return await self._create(reservation.record, binding, timeout)
+                with tracing.phase("sandbox.provision", binding.sandbox_id, binding.pool):
+                    return await self._create(reservation.record, binding, timeout)
             if reservation.outcome is Reserved.RESUME:
-                return await self.lifecycle.resume(reservation.record, binding, timeout)
+                with tracing.phase("sandbox.wake", binding.sandbox_id, binding.pool):
+                    return await self.lifecycle.resume(reservation.record, binding, timeout)
             if reservation.record.state is SandboxState.READY:
                 return reservation.record
             settlement = await self._settled(binding.sandbox_id, timeout)

@@ -218,6 +218,9 @@ class Settings(BaseSettings):
     access_log: bool = True
     access_log_query: bool = False  # log paths with their query strings (they may carry tokens: off)
     per_org_metrics: bool = False
+    # OpenTelemetry traces over OTLP/HTTP (gateway/tracing.py), e.g. http://collector:4318; None: off (free).
+    tracing_otlp_endpoint: str | None = Field(default=None, pattern=r"^https?://[^/?#\s]+(/[^?#\s]*)?$")
+    tracing_sample_ratio: float = Field(default=1.0, ge=0, le=1)  # of new traces; a client's sampled flag is kept
     # Where prometheus-client's multiprocess mode keeps the workers' values (serve --workers sets it):
     # /metrics then aggregates every worker.
     prometheus_multiproc_dir: str | None = Field(

@@ -22,7 +22,7 @@ import logging
 import math
 import re
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from grpclib.metadata import decode_timeout, encode_grpc_message
 
@@ -131,7 +131,7 @@ class Call:
     __slots__ = ("front", "conn", "down", "headers", "task", "up", "pump", "side",
                  "sandbox_reset", "head_sent", "done", "status", "path", "t0", "route", "deadline", "stream_key",
                  "to_sandbox", "to_client", "org_id", "refused", "running", "identity", "request", "resent",
-                 "error", "code", "sent_at", "upstream", "timeout")
+                 "error", "code", "sent_at", "upstream", "timeout", "trace")
 
     def __init__(self, front: GrpcFront, conn: _ServerSide, down: Stream) -> None:
         self.front = front
@@ -164,6 +164,7 @@ class Call:
         self.code: str | None = None        # the error code of an answer the gateway gave itself
         self.sent_at = 0.0                  # perf_counter() when the head went to the sandbox
         self.upstream: float | None = None  # from then to the sandbox's response head
+        self.trace: Any = None              # a gateway.tracing.RequestTrace when tracing is on
         down.owner = _Side(self, "client")
 
     # -- termination reported by the streams ----------------------------------------
@@ -184,6 +185,8 @@ class Call:
     # -- the call -----------------------------------------------------------------
     async def run(self) -> None:
         self.running = True
+        if self.front.tracer is not None:
+            self.trace = self.front.tracer.begin_call(self)  # gateway/tracing.py
         try:
             if self.side is not None:  # ended before it began (the client reset at once, or we are draining)
                 self._ended_early()
@@ -303,7 +306,11 @@ class Call:
         admission = front.admission
         if admission.limited:  # every call is a stream (it holds a slot for as long as it runs)
             self.stream_key = admission.admit(identity, True)  # type: ignore[arg-type]
-        route = self.route = await front.router.resolve(identity)
+        if self.trace is None:
+            route = self.route = await front.router.resolve(identity)
+        else:
+            with self.trace.resolving():
+                route = self.route = await front.router.resolve(identity)
         front.router.stream_opened(route.sandbox_id)
         host, port = target = grpc_target(route, front.router.policy.pools.get(route.pool))
         connection = await front.channels.connection(target)
@@ -313,6 +320,8 @@ class Call:
                 (SANDBOX_ID_HEADER, route.sandbox_id.encode())]
         if self.deadline is not None:
             head.append((b"grpc-timeout", self._timeout_left()))
+        if self.trace is not None:
+            head = self.trace.grpc_head(head, route)  # the sandbox continues the trace (traceparent)
         self.sent_at = time.perf_counter()
         up = self.up = connection.open_stream(head, _Side(self, "sandbox"))
         if self._request_fits(up):
@@ -503,6 +512,9 @@ class Call:
             front.admission.stream_closed(self.stream_key)
         if self.route is not None:
             front.router.stream_closed(self.route.sandbox_id)
+        if self.trace is not None:
+            self.trace.finish(self.route, self.identity, ("rpc.grpc.status_code", self.status),
+                              self.refused or self.code or self.error, self.upstream, self.status not in (0, 1, 3, 5))
         front.finished(self)
         # Break the call <-> stream cycles (Call -> Stream -> _Side -> Call): the call, its streams and
         # their buffers and headers are then freed as the call ends, by reference counting, rather

@@ -41,7 +41,7 @@ def call_log(call: Call, request_id: str) -> RequestLog:
         org_id=call.org_id, refused=call.refused,
         target=call.path,  # passed Call's check (two slashes, no space); the log escapes it
         session_id=call.identity.session_id if call.identity is not None else None, upstream=call.upstream,
-        code=call.code)
+        code=call.code, trace_id=call.trace.trace_id if call.trace is not None else None)
 
 
 class _ServerSide:
@@ -92,8 +92,9 @@ class GrpcFront:
 
     def __init__(self, router: SessionRouter, settings: Settings, *, authenticator: Authenticator = TrustedHeaders(),
                  limits: OrgLimits | None = None, metrics: GrpcMetrics | None = None, access: Any = None,
-                 admission: Admission | None = None, gate: ConnectionGate | None = None) -> None:
+                 admission: Admission | None = None, gate: ConnectionGate | None = None, tracer: Any = None) -> None:
         self.router = router
+        self.tracer = tracer  # a gateway.tracing.Tracer, or None: tracing off
         self.settings = settings
         # Who, may they: the data plane's own admission (app.py), so identity, credentials, org limits and
         # header hygiene are one set of rules for HTTP and gRPC; its own only where none is given.

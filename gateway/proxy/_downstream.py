@@ -255,6 +255,8 @@ class DownstreamConnection(RequestReader):
         if ex.request_id is None:
             ids = plane.ids
             ex.request_id = b"%s%x" % (ids.prefix, next(ids.counter))
+        if plane.tracer is not None:
+            plane.tracer.begin(ex)  # gateway/tracing.py
         if ex.reject is not None:
             self.fail(ex, ex.reject)  # type: ignore[arg-type]
             return
@@ -334,7 +336,11 @@ class DownstreamConnection(RequestReader):
 
     async def _begin_slow(self, ex: Exchange, identity: Identity | None, route: Route | None, fresh: bool) -> None:
         try:
-            conn = await self.plane.open_route(ex, identity, route, fresh)
+            if ex.trace is None:
+                conn = await self.plane.open_route(ex, identity, route, fresh)
+            else:
+                with ex.trace.resolving():
+                    conn = await self.plane.open_route(ex, identity, route, fresh)
         except GatewayError as exc:
             ex.task = None
             self.fail(ex, exc)
@@ -383,6 +389,8 @@ class DownstreamConnection(RequestReader):
         if ex.host is not None:
             parts += (b"X-Forwarded-Host: ", ex.host, w.CRLF)
         parts += (b"X-Request-Id: ", ex.request_id, w.CRLF)  # type: ignore[arg-type]
+        if ex.trace is not None:
+            parts += ex.trace.upstream(ex)  # the sandbox continues the trace (traceparent)
         if ex.websocket:
             parts.append(w.WS_UPGRADE)
         elif ex.body == CHUNKED:

@@ -21,11 +21,11 @@ cdef class Exchange:
     cdef public double timeout, deadline
     cdef public object keyed, cookie_tokens, code
     cdef public double sent_at
-    cdef public object upstream_time, trailers
+    cdef public object upstream_time, trailers, trace
 
 cdef class RequestLog:
     cdef public object method, pool, sandbox_id
     cdef public int status
     cdef public double duration
     cdef public long long bytes_in, bytes_out
-    cdef public object protocol, request_id, error, org_id, refused, target, session_id, upstream, code
+    cdef public object protocol, request_id, error, org_id, refused, target, session_id, upstream, code, trace_id

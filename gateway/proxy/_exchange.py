@@ -44,7 +44,7 @@ class Exchange:
         "conn_ka", "req_done", "pending", "early", "reject", "identity", "route", "upstream", "task", "state",
         "status", "started", "close_after", "bytes_in", "bytes_out", "t0", "active_at", "stream",
         "protocol", "error", "retried", "stream_key", "refused", "compat", "timeout", "deadline", "keyed",
-        "cookie_tokens", "code", "sent_at", "upstream_time", "trailers",
+        "cookie_tokens", "code", "sent_at", "upstream_time", "trailers", "trace",
     )
 
     def __init__(self, client: DownstreamConnection) -> None:
@@ -100,6 +100,7 @@ class Exchange:
         self.sent_at = 0.0                    # perf_counter() when the head went to the sandbox
         self.trailers: list[bytes] | None = None  # a chunked body's trailer fields, as (name, ": ", value, CRLF)
         self.upstream_time: float | None = None  # from then to the sandbox's response head
+        self.trace: Any = None                # a gateway.tracing.RequestTrace when tracing is on
 
 
 class RequestLog:
@@ -125,12 +126,13 @@ class RequestLog:
     """
 
     __slots__ = ("method", "pool", "sandbox_id", "status", "duration", "bytes_in", "bytes_out", "protocol",
-                 "request_id", "error", "org_id", "refused", "target", "session_id", "upstream", "code")
+                 "request_id", "error", "org_id", "refused", "target", "session_id", "upstream", "code", "trace_id")
 
     def __init__(self, method: str, pool: str | None, sandbox_id: str | None, status: int, duration: float,
                  bytes_in: int, bytes_out: int, protocol: str, request_id: str, error: str | None,
                  org_id: str | None = None, refused: str | None = None, target: str = "-",
-                 session_id: str | None = None, upstream: float | None = None, code: str | None = None) -> None:
+                 session_id: str | None = None, upstream: float | None = None, code: str | None = None,
+                 trace_id: str | None = None) -> None:
         self.method = method
         self.pool = pool
         self.sandbox_id = sandbox_id
@@ -147,6 +149,7 @@ class RequestLog:
         self.session_id = session_id
         self.upstream = upstream
         self.code = code
+        self.trace_id = trace_id  # the request's trace (hex) when tracing is on and it was sampled
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)

@@ -140,6 +140,7 @@ class DataPlane(PlaneState):
                  keys: PreviewKeys | None = None,
                  gate: ConnectionGate | None = None,
                  hosts: AllowedHosts = AllowedHosts(["*"]),
+                 tracer: Any = None,
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
                  long_request_after: float = LONG_REQUEST_AFTER) -> None:
         self.resolver = resolver
@@ -150,6 +151,7 @@ class DataPlane(PlaneState):
         # Host and path keys and the access tokens behind them (None: no keys to check tokens with).
         self.keys = keys
         self.keyed = keys is not None and keys.routes  # read per request: is a host or path key on?
+        self.tracer = tracer  # a gateway.tracing.Tracer, or None: tracing off
         self.hosts = hosts  # the Host values answered (DNS rebinding): checked per request, cached per value
         self.max_body = options.max_body_bytes
         self.ws_max_message = options.ws_max_message_bytes

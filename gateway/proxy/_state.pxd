@@ -10,7 +10,7 @@ cdef class PlaneState:
     cdef public set clients
     cdef public object gate
     cdef public object admission, ids, loop, keys, compat, options, resolver, on_request, drained
-    cdef public object hosts
+    cdef public object hosts, tracer
     cpdef stream_began(self, Exchange ex)
     cpdef finished(self, Exchange ex)
 

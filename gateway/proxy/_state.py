@@ -76,6 +76,7 @@ class PlaneState:
     trust_xff: bool             # trust_forwarded_for
     write_high: int             # a transport's write buffer limit
     keyed: bool                 # a host or path key is on: requests without a session may name a sandbox
+    tracer: Any                 # a gateway.tracing.Tracer, None when tracing is off (one check per request)
     request_timeouts: dict[str, float]
     pools: dict[tuple[str, int], UpstreamPool]
     clients: set[Any]
@@ -119,6 +120,9 @@ class PlaneState:
         if ex.stream_key is not None:
             self.admission.stream_closed(ex.stream_key)
             ex.stream_key = None
+        trace = ex.trace
+        if trace is not None:
+            trace.end(ex)
         hook = self.on_request
         if hook is not ignore_requests:  # the null hook needs no record: none is built (hot path)
             route = ex.route
@@ -128,7 +132,8 @@ class PlaneState:
                 route.sandbox_id if route else None, ex.status, perf_counter() - ex.t0, ex.bytes_in, ex.bytes_out,
                 ex.protocol, (ex.request_id or b"").decode("latin-1"), ex.error,
                 identity.org_id if identity is not None else None, ex.refused, ex.url.decode("latin-1") or "-",
-                identity.session_id if identity is not None else None, ex.upstream_time, ex.code)
+                identity.session_id if identity is not None else None, ex.upstream_time, ex.code,
+                trace.trace_id if trace is not None else None)
             try:
                 hook(record)
             except Exception:
