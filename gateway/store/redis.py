@@ -132,6 +132,16 @@ log = logging.getLogger(__name__)
 
 _ALONE_WAIT_MS = 10  # WAIT while the primary has no replica up: long enough for one that just came back
 
+
+async def _read_again_on_timeout(script: Any, **call: Any) -> Any:
+    """A read script, sent once more when the first answer did not come within the socket timeout.
+    Writes are never re-sent (they may have run); a read may be: on a starved host (a hundred sandboxes
+    waking on two cores) one late answer would otherwise fail a request the next round trip serves."""
+    try:
+        return await script(**call)
+    except redis_errors.TimeoutError:
+        return await script(**call)
+
 class RedisStore:
     """``SessionStore`` shared by every replica of one installation (``prefix``).
 
@@ -255,7 +265,7 @@ class RedisStore:
     async def _read_binding(self, session_id: str) -> str | None:
         """The binding as stored: its own key, else folded into its per-session sandbox's hash."""
         keys = [self.keys.binding(session_id), self.keys.sandbox(per_session_sandbox_id(session_id))]
-        raw: str | None = await self._get_binding(keys=keys, args=[session_id])
+        raw: str | None = await _read_again_on_timeout(self._get_binding, keys=keys, args=[session_id])
         return raw
 
     @translated("list a sandbox's sessions")
@@ -617,7 +627,8 @@ class RedisStore:
             f"{self._ack_timeout_ms}ms (redis_replica_acks); retry shortly", retry_after=1.0)
 
     async def _read_sandbox(self, sandbox_id: str) -> tuple[SandboxRecord, str] | None:
-        view = await self._get_sandbox(keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes], args=[sandbox_id])
+        view = await _read_again_on_timeout(self._get_sandbox, keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes],
+                                            args=[sandbox_id])
         return None if view is None else codec.record_of(sandbox_id, view)
 
     async def _scan_matching(self, entries: list[Position], more: bool, limit: int,
