@@ -115,3 +115,28 @@ def _async_tests_leak_no_tasks(request: pytest.FixtureRequest) -> None:
 
 def python() -> str:
     return sys.executable
+
+
+# -- one pass only -----------------------------------------------------------------------------
+# ./scripts/test runs the suite twice, on the compiled data plane and on its pure-Python modules. These
+# files exercise nothing of the data plane that the per-way tests do not (chart rendering, the gRPC
+# front and providers, which are pure Python either way; multi-process scenarios and the browser
+# suites, whose data-plane paths the per-way tests cover), and cost minutes: they run in the first
+# pass only, and the second says so for each.
+ONCE = ("tests/chaos/", "tests/helm/", "tests/test_browser_redteam.py", "tests/test_browser_isolation.py",
+        "tests/test_h2spec.py", "tests/test_redis_sentinel.py", "tests/test_failover.py",
+        "tests/test_replica_limits.py", "tests/test_limit_leases.py", "tests/test_kubernetes_chaos.py",
+        "tests/test_kubernetes_faults.py", "tests/test_fakekube_faults.py", "tests/test_bench_harness.py")
+SECOND_PASS = "SANDBOX_GATEWAY_TEST_SECOND_PASS"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import os
+
+    if os.environ.get(SECOND_PASS) != "1":
+        return
+    skip = pytest.mark.skip(reason="run in the first (compiled) pass only: it exercises no data-plane path the "
+                                   "per-way tests do not (tests/conftest.py, ONCE)")
+    for item in items:
+        if item.nodeid.startswith(ONCE):
+            item.add_marker(skip)
