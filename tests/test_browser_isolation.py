@@ -232,12 +232,16 @@ async def test_host_mode_tossed_cookies_stay_home_and_a_cookie_bomb_costs_one_re
     # (document.cookie hands them to the browser's cookie store, which takes them in its own time.)
     await _until_async(lambda: _bombs(scene.browser), BOMB)
     # ...costs the victim one request: 431 with every cookie it carried expired, the access cookie kept.
-    refused = await mine.goto(victim.host(scene, "/page"))
-    # (Chromium's cookie store may put the bomb on the request after this one: then this one is a 200.)
-    assert refused["status"] == 200 or (refused["status"] == 431 and "cookies were expired" in await mine.text())
-    await _until_async(lambda: _bombs(scene.browser), 0)
-    again = await mine.goto(victim.host(scene, "/page"))
-    assert again["status"] == 200 and "page of " + victim.sandbox_id in await mine.text()
+    # (Chromium's cookie store takes script writes in its own time: the bomb may ride from the first
+    # request or a later one. Either way one answer of 431, at most, and the pages after it are served.)
+    statuses = []
+    for _ in range(3):
+        statuses.append((await mine.goto(victim.host(scene, "/page")))["status"])
+        if statuses[-1] == 431:
+            assert "cookies were expired" in await mine.text()
+            await _until_async(lambda: _bombs(scene.browser), 0)
+    assert statuses.count(431) <= 1 and statuses[-1] == 200, statuses
+    assert "page of " + victim.sandbox_id in await mine.text()
 
 
 async def test_the_gateway_answers_only_the_hosts_it_serves(scene: Scene):

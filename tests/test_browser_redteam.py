@@ -178,16 +178,15 @@ async def test_redteam_cookie_bomb_the_431_does_not_expire_keeps_the_victim_out(
     await _plant(red.browser, theirs, bomb)
     target = ("/page/a/b/c/d/e/f/g" if "'v'.repeat" in bomb else "/page/a/b/c/d/x" if "path=/page/a/b/c/d'" in bomb
               else "/page/a/b" if "'N'" in bomb else "/page")
-    first = await mine.goto(victim.host(red, target))
-    # 431, or no response at all when the browser cannot read the answer's head (then the page says why);
-    # or 200 when the browser's cookie store had not yet put the whole bomb on this request (it takes the
-    # writes in its own time): then the later requests below must be 200 all the same.
-    assert first.get("status", 431) in (431, 200), first
-    # SECURITY.md: "40 cookies ... cost the victim one 431, then 200". Here every later request fails too.
-    for _ in range(3):
-        again = await mine.goto(victim.host(red, target))
-        status = again.get("status") or (await mine.text())[:200]
-        assert status == 200, f"the victim is still locked out ({status}) after the first 431"
+    # SECURITY.md: "40 cookies ... cost the victim one 431, then 200". The browser's cookie store takes
+    # script writes in its own time, so the bomb may ride from the first request or a later one: one
+    # refused answer at most (431, or none when the browser cannot read the answer's head), then 200s.
+    statuses = []
+    for _ in range(4):
+        answer = await mine.goto(victim.host(red, target))
+        statuses.append(answer.get("status") or (await mine.text())[:200])
+    refused = [s for s in statuses if s != 200]
+    assert len(refused) <= 1 and statuses[-1] == 200, f"the victim is still locked out: {statuses}"
 
 
 
@@ -279,11 +278,9 @@ async def test_redteam_cookie_bomb_on_the_preview_domains_parent_keeps_the_victi
     await _plant(deep.browser, theirs, "for (let i = 0; i < 40; i++)"
                  f" document.cookie = 'up' + i + '=' + 'x'.repeat(3900) + '; domain={PREVIEW_DOMAIN}; path=/'; 40")
     page = victim.host_url.split("?")[0] + "page"
-    # 431; or 200 when the browser's cookie store had not yet put the bomb on this request (it takes the
-    # writes in its own time): what is asserted is that the next one is not locked out.
-    assert (await mine.goto(page))["status"] in (431, 200)
-    again = await mine.goto(page)
-    assert again["status"] == 200, f"the victim is still locked out ({again['status']}) after the first 431"
+    # The browser's cookie store takes script writes in its own time: one refused answer at most, then 200s.
+    statuses = [(await mine.goto(page)).get("status") for _ in range(3)]
+    assert statuses.count(431) <= 1 and statuses[-1] == 200, f"the victim is still locked out: {statuses}"
 
 
 # --- RED TEAM #2b (high): path mode, the token reaches the next page's script through document.referrer ---
