@@ -309,6 +309,9 @@ async def start_cluster(root: Path, *, replicas: int = 3, extra_env: dict[str, s
         "SANDBOX_GATEWAY_REAP_INTERVAL": "1",
         "SANDBOX_GATEWAY_ORPHAN_GRACE": "5",
         "SANDBOX_GATEWAY_ACCESS_LOG": "false",
+        # Every simulated client here comes from 127.0.0.1: the per-address bound derived from a 20,000
+        # descriptor limit (500) would count a thousand users as one neighbour (gateway/gate.py).
+        "SANDBOX_GATEWAY_MAX_CONNECTIONS_PER_CLIENT": "4000",
         **(extra_env or {}),
     }
     cluster = Cluster(root, redis, kube, pods, stall, policy_path, env,
