@@ -34,7 +34,7 @@ from gateway.lifecycle import REAPER_LEASE, WAKING_STATES, Lifecycle, outcome_of
 from gateway.model import Binding, Endpoint, Owner, Route, SandboxRecord, SandboxRequest, SandboxState, may_claim
 from gateway.policy import allowed_ports
 from gateway.providers.base import ForeignSandbox, Probe, SandboxProvider
-from gateway.route_cache import CachedRoute, RouteCache, SandboxRoutes
+from gateway.route_cache import CachedRoute, RouteCache, RouteLookup, SandboxRoutes
 from gateway.store.base import (
     ANY_SANDBOX, Caps, FleetCounts, NotReserved, Position, Released, Reserved, SandboxFilter, SandboxPage,
     SessionStore, Settled, Settlement, SettleTimeout,
@@ -150,30 +150,12 @@ class SessionRouter:
         self._resolving: dict[tuple[str, str | None, str, str | None], asyncio.Future[Route]] = {}
         self._healing: dict[tuple[str, Endpoint], asyncio.Task[None]] = {}
         self.activity = ActivityLog()
+        # The hot path: the route from this process's cache, or None on a miss (owner checked). A
+        # compiled object's bound method (gateway/route_cache.py), not a method here: once per request.
+        self.cached_route: Callable[[Identity], Route | None] = RouteLookup(
+            self.routes, clock, events, self.activity, _unknown_session).route
         self.lifecycle = Lifecycle(self)
         store.subscribe(self.routes.invalidate)
-
-    # hot path ---------------------------------------------------------------
-    def cached_route(self, identity: Identity) -> Route | None:
-        """The route from this process's cache, synchronously, or None on a miss.
-
-        The data plane calls this first so that a request for a known session
-        costs no task and no store round trip. The owner check applies here too.
-        """
-        cached = self._cache.get(identity.session_id)
-        if cached is None:
-            return None
-        now = self.clock()
-        if now >= cached.fresh_until:
-            return None
-        route = cached.route
-        if not route.owner.matches(identity):
-            self.events.denied("owner_mismatch")
-            raise _unknown_session()
-        self.events.route_cache(True)
-        self.activity.sandboxes[route.sandbox_id] = now
-        self.activity.sessions[route.session_id] = now
-        return route
 
     async def resolve(self, identity: Identity) -> Route:
         """The route for a request; creates the session's sandbox on first use."""

@@ -26,11 +26,14 @@ from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrad
 
 from gateway.errors import BadRequest, CapacityExceeded, GatewayError, NotFound, TooManyConnections, UpstreamError
 from gateway.hosts import host_not_allowed
-from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
 from gateway.proxy._request import RequestReader, _BodyTooLarge, _HeadTooLarge
 from gateway.proxy._state import (
     M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED, PAUSE_PIPELINE, PAUSE_WAIT,
+)
+from gateway.proxy._wire import (
+    CONTINUE_100, CRLF, H2_PREFACE, HTTP11_CRLF, SP, TE_CHUNKED, WS_UPGRADE, XFP_HTTP, body_length, declares_stream,
+    error_response, h2_refusal, last_chunk, navigation,
 )
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -61,7 +64,7 @@ class DownstreamConnection(RequestReader):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self.peer = str(peer[0]).encode()
-            self.conn_line = b"X-Forwarded-For: " + self.peer + w.CRLF + w.XFP_HTTP
+            self.conn_line = b"X-Forwarded-For: " + self.peer + CRLF + XFP_HTTP
         self.idle_since = self.plane.now
         bound = self.plane.gate.admit(self.peer)
         if bound is not None:
@@ -73,7 +76,7 @@ class DownstreamConnection(RequestReader):
         """Past a listener bound (gateway/gate.py): a 503 before any request is read, then the close."""
         self.mode |= M_CLOSING
         refusal = TooManyConnections(self.plane.gate.refusal(bound))
-        self.transport.write(w.error_response(refusal, self.plane.ids.next(), close=True))
+        self.transport.write(error_response(refusal, self.plane.ids.next(), close=True))
         self.transport.close()
 
     def pause_writing(self) -> None:
@@ -114,8 +117,8 @@ class DownstreamConnection(RequestReader):
             self.up_out.clear()
             if self.mode & M_DISCARD:
                 return  # the request was answered already (refused at its head) and the rest is dropped
-            if data.startswith(w.H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
-                self._malformed(w.h2_refusal(self.plane.options.grpc_port), h2=True)
+            if data.startswith(H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
+                self._malformed(h2_refusal(self.plane.options.grpc_port), h2=True)
                 return
             self._malformed(BadRequest(f"malformed HTTP request: {exc}", code="bad_request"))
             return
@@ -260,9 +263,12 @@ class DownstreamConnection(RequestReader):
         if ex.reject is not None:
             self.fail(ex, ex.reject)  # type: ignore[arg-type]
             return
-        if not plane.hosts.allows(ex.host):
-            self.fail(ex, host_not_allowed(ex.host))
-            return
+        host = ex.host
+        if host != self.host_ok:  # checked once per Host value a connection sends (it repeats)
+            if not plane.hosts.allows(host):
+                self.fail(ex, host_not_allowed(host))
+                return
+            self.host_ok = host
         if ex.compat is not None and ex.compat[0] is not None and self._begin_compat(ex):
             return
         # A preview host or path is keyed whatever else the request says: identity headers there would let
@@ -280,7 +286,7 @@ class DownstreamConnection(RequestReader):
             if admission.limited:
                 # The stream slot is released by DataPlane.finished.
                 ex.stream_key = admission.admit(
-                    identity, ex.websocket or (admission.caps_streams and w.declares_stream(ex.headers)))
+                    identity, ex.websocket or (admission.caps_streams and declares_stream(ex.headers)))
         except CapacityExceeded as exc:
             ex.refused = exc.scope
             self.fail(ex, exc)
@@ -380,35 +386,35 @@ class DownstreamConnection(RequestReader):
         if route is not self.route_key:
             self.route_key = route
             self.route_pool = conn.pool
-            self.route_line = conn.pool.host_line + b"X-Sandbox-Id: " + route.sandbox_id.encode() + w.CRLF
+            self.route_line = conn.pool.host_line + b"X-Sandbox-Id: " + route.sandbox_id.encode() + CRLF
         if ex.xff is not None and self.plane.trust_xff:
-            forwarded = b"X-Forwarded-For: " + ex.xff + b", " + self.peer + w.CRLF + w.XFP_HTTP
+            forwarded = b"X-Forwarded-For: " + ex.xff + b", " + self.peer + CRLF + XFP_HTTP
         else:
             forwarded = self.conn_line
-        parts = [ex.method, w.SP, ex.url, w.HTTP11_CRLF, *ex.headers, self.route_line, forwarded]
+        parts = [ex.method, SP, ex.url, HTTP11_CRLF, *ex.headers, self.route_line, forwarded]
         if ex.host is not None:
-            parts += (b"X-Forwarded-Host: ", ex.host, w.CRLF)
-        parts += (b"X-Request-Id: ", ex.request_id, w.CRLF)  # type: ignore[arg-type]
+            parts += (b"X-Forwarded-Host: ", ex.host, CRLF)
+        parts += (b"X-Request-Id: ", ex.request_id, CRLF)  # type: ignore[arg-type]
         if ex.trace is not None:
             parts += ex.trace.upstream(ex)  # the sandbox continues the trace (traceparent)
         if ex.websocket:
-            parts.append(w.WS_UPGRADE)
+            parts.append(WS_UPGRADE)
         elif ex.body == CHUNKED:
-            parts.append(w.TE_CHUNKED)
-        parts.append(w.CRLF)
+            parts.append(TE_CHUNKED)
+        parts.append(CRLF)
         out = [b"".join(parts)]  # type: ignore[arg-type]
         pending = ex.pending
         if pending is not None:
             ex.pending = None
             if ex.body == CHUNKED:
                 for chunk in pending:
-                    out += (b"%x\r\n" % len(chunk), chunk, w.CRLF)
+                    out += (b"%x\r\n" % len(chunk), chunk, CRLF)
             else:
                 out += pending
         if ex.req_done and ex.body == CHUNKED:
-            out.append(w.last_chunk(ex.trailers))
+            out.append(last_chunk(ex.trailers))
         if not ex.req_done and ex.expect and ex.body != NO_BODY and not ex.bytes_in:
-            self._send(w.CONTINUE_100)
+            self._send(CONTINUE_100)
         if batch:
             if self.up_conn is not conn:
                 self._flush_up()
@@ -445,9 +451,9 @@ class DownstreamConnection(RequestReader):
         ex.status = exc.status
         ex.code = exc.code
         close = not ex.req_done or not ex.keep_alive or self.plane.draining or bool(self.mode & M_UPGRADED)
-        response = w.error_response(exc, ex.request_id or b"-", close=close, keep_alive_10=ex.version10,
-                                    as_html=w.navigation(ex.headers))
-        ex.bytes_out = w.body_length(response)  # the access log counts the body the gateway wrote
+        response = error_response(exc, ex.request_id or b"-", close=close, keep_alive_10=ex.version10,
+                                    as_html=navigation(ex.headers))
+        ex.bytes_out = body_length(response)  # the access log counts the body the gateway wrote
         self._send(response)
         self.finish(ex, close)
 

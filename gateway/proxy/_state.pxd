@@ -22,6 +22,7 @@ cdef class ClientState:
     cdef public object head_key
     cdef public Py_ssize_t head_seen
     cdef public list head_raw
+    cdef public object host_ok
     cdef public object cookie_scan
     cdef public object ident, ident_key
     cdef public double idle_since

@@ -146,7 +146,7 @@ class ClientState:
     """One client connection's fields (see the module docstring for who uses them)."""
 
     __slots__ = (
-        "big", "conn_line", "cookie_scan", "current", "head_at", "head_key", "head_raw", "head_seen", "ident", "ident_key", "idle_since",
+        "big", "conn_line", "cookie_scan", "current", "head_at", "head_key", "head_raw", "head_seen", "host_ok", "ident", "ident_key", "idle_since",
         "last", "linger_until", "mode", "parser", "parsing", "peer", "plane", "queue", "route_key", "route_line",
         "route_pool", "rpause", "transport", "up_conn", "up_out", "wpaused", "ws_guard",
     )
@@ -166,6 +166,7 @@ class ClientState:
         self.head_seen = 0
         self.cookie_scan: Any = None          # a refused head still being read for its cookie names (_refusals)
         self.head_raw: list[bytes] | None = None  # a head spread over reads, kept (keys on) to find a cookie bomb's names
+        self.host_ok: bytes | None = None      # the last Host value the allowed hosts answered for (None: allowed)
         self.up_out: list[bytes] = []          # bytes for up_conn, written once the current read is parsed
         self.up_conn: UpstreamConnection | None = None
         self.ident_key: tuple[bytes | None, ...] | None = None

@@ -22,9 +22,13 @@ from typing import TYPE_CHECKING
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from gateway.errors import UpstreamError
-from gateway.proxy import _wire as w
 from gateway.proxy._browser import PATH_MODE_HEADERS, private_to_caches, without_clear_site_data
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
+from gateway.proxy._wire import (
+    CHUNK_END, CODING_CHUNKED, CODING_NONE, CODING_OTHER, CONN_CLOSE, CONN_KEEP_ALIVE, CRLF, HOP_BY_HOP,
+    IDEMPOTENT_METHODS, TE_CHUNKED, WS_UPGRADE, host_line, host_only_cookies, is_event_stream, rewrite_under_prefix,
+    strip_hop_by_hop, without_transfer_encoding,
+)
 from gateway.proxy._wsframe import MessageSizeGuard
 
 if TYPE_CHECKING:
@@ -35,7 +39,7 @@ log = logging.getLogger("gateway.proxy")
 
 MAX_RESPONSE_HEAD = 256 * 1024
 _ANY_SIZE = 1 << 64  # the sandbox's messages are not limited; its frames are only followed
-_find_hop_by_hop = w.HOP_BY_HOP.search
+_find_hop_by_hop = HOP_BY_HOP.search
 
 
 _UNREAD_LIMIT = 65536  # what is read of a reset tunnel's last bytes: a close frame is at most 127
@@ -74,7 +78,7 @@ class UpstreamPool:
         self.plane = plane
         self.host = host
         self.port = port
-        self.host_line = w.host_line(host, port)
+        self.host_line = host_line(host, port)
         self.idle: list[UpstreamConnection] = []
         self.size = size
 
@@ -350,13 +354,13 @@ class UpstreamConnection:
             if not self.done and (self.framing == F_RECHUNK or self.framing == F_RAW):
                 # The body was delimited by the upstream closing: that is its end.
                 if self.framing == F_RECHUNK and not client.transport.is_closing():
-                    client.transport.write(w.CHUNK_END)
+                    client.transport.write(CHUNK_END)
                 client.finish(ex, ex.close_after or not ex.req_done)
             else:
                 client.abort(ex, "upstream_closed", "the sandbox closed the connection mid-response")
         elif ex.state == WAITING:
             if (self.raw is None and self.reused and not ex.retried and ex.body == NO_BODY
-                    and ex.method in w.IDEMPOTENT_METHODS):
+                    and ex.method in IDEMPOTENT_METHODS):
                 client.retry(ex)  # a stale keep-alive connection; the request is safe to repeat
             else:
                 sandbox_id = ex.route.sandbox_id if ex.route else None
@@ -393,9 +397,9 @@ class UpstreamConnection:
         head = raw[pos:end]
         low = head.lower()
         match = _find_hop_by_hop(low)
-        coding = w.CODING_NONE
+        coding = CODING_NONE
         if match is not None:
-            head, coding = w.strip_hop_by_hop(head, low, match)
+            head, coding = strip_hop_by_hop(head, low, match)
         if not head.startswith(b"HTTP/1.1 "):
             head = b"HTTP/1.1" + head[8:]
         keyed = ex.keyed
@@ -405,12 +409,12 @@ class UpstreamConnection:
                 head = without_clear_site_data(head)
             if keyed.prefix is not None:
                 if b"\r\nlocation:" in low or b"\r\nset-cookie:" in low:
-                    head = w.rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
+                    head = rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
                 if keyed.shared_origin:
                     head += PATH_MODE_HEADERS  # no page, no script, no referrer on the origin all sandboxes share
             elif b"\r\nset-cookie:" in low:
-                head = w.host_only_cookies(head)
-        if low.find(b"\r\nx-request-id:") < 0:  # the client can quote it; a sandbox's own one is kept
+                head = host_only_cookies(head)
+        if b"\r\nx-request-id:" not in low:  # the client can quote it; a sandbox's own one is kept
             head += b"\r\nX-Request-Id: " + ex.request_id  # type: ignore[operator]
         if (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10
                 and parser.should_keep_alive() and ex.method != b"HEAD" and not self.plane.draining):
@@ -418,9 +422,9 @@ class UpstreamConnection:
             # chunked; llhttp would not call it keep-alive otherwise), passed through as it is.
             self.framing = F_PASS
             self.head_out = head + b"\r\n\r\n"
-            if low.find(b"event-stream") >= 0 and w.is_event_stream(low):
+            if b"event-stream" in low and is_event_stream(low):
                 ex.protocol = "sse"
-                self.sse_end = w.CHUNK_END if low.find(b"\r\ntransfer-encoding:") >= 0 else None
+                self.sse_end = CHUNK_END if b"\r\ntransfer-encoding:" in low else None
                 self.plane.stream_began(ex)
         else:
             self._frame(ex, status, head, low, coding)
@@ -435,11 +439,11 @@ class UpstreamConnection:
     def _frame(self, ex: Exchange, status: int, head: bytes, low: bytes, coding: int) -> None:
         """Choose how the body reaches the client, and the head's Connection line, in general."""
         close = not ex.keep_alive or not ex.req_done or self.plane.draining
-        has_length = low.find(b"\r\ncontent-length:") >= 0
+        has_length = b"\r\ncontent-length:" in low
         extra = b""
         if status == 101:
             framing = F_NONE
-            extra = w.WS_UPGRADE
+            extra = WS_UPGRADE
         elif status == 204 or status == 304 or ex.method == b"HEAD":
             framing = F_NONE
             if ex.method == b"HEAD":
@@ -447,19 +451,19 @@ class UpstreamConnection:
                 # the next one starts on a fresh parser.
                 self.done = True
                 self.keep = self.parser.should_keep_alive()
-        elif coding == w.CODING_CHUNKED or (has_length and coding == w.CODING_NONE):
+        elif coding == CODING_CHUNKED or (has_length and coding == CODING_NONE):
             framing = F_PASS
-            if ex.version10 and coding == w.CODING_CHUNKED:
+            if ex.version10 and coding == CODING_CHUNKED:
                 framing = F_DECHUNK
-                head = w.without_transfer_encoding(head)
+                head = without_transfer_encoding(head)
                 self.dechunker = _Dechunker()
                 close = True
-        elif coding == w.CODING_OTHER:
+        elif coding == CODING_OTHER:
             framing = F_RAW  # e.g. "Transfer-Encoding: gzip": as it came, delimited by closing
             close = True
         elif not ex.version10:
             framing = F_RECHUNK
-            extra = w.TE_CHUNKED
+            extra = TE_CHUNKED
         else:
             framing = F_RAW
             close = True
@@ -467,14 +471,14 @@ class UpstreamConnection:
         ex.close_after = close
         if close:
             if status != 101:
-                extra += w.CONN_CLOSE
+                extra += CONN_CLOSE
         elif ex.version10:
-            extra += w.CONN_KEEP_ALIVE
-        self.head_out = b"".join((head, w.CRLF, extra, w.CRLF))
-        if framing != F_NONE and w.is_event_stream(low):
+            extra += CONN_KEEP_ALIVE
+        self.head_out = b"".join((head, CRLF, extra, CRLF))
+        if framing != F_NONE and is_event_stream(low):
             ex.protocol = "sse"
-            chunked = framing == F_RECHUNK or (framing == F_PASS and coding == w.CODING_CHUNKED)
-            self.sse_end = w.CHUNK_END if chunked else b"" if framing != F_PASS else None
+            chunked = framing == F_RECHUNK or (framing == F_PASS and coding == CODING_CHUNKED)
+            self.sse_end = CHUNK_END if chunked else b"" if framing != F_PASS else None
             self.plane.stream_began(ex)
 
     def on_message_complete(self) -> None:
