@@ -1,6 +1,9 @@
 # The compiled build's declarations for _state.py (gateway/_compiled.py): the fields as C struct members.
 from gateway.proxy._exchange cimport Exchange
 
+cdef class RequestHooks:
+    cdef public tuple hooks
+
 cdef class PlaneState:
     cdef public double now
     cdef public bint draining, closed, trust_xff, keyed
