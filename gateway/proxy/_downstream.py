@@ -101,26 +101,10 @@ class DownstreamConnection(RequestReader):
             self._flush_up()
             self._upgrade_requested(data[exc.args[0]:])
             return
-        except HttpParserCallbackError as exc:
+        except HttpParserError as exc:  # HttpParserCallbackError too: one of our callbacks raised
             self.up_out.clear()
-            if self.mode & M_DISCARD:
-                return  # stopped on purpose (_StopParsing), or a body over the cap while already lingering
-            if isinstance(exc.__context__, _HeadTooLarge):
-                self._head_too_large(data)
-            elif isinstance(exc.__context__, _BodyTooLarge):
-                self._body_too_large()
-            else:
-                log.error("proxy callback failed", exc_info=exc.__context__ or exc)
-                self._malformed(GatewayError("internal error while reading the request"))
-            return
-        except HttpParserError as exc:
-            self.up_out.clear()
-            if self.mode & M_DISCARD:
-                return  # the request was answered already (refused at its head) and the rest is dropped
-            if data.startswith(H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
-                self._malformed(h2_refusal(self.plane.options.grpc_port), h2=True)
-                return
-            self._malformed(BadRequest(f"malformed HTTP request: {exc}", code="bad_request"))
+            if not self.mode & M_DISCARD:  # else answered already (refused at its head): the rest is dropped
+                self._unparsable(exc, data)
             return
         out = self.up_out
         if out:
@@ -132,14 +116,33 @@ class DownstreamConnection(RequestReader):
                     pass
             out.clear()
         if self.mode & M_IN_HEAD and not self.head_seen:
-            # A head began in this read and is not complete. The callbacks only see whole headers,
-            # so one split across reads is never counted by them: count this whole read towards
-            # the head instead (an upper bound) and every later read in _special.
-            self.head_seen = len(data)
-            if len(data) > self.plane.max_head:
+            self._head_begun(data)
+
+    def _unparsable(self, exc: HttpParserError, data: bytes) -> None:
+        """The parser stopped in ``data``: a bound our callbacks enforce, or a malformed request."""
+        if isinstance(exc, HttpParserCallbackError):
+            reason = exc.__context__
+            if isinstance(reason, _HeadTooLarge):
                 self._head_too_large(data)
-            elif self.plane.keyed:
-                self.head_raw = [data]
+            elif isinstance(reason, _BodyTooLarge):
+                self._body_too_large()
+            else:
+                log.error("proxy callback failed", exc_info=reason or exc)
+                self._malformed(GatewayError("internal error while reading the request"))
+        elif data.startswith(H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
+            self._malformed(h2_refusal(self.plane.options.grpc_port), h2=True)
+        else:
+            self._malformed(BadRequest(f"malformed HTTP request: {exc}", code="bad_request"))
+
+    def _head_begun(self, data: bytes) -> None:
+        """A head began in this read and is not complete. The callbacks only see whole headers, so
+        one split across reads is never counted by them: count this whole read towards the head
+        instead (an upper bound) and every later read in _special."""
+        self.head_seen = len(data)
+        if len(data) > self.plane.max_head:
+            self._head_too_large(data)
+        elif self.plane.keyed:
+            self.head_raw = [data]
 
     def _special(self, data: bytes) -> bool:
         """The slow path of data_received; True when ``data`` should still be parsed."""
@@ -247,7 +250,10 @@ class DownstreamConnection(RequestReader):
     # -- serving a request --------------------------------------------------
     def begin(self, ex: Exchange, batch: bool = False) -> None:
         """Serve ``ex`` (the current request): synchronously when the route is cached and a
-        pooled connection is idle, else in a task. ``batch``: called while parsing a read."""
+        pooled connection is idle, else in a task. ``batch``: called while parsing a read.
+
+        Three steps, each a C call in the compiled build: what is answered before admission
+        (:meth:`_answered_early`), admission (:meth:`_admit`), then carrying (:meth:`_carry`)."""
         plane = self.plane
         if ex.state != PARSED or self.mode & M_CLOSING:
             return
@@ -260,27 +266,39 @@ class DownstreamConnection(RequestReader):
             ex.request_id = b"%s%x" % (ids.prefix, next(ids.counter))
         if plane.tracer is not None:
             plane.tracer.begin(ex)  # gateway/tracing.py
+        if self._answered_early(ex, batch):
+            return
+        identity = self._admit(ex)
+        if identity is not None:
+            self._carry(ex, identity, batch)
+
+    def _answered_early(self, ex: Exchange, batch: bool) -> bool:
+        """True when ``ex`` is refused or served before admission: a problem found while parsing, a
+        Host that is not ours, the router headers or a sandbox key (host, path), a browser's favicon."""
         if ex.reject is not None:
             self.fail(ex, ex.reject)  # type: ignore[arg-type]
-            return
+            return True
         host = ex.host
         if host != self.host_ok:  # checked once per Host value a connection sends (it repeats)
-            if not plane.hosts.allows(host):
+            if not self.plane.hosts.allows(host):
                 self.fail(ex, host_not_allowed(host))
-                return
+                return True
             self.host_ok = host
         if ex.compat is not None and ex.compat[0] is not None and self._begin_compat(ex):
-            return
+            return True
         # A preview host or path is keyed whatever else the request says: identity headers there would let
         # a sandbox's page (same origin) or a page its CORS answer admits claim any identity the trusted
         # headers allow (SECURITY.md, "Browsers").
-        if plane.keyed and self._begin_keyed(ex, batch):
-            return
+        if self.plane.keyed and self._begin_keyed(ex, batch):
+            return True
         if ex.url == b"/favicon.ico" and ex.user is None and ex.auth is None:
             self.fail(ex, _NO_FAVICON)  # a browser's own fetch beside a path URL: no identity, no sandbox
-            return
-        # Admission: who is this, may they, which route (gateway/proxy/_admission.py).
-        admission = plane.admission
+            return True
+        return False
+
+    def _admit(self, ex: Exchange) -> Identity | None:
+        """Admission: who is this, may they (gateway/proxy/_admission.py). None: refused (answered)."""
+        admission = self.plane.admission
         try:
             identity = ex.identity = admission.identify(self, (ex.org, ex.user, ex.session, ex.bot, ex.auth))
             if admission.limited:
@@ -290,12 +308,18 @@ class DownstreamConnection(RequestReader):
         except CapacityExceeded as exc:
             ex.refused = exc.scope
             self.fail(ex, exc)
-            return
+            return None
         except GatewayError as exc:
             self.fail(ex, exc)
-            return
+            return None
+        return identity
+
+    def _carry(self, ex: Exchange, identity: Identity, batch: bool) -> None:
+        """Which route (the session layer's cache) and an idle pooled connection to it: attached now;
+        else resolving and connecting run in a task."""
+        plane = self.plane
         try:
-            route = admission.cached_route(identity)
+            route = plane.admission.cached_route(identity)
         except GatewayError as exc:
             self.fail(ex, exc)
             return
@@ -303,7 +327,6 @@ class DownstreamConnection(RequestReader):
             log.exception("route cache lookup failed")  # a bug in the cache: resolve as on a miss
             route = None
         if route is not None:
-            # Carrying: an idle pooled connection to the route's endpoint, if there is one.
             if route is self.route_key:
                 pool = self.route_pool
             else:
@@ -370,6 +393,32 @@ class DownstreamConnection(RequestReader):
         ex.state = WAITING
         ex.sent_at = perf_counter()
         conn.ex = ex
+        self._deadline(ex, route)
+        conn.client_tr = self.transport
+        conn.raw = None
+        conn.raw_pos = 0
+        if self.wpaused or conn.wpaused:
+            conn.sync_pauses(self)
+        out = [self._request_head(ex, route, conn)]
+        if ex.body != NO_BODY:
+            self._body_so_far(ex, out)
+        if batch:
+            if self.up_conn is not conn:
+                self._flush_up()
+                self.up_conn = conn
+            self.up_out += out
+        else:
+            self._flush_up()
+            self.up_conn = conn
+            try:
+                conn.transport.writelines(out)
+            except RuntimeError:  # uvloop: the upstream's transport closed; its connection_lost settles it
+                pass
+        if self.rpause & PAUSE_WAIT:
+            self.resume(PAUSE_WAIT)
+
+    def _deadline(self, ex: Exchange, route: Route) -> None:
+        """When the response head is due: X-Sandbox-Timeout, capped by the pool's request_timeout."""
         limit = ex.timeout
         timeouts = self.plane.request_timeouts
         if timeouts:
@@ -378,11 +427,10 @@ class DownstreamConnection(RequestReader):
                 limit = pool_limit  # a client may ask for less than its pool allows, never more
         if limit:
             ex.deadline = self.plane.now + limit
-        conn.client_tr = self.transport
-        conn.raw = None
-        conn.raw_pos = 0
-        if self.wpaused or conn.wpaused:
-            conn.sync_pauses(self)
+
+    def _request_head(self, ex: Exchange, route: Route, conn: UpstreamConnection) -> bytes:
+        """The head the sandbox gets: the request line, the headers kept, then the ones the gateway sets
+        (Host, X-Sandbox-Id, X-Forwarded-*, X-Request-Id, traceparent) and the body's framing."""
         if route is not self.route_key:
             self.route_key = route
             self.route_pool = conn.pool
@@ -402,7 +450,11 @@ class DownstreamConnection(RequestReader):
         elif ex.body == CHUNKED:
             parts.append(TE_CHUNKED)
         parts.append(CRLF)
-        out = [b"".join(parts)]  # type: ignore[arg-type]
+        return b"".join(parts)  # type: ignore[arg-type]
+
+    def _body_so_far(self, ex: Exchange, out: list[bytes]) -> None:
+        """After the head: the body bytes read before an upstream was attached (re-chunked when the body
+        is), its end when it is all here, and 100 Continue for a client waiting for it to send the rest."""
         pending = ex.pending
         if pending is not None:
             ex.pending = None
@@ -413,22 +465,8 @@ class DownstreamConnection(RequestReader):
                 out += pending
         if ex.req_done and ex.body == CHUNKED:
             out.append(last_chunk(ex.trailers))
-        if not ex.req_done and ex.expect and ex.body != NO_BODY and not ex.bytes_in:
+        if not ex.req_done and ex.expect and not ex.bytes_in:
             self._send(CONTINUE_100)
-        if batch:
-            if self.up_conn is not conn:
-                self._flush_up()
-                self.up_conn = conn
-            self.up_out += out
-        else:
-            self._flush_up()
-            self.up_conn = conn
-            try:
-                conn.transport.writelines(out)
-            except RuntimeError:  # uvloop: the upstream's transport closed; its connection_lost settles it
-                pass
-        if self.rpause & PAUSE_WAIT:
-            self.resume(PAUSE_WAIT)
 
     def retry(self, ex: Exchange) -> None:
         """The pooled connection was stale: send the (body-less, idempotent) request again, fresh."""

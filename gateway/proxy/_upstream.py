@@ -136,6 +136,21 @@ class _Dechunker:
         return decoded
 
 
+def _framing(ex: Exchange, status: int, coding: int, has_length: bool) -> tuple[int, bytes]:
+    """How a response's body reaches the client (F_*), and the framing header the head gains."""
+    if status == 101:
+        return F_NONE, WS_UPGRADE
+    if status == 204 or status == 304 or ex.method == b"HEAD":
+        return F_NONE, b""
+    if coding == CODING_CHUNKED or (has_length and coding == CODING_NONE):
+        return (F_DECHUNK if ex.version10 and coding == CODING_CHUNKED else F_PASS), b""
+    if coding == CODING_OTHER:
+        return F_RAW, b""  # e.g. "Transfer-Encoding: gzip": as it came, delimited by closing
+    if not ex.version10:
+        return F_RECHUNK, TE_CHUNKED
+    return F_RAW, b""
+
+
 class UpstreamConnection:
     """One connection to a sandbox; ``ex`` is the exchange it serves, None while pooled. The transport
     calls it as an ``asyncio.Protocol`` (not a subclass, so that the compiled build can make it an
@@ -383,15 +398,9 @@ class UpstreamConnection:
             pos += 2
         end = raw.find(b"\r\n\r\n", pos)
         self.raw_pos = end + 4
-        parser = self.parser
-        status = parser.get_status_code()
-        if status < 200:
-            if status != 101:
-                self.interim = True  # 100/102/103: the client gets only the final response
-                return
-            if not ex.websocket:
-                self.broken = True  # answered by the upgrade handling with a 502
-                return
+        status = self.parser.get_status_code()
+        if status < 200 and self._not_final(ex, status):
+            return
         ex.status = status
         ex.upstream_time = perf_counter() - ex.sent_at
         head = raw[pos:end]
@@ -402,22 +411,11 @@ class UpstreamConnection:
             head, coding = strip_hop_by_hop(head, low, match)
         if not head.startswith(b"HTTP/1.1 "):
             head = b"HTTP/1.1" + head[8:]
-        keyed = ex.keyed
-        if keyed is not None:
-            head = private_to_caches(head, low)
-            if b"\r\nclear-site-data:" in low:
-                head = without_clear_site_data(head)
-            if keyed.prefix is not None:
-                if b"\r\nlocation:" in low or b"\r\nset-cookie:" in low:
-                    head = rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
-                if keyed.shared_origin:
-                    head += PATH_MODE_HEADERS  # no page, no script, no referrer on the origin all sandboxes share
-            elif b"\r\nset-cookie:" in low:
-                head = host_only_cookies(head)
+        if ex.keyed is not None:
+            head = self._keyed_head(ex, head, low)
         if b"\r\nx-request-id:" not in low:  # the client can quote it; a sandbox's own one is kept
             head += b"\r\nX-Request-Id: " + ex.request_id  # type: ignore[operator]
-        if (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10
-                and parser.should_keep_alive() and ex.method != b"HEAD" and not self.plane.draining):
+        if self._passes_through(ex, status):
             # The common case: a keep-alive response with its own framing (Content-Length or
             # chunked; llhttp would not call it keep-alive otherwise), passed through as it is.
             self.framing = F_PASS
@@ -430,6 +428,39 @@ class UpstreamConnection:
             self._frame(ex, status, head, low, coding)
         ex.state = BODY
 
+    def _not_final(self, ex: Exchange, status: int) -> bool:
+        """A 1xx head: True when it is not the response the client gets (an interim 100/102/103, or a
+        101 to a request that asked for no upgrade, which the upgrade handling answers with a 502)."""
+        if status != 101:
+            self.interim = True
+            return True
+        if not ex.websocket:
+            self.broken = True
+            return True
+        return False
+
+    def _passes_through(self, ex: Exchange, status: int) -> bool:
+        """Whether the response goes to the client with its own framing on a connection both sides keep."""
+        return (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10
+                and self.parser.should_keep_alive() and ex.method != b"HEAD" and not self.plane.draining)
+
+    def _keyed_head(self, ex: Exchange, head: bytes, low: bytes) -> bytes:
+        """A keyed request's response head (gateway/proxy/_browser.py): private to caches, no
+        Clear-Site-Data; in path mode Location and Set-Cookie put under the prefix (and the shared
+        origin's headers), in host mode cookies host-only."""
+        keyed = ex.keyed
+        head = private_to_caches(head, low)
+        if b"\r\nclear-site-data:" in low:
+            head = without_clear_site_data(head)
+        if keyed.prefix is not None:
+            if b"\r\nlocation:" in low or b"\r\nset-cookie:" in low:
+                head = rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
+            if keyed.shared_origin:
+                head += PATH_MODE_HEADERS  # no page, no script, no referrer on the origin all sandboxes share
+        elif b"\r\nset-cookie:" in low:
+            head = host_only_cookies(head)
+        return head
+
     def _authorities(self, ex: Exchange) -> tuple[bytes, ...]:
         """The hosts an absolute Location may name and still mean this sandbox in path mode: the one
         the sandbox was sent (Host) and the one the client used (X-Forwarded-Host)."""
@@ -439,34 +470,16 @@ class UpstreamConnection:
     def _frame(self, ex: Exchange, status: int, head: bytes, low: bytes, coding: int) -> None:
         """Choose how the body reaches the client, and the head's Connection line, in general."""
         close = not ex.keep_alive or not ex.req_done or self.plane.draining
-        has_length = b"\r\ncontent-length:" in low
-        extra = b""
-        if status == 101:
-            framing = F_NONE
-            extra = WS_UPGRADE
-        elif status == 204 or status == 304 or ex.method == b"HEAD":
-            framing = F_NONE
-            if ex.method == b"HEAD":
-                # httptools cannot be told the request was HEAD: the message ends here, and
-                # the next one starts on a fresh parser.
-                self.done = True
-                self.keep = self.parser.should_keep_alive()
-        elif coding == CODING_CHUNKED or (has_length and coding == CODING_NONE):
-            framing = F_PASS
-            if ex.version10 and coding == CODING_CHUNKED:
-                framing = F_DECHUNK
-                head = without_transfer_encoding(head)
-                self.dechunker = _Dechunker()
-                close = True
-        elif coding == CODING_OTHER:
-            framing = F_RAW  # e.g. "Transfer-Encoding: gzip": as it came, delimited by closing
-            close = True
-        elif not ex.version10:
-            framing = F_RECHUNK
-            extra = TE_CHUNKED
-        else:
-            framing = F_RAW
-            close = True
+        framing, extra = _framing(ex, status, coding, b"\r\ncontent-length:" in low)
+        if framing == F_NONE and status != 101 and ex.method == b"HEAD":
+            # httptools cannot be told the request was HEAD: the message ends here, and
+            # the next one starts on a fresh parser.
+            self.done = True
+            self.keep = self.parser.should_keep_alive()
+        elif framing == F_DECHUNK:
+            head = without_transfer_encoding(head)
+            self.dechunker = _Dechunker()
+        close = close or framing == F_DECHUNK or framing == F_RAW  # these end where the connection does
         self.framing = framing
         ex.close_after = close
         if close:
