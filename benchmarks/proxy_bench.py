@@ -514,8 +514,8 @@ def run_table(args: argparse.Namespace, tmp: Path, backend: Backend, levels: lis
         nport = None
         if NGINX:
             nport = free_port()
-            procs.append(start_nginx(tmp, f"proxy{workers}", workers,
-                                     NGINX_PROXY.format(port=nport, backend=backend.port, log=nginx_log(args, tmp, workers))))
+            config = NGINX_PROXY.format(port=nport, backend=backend.port, log=nginx_log(args, tmp, workers))
+            procs.append(start_nginx(tmp, f"proxy{workers}", workers, config))
             wait_port(nport)
         gateway_procs, gport = launch_gateway(backend.port, workers, fast_path=not args.no_fast_path,
                                               serve_dir=tmp if args.serve else None,

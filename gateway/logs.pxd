@@ -1,8 +1,6 @@
 # The compiled build's declarations for logs.py (gateway/_compiled.py).
 from gateway.proxy._exchange cimport RequestLog
 
-cdef str _ms(double seconds)  # a C call from AccessLog.log (twice per line)
-
 cdef class AccessLog:
     cdef public object _stream
     cdef public bint _json, keep_query

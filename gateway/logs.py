@@ -137,12 +137,12 @@ class AccessLog:
             milli = int(now * 1000)
             if milli != self._milli:  # many lines share a millisecond under load: format its stamp once
                 self._milli, self._ts = milli, f"{now:.3f}"
-            up = "null" if upstream is None else _ms(upstream)
+            up = "null" if upstream is None else f"{upstream * 1000:.2f}"
             error = "null" if code is None else f'"{code}"'
             line = (f'{{"ts":{self._ts},"level":"info","logger":"{ACCESS_LOGGER}","msg":"{entry.method} '
                     f'{path[1:-1]} {entry.status}","method":"{entry.method}",'
                     f'"path":{path},"status":{entry.status},"bytes_in":{entry.bytes_in},'
-                    f'"bytes_out":{entry.bytes_out},"duration_ms":{_ms(entry.duration)},"upstream_ms":{up},'
+                    f'"bytes_out":{entry.bytes_out},"duration_ms":{entry.duration * 1000:.2f},"upstream_ms":{up},'
                     f'"request_id":"{entry.request_id}",{who},"protocol":"{entry.protocol}","error":{error}}}')
             if entry.trace_id is not None:
                 line = f'{line[:-1]},"trace_id":"{entry.trace_id}"}}'
@@ -151,9 +151,9 @@ class AccessLog:
             second = int(now)
             if second != self._second:
                 self._second, self._stamp = second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
-            up = "-" if upstream is None else _ms(upstream)
+            up = "-" if upstream is None else f"{upstream * 1000:.2f}"
             line = (f"{self._stamp} INFO    {ACCESS_LOGGER}: {entry.method} {path} {entry.status} "
-                    f"bytes_in={entry.bytes_in} bytes_out={entry.bytes_out} duration_ms={_ms(entry.duration)} "
+                    f"bytes_in={entry.bytes_in} bytes_out={entry.bytes_out} duration_ms={entry.duration * 1000:.2f} "
                     f"upstream_ms={up} request_id={entry.request_id} {who} protocol={entry.protocol} "
                     f"error={code or '-'}")
             if entry.trace_id is not None:
@@ -171,19 +171,6 @@ class AccessLog:
                 self._stream.flush()
             except (OSError, ValueError):  # stderr closed or gone: access lines are not worth a crash
                 pass
-
-
-_HUNDREDTHS = tuple(f".{n:02d}" for n in range(100))
-
-
-def _ms(seconds: float) -> str:
-    """``seconds`` in milliseconds with two decimals, as ``f"{seconds * 1000:.2f}"`` but without float
-    formatting (a third of the line's cost, twice per request); a negative or absurd value (never
-    measured) is formatted as floats are."""
-    if not 0.0 <= seconds < 1e9:
-        return f"{seconds * 1000:.2f}"
-    hundredths = int(seconds * 100000.0 + 0.5)
-    return str(hundredths // 100) + _HUNDREDTHS[hundredths % 100]
 
 
 # Written without escaping: printable ASCII but space, quote and backslash.

@@ -393,7 +393,8 @@ class DownstreamConnection(RequestReader):
         ex.state = WAITING
         ex.sent_at = perf_counter()
         conn.ex = ex
-        self._deadline(ex, route)
+        if ex.timeout or self.plane.request_timeouts:
+            self._deadline(ex, route)
         conn.client_tr = self.transport
         conn.raw = None
         conn.raw_pos = 0

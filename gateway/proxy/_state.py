@@ -160,7 +160,8 @@ class ClientState:
     """One client connection's fields (see the module docstring for who uses them)."""
 
     __slots__ = (
-        "big", "conn_line", "cookie_scan", "current", "head_at", "head_key", "head_raw", "head_seen", "host_ok", "ident", "ident_key", "idle_since",
+        "big", "conn_line", "cookie_scan", "current", "head_at", "head_key", "head_raw", "head_seen", "host_ok",
+        "ident", "ident_key", "idle_since",
         "last", "linger_until", "mode", "parser", "parsing", "peer", "plane", "queue", "route_key", "route_line",
         "route_pool", "rpause", "transport", "up_conn", "up_out", "wpaused", "ws_guard",
     )
