@@ -291,7 +291,7 @@ class Call:
             except (ValueError, UnicodeDecodeError):
                 raise BadRequest(f"grpc-timeout: {_text(timeout)!r} is not a gRPC timeout (such as 100m or 5S)"
                                  ) from None
-            self.deadline = asyncio.get_running_loop().time() + seconds
+            self.deadline = self.down.conn.loop.time() + seconds
             self.timeout = (timeout, seconds)
         if credentials[1] is None and credentials[4] is None:
             raise Unauthorized("no identity: send x-user-id and x-session-id metadata (x-org-id, x-bot-id "
@@ -327,14 +327,16 @@ class Call:
         if self._request_fits(up):
             self.request = self.down.buffer.peek()  # kept until the sandbox answers: see _response_head
             await self._send_request(up)  # nothing in it can wait: no task needed (a unary call, typically)
+            up.conn.flush_alone()
         else:
-            self.pump = asyncio.create_task(self._send_request(up))
+            self.pump = self.down.conn.loop.create_task(self._send_request(up))
         response = await self._response_head(target, head)
         self.upstream = time.perf_counter() - self.sent_at
         up = self.up
         status = status_of(response)
         if status is not None:  # trailers-only: the whole answer is this one HEADERS frame
             self.down.send_headers(forwardable(response, head=True), end_stream=True)
+            self.down.conn.flush_alone()
             self._settled(status)
             return
         code = next((value for name, value in response if name == b":status"), b"")
@@ -348,13 +350,14 @@ class Call:
         if trailers is None:
             raise UpstreamError("the sandbox ended its response without a gRPC status", sandbox_id=route.sandbox_id)
         self.down.send_headers(forwardable(trailers, head=False), end_stream=True)
+        self.down.conn.flush_alone()
         self._settled(status_of(trailers) or 0)
 
     def _timeout_left(self) -> bytes:
         """grpc-timeout for the sandbox: the client's own value while the gateway has spent under a
         millisecond of it (as is usual: passed on exactly, not re-rounded), else the time left."""
         value, seconds = self.timeout  # type: ignore[misc]
-        left = self.deadline - asyncio.get_running_loop().time()  # type: ignore[operator]
+        left = self.deadline - self.down.conn.loop.time()  # type: ignore[operator]
         if seconds - left < 0.001:
             return value
         return encode_timeout_ms(left).encode()

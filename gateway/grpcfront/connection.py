@@ -107,15 +107,15 @@ class Connection:
         self._reset_ids: deque[int] = deque(maxlen=1024)  # streams we reset lately: their late frames are dropped
         self._pause_reading = pause_reading
         self._transport: Any = None
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()  # kept: asyncio.get_running_loop() costs a getpid() syscall on 3.11
         self._out: list[bytes] = []
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._inbox = bytearray()
         self._preface = not client_side     # server side: the client's preface is still to come
         self._settings_seen = False
-        self._settled: asyncio.Future[None] = self._loop.create_future()  # the peer's first SETTINGS applied
-        self._lost: asyncio.Future[None] = self._loop.create_future()
+        self._settled: asyncio.Future[None] = self.loop.create_future()  # the peer's first SETTINGS applied
+        self._lost: asyncio.Future[None] = self.loop.create_future()
         self._window = window               # the connection's receive window: what its streams hold in all
         self._recv_window = window
         self._held: dict[int, int] = {}     # per stream: bytes received and not yet handed on by the relay
@@ -213,12 +213,28 @@ class Connection:
     def write(self, data: bytes) -> None:
         """Queue ``data``; what one loop step writes goes out in one ``send()`` at the end of it."""
         self._out.append(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self.flush)
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush_queued)
+
+    def flush_alone(self) -> None:
+        """Write what is queued now if no other stream is open: nothing else this loop step does can join
+        the ``send()``, so it goes out without waiting a loop iteration (a unary call at one in flight: the
+        request to the sandbox and the answer to the client each leave a loop iteration earlier)."""
+        if len(self.streams) <= 1 and self._out:
+            self.flush()
 
     def flush(self) -> None:
-        self._flush_scheduled = False
+        handle = self._flush_handle
+        if handle is not None:
+            self._flush_handle = None
+            handle.cancel()  # called directly (flush_alone, close): the queued call has nothing left to do
+        self._send()
+
+    def _flush_queued(self) -> None:
+        self._flush_handle = None
+        self._send()
+
+    def _send(self) -> None:
         out = self._out
         if not out:
             return
@@ -238,7 +254,7 @@ class Connection:
     async def drained(self) -> None:
         if self.closed:
             return
-        waiter = self._loop.create_future()
+        waiter = self.loop.create_future()
         self._drain_waiters.append(waiter)
         await waiter
 
@@ -402,7 +418,7 @@ class Connection:
                 raise ConnectionFailure(f.PROTOCOL_ERROR, "the first frame must be SETTINGS")
             self._settings_seen = True
             self.keeper.handshaken()
-            self._loop.call_soon(self._settle)  # once this frame's settings are applied
+            self.loop.call_soon(self._settle)  # once this frame's settings are applied
         if kind == f.DATA:
             self._data(flags, stream_id, payload)
         elif kind == f.HEADERS:
