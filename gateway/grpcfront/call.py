@@ -127,6 +127,41 @@ def encode_timeout_ms(seconds: float) -> str:
     return f"{millis}m" if millis < 100_000_000 else f"{min(99_999_999, math.ceil(seconds))}S"
 
 
+def _take_credential(credentials: list[bytes | None], role: int, name: bytes, value: bytes) -> None:
+    """Identity and credentials (``x-org-id`` .. ``x-bot-id``, ``authorization``) are read, never forwarded;
+    each may be given once, in ASCII. The admission's other roles that are not forwarded are dropped."""
+    if not (R_ORG <= role <= R_BOT or role == R_AUTH):
+        return
+    index = 4 if role == R_AUTH else role - R_ORG
+    if credentials[index] is not None:
+        raise BadRequest(f"{name.decode()}: must be given once", code="invalid_identity")
+    if not value.isascii():
+        raise BadRequest(f"{name.decode()}: must be ASCII", code="invalid_identity")
+    credentials[index] = value
+
+
+def _checked_path(content_type: bytes | None, method: bytes | None, path: bytes | None) -> str:
+    """The call's method path, once the head is a gRPC request: else UnsupportedMediaType or BadRequest."""
+    if not _grpc_content_type(content_type):  # first: whatever its method, an HTTP request gets HTTP 415
+        shown = repr(_text(content_type)) if content_type is not None else None
+        raise UnsupportedMediaType(f"content-type must be application/grpc[+codec], got {shown}")
+    if method != b"POST":
+        raise BadRequest(f":method must be POST for gRPC, got {_text(method) if method else method!r}")
+    if path is None or len(path) > 512 or not _METHOD_PATH(path):
+        raise BadRequest(f":path must be /package.Service/Method, got {_text(path[:100]) if path else path!r}")
+    return path.decode()
+
+
+def _timeout_seconds(timeout: bytes) -> float:
+    """A grpc-timeout value in seconds; BadRequest when it is not one."""
+    try:
+        if len(timeout) > 9:  # TimeoutValue is at most 8 digits
+            raise ValueError(timeout)
+        return float(decode_timeout(timeout.decode("ascii")))
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest(f"grpc-timeout: {_text(timeout)!r} is not a gRPC timeout (such as 100m or 5S)") from None
+
+
 class Call:
     __slots__ = ("front", "conn", "down", "headers", "task", "up", "pump", "side",
                  "sandbox_reset", "head_sent", "done", "status", "path", "t0", "route", "deadline", "stream_key",
@@ -250,47 +285,26 @@ class Call:
                 continue
             role = roles.get(name)
             if role is None:
-                if name.startswith(SANDBOX_HEADER_PREFIXES):
-                    continue  # the router's vocabulary: never a client's word
                 if name == b"grpc-timeout":
                     timeout = value  # re-sent by the gateway (_timeout_left)
                     continue
+                if name.startswith(SANDBOX_HEADER_PREFIXES):
+                    continue  # the router's vocabulary: never a client's word
                 if name == b"content-type":
                     content_type = value
-            elif R_ORG <= role <= R_BOT or role == R_AUTH:  # identity and credentials: read, never forwarded
-                index = 4 if role == R_AUTH else role - R_ORG
-                if credentials[index] is not None:
-                    raise BadRequest(f"{name.decode()}: must be given once", code="invalid_identity")
-                if not value.isascii():
-                    raise BadRequest(f"{name.decode()}: must be ASCII", code="invalid_identity")
-                credentials[index] = value
-                continue
-            elif role == R_COOKIE:
-                if ACCESS_COOKIE in value or HOST_ACCESS_COOKIE in value:
-                    value = cut_access_cookie(value)[0]  # the access token stays with the gateway
-                    if not value:
-                        continue
             elif role not in _FORWARDED_ROLES:
-                continue  # hop-by-hop, X-Forwarded-*, the router's headers: as on the HTTP data plane
+                _take_credential(credentials, role, name, value)  # else hop-by-hop, X-Forwarded-*, the router's
+                continue                                          # headers: dropped, as on the HTTP data plane
+            elif role == R_COOKIE and (ACCESS_COOKIE in value or HOST_ACCESS_COOKIE in value):
+                value = cut_access_cookie(value)[0]  # the access token stays with the gateway
+                if not value:
+                    continue
             if not value.isascii():  # gRPC metadata values are ASCII (-bin ones base64): refused here, per call,
                 raise BadRequest(f"{_text(name)}: a metadata value must be ASCII (binary ones base64, in -bin keys)")
             out.append((name, value))  # rather than killing the sandbox's connection, shared by other calls
-        if not _grpc_content_type(content_type):  # first: whatever its method, an HTTP request gets HTTP 415
-            shown = repr(_text(content_type)) if content_type is not None else None
-            raise UnsupportedMediaType(f"content-type must be application/grpc[+codec], got {shown}")
-        if method != b"POST":
-            raise BadRequest(f":method must be POST for gRPC, got {_text(method) if method else method!r}")
-        if path is None or len(path) > 512 or not _METHOD_PATH(path):
-            raise BadRequest(f":path must be /package.Service/Method, got {_text(path[:100]) if path else path!r}")
-        self.path = path.decode()
+        self.path = _checked_path(content_type, method, path)
         if timeout is not None:
-            try:
-                if len(timeout) > 9:  # TimeoutValue is at most 8 digits
-                    raise ValueError(timeout)
-                seconds = decode_timeout(timeout.decode("ascii"))
-            except (ValueError, UnicodeDecodeError):
-                raise BadRequest(f"grpc-timeout: {_text(timeout)!r} is not a gRPC timeout (such as 100m or 5S)"
-                                 ) from None
+            seconds = _timeout_seconds(timeout)
             self.deadline = self.down.conn.loop.time() + seconds
             self.timeout = (timeout, seconds)
         if credentials[1] is None and credentials[4] is None:
