@@ -7,7 +7,7 @@ their errors come with every other error in the file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from gateway.model import Endpoint
 from gateway.providers import kubernetes_options
@@ -56,3 +56,28 @@ def allowed_ports(pool: PoolSpec | None, endpoint: Endpoint) -> PortSet:
     if endpoint.unix is not None or pool is None or pool.port_set is None:
         return PortSet.single(endpoint.port)
     return pool.port_set
+
+
+class PolicyView:
+    """The policy in force, as the router and its lifecycle read it: one object, shared, whose
+    policy a hot reload replaces (``replace``), so that no part keeps a copy of its own."""
+
+    __slots__ = ("_policy",)
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def pools(self) -> Mapping[str, PoolSpec]:
+        return self._policy.pools
+
+    def pool(self, name: str) -> PoolSpec | None:
+        """The spec of pool ``name``, or None for a pool no longer in the policy."""
+        return self._policy.pools.get(name)
+
+    def replace(self, policy: Policy) -> None:
+        self._policy = policy
