@@ -37,7 +37,7 @@ from gateway.lifecycle import Lifecycle, ReaperLease
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics, RequestMetrics
 from gateway.model import SandboxState
-from gateway.policy import PolicyView, load_policy, request_timeouts
+from gateway.policy import PolicyView, load_policy
 from gateway.providers.base import PoolProviders, SandboxProvider
 from gateway.sessions import RouterTuning, SessionRouter
 from gateway.settings import Settings, option
@@ -319,7 +319,7 @@ class Gateway:
                                     keys=self._preview_keys(), hosts=self.allowed_hosts,
                                     gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused),
                                     tracer=self._tracer(undo))
-        self.data_plane.request_timeouts = request_timeouts(self.router.policy)
+        self.router.view.subscribe(self.data_plane.policy_replaced)  # its request timeouts, now and at reloads
         self.metrics.add_fold(self._live_gauges)  # exact at a scrape, not up to 5 s behind
         await self.data_plane.start(data_sock)
         undo.push_async_callback(self._drain_fronts)
@@ -402,7 +402,7 @@ class Gateway:
         """What ``GET /v1/sandboxes`` tells every caller about this installation's sandboxes."""
         from gateway.providers.local import LocalProvider
 
-        unconfined = sorted(name for name, pool in self.router.policy.pools.items() if pool.provider == "local"
+        unconfined = sorted(name for name, pool in self.router.view.pools.items() if pool.provider == "local"
                             and isinstance(p := self.provider.for_pool(name), LocalProvider) and not p.confined)
         if not unconfined:
             return []
@@ -436,7 +436,7 @@ class Gateway:
         return problems
 
     def describe(self) -> list[str]:
-        policy = self.router.policy
+        policy = self.router.view.policy
         pools = ", ".join(f"{name} ({pool.provider})" for name, pool in policy.pools.items())
         providers = [f"provider: {line}" for line in self.provider.describe()]
         return [f"auth: {self.settings.effective_auth_mode}"
@@ -488,7 +488,7 @@ class Gateway:
         m = self.metrics
         self._live_gauges()
         counts = await self.router.fleet_counts()  # kept by the store as it changes: no scan
-        for name in self.router.policy.pools:
+        for name in self.router.view.pools:
             m.sessions.labels(name).set(counts.sessions.get(name, 0))
             for state in SandboxState:
                 m.sandboxes.labels(name, state.value).set(counts.sandboxes.get((name, state), 0))
@@ -505,11 +505,11 @@ class Gateway:
             return
         self._policy_mtime = mtime
         try:
-            self.router.policy = load_policy(self.settings)
+            policy = load_policy(self.settings)
         except PolicyError as exc:
             log.error("policy reload failed, keeping the previous policy:\n%s", exc)
             return
-        self.data_plane.request_timeouts = request_timeouts(self.router.policy)
+        self.router.view.replace(policy)  # the router, its lifecycle and the data plane all read it
         log.info("policy reloaded from %s", path)
 
     def _request_callback(self, metrics: RequestMetrics) -> Callable[[Any], None]:

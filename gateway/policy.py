@@ -7,7 +7,7 @@ their errors come with every other error in the file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from gateway.model import Endpoint
 from gateway.providers import kubernetes_options
@@ -59,13 +59,18 @@ def allowed_ports(pool: PoolSpec | None, endpoint: Endpoint) -> PortSet:
 
 
 class PolicyView:
-    """The policy in force, as the router and its lifecycle read it: one object, shared, whose
-    policy a hot reload replaces (``replace``), so that no part keeps a copy of its own."""
+    """The policy in force, owned by the router: every part reads it here (the pools, the ports a
+    sandbox opens, the pools' request timeouts), and a part that keeps something derived from it
+    (the data plane's request timeouts, read per request) subscribes, so a hot reload
+    (:meth:`replace`) reaches every consumer and none keeps a copy by hand."""
 
-    __slots__ = ("_policy",)
+    __slots__ = ("_policy", "_subscribers", "request_timeouts")
 
     def __init__(self, policy: Policy) -> None:
         self._policy = policy
+        self._subscribers: list[Callable[[PolicyView], None]] = []
+        # Pool name -> request_timeout, for the pools that set one: what the data plane enforces.
+        self.request_timeouts = request_timeouts(policy)
 
     @property
     def policy(self) -> Policy:
@@ -79,5 +84,18 @@ class PolicyView:
         """The spec of pool ``name``, or None for a pool no longer in the policy."""
         return self._policy.pools.get(name)
 
+    def allowed_ports(self, pool: str, endpoint: Endpoint) -> PortSet:
+        """The ports of pool ``pool``'s sandbox at ``endpoint`` that the data plane may reach."""
+        return allowed_ports(self._policy.pools.get(pool), endpoint)
+
+    def subscribe(self, on_replace: Callable[[PolicyView], None]) -> None:
+        """Call ``on_replace`` with this view now, and again whenever the policy is replaced."""
+        self._subscribers.append(on_replace)
+        on_replace(self)
+
     def replace(self, policy: Policy) -> None:
+        """Put ``policy`` in force (a hot reload) and tell every subscriber."""
         self._policy = policy
+        self.request_timeouts = request_timeouts(policy)
+        for on_replace in self._subscribers:
+            on_replace(self)

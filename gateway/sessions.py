@@ -33,7 +33,7 @@ from gateway.lifecycle import (
     WAKING_STATES, Lifecycle, Provisioning, ReaperLease, foreign, unknown_sandbox, unknown_session,
 )
 from gateway.model import Binding, Endpoint, Owner, Route, SandboxRecord, SandboxState, may_claim
-from gateway.policy import PolicyView, allowed_ports
+from gateway.policy import PolicyView
 from gateway.providers.base import Probe, SandboxProvider
 from gateway.router_base import NoEvents, RouterEvents, RouterTuning
 from gateway.route_cache import CachedRoute, RouteCache, SandboxRoutes
@@ -103,14 +103,6 @@ class SessionRouter:
             store, provider, self.view, lease=ReaperLease(store, replica_id, tuning.reaper_lease_ttl),
             tuning=tuning, clock=clock, events=events)
         store.subscribe(self.routes.invalidate)
-
-    @property
-    def policy(self) -> Policy:
-        return self.view.policy
-
-    @policy.setter
-    def policy(self, policy: Policy) -> None:
-        self.view.replace(policy)
 
     # hot path ---------------------------------------------------------------
     def cached_route(self, identity: Identity) -> Route | None:
@@ -214,7 +206,7 @@ class SessionRouter:
             raise stale()  # re-created meanwhile (it vanished between the two reads)
         now = self.clock()
         base = Route("", sandbox_id, record.pool, record.endpoint, record.owner or _NO_OWNER)
-        entry = SandboxRoutes(base, incarnation, allowed_ports(self.policy.pools.get(record.pool), record.endpoint),
+        entry = SandboxRoutes(base, incarnation, self.view.allowed_ports(record.pool, record.endpoint),
                               now + self.tuning.route_ttl)
         self.routes.remember_sandbox(entry)
         self.activity.sandboxes[sandbox_id] = now
@@ -232,7 +224,7 @@ class SessionRouter:
         if record.state is SandboxState.READY:
             return record
         if record.state is SandboxState.CREATING:
-            pool = self.policy.pools.get(record.pool)
+            pool = self.view.pool(record.pool)
             timeout = pool.provisioning_timeout if pool is not None else 120.0
             settlement = await self._settled(record.sandbox_id, timeout)
             if settlement.outcome is Settled.READY and settlement.record is not None:
@@ -261,14 +253,14 @@ class SessionRouter:
 
     # binding ----------------------------------------------------------------
     def dry_run(self, identity: Identity) -> Placement:
-        return place(identity, self.policy)
+        return place(identity, self.view.policy)
 
     async def bind(self, identity: Identity) -> tuple[Binding, SandboxRecord]:
         """Bind the session (idempotent) and return it with its ready sandbox."""
         binding = await self.store.get_binding(identity.session_id)
         created_binding = False
         if binding is None:
-            placement = place(identity, self.policy)
+            placement = place(identity, self.view.policy)
             fresh = Binding(identity.session_id, placement.sandbox_id, placement.pool, placement.isolation,
                             Owner.of(identity), self.clock())
             binding = await self.store.put_binding(fresh)
@@ -342,7 +334,7 @@ class SessionRouter:
         return may_claim(record.sandbox_id, record.owner, record.created_at, binding.owner, binding.created_at)
 
     async def _ensure_once(self, binding: Binding) -> SandboxRecord:
-        pool = self.policy.pools.get(binding.pool)
+        pool = self.view.pool(binding.pool)
         timeout = pool.provisioning_timeout if pool is not None else 120.0
         for _attempt in range(3):
             template = SandboxRecord(binding.sandbox_id, binding.pool, binding.owner.org_id,
@@ -378,8 +370,8 @@ class SessionRouter:
             "creating", "created", "sandbox creation was interrupted", ready_when_provided=True))
 
     def _caps(self, binding: Binding) -> Caps:
-        pool = self.policy.pools.get(binding.pool)
-        org = self.policy.orgs.get(binding.owner.org_id) if binding.owner.org_id is not None else None
+        pool = self.view.pool(binding.pool)
+        org = self.view.policy.orgs.get(binding.owner.org_id) if binding.owner.org_id is not None else None
         return Caps(pool_max=pool.max_sandboxes if pool else None, org_max=org.max_sandboxes if org else None)
 
     # operator controls (carried out by gateway.lifecycle) ---------------------

@@ -69,7 +69,7 @@ async def test_fifty_sessions(router, counting_provider, org, expected):
 
 async def test_stored_binding_wins_over_policy_change(router):
     first = await router.resolve(ident("s1", org="open"))
-    router.policy = default_policy(["*"])  # now everybody would be per-session
+    router.view.replace(default_policy(["*"]))  # now everybody would be per-session
     router.invalidate("s1")
     again = await router.resolve(ident("s1", org="open"))
     assert again.sandbox_id == first.sandbox_id and first.sandbox_id.startswith("org-")
@@ -144,10 +144,25 @@ async def test_open_stream_keeps_a_sandbox_from_being_reaped(router, clock):
     assert await router.lifecycle.reap_once() == [route.sandbox_id]
 
 
+async def test_a_reload_reaches_the_lifecycle_and_every_subscriber(router, clock):
+    """One view of the policy: what the router's view says after a reload is what its lifecycle reaps
+    by, and a subscriber (the data plane's request timeouts) is told at once and at every reload."""
+    seen: list[dict[str, float]] = []
+    router.view.subscribe(lambda view: seen.append(view.request_timeouts))
+    route = await router.resolve(ident("s1"))
+    clock.now += 30
+    await router.flush_activity()
+    assert await router.lifecycle.reap_once() == []  # small's idle_timeout is 60s
+    router.view.replace(parse_policy(POLICY.replace("idle_timeout: 60s}", "idle_timeout: 25s, request_timeout: 9s}"),
+                                     "test"))
+    assert await router.lifecycle.reap_once() == [route.sandbox_id]
+    assert seen == [{}, {"small": 9.0}]
+
+
 async def test_only_the_lease_holder_reaps(router, clock):
     long_lease = RouterTuning(reaper_lease_ttl=1000)
-    first = SessionRouter(router.store, router.provider, router.policy, replica_id="r1", clock=clock, tuning=long_lease)
-    other = SessionRouter(router.store, router.provider, router.policy, replica_id="r2", clock=clock, tuning=long_lease)
+    first = SessionRouter(router.store, router.provider, router.view.policy, replica_id="r1", clock=clock, tuning=long_lease)
+    other = SessionRouter(router.store, router.provider, router.view.policy, replica_id="r2", clock=clock, tuning=long_lease)
     await first.resolve(ident("s1"))
     clock.now += 61
     assert len(await first.lifecycle.reap_once()) == 1
