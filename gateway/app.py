@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,10 +33,11 @@ from gateway.grants import AccessGrants, Grants, McpTarget, NoGrants
 from gateway.hosts import AllowedHosts, default_allowed_hosts
 from gateway.errors import GatewayError
 from gateway.gate import ConnectionGate, connection_bounds
+from gateway.lifecycle import Lifecycle, ReaperLease
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics, RequestMetrics
 from gateway.model import SandboxState
-from gateway.policy import load_policy, request_timeouts
+from gateway.policy import PolicyView, load_policy
 from gateway.providers.base import PoolProviders, SandboxProvider
 from gateway.sessions import RouterTuning, SessionRouter
 from gateway.settings import Settings, option
@@ -214,16 +216,18 @@ class Gateway:
         # Teardown, last step first: start() pushes each step's undo as the step succeeds.
         self._teardown = contextlib.AsyncExitStack()
         self._teardown.push_async_callback(store.close)
-        self.router = SessionRouter(
-            store, provider, policy, replica_id=settings.replica_id,
-            tuning=RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
-                                session_ttl=settings.session_ttl, lease_seconds=settings.creation_lease,
-                                # a pass with a backlog goes on for a few intervals (the next one starts an
-                                # interval after it ends): the backlog drains at ~80% of the reaper's pace
-                                reap_budget=4 * settings.reap_interval,
-                                activity_flush=settings.activity_flush_interval + 0.5),
-            events=metrics,
-        )
+        view = PolicyView(policy)
+        tuning = RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
+                              session_ttl=settings.session_ttl, lease_seconds=settings.creation_lease,
+                              # a pass with a backlog goes on for a few intervals (the next one starts an
+                              # interval after it ends): the backlog drains at ~80% of the reaper's pace
+                              reap_budget=4 * settings.reap_interval,
+                              activity_flush=settings.activity_flush_interval + 0.5)
+        self.lifecycle = Lifecycle(store, provider, view,
+                                   lease=ReaperLease(store, settings.replica_id, tuning.reaper_lease_ttl),
+                                   tuning=tuning, clock=time.time, events=metrics)
+        self.router = SessionRouter(store, provider, view, replica_id=settings.replica_id, tuning=tuning,
+                                    clock=time.time, events=metrics, lifecycle=self.lifecycle)
         self.authenticator, self.admin = build_auth(settings)
         self.access_tokens = build_access(settings)  # minted by the control API, checked by the data plane
         self._locator: Any = None  # a KubernetesSandboxLocator when the router headers are on
@@ -301,7 +305,7 @@ class Gateway:
         if self._access is not None:
             undo.callback(self._access.flush)
         undo.push_async_callback(self._flush_activity_once)
-        undo.push_async_callback(self.router.release_reaper_lease)  # once no loop can take it again
+        undo.push_async_callback(self.lifecycle.lease.release)  # once no loop can take it again
         self._start_background_loops()
         undo.push_async_callback(self._stop_background_loops)
         bounds = connection_bounds(self.settings.max_connections, self.settings.max_connections_per_client)
@@ -315,7 +319,7 @@ class Gateway:
                                     keys=self._preview_keys(), hosts=self.allowed_hosts,
                                     gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused),
                                     tracer=self._tracer(undo))
-        self.data_plane.request_timeouts = request_timeouts(self.router.policy)
+        self.router.view.subscribe(self.data_plane.policy_replaced)  # its request timeouts, now and at reloads
         self.metrics.add_fold(self._live_gauges)  # exact at a scrape, not up to 5 s behind
         await self.data_plane.start(data_sock)
         undo.push_async_callback(self._drain_fronts)
@@ -388,7 +392,7 @@ class Gateway:
             self._every(ACCESS_LOG_FLUSH_INTERVAL, self._flush_access_log)
         self._every(self.settings.activity_flush_interval, self.router.flush_activity)
         self._every(self.settings.reap_interval, self._reap)
-        self._every(self.router.tuning.reaper_lease_renew, self.router.renew_reaper_lease)
+        self._every(self.lifecycle.tuning.reaper_lease_renew, self.lifecycle.lease.renew, name="renew_reaper_lease")
         self._every(5.0, self._refresh_gauges)
         if self.settings.policy_file is not None:
             self._policy_mtime = self.settings.policy_file.stat().st_mtime
@@ -398,7 +402,7 @@ class Gateway:
         """What ``GET /v1/sandboxes`` tells every caller about this installation's sandboxes."""
         from gateway.providers.local import LocalProvider
 
-        unconfined = sorted(name for name, pool in self.router.policy.pools.items() if pool.provider == "local"
+        unconfined = sorted(name for name, pool in self.router.view.pools.items() if pool.provider == "local"
                             and isinstance(p := self.provider.for_pool(name), LocalProvider) and not p.confined)
         if not unconfined:
             return []
@@ -432,7 +436,7 @@ class Gateway:
         return problems
 
     def describe(self) -> list[str]:
-        policy = self.router.policy
+        policy = self.router.view.policy
         pools = ", ".join(f"{name} ({pool.provider})" for name, pool in policy.pools.items())
         providers = [f"provider: {line}" for line in self.provider.describe()]
         return [f"auth: {self.settings.effective_auth_mode}"
@@ -445,7 +449,9 @@ class Gateway:
                 tenant_limits(self.settings, policy), f"data plane: {_compiled.DESCRIPTION}"]
 
     # background work ------------------------------------------------------
-    def _every(self, interval: float, job: Callable[[], Awaitable[Any]]) -> None:
+    def _every(self, interval: float, job: Callable[[], Awaitable[Any]], name: str | None = None) -> None:
+        name = name or job.__name__
+
         async def loop() -> None:
             task = asyncio.current_task()
             # cancelling(): a job whose library swallowed our CancelledError (redis-py can, when a
@@ -455,19 +461,19 @@ class Gateway:
                 try:
                     await job()
                 except GatewayError as exc:
-                    log.warning("%s failed: %s", job.__name__, exc.message)
+                    log.warning("%s failed: %s", name, exc.message)
                 except Exception:
-                    log.exception("%s failed", job.__name__)
+                    log.exception("%s failed", name)
 
-        self._tasks.append(asyncio.create_task(loop(), name=f"every-{job.__name__}"))
+        self._tasks.append(asyncio.create_task(loop(), name=f"every-{name}"))
 
     async def _flush_access_log(self) -> None:
         self._access.flush()  # type: ignore[union-attr]
 
     async def _reap(self) -> None:
-        for sandbox_id in await self.router.reap_once():
+        for sandbox_id in await self.lifecycle.reap_once():
             log.info("reaped idle sandbox %s", sandbox_id)
-        await self.router.sweep_orphans(self.settings.orphan_grace)
+        await self.lifecycle.sweep_orphans(self.settings.orphan_grace)
 
     def _live_gauges(self) -> None:
         """This process's requests in flight and open streams (a stream counts from its response head, declared
@@ -482,7 +488,7 @@ class Gateway:
         m = self.metrics
         self._live_gauges()
         counts = await self.router.fleet_counts()  # kept by the store as it changes: no scan
-        for name in self.router.policy.pools:
+        for name in self.router.view.pools:
             m.sessions.labels(name).set(counts.sessions.get(name, 0))
             for state in SandboxState:
                 m.sandboxes.labels(name, state.value).set(counts.sandboxes.get((name, state), 0))
@@ -499,11 +505,11 @@ class Gateway:
             return
         self._policy_mtime = mtime
         try:
-            self.router.policy = load_policy(self.settings)
+            policy = load_policy(self.settings)
         except PolicyError as exc:
             log.error("policy reload failed, keeping the previous policy:\n%s", exc)
             return
-        self.data_plane.request_timeouts = request_timeouts(self.router.policy)
+        self.router.view.replace(policy)  # the router, its lifecycle and the data plane all read it
         log.info("policy reloaded from %s", path)
 
     def _request_callback(self, metrics: RequestMetrics) -> Callable[[Any], None]:

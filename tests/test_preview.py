@@ -389,7 +389,7 @@ async def test_recreated_sandbox_refuses_the_old_token(preview):
     auth = {"Authorization": f"Bearer {token}"}
     assert (await get(preview, preview.path("/"), headers=auth))[0] == 200  # cached now
     record = await preview.router.store.get_sandbox(preview.sandbox_id)
-    await preview.router.destroy(record, reason="test")
+    await preview.router.lifecycle.destroy(record, reason="test")
     await preview.router.resolve(preview.identity)  # its session re-creates it
     status, _, body = await get(preview, preview.path("/"), headers=auth)
     assert (status, refused(body)) == (401, "access_token_stale")

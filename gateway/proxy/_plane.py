@@ -29,6 +29,7 @@ from gateway.proxy._wire import RequestIds, declares_stream
 from routing import Identity
 
 if TYPE_CHECKING:
+    from gateway.policy import PolicyView
     from gateway.settings import Settings
 
 log = logging.getLogger("gateway.proxy")
@@ -164,7 +165,7 @@ class DataPlane(PlaneState):
         self.write_high = WRITE_BUFFER_HIGH
         self.ids = RequestIds()
         # Pool name -> request_timeout (seconds to the response head), for the pools that set one;
-        # the composition root keeps it in step with the policy. Empty: no pool caps a request.
+        # kept in step with the policy by policy_replaced. Empty: no pool caps a request.
         self.request_timeouts: dict[str, float] = {}
         self.clients: set[DownstreamConnection] = set()
         self.gate = gate if gate is not None else ConnectionGate("data")  # unbounded unless given one
@@ -181,6 +182,10 @@ class DataPlane(PlaneState):
         self._ticks = 0
         self._tick_interval = max(0.01, min(0.5, (options.upstream_read_timeout or 2.0) / 4,
                                             options.stream_idle_timeout / 4, options.header_read_timeout / 4))
+
+    def policy_replaced(self, view: PolicyView) -> None:
+        """The policy view's subscriber (``PolicyView.subscribe``): the pools' request timeouts in force."""
+        self.request_timeouts = view.request_timeouts
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self, sock: socket.socket) -> None:
