@@ -30,9 +30,8 @@ from gateway.errors import (
 from gateway.grants import Grants, McpTarget, NoGrants
 from gateway.hosts import AllowedHosts, host_not_allowed
 from gateway.metrics import Metrics
-from gateway.model import Binding, SandboxRecord, SandboxState
+from gateway.model import Binding, Position, SandboxFilter, SandboxRecord, SandboxState
 from gateway.sessions import SessionRouter
-from gateway.store.base import Position, SandboxFilter
 from routing import Identity, InvalidIdentity, is_valid_sandbox_id
 from routing.ports import PortSet
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import socket
 import sys
 import time
@@ -33,22 +34,29 @@ from gateway.grants import AccessGrants, Grants, McpTarget, NoGrants
 from gateway.hosts import AllowedHosts, default_allowed_hosts
 from gateway.errors import GatewayError
 from gateway.gate import ConnectionGate, connection_bounds
+from gateway.grpcfront import GrpcFront, GrpcMetrics
 from gateway.lifecycle import Lifecycle, ReaperLease
+from gateway.limit_leases import SharedOrgLimits
+from gateway.limits import OrgLimits
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics, RequestMetrics
 from gateway.model import SandboxState
 from gateway.policy import PolicyView, load_policy
 from gateway.providers.base import PoolProviders, SandboxProvider
+from gateway.providers.confine import Bubblewrap, Unconfined, host_sandbox_cap
+from gateway.providers.local import Confinement, LocalProvider, check_networks
+from gateway.providers.static import StaticProvider
+from gateway.proxy import DataPlane, NoRouterHeaders, PlaneOptions, PreviewKeys, RequestLog
 from gateway.sessions import RouterTuning, SessionRouter
 from gateway.settings import Settings, option
 from gateway.store.base import SessionStore
 from gateway.store.instrumented import InstrumentedStore
+from gateway.store.memory import MemoryStore
+from gateway.tracing import Tracer
 from routing import Policy, PolicyError
 
 if TYPE_CHECKING:
-    from gateway.limit_leases import SharedOrgLimits
-    from gateway.limits import OrgLimits
-    from gateway.providers.local import Confinement
+    from gateway.compat_locator import KubernetesSandboxLocator
 
 log = logging.getLogger("gateway")
 STOP_TASKS_TIMEOUT = 5.0  # how long stop() waits for the background loops to end
@@ -97,20 +105,17 @@ def build_access(settings: Settings) -> AccessTokens | None:
 
 def build_store(settings: Settings) -> SessionStore:
     if settings.redis_url:
-        from gateway.store.redis import RedisStore  # imported only when selected
+        # Imported only when selected: the Redis client is a heavy import a memory-store process never needs.
+        from gateway.store.redis import RedisStore
 
         return RedisStore(settings.redis_url, settings.redis_prefix, settings.replica_id,
                           replica_acks=settings.redis_replica_acks,
                           replica_ack_timeout=settings.redis_replica_ack_timeout)
-    from gateway.store.memory import MemoryStore
-
     return MemoryStore()
 
 
 def build_confinement(settings: Settings) -> Confinement:
     """bubblewrap, or (only when the settings accept it) nothing, where bubblewrap cannot run."""
-    from gateway.providers.confine import Bubblewrap, Unconfined
-
     bubblewrap = Bubblewrap(Path(settings.data_dir).absolute(), disk_quota=settings.local_disk_quota_bytes)
     if not settings.local_unconfined:
         return bubblewrap
@@ -128,9 +133,6 @@ def confinement_problem(settings: Settings) -> str | None:
     policy = load_policy(settings)
     if not any(p.provider == "local" for p in policy.pools.values()):
         return None
-    from gateway.providers.confine import Bubblewrap
-    from gateway.providers.local import check_networks
-
     bubblewrap = Bubblewrap(Path(settings.data_dir).absolute())
     try:
         bubblewrap.check()
@@ -151,6 +153,11 @@ def local_networks(policy: Policy) -> dict[str, str]:
     return {name: pool.network for name, pool in policy.pools.items() if pool.provider == "local"}
 
 
+def plane_options(settings: Settings) -> PlaneOptions:
+    """What the data plane reads of the settings: each ``PlaneOptions`` field from the setting of its name."""
+    return PlaneOptions(**{field.name: getattr(settings, field.name) for field in dataclasses.fields(PlaneOptions)})
+
+
 def build_providers(settings: Settings, policy: Policy, metrics: Metrics | None = None) -> PoolProviders:
     """One provider instance per kind, serving every pool of that kind."""
     by_kind: dict[str, list[str]] = {}
@@ -158,20 +165,15 @@ def build_providers(settings: Settings, policy: Policy, metrics: Metrics | None 
         by_kind.setdefault(pool.provider, []).append(name)
     instances: dict[str, SandboxProvider] = {}
     if "local" in by_kind:
-        from gateway.providers.confine import host_sandbox_cap
-        from gateway.providers.local import LocalProvider
-
         instances["local"] = LocalProvider(Path(settings.data_dir), stop_on_close=settings.store_kind == "memory",
                                            confinement=build_confinement(settings), networks=local_networks(policy),
                                            policy_source=policy.source, min_free_bytes=settings.local_min_free_bytes,
                                            max_sandboxes=settings.local_max_sandboxes or host_sandbox_cap())
     if "static" in by_kind:
-        from gateway.providers.static import StaticProvider
-
         instances["static"] = StaticProvider({p: policy.pools[p].upstreams or [] for p in by_kind["static"]})
     if "kubernetes" in by_kind:
+        # Imported only when a pool needs it: kubernetes_asyncio is the heaviest import of all.
         from gateway.providers.kubernetes import KubernetesProvider
-
         from gateway.providers.kubernetes_calls import KubeObserver
 
         observer = KubeObserver() if metrics is None else KubeObserver(metrics.kube_request, metrics.kube_watch_restart)
@@ -183,7 +185,6 @@ def tenant_limits(settings: Settings, policy: Policy) -> str:
     """The tenant limits in force, in one line for the startup log: the admission limits (the org
     limits per replica or, with Redis, for the installation; the proxy's caps) and the store-wide
     sandbox caps of the policy."""
-    import math
 
     def limit(value: float | None, unit: str = "") -> str:
         if value is None:
@@ -230,17 +231,18 @@ class Gateway:
                                     clock=time.time, events=metrics, lifecycle=self.lifecycle)
         self.authenticator, self.admin = build_auth(settings)
         self.access_tokens = build_access(settings)  # minted by the control API, checked by the data plane
-        self._locator: Any = None  # a KubernetesSandboxLocator when the router headers are on
+        self._locator: KubernetesSandboxLocator | None = None  # when the router headers are on
         self.compat: RouterCompat | None = None
         if settings.router_compat_namespaces:
+            # Imported only when the router headers are on: it needs kubernetes_asyncio (a heavy import).
             from gateway.compat_locator import KubernetesSandboxLocator
 
             self._locator = KubernetesSandboxLocator(settings.router_compat_api_version, kubeconfig=settings.kubeconfig,
                                                      in_cluster=settings.in_cluster)
             self.compat = RouterCompat(settings.router_compat_namespaces, settings.router_compat_ports, self.admin,
                                        self._locator)
-        self.data_plane: Any = None
-        self.grpc_front: Any = None  # a gateway.grpcfront.GrpcFront when start() is given a gRPC socket
+        self.data_plane: DataPlane | None = None  # from start()
+        self.grpc_front: GrpcFront | None = None  # when start() is given a gRPC socket
         self._control_runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._policy_mtime: float | None = None
@@ -253,11 +255,9 @@ class Gateway:
             settings.allowed_hosts if settings.allowed_hosts is not None else default_allowed_hosts(settings.host) or [],
             preview_domain=settings.preview_domain, public_url=settings.public_url)
 
-    def _preview_keys(self) -> Any:
+    def _preview_keys(self) -> PreviewKeys | None:
         if self.access_tokens is None:
             return None
-        from gateway.proxy import PreviewKeys
-
         return PreviewKeys(self.access_tokens, domain=self.settings.preview_domain,
                            path_prefix=self.settings.preview_path_prefix,
                            path_cookies=self.settings.preview_path_cookies)
@@ -291,8 +291,6 @@ class Gateway:
 
     async def _start(self, undo: contextlib.AsyncExitStack, data_sock: socket.socket,
                      control_sock: socket.socket, grpc_sock: socket.socket | None) -> None:
-        from gateway.proxy import DataPlane, NoRouterHeaders, PlaneOptions
-
         # The store is closed last (pushed in __init__), then, in the reverse of this order: the
         # locator, the provider, what is left in the access log and the activity batch, the reaper
         # lease, the background loops (they keep beating activity while requests drain), the data plane and
@@ -309,30 +307,25 @@ class Gateway:
         self._start_background_loops()
         undo.push_async_callback(self._stop_background_loops)
         bounds = connection_bounds(self.settings.max_connections, self.settings.max_connections_per_client)
-        options = PlaneOptions.from_settings(self.settings)
+        options = plane_options(self.settings)
         if grpc_sock is not None:  # the port really bound (settings may say 0), named to HTTP/2 clients
             options = dataclasses.replace(options, grpc_port=grpc_sock.getsockname()[1])
-        self.data_plane = DataPlane(self.router, options,
-                                    on_request=self._on_request, authenticator=self.authenticator,
-                                    limits=self._org_limits(undo),
-                                    compat=self.compat if self.compat is not None else NoRouterHeaders(),
-                                    keys=self._preview_keys(), hosts=self.allowed_hosts,
-                                    gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused),
-                                    tracer=self._tracer(undo))
-        self.router.view.subscribe(self.data_plane.policy_replaced)  # its request timeouts, now and at reloads
+        plane = self.data_plane = DataPlane(
+            self.router, options, on_request=self._on_request, authenticator=self.authenticator,
+            limits=self._org_limits(undo), compat=self.compat if self.compat is not None else NoRouterHeaders(),
+            keys=self._preview_keys(), hosts=self.allowed_hosts,
+            gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused), tracer=self._tracer(undo))
+        self.router.view.subscribe(plane.policy_replaced)  # its request timeouts, now and at every reload
         self.metrics.add_fold(self._live_gauges)  # exact at a scrape, not up to 5 s behind
-        await self.data_plane.start(data_sock)
+        await plane.start(data_sock)
         undo.push_async_callback(self._drain_fronts)
         if grpc_sock is not None:
-            from gateway.grpcfront import GrpcFront, GrpcMetrics
-
-            self.grpc_front = GrpcFront(self.router, self.settings, authenticator=self.authenticator,
-                                        limits=self.data_plane.limits, metrics=GrpcMetrics(self.metrics.registry),
-                                        access=self._access, admission=self.data_plane.admission,
-                                        tracer=self.data_plane.tracer,
-                                        gate=ConnectionGate("grpc", *bounds, on_refused=self.metrics.connection_refused))
-            await self.grpc_front.start(grpc_sock)
-            self.grpc_address = self.grpc_front.address
+            front = self.grpc_front = GrpcFront(
+                self.router, self.settings, authenticator=self.authenticator, limits=plane.limits,
+                metrics=GrpcMetrics(self.metrics.registry), access=self._access, admission=plane.admission,
+                tracer=plane.tracer, gate=ConnectionGate("grpc", *bounds, on_refused=self.metrics.connection_refused))
+            await front.start(grpc_sock)
+            self.grpc_address = front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
                                      warnings=self._provider_warnings(), grants=self._grants(data_sock),
                                      mcp=McpTarget(self.settings.kagent_mcp_port, self.settings.kagent_mcp_path),
@@ -344,11 +337,9 @@ class Gateway:
         self.data_address = data_sock.getsockname()[:2]
         self.control_address = control_sock.getsockname()[:2]
 
-    def _tracer(self, undo: contextlib.AsyncExitStack) -> Any:
+    def _tracer(self, undo: contextlib.AsyncExitStack) -> Tracer | None:
         """The OpenTelemetry tracer (gateway/tracing.py), None when tracing is off; at stop, after the
         fronts have drained, the spans left are exported (off the loop: the exporter blocks)."""
-        from gateway.tracing import Tracer
-
         tracer = Tracer.from_settings(self.settings)
         if tracer is not None:
             undo.push_async_callback(asyncio.to_thread, tracer.shutdown)
@@ -357,14 +348,10 @@ class Gateway:
     def _org_limits(self, undo: contextlib.AsyncExitStack) -> OrgLimits | SharedOrgLimits:
         """Per-org limits: the installation's (leased from Redis) or, without Redis or when asked, this
         replica's. The shared ones give their stream slots back once the fronts have drained."""
-        from gateway.limits import OrgLimits
-
         settings = self.settings
         store = getattr(self.store, "inner", self.store)
         if not settings.limits_shared or not hasattr(store, "limit_ledger"):
             return OrgLimits.from_settings(settings)
-        from gateway.limit_leases import SharedOrgLimits
-
         limits = SharedOrgLimits(store.limit_ledger(), rate=settings.org_rate_limit, burst=settings.org_rate_burst,
                                  max_streams=settings.max_streams_per_org)
         undo.push_async_callback(limits.close)
@@ -379,9 +366,8 @@ class Gateway:
 
     async def _drain_fronts(self) -> None:
         """The data plane and the gRPC front drain at the same time, each within ``drain_timeout``."""
-        drains = [self.data_plane.stop(self.settings.drain_timeout)]
-        if self.grpc_front is not None:
-            drains.append(self.grpc_front.stop(self.settings.drain_timeout))
+        fronts: list[DataPlane | GrpcFront | None] = [self.data_plane, self.grpc_front]
+        drains = [front.stop(self.settings.drain_timeout) for front in fronts if front is not None]
         results = await asyncio.gather(*drains, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
@@ -400,8 +386,6 @@ class Gateway:
 
     def _provider_warnings(self) -> list[str]:
         """What ``GET /v1/sandboxes`` tells every caller about this installation's sandboxes."""
-        from gateway.providers.local import LocalProvider
-
         unconfined = sorted(name for name, pool in self.router.view.pools.items() if pool.provider == "local"
                             and isinstance(p := self.provider.for_pool(name), LocalProvider) and not p.confined)
         if not unconfined:
@@ -512,14 +496,14 @@ class Gateway:
         self.router.view.replace(policy)  # the router, its lifecycle and the data plane all read it
         log.info("policy reloaded from %s", path)
 
-    def _request_callback(self, metrics: RequestMetrics) -> Callable[[Any], None]:
+    def _request_callback(self, metrics: RequestMetrics) -> Callable[[RequestLog], None]:
         """The data plane's per-request callback: metrics, and the access line when there is a log."""
         access = self._access
         if access is None:
             return metrics.record
         record, write = metrics.record, access.log
 
-        def on_request(entry: Any) -> None:
+        def on_request(entry: RequestLog) -> None:
             record(entry)
             write(entry)
 

@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from gateway.errors import (
     Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable, WakeTimeout,
 )
-from gateway.model import Binding, Endpoint, SandboxRecord, SandboxRequest, SandboxState
+from gateway.model import Binding, Endpoint, Position, SandboxRecord, SandboxRequest, SandboxState
 from gateway.policy import PolicyView
 from gateway.providers.base import ForeignSandbox, SandboxProvider
 from gateway.router_base import RouterEvents, RouterTuning
-from gateway.store.base import NotReserved, Position, SessionStore
+from gateway.store.base import NotReserved, SessionStore
 from routing.reaping import Act, orphaned, reap_cutoff, reap_verdict
 
 log = logging.getLogger(__name__)

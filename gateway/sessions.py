@@ -32,14 +32,15 @@ from gateway.errors import (
 from gateway.lifecycle import (
     WAKING_STATES, Lifecycle, Provisioning, ReaperLease, foreign, unknown_sandbox, unknown_session,
 )
-from gateway.model import Binding, Endpoint, Owner, Route, SandboxRecord, SandboxState, may_claim
+from gateway.model import (
+    ANY_SANDBOX, Binding, Endpoint, Owner, Position, Route, SandboxFilter, SandboxRecord, SandboxState, may_claim,
+)
 from gateway.policy import PolicyView
 from gateway.providers.base import Probe, SandboxProvider
-from gateway.router_base import NoEvents, RouterEvents, RouterTuning
 from gateway.route_cache import CachedRoute, RouteCache, SandboxRoutes
+from gateway.router_base import NoEvents, RouterEvents, RouterTuning
 from gateway.store.base import (
-    ANY_SANDBOX, Caps, FleetCounts, Position, Released, Reserved, SandboxFilter, SandboxPage,
-    SessionStore, Settled, Settlement, SettleTimeout,
+    Caps, FleetCounts, Released, Reserved, SandboxPage, SessionStore, Settled, Settlement, SettleTimeout,
 )
 from routing import Identity, Isolation, Placement, Policy, place
 

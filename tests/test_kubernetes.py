@@ -12,13 +12,11 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gateway.compat_locator import KubernetesSandboxLocator
-from gateway.errors import (
-    Conflict, KubeApiError, NotFound, ObjectExists, ObjectMissing, ProvisionFailed, ProvisionTimeout, WatchExpired,
-)
+from gateway.errors import Conflict, KubeApiError, NotFound, ProvisionFailed, ProvisionTimeout
 from gateway.model import Owner, SandboxRequest
 from gateway.providers.base import PoolProviders, Probe
 from gateway.providers.kubernetes import KubernetesProvider
-from gateway.providers.kubernetes_api import INSTALLATION, translated
+from gateway.providers.kubernetes_api import INSTALLATION, ObjectExists, ObjectMissing, WatchExpired, translated
 from gateway.providers.kubernetes_options import KubernetesPoolOptions
 from gateway.runtime import create_app
 from gateway.sessions import RouterTuning, SessionRouter

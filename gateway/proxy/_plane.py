@@ -30,7 +30,6 @@ from routing import Identity
 
 if TYPE_CHECKING:
     from gateway.policy import PolicyView
-    from gateway.settings import Settings
 
 log = logging.getLogger("gateway.proxy")
 
@@ -58,7 +57,8 @@ def _unix_connected(path: str) -> socket.socket:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlaneOptions:
-    """The settings the data plane reads (the defaults are ``Settings``' own); see ``gateway.settings``."""
+    """The settings the data plane reads (the defaults are ``Settings``' own; ``gateway.app.plane_options``
+    takes them from the settings, each field from the setting of its name); see ``gateway.settings``."""
 
     max_header_bytes: int = 32_768
     max_body_bytes: int | None = None
@@ -73,10 +73,6 @@ class PlaneOptions:
     upstream_keepalive_timeout: float = 30.0
     stream_idle_timeout: float = 300.0
     grpc_port: int = 50051  # named in the answer to an HTTP/2 preface
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> PlaneOptions:
-        return cls(**{field.name: getattr(settings, field.name) for field in dataclasses.fields(cls)})
 
 
 class RouteResolver(Protocol):
