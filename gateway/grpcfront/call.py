@@ -36,6 +36,7 @@ from gateway.proxy._admission import (R_AUTH, R_BOT, R_CL, R_COOKIE, R_EXPECT, R
 from gateway.proxy._wire import ACCESS_COOKIE, HOST_ACCESS_COOKIE, cut_access_cookie
 
 if TYPE_CHECKING:
+    from gateway.grpcfront.connection import Connection
     from gateway.grpcfront.front import GrpcFront, _ServerSide
     from routing import Identity
 
@@ -341,7 +342,7 @@ class Call:
         if self._request_fits(up):
             self.request = self.down.buffer.peek()  # kept until the sandbox answers: see _response_head
             await self._send_request(up)  # nothing in it can wait: no task needed (a unary call, typically)
-            up.conn.flush_alone()
+            self._flush_alone(up.conn)
         else:
             self.pump = self.down.conn.loop.create_task(self._send_request(up))
         response = await self._response_head(target, head)
@@ -350,7 +351,7 @@ class Call:
         status = status_of(response)
         if status is not None:  # trailers-only: the whole answer is this one HEADERS frame
             self.down.send_headers(forwardable(response, head=True), end_stream=True)
-            self.down.conn.flush_alone()
+            self._flush_alone(self.down.conn)
             self._settled(status)
             return
         code = next((value for name, value in response if name == b":status"), b"")
@@ -364,8 +365,17 @@ class Call:
         if trailers is None:
             raise UpstreamError("the sandbox ended its response without a gRPC status", sandbox_id=route.sandbox_id)
         self.down.send_headers(forwardable(trailers, head=False), end_stream=True)
-        self.down.conn.flush_alone()
+        self._flush_alone(self.down.conn)
         self._settled(status_of(trailers) or 0)
+
+    def _flush_alone(self, conn: Connection) -> None:
+        """Write what ``conn`` has queued now when this is the front's only call: nothing else this loop step
+        does can join the ``send()``, so the request reaches the sandbox (or the answer the client) a loop
+        iteration sooner. With other calls running, their writes of this step go out together at its end:
+        flushing whenever the call was alone on its connection split those batches (at 50 calls in flight,
+        1.2 sends per call instead of 0.2, and the client's and the sandbox's CPU per call up with them)."""
+        if len(self.front.calls) == 1:
+            conn.flush()
 
     def _timeout_left(self) -> bytes:
         """grpc-timeout for the sandbox: the client's own value while the gateway has spent under a

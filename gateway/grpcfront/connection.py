@@ -193,24 +193,26 @@ class Connection(FrameReader):
 
     # -- writing ----------------------------------------------------------------------
     def write(self, data: bytes) -> None:
-        """Queue ``data``; what one loop step writes goes out in one ``send()`` at the end of it."""
+        """Queue ``data``; what one loop step writes goes out in one ``send()`` at the end of it, or, while
+        other streams are open, at the end of the next: the calls that the reads ready by then wake write in
+        that step, and their frames join the same ``send()``. Flushing every step, a front made faster per
+        call sent 1.1-1.5 times per call at 10 and 50 calls in flight (0.3-0.7 before), and the client and
+        sandbox, reading smaller pieces, spent a fifth more CPU per call; one more turn of the loop costs no
+        waiting (the loop polls without blocking while callbacks are ready)."""
         self._out.append(data)
         if self._flush_handle is None:
-            self._flush_handle = self.loop.call_soon(self._flush_queued)
-
-    def flush_alone(self) -> None:
-        """Write what is queued now if no other stream is open: nothing else this loop step does can join
-        the ``send()``, so it goes out without waiting a loop iteration (a unary call at one in flight: the
-        request to the sandbox and the answer to the client each leave a loop iteration earlier)."""
-        if len(self.streams) <= 1 and self._out:
-            self.flush()
+            self._flush_handle = self.loop.call_soon(self._flush_queued if len(self.streams) <= 1
+                                                     else self._flush_next_step)
 
     def flush(self) -> None:
         handle = self._flush_handle
         if handle is not None:
             self._flush_handle = None
-            handle.cancel()  # called directly (flush_alone, close): the queued call has nothing left to do
+            handle.cancel()  # called directly (Call._flush_alone, close): the queued call has nothing left to do
         self._send()
+
+    def _flush_next_step(self) -> None:
+        self._flush_handle = self.loop.call_soon(self._flush_queued)
 
     def _flush_queued(self) -> None:
         self._flush_handle = None
