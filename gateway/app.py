@@ -305,6 +305,10 @@ class Gateway:
         self._start_background_loops()
         undo.push_async_callback(self._stop_background_loops)
         bounds = connection_bounds(self.settings.max_connections, self.settings.max_connections_per_client)
+
+        def gate(listener: str) -> ConnectionGate:
+            return ConnectionGate(listener, *bounds, on_refused=self.metrics.connection_refused,
+                                  on_shed=self.metrics.connection_shed)
         options = PlaneOptions.from_settings(self.settings)
         if grpc_sock is not None:  # the port really bound (settings may say 0), named to HTTP/2 clients
             options = dataclasses.replace(options, grpc_port=grpc_sock.getsockname()[1])
@@ -313,7 +317,7 @@ class Gateway:
                                     limits=self._org_limits(undo),
                                     compat=self.compat if self.compat is not None else NoRouterHeaders(),
                                     keys=self._preview_keys(), hosts=self.allowed_hosts,
-                                    gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused),
+                                    gate=gate("data"),
                                     tracer=self._tracer(undo))
         self.data_plane.request_timeouts = request_timeouts(self.router.policy)
         self.metrics.add_fold(self._live_gauges)  # exact at a scrape, not up to 5 s behind
@@ -326,7 +330,7 @@ class Gateway:
                                         limits=self.data_plane.limits, metrics=GrpcMetrics(self.metrics.registry),
                                         access=self._access, admission=self.data_plane.admission,
                                         tracer=self.data_plane.tracer,
-                                        gate=ConnectionGate("grpc", *bounds, on_refused=self.metrics.connection_refused))
+                                        gate=gate("grpc"))
             await self.grpc_front.start(grpc_sock)
             self.grpc_address = self.grpc_front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
