@@ -7,7 +7,8 @@ Attacks (all on loopback, bounded in count and time):
 - ``grpc-idle``: ``--connections`` TCP connections to the gRPC port that never send a preface, from
   ``--sources`` addresses (127.0.0.2, .3, ...), held by attacker processes of ``--per-process`` sockets each
   (a process may hold 20,000 descriptors here). One the gateway closes (refused at a bound, shed, or at
-  ``grpc_handshake_timeout``) is opened again ``--reopen`` seconds later, so the attack lasts;
+  ``grpc_handshake_timeout``) is opened again ``--reopen`` seconds later (30, +-50%), so the attack lasts
+  (``--reopen 5`` makes it a flood of reconnects as well: thousands a second);
 - ``data-idle``: the same to the data plane (closed at ``header_read_timeout``);
 - ``slowloris``: data-plane connections that send a request head a line every 3 s, never finishing it;
 - ``undeclared-streams``: one org opens ``--streams`` SSE streams without ``Accept: text/event-stream``, from
@@ -20,7 +21,8 @@ The victim (its own source address, 127.0.0.200) opens a NEW connection for ever
 show: the data plane (GET through a static pool to an aiohttp app in this process), gRPC (a unary call through
 the same pool to the grpclib echo service; a new channel per call), the control API (/healthz) and, with
 ``--local``, ``/execute`` in its own local sandbox (bubblewrap; root only). The victim's calls run after the
-attack is in place and while it goes on. The gateway runs with its defaults (descriptor limit raised to the
+attack is in place (the gateway has answered the first wave) and while it goes on; the CPU the gateway and
+the attackers took meanwhile is reported (they share the machine's cores). The gateway runs with its defaults (descriptor limit raised to the
 hard one: bounds logged at start) except a smaller disk quota (``--disk-quota``: the default 10 GiB would
 write 10 GiB to a shared disk).
 
@@ -57,6 +59,8 @@ if str(ROOT) not in sys.path:
 
 import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
+
+from benchmarks.harness import cpu_ns  # noqa: E402
 
 SCENARIOS = ("baseline", "grpc-idle", "data-idle", "slowloris", "undeclared-streams", "files", "disk", "fork-bomb",
              "baseline-after")
@@ -287,7 +291,7 @@ class Sandbox:
         return response
 
 
-async def metrics(gateway: Any) -> dict[str, float]:
+async def counters(gateway: Any) -> dict[str, float]:
     """The gateway's connection counters: refused (by listener and bound), shed, gRPC closes by reason."""
     async with aiohttp.ClientSession() as http, http.get(f"{gateway.control_url}/metrics") as response:
         text = await response.text()
@@ -300,17 +304,21 @@ async def metrics(gateway: Any) -> dict[str, float]:
     return found
 
 
-def changed(before: dict[str, float], after: dict[str, float]) -> str:
+def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What changed, keyed by family short name and label values: ``shed grpc``, ``refused max_connections/data``."""
     names = {"sgw_connections_refused": "refused", "sgw_connections_shed": "shed",
              "sgw_grpc_connections_closed": "gRPC closed"}
-    parts = []
+    found = {}
     for name, value in sorted(after.items()):
-        delta = value - before.get(name, 0.0)
-        if delta:
+        if value - before.get(name, 0.0):
             family, labels = name.rstrip("}").split("{", 1)
             values = "/".join(re.findall(r'="([^"]*)"', labels))
-            parts.append(f"{names[family]} {values} {delta:.0f}")
-    return ", ".join(parts) or "nothing refused or shed"
+            found[f"{names[family]} {values}"] = value - before.get(name, 0.0)
+    return found
+
+
+def changed(before: dict[str, float], after: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.0f}" for name, value in delta(before, after).items()) or "nothing refused or shed"
 
 
 async def execute(http: aiohttp.ClientSession, gateway: Any, session: str, command: str,
@@ -337,9 +345,10 @@ FORK_BOMB = "(exec 2>/dev/null; while :; do sleep 600 >/dev/null & done); echo f
 @dataclasses.dataclass
 class Row:
     scenario: str
-    attacker: str
-    results: dict[str, Result]
+    attacker: str                # what the attack did, in words
+    results: dict[str, Result]   # the victim's, per port
     load: tuple[float, float, float]
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the attack did, for a test to assert
 
 
 @dataclasses.dataclass
@@ -347,7 +356,7 @@ class Options:
     connections: int = 20_000
     sources: int = 10
     per_process: int = 5_000
-    reopen: float = 5.0
+    reopen: float = 30.0
     streams: int = 1_000
     victim: int = 200
     local: bool = True
@@ -405,7 +414,7 @@ async def run(opts: Options) -> list[Row]:
             rows.append(Row(scenario, attacker, await victim(gateway, opts.victim, local), os.getloadavg()))
 
         for scenario in opts.only:
-            before = await metrics(gateway)
+            before = await counters(gateway)
             if scenario.startswith("baseline"):
                 await measured(scenario, "-")
             elif scenario in ("grpc-idle", "data-idle", "slowloris"):
@@ -413,23 +422,43 @@ async def run(opts: Options) -> list[Row]:
                 mode = "slowloris" if scenario == "slowloris" else "idle"
                 attack = Attack(target, mode, opts.connections, sources, opts.per_process, opts.reopen)
                 async with attack:
-                    await asyncio.sleep(1)  # the gateway has read what came with the last wave
+                    settled = await settle(gateway)
+                    gateway_pid, attackers = [gateway.proc.pid], [p.pid for p in attack.procs]
+                    cpu = cpu_ns(gateway_pid)[0], cpu_ns(attackers)[0]
                     started = time.perf_counter()
                     results = await victim(gateway, opts.victim, local)
                     seconds = time.perf_counter() - started
+                    cpu = (cpu_ns(gateway_pid)[0] - cpu[0]) / 1e9, (cpu_ns(attackers)[0] - cpu[1]) / 1e9
                     rows.append(Row(scenario, "", results, os.getloadavg()))
                 first = attack.total(attack.ready)
                 final = attack.total(attack.final)
+                after = await counters(gateway)
+                rows[-1].facts = {"first": first, "final": final, "gateway": delta(before, after)}
                 rows[-1].attacker = (
                     f"{opts.connections} {mode} connections from {len(sources)} addresses in {len(attack.commands)} "
-                    f"processes: {first['held']} open after the first wave, {final['held']} at the end; "
-                    f"{final['connects'] - first['connects']} reconnects in the {seconds:.0f} s measured; "
-                    f"the gateway: {changed(before, await metrics(gateway))}")
+                    f"processes, a closed one reopened after {opts.reopen:g} s (+-50%): {first['held']} open after "
+                    f"the first wave, the gateway settled in {settled:.1f} s; {final['connects'] - first['connects']} "
+                    f"reconnects in all; while the victim was measured ({seconds:.1f} s) the gateway took "
+                    f"{cpu[0]:.1f} s of CPU, the attackers {cpu[1]:.1f} s; the gateway: {changed(before, after)}")
             elif scenario == "undeclared-streams":
                 rows.append(await streams(gateway, sandbox, opts, before, local))
             elif scenario in LOCAL:
                 rows.append(await local_attack(scenario, gateway, http, opts, local))
     return rows
+
+
+async def settle(gateway: Any, quiet: float = 100, longest: float = 30) -> float:
+    """Seconds until the gateway refuses, sheds and closes fewer than ``quiet`` connections per 0.5 s (the first
+    wave has been answered), at most ``longest``."""
+    started = time.perf_counter()
+    last = sum((await counters(gateway)).values())
+    while time.perf_counter() - started < longest:
+        await asyncio.sleep(0.5)
+        now = sum((await counters(gateway)).values())
+        if now - last < quiet:
+            break
+        last = now
+    return time.perf_counter() - started
 
 
 async def streams(gateway: Any, sandbox: Sandbox, opts: Options, before: dict[str, float], local: bool) -> Row:
@@ -458,9 +487,9 @@ async def streams(gateway: Any, sandbox: Sandbox, opts: Options, before: dict[st
         declared_status = declared.status
         declared.release()
         results = await victim(gateway, opts.victim, local)
-        return Row("undeclared-streams", f"{len(opened)} undeclared SSE streams of one org open ({refused} refused), "
-                   f"max_streams_per_org 50; its declared stream then: {declared_status}; "
-                   f"gateway: {changed(before, await metrics(gateway))}", results, os.getloadavg())
+        return Row("undeclared-streams", f"{len(opened)} undeclared SSE streams of one org open ({refused} refused); "
+                   f"its declared stream then: {declared_status}; the gateway: {changed(before, await counters(gateway))}",
+                   results, os.getloadavg(), {"opened": len(opened), "declared": declared_status})
     finally:
         sandbox.release.set()
         for response in opened:
@@ -474,18 +503,22 @@ async def local_attack(scenario: str, gateway: Any, http: aiohttp.ClientSession,
     """The attacker's own local sandbox exhausts one of its bounds and holds on; then the victim is measured,
     and another tenant's NEW sandbox is started (the issue: a full disk failed the next tenant's with 503)."""
     session = f"a-{scenario}"
+    facts: dict[str, Any] = {}
     started = time.perf_counter()
     if scenario == "files":
         answer = await execute(http, gateway, session, FILES)
-        detail = f"100 processes hold {answer['stdout'].strip()} open files (each refused at its limit)"
+        facts["held"] = int(answer["stdout"].strip() or 0)
+        detail = f"100 processes hold {facts['held']} open files (each refused at its limit)"
     elif scenario == "disk":
         size = opts.disk_quota + 64 * 1024**2
         answer = await execute(http, gateway, session, f"head -c {size} /dev/zero > big; echo exit=$?; du -sm big")
         tail = answer["stderr"].strip().splitlines()[-1:] or ["(no error)"]
+        facts["enospc"] = "No space left on device" in answer["stderr"]
         detail = (f"wrote {answer['stdout'].split()[-2] if answer['stdout'].split() else '?'} MiB of {size >> 20}: "
                   f"{tail[0][:80]}")
     else:
         answer = await execute(http, gateway, session, FORK_BOMB, timeout=60)
+        facts["full"] = answer["stdout"].strip() == "full"
         detail = f"forked until refused ({answer['stdout'].strip()})"
     detail += f", in {time.perf_counter() - started:.1f} s"
     try:
@@ -497,8 +530,9 @@ async def local_attack(scenario: str, gateway: Any, http: aiohttp.ClientSession,
             status = response.status
             await response.read()
         detail += f"; another tenant's new sandbox: {status} in {time.perf_counter() - created:.1f} s"
+        facts["newcomer"] = status
         await forget(http, gateway, f"new-{scenario}")
-        return Row(scenario, detail, results, os.getloadavg())
+        return Row(scenario, detail, results, os.getloadavg(), facts)
     finally:
         await forget(http, gateway, session)
 
@@ -528,7 +562,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=20_000, help="attacking connections per connection attack")
     parser.add_argument("--sources", type=int, default=10, help="attacking source addresses (127.0.0.2 on)")
     parser.add_argument("--per-process", type=int, default=5_000, help="attacking sockets per attacker process")
-    parser.add_argument("--reopen", type=float, default=5.0, help="seconds before a closed attacker slot reconnects")
+    parser.add_argument("--reopen", type=float, default=30.0, help="seconds before a closed attacker slot reconnects")
     parser.add_argument("--streams", type=int, default=1_000, help="undeclared SSE streams the attacker opens")
     parser.add_argument("--victim", type=int, default=200, help="victim calls per port and scenario")
     parser.add_argument("--disk-quota", type=int, default=256 * 1024**2, help="local_disk_quota_bytes for the run")
