@@ -22,12 +22,11 @@ show: the data plane (GET through a static pool to an aiohttp app in this proces
 the same pool to the grpclib echo service; a new channel per call), the control API (/healthz) and, with
 ``--local``, ``/execute`` in its own local sandbox (bubblewrap; root only). The victim's calls run after the
 attack is in place (the gateway has answered the first wave) and while it goes on; the CPU the gateway and
-the attackers took meanwhile is reported (they share the machine's cores). The gateway runs with its defaults (descriptor limit raised to the
-hard one: bounds logged at start) except a smaller disk quota (``--disk-quota``: the default 10 GiB would
-write 10 GiB to a shared disk).
-
-    .venv/bin/python benchmarks/neighbours.py [--connections 20000] [--sources 10] [--victim 200]
-    .venv/bin/python benchmarks/neighbours.py --only grpc-idle,slowloris --connections 3000
+the attackers took meanwhile is reported (they share the machine's cores). The gateway runs with its defaults
+(descriptor limit raised to the hard one: bounds logged at start) except a smaller disk quota (``--disk-
+quota``: the default 10 GiB would write 10 GiB to a shared disk). .venv/bin/python benchmarks/neighbours.py
+[--connections 20000] [--sources 10] [--victim 200] .venv/bin/python benchmarks/neighbours.py --only grpc-
+idle,slowloris --connections 3000
 """
 
 from __future__ import annotations
@@ -349,6 +348,7 @@ class Row:
     results: dict[str, Result]   # the victim's, per port
     load: tuple[float, float, float]
     facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the attack did, for a test to assert
+    before: dict[str, Result] = dataclasses.field(default_factory=dict)  # the victim's just before the attack
 
 
 @dataclasses.dataclass
@@ -358,7 +358,7 @@ class Options:
     per_process: int = 5_000
     reopen: float = 30.0
     streams: int = 1_000
-    victim: int = 200
+    victim: int = 500
     local: bool = True
     disk_quota: int = 256 * 1024**2
     only: tuple[str, ...] = SCENARIOS
@@ -414,37 +414,46 @@ async def run(opts: Options) -> list[Row]:
             rows.append(Row(scenario, attacker, await victim(gateway, opts.victim, local), os.getloadavg()))
 
         for scenario in opts.only:
-            before = await counters(gateway)
             if scenario.startswith("baseline"):
                 await measured(scenario, "-")
-            elif scenario in ("grpc-idle", "data-idle", "slowloris"):
-                target = gateway.grpc_address if scenario == "grpc-idle" else gateway.data_url.split("://", 1)[1]
-                mode = "slowloris" if scenario == "slowloris" else "idle"
-                attack = Attack(target, mode, opts.connections, sources, opts.per_process, opts.reopen)
-                async with attack:
-                    settled = await settle(gateway)
-                    gateway_pid, attackers = [gateway.proc.pid], [p.pid for p in attack.procs]
-                    cpu = cpu_ns(gateway_pid)[0], cpu_ns(attackers)[0]
-                    started = time.perf_counter()
-                    results = await victim(gateway, opts.victim, local)
-                    seconds = time.perf_counter() - started
-                    cpu = (cpu_ns(gateway_pid)[0] - cpu[0]) / 1e9, (cpu_ns(attackers)[0] - cpu[1]) / 1e9
-                    rows.append(Row(scenario, "", results, os.getloadavg()))
-                first = attack.total(attack.ready)
-                final = attack.total(attack.final)
-                after = await counters(gateway)
-                rows[-1].facts = {"first": first, "final": final, "gateway": delta(before, after)}
-                rows[-1].attacker = (
-                    f"{opts.connections} {mode} connections from {len(sources)} addresses in {len(attack.commands)} "
-                    f"processes, a closed one reopened after {opts.reopen:g} s (+-50%): {first['held']} open after "
-                    f"the first wave, the gateway settled in {settled:.1f} s; {final['connects'] - first['connects']} "
-                    f"reconnects in all; while the victim was measured ({seconds:.1f} s) the gateway took "
-                    f"{cpu[0]:.1f} s of CPU, the attackers {cpu[1]:.1f} s; the gateway: {changed(before, after)}")
+                continue
+            # The machine is shared: its load moves within a minute, so each attack's baseline is taken just before.
+            paired = await victim(gateway, opts.victim, local)
+            before = await counters(gateway)
+            if scenario in ("grpc-idle", "data-idle", "slowloris"):
+                rows.append(await connection_attack(scenario, gateway, opts, sources, before, local))
             elif scenario == "undeclared-streams":
                 rows.append(await streams(gateway, sandbox, opts, before, local))
             elif scenario in LOCAL:
                 rows.append(await local_attack(scenario, gateway, http, opts, local))
+            rows[-1].before = paired
     return rows
+
+
+async def connection_attack(scenario: str, gateway: Any, opts: Options, sources: list[str],
+                            before: dict[str, float], local: bool) -> Row:
+    """Idle or slowloris connections to a port, from attacker processes, held while the victim is measured."""
+    target = gateway.grpc_address if scenario == "grpc-idle" else gateway.data_url.split("://", 1)[1]
+    mode = "slowloris" if scenario == "slowloris" else "idle"
+    attack = Attack(target, mode, opts.connections, sources, opts.per_process, opts.reopen)
+    async with attack:
+        settled = await settle(gateway)
+        gateway_pid, attackers = [gateway.proc.pid], [p.pid for p in attack.procs]
+        cpu = cpu_ns(gateway_pid)[0], cpu_ns(attackers)[0]
+        started = time.perf_counter()
+        results = await victim(gateway, opts.victim, local)
+        seconds = time.perf_counter() - started
+        cpu = (cpu_ns(gateway_pid)[0] - cpu[0]) / 1e9, (cpu_ns(attackers)[0] - cpu[1]) / 1e9
+        load = os.getloadavg()
+    first, final = attack.total(attack.ready), attack.total(attack.final)
+    after = await counters(gateway)
+    detail = (f"{opts.connections} {mode} connections from {len(sources)} addresses in {len(attack.commands)} "
+              f"processes, a closed one reopened after {opts.reopen:g} s (+-50%): {first['held']} open after the "
+              f"first wave (some refused, not yet read), {final['held']} at the end; the gateway settled in "
+              f"{settled:.1f} s; {final['connects'] - first['connects']} reconnects in all; while the victim was "
+              f"measured ({seconds:.1f} s) the gateway took {cpu[0]:.1f} s of CPU, the attackers {cpu[1]:.1f} s; "
+              f"the gateway: {changed(before, after)}")
+    return Row(scenario, detail, results, load, {"first": first, "final": final, "gateway": delta(before, after)})
 
 
 async def settle(gateway: Any, quiet: float = 100, longest: float = 30) -> float:
@@ -488,7 +497,8 @@ async def streams(gateway: Any, sandbox: Sandbox, opts: Options, before: dict[st
         declared.release()
         results = await victim(gateway, opts.victim, local)
         return Row("undeclared-streams", f"{len(opened)} undeclared SSE streams of one org open ({refused} refused); "
-                   f"its declared stream then: {declared_status}; the gateway: {changed(before, await counters(gateway))}",
+                   f"its declared stream then: {declared_status}; "
+                   f"the gateway: {changed(before, await counters(gateway))}",
                    results, os.getloadavg(), {"opened": len(opened), "declared": declared_status})
     finally:
         sandbox.release.set()
@@ -538,15 +548,19 @@ async def local_attack(scenario: str, gateway: Any, http: aiohttp.ClientSession,
 
 
 def table(rows: list[Row]) -> str:
-    """The victim's figures per scenario and port (p99 beside the baseline's), then what each attack did."""
-    base = {port: r for row in rows if row.scenario == "baseline" for port, r in row.results.items()}
-    lines = ["| attack | victim port | p50 ms | p99 ms | p99 / baseline | errors | load avg (1/5/15) |",
-             "|---|---|---|---|---|---|---|"]
+    """The victim's figures per scenario and port: just before the attack and under it, the p99 ratio of the
+    two; then what each attack did."""
+    lines = ["| attack | victim port | before: p50 / p99 ms | under attack: p50 / p99 ms | p99 ratio | errors | "
+             "load avg (1/5/15) |", "|---|---|---|---|---|---|---|"]
     for row in rows:
         for port, r in row.results.items():
-            ratio = f"{r.p99 / base[port].p99:.2f}" if port in base and base[port].p99 else "-"
+            pre = row.before.get(port)
+            ratio = f"{r.p99 / pre.p99:.2f}" if pre is not None and pre.p99 else "-"
             errors = f"{r.errors}/{r.calls}" + (f" ({r.first_error})" if r.errors else "")
-            lines.append(f"| {row.scenario} | {port} | {r.p50:.2f} | {r.p99:.2f} | {ratio} | {errors} | "
+            if pre is not None:
+                errors += f" (before: {pre.errors}/{pre.calls})"
+            before = f"{pre.p50:.2f} / {pre.p99:.2f}" if pre is not None else "-"
+            lines.append(f"| {row.scenario} | {port} | {before} | {r.p50:.2f} / {r.p99:.2f} | {ratio} | {errors} | "
                          f"{row.load[0]:.2f} / {row.load[1]:.2f} / {row.load[2]:.2f} |")
     lines.append("")
     lines += [f"- {row.scenario}: {row.attacker}" for row in rows if row.attacker != "-"]
@@ -564,7 +578,7 @@ def main() -> None:
     parser.add_argument("--per-process", type=int, default=5_000, help="attacking sockets per attacker process")
     parser.add_argument("--reopen", type=float, default=30.0, help="seconds before a closed attacker slot reconnects")
     parser.add_argument("--streams", type=int, default=1_000, help="undeclared SSE streams the attacker opens")
-    parser.add_argument("--victim", type=int, default=200, help="victim calls per port and scenario")
+    parser.add_argument("--victim", type=int, default=500, help="victim calls per port and scenario")
     parser.add_argument("--disk-quota", type=int, default=256 * 1024**2, help="local_disk_quota_bytes for the run")
     parser.add_argument("--max-connections", type=int, help="the gateway's max_connections (default: derived)")
     parser.add_argument("--per-client", type=int, help="the gateway's max_connections_per_client (default: derived)")
