@@ -22,11 +22,12 @@ show: the data plane (GET through a static pool to an aiohttp app in this proces
 the same pool to the grpclib echo service; a new channel per call), the control API (/healthz) and, with
 ``--local``, ``/execute`` in its own local sandbox (bubblewrap; root only). The victim's calls run after the
 attack is in place (the gateway has answered the first wave) and while it goes on; the CPU the gateway and
-the attackers took meanwhile is reported (they share the machine's cores). The gateway runs with its defaults
-(descriptor limit raised to the hard one: bounds logged at start) except a smaller disk quota (``--disk-
-quota``: the default 10 GiB would write 10 GiB to a shared disk). .venv/bin/python benchmarks/neighbours.py
-[--connections 20000] [--sources 10] [--victim 200] .venv/bin/python benchmarks/neighbours.py --only grpc-
-idle,slowloris --connections 3000
+the attackers took meanwhile is reported (they share the machine's cores). The gateway runs with its
+defaults (descriptor limit raised to the hard one: bounds logged at start) except a smaller disk quota
+(``--disk-quota``: the default 10 GiB would write 10 GiB to a shared disk).
+
+    .venv/bin/python benchmarks/neighbours.py [--connections 20000] [--sources 10] [--victim 500]
+    .venv/bin/python benchmarks/neighbours.py --only grpc-idle,slowloris --reopen 5   # a reconnect flood too
 """
 
 from __future__ import annotations
