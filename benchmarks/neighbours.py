@@ -7,8 +7,9 @@ Attacks (all on loopback, bounded in count and time):
 - ``grpc-idle``: ``--connections`` TCP connections to the gRPC port that never send a preface, from
   ``--sources`` addresses (127.0.0.2, .3, ...), held by attacker processes of ``--per-process`` sockets each
   (a process may hold 20,000 descriptors here). One the gateway closes (refused at a bound, shed, or at
-  ``grpc_handshake_timeout``) is opened again ``--reopen`` seconds later (30, +-50%), so the attack lasts
-  (``--reopen 5`` makes it a flood of reconnects as well: thousands a second);
+  ``grpc_handshake_timeout``) is opened again: at once if the gateway had held it, ``--reopen`` seconds later
+  (30, +-50%) if it was refused at once, so the port stays full for as long as the attack runs (``--reopen 5``
+  makes it a flood of reconnects as well: thousands a second);
 - ``data-idle``: the same to the data plane (closed at ``header_read_timeout``);
 - ``slowloris``: data-plane connections that send a request head a line every 3 s, never finishing it;
 - ``undeclared-streams``: one org opens ``--streams`` SSE streams without ``Accept: text/event-stream``, from
@@ -91,7 +92,9 @@ class AttackStats:
 async def hold(target: tuple[str, int], source: str, mode: str, reopen: float, stats: AttackStats,
                first: asyncio.Event, stop: asyncio.Event) -> None:
     """One attacker slot: connect from ``source``, say nothing (idle) or dribble a head (slowloris) until the
-    gateway closes, then reopen after ``reopen`` seconds (jittered), until ``stop``."""
+    gateway closes, until ``stop``. A connection the gateway held (closed at a deadline, or shed) is reopened at
+    once, so the port stays as full as the attacker can keep it; one refused at once is retried after ``reopen``
+    seconds (jittered): a tighter loop is a flood of connects, a different attack (``--reopen 5`` shows it)."""
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         sock = socket.socket()
@@ -108,6 +111,7 @@ async def hold(target: tuple[str, int], source: str, mode: str, reopen: float, s
         stats.connects += 1
         stats.held += 1
         first.set()
+        opened = loop.time()
         try:
             if mode == "slowloris":
                 await loop.sock_sendall(sock, SLOW_HEAD)
@@ -127,7 +131,8 @@ async def hold(target: tuple[str, int], source: str, mode: str, reopen: float, s
             drop(sock)
         if not stop.is_set():
             stats.closed += 1
-            await asyncio.sleep(reopen * random.uniform(0.5, 1.5))
+            held_long = loop.time() - opened > 1.0
+            await asyncio.sleep(random.uniform(0, 0.5) if held_long else reopen * random.uniform(0.5, 1.5))
 
 
 async def attacker_main(target: str, mode: str, sources: list[str], per_source: int, reopen: float) -> None:
@@ -449,7 +454,7 @@ async def connection_attack(scenario: str, gateway: Any, opts: Options, sources:
     first, final = attack.total(attack.ready), attack.total(attack.final)
     after = await counters(gateway)
     detail = (f"{opts.connections} {mode} connections from {len(sources)} addresses in {len(attack.commands)} "
-              f"processes, a closed one reopened after {opts.reopen:g} s (+-50%): {first['held']} open after the "
+              f"processes (one the gateway held reopened at once, one refused after {opts.reopen:g} s +-50%): {first['held']} open after the "
               f"first wave (some refused, not yet read), {final['held']} at the end; the gateway settled in "
               f"{settled:.1f} s; {final['connects'] - first['connects']} reconnects in all; while the victim was "
               f"measured ({seconds:.1f} s) the gateway took {cpu[0]:.1f} s of CPU, the attackers {cpu[1]:.1f} s; "
