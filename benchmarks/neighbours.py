@@ -93,8 +93,9 @@ async def hold(target: tuple[str, int], source: str, mode: str, reopen: float, s
                first: asyncio.Event, stop: asyncio.Event) -> None:
     """One attacker slot: connect from ``source``, say nothing (idle) or dribble a head (slowloris) until the
     gateway closes, until ``stop``. A connection the gateway held (closed at a deadline, or shed) is reopened at
-    once, so the port stays as full as the attacker can keep it; one refused at once is retried after ``reopen``
-    seconds (jittered): a tighter loop is a flood of connects, a different attack (``--reopen 5`` shows it)."""
+    once, so the port stays as full as the attacker can keep it; one refused at a bound (:func:`refusal`) is
+    retried after ``reopen`` seconds (jittered): a tighter loop is a flood of connects, a different attack
+    (``--reopen 5`` shows it)."""
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         sock = socket.socket()
@@ -111,7 +112,7 @@ async def hold(target: tuple[str, int], source: str, mode: str, reopen: float, s
         stats.connects += 1
         stats.held += 1
         first.set()
-        opened = loop.time()
+        said = b""  # the gateway's first words: a refusal, or a timeout's
         try:
             if mode == "slowloris":
                 await loop.sock_sendall(sock, SLOW_HEAD)
@@ -124,6 +125,8 @@ async def hold(target: tuple[str, int], source: str, mode: str, reopen: float, s
                     continue
                 if not data:
                     break
+                if len(said) < 4096:
+                    said += data
         except OSError:
             pass
         finally:
@@ -131,8 +134,21 @@ async def hold(target: tuple[str, int], source: str, mode: str, reopen: float, s
             drop(sock)
         if not stop.is_set():
             stats.closed += 1
-            held_long = loop.time() - opened > 1.0
-            await asyncio.sleep(random.uniform(0, 0.5) if held_long else reopen * random.uniform(0.5, 1.5))
+            await asyncio.sleep(reopen * random.uniform(0.5, 1.5) if refusal(said) else random.uniform(0, 0.5))
+
+
+def refusal(said: bytes) -> bool:
+    """Whether the gateway refused the connection at a bound: a 503 on the data plane, GOAWAY ENHANCE_YOUR_CALM
+    (after its SETTINGS) on the gRPC front. A deadline's close or a shed is not one."""
+    if said.startswith(b"HTTP/1.1 503 "):
+        return True
+    at = 0
+    while at + 9 <= len(said):
+        length, kind = int.from_bytes(said[at:at + 3], "big"), said[at + 3]
+        if kind == 0x7 and at + 17 <= len(said):  # GOAWAY: last stream id, then the error code
+            return int.from_bytes(said[at + 13:at + 17], "big") == 0xB
+        at += 9 + length
+    return False
 
 
 async def attacker_main(target: str, mode: str, sources: list[str], per_source: int, reopen: float) -> None:
@@ -144,6 +160,13 @@ async def attacker_main(target: str, mode: str, sources: list[str], per_source: 
     stats, stop = AttackStats(), asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    def parent_gone() -> None:  # stdin is the parent's pipe: at its end, stop (the parent died without telling)
+        if not os.read(0, 1024):
+            loop.remove_reader(0)
+            stop.set()
+
+    loop.add_reader(0, parent_gone)
     tasks, firsts = [], []
     for start in range(0, per_source, 100):  # in waves: the listener's backlog is finite
         wave = []
@@ -182,7 +205,8 @@ class Attack:
 
     async def __aenter__(self) -> Attack:
         for command in self.commands:
-            self.procs.append(await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE))
+            self.procs.append(await asyncio.create_subprocess_exec(*command, stdin=asyncio.subprocess.PIPE,
+                                                                   stdout=asyncio.subprocess.PIPE))
         for proc in self.procs:
             assert proc.stdout is not None
             line = (await asyncio.wait_for(proc.stdout.readline(), 300)).decode()
