@@ -6,10 +6,10 @@ Attacks (all on loopback, bounded in count and time):
 
 - ``grpc-idle``: ``--connections`` TCP connections to the gRPC port that never send a preface, from
   ``--sources`` addresses (127.0.0.2, .3, ...), held by attacker processes of ``--per-process`` sockets each
-  (a process may hold 20,000 descriptors here; benchmarks/attackers.py). One the gateway closes (refused at a bound, shed, or at
-  ``grpc_handshake_timeout``) is opened again: at once if the gateway had held it, ``--reopen`` seconds later
-  (30, +-50%) if it was refused at once, so the port stays full for as long as the attack runs (``--reopen 5``
-  makes it a flood of reconnects as well: thousands a second);
+  (a process may hold 20,000 descriptors here; benchmarks/attackers.py). One the gateway closes (refused at a
+  bound, shed, or at ``grpc_handshake_timeout``) is opened again: at once if the gateway had held it,
+  ``--reopen`` seconds later (30, +-50%) if it was refused at once, so the port stays full for as long as the
+  attack runs (``--reopen 5`` makes it a flood of reconnects as well: thousands a second);
 - ``data-idle``: the same to the data plane (closed at ``header_read_timeout``);
 - ``slowloris``: data-plane connections that send a request head a line every 3 s, never finishing it;
 - ``undeclared-streams``: one org opens ``--streams`` SSE streams without ``Accept: text/event-stream``, from
@@ -315,7 +315,8 @@ async def connection_attack(scenario: str, gateway: Any, opts: Options, sources:
     first, final = attack.total(attack.ready), attack.total(attack.final)
     after = await counters(gateway)
     detail = (f"{opts.connections} {mode} connections from {len(sources)} addresses in {len(attack.commands)} "
-              f"processes (one the gateway held reopened at once, one refused after {opts.reopen:g} s +-50%): {first['held']} open after the "
+              f"processes (one the gateway held reopened at once, one refused after {opts.reopen:g} s +-50%): "
+              f"{first['held']} open after the "
               f"first wave (some refused, not yet read), {final['held']} at the end; the gateway settled in "
               f"{settled:.1f} s; {final['connects'] - first['connects']} reconnects in all; while the victim was "
               f"measured ({seconds:.1f} s) the gateway took {cpu[0]:.1f} s of CPU, the attackers {cpu[1]:.1f} s; "

@@ -88,9 +88,11 @@ class _ServerSide:
         return conn is not None and not conn.streams and not conn.closed
 
     def shed(self) -> None:
+        conn = self.connection
+        assert conn is not None  # sheddable() said so
         self.front.closed_by_policy("shed")
-        self.connection.close(NO_ERROR, "the port is full: an idle connection of the address holding the most "
-                                        "is closed to admit another (max_connections); reconnect")  # type: ignore[union-attr]
+        conn.close(NO_ERROR, "the port is full: an idle connection of the address holding the most is closed "
+                             "to admit another (max_connections); reconnect")
 
     def connection_failed(self, code: int) -> None:
         self.front.connection_failed("client", code)
