@@ -164,7 +164,7 @@ class GrpcFront:
         self.calls.add(call)
         if self.metrics is not None:
             self.metrics.open_calls.inc()
-        call.task = asyncio.get_running_loop().create_task(call.run())
+        call.task = call.down.conn.loop.create_task(call.run())
 
     def connection_failed(self, peer: str, code: int) -> None:
         if self.metrics is not None:
