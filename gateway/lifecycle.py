@@ -1,7 +1,9 @@
 """What happens to a sandbox between requests: idle reaping, suspend, wake, retention, orphan sweeps.
 
-The :class:`Lifecycle` of a :class:`~gateway.sessions.SessionRouter` acts on the
-router's store and provider; the router calls it, never the data plane.
+A :class:`Lifecycle` acts on the store and provider it is given (``gateway.app`` builds it
+from the same parts as the :class:`~gateway.sessions.SessionRouter`, and runs its loops); the
+router calls it for wakes, suspends and deletes, never the reverse, and never the data plane.
+What is due is decided in ``routing.reaping`` (pure); this module carries it out.
 
 - **Idle.** A ready sandbox idle past its pool's ``idle_timeout`` (and at least
   ``RouterTuning.activity_grace``, see below) with no exchange open on any replica
@@ -30,18 +32,18 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from gateway.errors import (
     Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable, WakeTimeout,
 )
-from gateway.model import Binding, SandboxRecord, SandboxRequest, SandboxState
-from gateway.providers.base import ForeignSandbox
-from gateway.store.base import NotReserved, Position
-
-if TYPE_CHECKING:
-    from gateway.sessions import SessionRouter
+from gateway.model import Binding, Endpoint, Position, SandboxRecord, SandboxRequest, SandboxState
+from gateway.policy import PolicyView
+from gateway.providers.base import ForeignSandbox, SandboxProvider
+from gateway.router_base import RouterEvents, RouterTuning
+from gateway.store.base import NotReserved, SessionStore
+from routing.reaping import Act, orphaned, reap_cutoff, reap_verdict
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +58,49 @@ WAKING_STATES = frozenset({SandboxState.SUSPENDING, SandboxState.SUSPENDED, Sand
 """A request for a sandbox in one of these is held for a wake (bounded by ``wake_timeout``)."""
 
 
-class Lifecycle:
-    """Suspend, wake, reaping and sweeps for one router (see the module docstring)."""
+class ReaperLease:
+    """The installation's one reaper lease, as this replica takes, keeps and gives it up."""
 
-    def __init__(self, router: SessionRouter) -> None:
-        self._router = router
+    def __init__(self, store: SessionStore, replica_id: str, ttl: float) -> None:
+        self._store, self.replica_id, self.ttl = store, replica_id, ttl
+
+    async def renew(self) -> bool:
+        """Take or keep the reaper lease; True while this replica holds it. Called every
+        ``reaper_lease_renew`` seconds besides each pass, so the lease can be much shorter than the
+        reap interval (or a long pass) and a dead holder's lease lapses quickly."""
+        return await self._store.acquire_lease(REAPER_LEASE, self.replica_id, ttl=self.ttl)
+
+    async def release(self) -> None:
+        """Give the reaper lease up (this replica stops): another replica reaps from its next renewal,
+        not once the lease lapses. Best effort: a store that is down lets the lease lapse instead."""
+        try:
+            await self._store.release_lease(REAPER_LEASE, self.replica_id)
+        except StoreUnavailable as exc:
+            log.warning("could not give up the reaper lease (it lapses within %gs): %s", self.ttl, exc.message)
+
+
+@dataclass(frozen=True, slots=True)
+class Provisioning:
+    """What differs between creating a sandbox and waking one (:meth:`Lifecycle.provision`)."""
+
+    run: Callable[[SandboxRequest], Awaitable[Endpoint]]  # the provider's ensure or resume
+    undo: Callable[..., Awaitable[object]]  # (sandbox_id, error=...): release the record, or back to suspended
+    report: Callable[[str], None]  # an outcome, for the metrics
+    doing: str  # "creating", "resuming"
+    done: str  # "created", "resumed"
+    interrupted: str  # the error recorded when the caller was cancelled
+    # Report "ready" as the provider answers (a creation's sgw_provisions_total has always counted so,
+    # a removal meanwhile included), else once marked ready, and "removed" when it was not (a resume's).
+    ready_when_provided: bool
+
+
+class Lifecycle:
+    """Suspend, wake, reaping and sweeps over one store and provider (see the module docstring)."""
+
+    def __init__(self, store: SessionStore, provider: SandboxProvider, view: PolicyView, *,
+                 lease: ReaperLease, tuning: RouterTuning, clock: Callable[[], float], events: RouterEvents) -> None:
+        self.store, self.provider, self.view, self.lease = store, provider, view, lease
+        self.tuning, self.clock, self.events = tuning, clock, events
         # Where the next reaper pass and orphan sweep resume: each pass does a bounded share.
         self._reap_from: Position | None = None
         self._sweep_from: str | None = None
@@ -76,8 +116,8 @@ class Lifecycle:
         waker that died), it joins the next one (reserving again takes a lapsed lease over), and
         only its own deadline answers it, with 503 and Retry-After, never a 504. A store error while
         it waits is tried again until then too (and is the answer if the store stays away)."""
-        events = self._router.events
-        spec = self._router.policy.pools.get(pool)
+        events = self.events
+        spec = self.view.pool(pool)
         budget = spec.wake_timeout if spec is not None else DEFAULT_WAKE_TIMEOUT
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
@@ -116,9 +156,9 @@ class Lifecycle:
         """The lease of a creation, suspend or wake in ``pool``: ``creation_lease``, and at most half
         the pool's ``wake_timeout``, so that a wake whose replica died is taken over (its lease
         lapsed) while its requests are still held. Renewed while its holder runs (:meth:`renewing`)."""
-        spec = self._router.policy.pools.get(pool)
+        spec = self.view.pool(pool)
         wake_timeout = spec.wake_timeout if spec is not None else DEFAULT_WAKE_TIMEOUT
-        return max(MIN_LEASE, min(self._router.tuning.lease_seconds, wake_timeout / 2))
+        return max(MIN_LEASE, min(self.tuning.lease_seconds, wake_timeout / 2))
 
     @contextlib.asynccontextmanager
     async def renewing(self, record: SandboxRecord, lease_seconds: float) -> AsyncIterator[None]:
@@ -140,7 +180,7 @@ class Lifecycle:
             renewal.cancel()
 
     async def _renew(self, sandbox_id: str, held_until: float, lease_seconds: float, done: asyncio.Event) -> None:
-        store = self._router.store
+        store = self.store
         pause = lease_seconds / RENEWALS_PER_LEASE
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
@@ -163,36 +203,53 @@ class Lifecycle:
                 return
             held_until = renewed
 
-    async def resume(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
-        """Resume a sandbox this caller reserved (``Reserved.RESUME``); on failure it goes back to
-        ``suspended`` with the error, which every waiter shares."""
-        router, store = self._router, self._router.store
+    async def provision(self, record: SandboxRecord, binding: Binding, timeout: float,
+                        step: Provisioning) -> SandboxRecord:
+        """Create or wake the sandbox this caller reserved (``record``), under its renewed lease, and
+        mark it ready. On failure the reservation is undone with the error, which every waiter
+        shares; a sandbox the provider says is another identity's is undone without one (a waiter,
+        the owner perhaps, reserves again) and answered as an unknown session."""
         request = SandboxRequest(record.sandbox_id, record.pool, binding.isolation, binding.owner,
                                  binding.session_id, timeout, bound_at=binding.created_at)
         try:
             async with self.renewing(record, self.lease_for(record.pool)):
-                endpoint = await router.provider.resume(request)
+                endpoint = await step.run(request)
         except ForeignSandbox:
-            router.events.resumed(record.pool, "not_found")
+            step.report("not_found")
             with contextlib.suppress(GatewayError):
-                await store.mark_suspended(record.sandbox_id)  # no error: a waiter (the owner) wakes it
-            raise router.foreign(binding) from None
+                await step.undo(record.sandbox_id)
+            raise foreign(self.events, binding) from None
         except BaseException as exc:
-            router.events.resumed(record.pool, outcome_of(exc))
-            message = exc.message if isinstance(exc, GatewayError) else "resuming the sandbox was interrupted"
+            step.report(outcome_of(exc))
+            message = exc.message if isinstance(exc, GatewayError) else step.interrupted
             with contextlib.suppress(GatewayError):
-                await store.mark_suspended(record.sandbox_id, error=message)
+                await step.undo(record.sandbox_id, error=message)
             if isinstance(exc, GatewayError | asyncio.CancelledError):
                 raise
-            log.exception("provider failed resuming %s", record.sandbox_id)
-            raise ProvisionFailed(f"resuming sandbox {record.sandbox_id} failed", sandbox_id=record.sandbox_id) from exc
+            log.exception("provider failed %s %s", step.doing, record.sandbox_id)
+            raise ProvisionFailed(f"{step.doing} sandbox {record.sandbox_id} failed",
+                                  sandbox_id=record.sandbox_id) from exc
+        if step.ready_when_provided:
+            step.report("ready")
         try:
-            ready = await store.mark_ready(record.sandbox_id, endpoint)
+            ready = await self.store.mark_ready(record.sandbox_id, endpoint)
         except NotReserved:
-            router.events.resumed(record.pool, "removed")
-            raise ProvisionFailed(f"sandbox {record.sandbox_id} was removed while it was being resumed; retry",
+            # Destroyed (reaped, session deleted) while it was being provisioned.
+            if not step.ready_when_provided:
+                step.report("removed")
+            raise ProvisionFailed(f"sandbox {record.sandbox_id} was removed while it was being {step.done}; retry",
                                   sandbox_id=record.sandbox_id) from None
-        router.events.resumed(record.pool, "ready")
+        if not step.ready_when_provided:
+            step.report("ready")
+        return ready
+
+    async def resume(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
+        """Resume a sandbox this caller reserved (``Reserved.RESUME``); on failure it goes back to
+        ``suspended`` with the error, which every waiter shares."""
+        pool = record.pool
+        ready = await self.provision(record, binding, timeout, Provisioning(
+            self.provider.resume, self.store.mark_suspended, lambda outcome: self.events.resumed(pool, outcome),
+            "resuming", "resumed", "resuming the sandbox was interrupted", ready_when_provided=False))
         log.info("resumed sandbox %s (pool %s)", record.sandbox_id, record.pool)
         return ready
 
@@ -201,8 +258,8 @@ class Lifecycle:
                       idle_before: float = math.inf) -> SandboxRecord | None:
         """Suspend a ready sandbox; None when it was not ready (any more), or was active at or after
         ``idle_before`` (the store's compare-and-set: the reaper's view may be stale), and nothing was done."""
-        router, store = self._router, self._router.store
-        if not router.provider.can_suspend(record.pool):
+        store = self.store
+        if not self.provider.can_suspend(record.pool):
             raise Conflict(f"sandboxes of pool {record.pool!r} cannot be suspended (its provider keeps no "
                            f"state to wake); delete the session instead", sandbox_id=record.sandbox_id)
         lease = self.lease_for(record.pool)
@@ -213,7 +270,7 @@ class Lifecycle:
         outcome = "suspended"
         try:
             async with self.renewing(suspending, lease):
-                await router.provider.suspend(record.sandbox_id, record.pool)
+                await self.provider.suspend(record.sandbox_id, record.pool)
         except BaseException as exc:
             outcome = outcome_of(exc)
             # Recorded as suspended all the same: its next request resumes it, and resume is
@@ -225,27 +282,29 @@ class Lifecycle:
                     await store.mark_suspended(record.sandbox_id)
                 raise
         finally:
-            router.events.suspended(record.pool, outcome)
+            self.events.suspended(record.pool, outcome)
         return await store.mark_suspended(record.sandbox_id)
 
-    async def suspend_when_quiet(self, record: SandboxRecord, grace: float) -> SandboxRecord | None:
+    async def suspend_when_quiet(self, record: SandboxRecord, grace: float,
+                                 flush_activity: Callable[[], Awaitable[None]]) -> SandboxRecord | None:
         """The operator's suspend: wait up to ``grace`` seconds for the sandbox's open exchanges to
         end, then suspend it; ``Conflict`` (409) naming them when they outlast the grace.
+        ``flush_activity`` writes this replica's own recorded requests to the store first.
 
         "Open" is what protects a sandbox from idle reaping, on every replica: a long request or
         stream counted in the store, or a request begun within ``activity_grace`` (one younger than
         the data plane's LONG_REQUEST_AFTER is known only by its start). The suspend itself is the
         store's compare-and-set on that activity, so a request that starts meanwhile wins."""
-        router, store, tuning = self._router, self._router.store, self._router.tuning
+        store, tuning = self.store, self.tuning
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         quiet_at: float | None = None  # when it was first seen quiet (loop time)
         while True:
-            await router.flush_activity()  # this replica's own requests count at once
+            await flush_activity()  # this replica's own requests count at once
             current = await store.get_sandbox(record.sandbox_id)
             if current is None or current.state is not SandboxState.READY:
                 return None
-            quiet_since = router.clock() - tuning.activity_grace
+            quiet_since = self.clock() - tuning.activity_grace
             streams = await store.open_streams(record.sandbox_id)
             if streams == 0 and current.last_active < quiet_since:
                 # Quiet twice, an activity flush apart: a request that began on another replica just
@@ -265,8 +324,8 @@ class Lifecycle:
             if left <= 0:
                 raise Conflict(
                     f"sandbox {record.sandbox_id} has open exchanges: {streams} long request(s) or stream(s) "
-                    f"open, its last request began {max(0.0, router.clock() - current.last_active):.1f}s ago "
-                    f"(a request counts as open for activity_grace, {router.tuning.activity_grace:g}s); "
+                    f"open, its last request began {max(0.0, self.clock() - current.last_active):.1f}s ago "
+                    f"(a request counts as open for activity_grace, {tuning.activity_grace:g}s); "
                     f"retry later, wait longer with ?grace=SECONDS, or cut them with ?force=true",
                     sandbox_id=record.sandbox_id)
             await asyncio.sleep(min(QUIET_POLL, left))
@@ -274,9 +333,9 @@ class Lifecycle:
     # reaping ----------------------------------------------------------------
     async def destroy(self, record: SandboxRecord, *, reason: str) -> None:
         """Delete a sandbox at its provider, then forget it (and its per-session bindings)."""
-        router, store = self._router, self._router.store
+        store = self.store
         log.info("destroying sandbox %s (pool %s): %s", record.sandbox_id, record.pool, reason)
-        await router.provider.delete(record.sandbox_id, record.pool)
+        await self.provider.delete(record.sandbox_id, record.pool)
         if record.sandbox_id.startswith("ses-"):
             for session_id in await store.sessions_of(record.sandbox_id):
                 await store.delete_binding(session_id)
@@ -292,19 +351,17 @@ class Lifecycle:
         within ``reap_budget`` seconds; a fleet with nothing due costs one bounded read. Its rate
         (sandboxes acted on per second) is reported with every pass that found work.
         """
-        router, store, tuning = self._router, self._router.store, self._router.tuning
-        now = router.clock()
-        if not await router.renew_reaper_lease():
+        store, tuning = self.store, self.tuning
+        now = self.clock()
+        if not await self.lease.renew():
             return []
         reaped: list[str] = []
-        pools = router.policy.pools
-        if pools:
+        cutoff = reap_cutoff(self.view.pools.values(), now, activity_grace=tuning.activity_grace)
+        if cutoff is not None:
             loop = asyncio.get_running_loop()
             started = loop.time()
             limit = asyncio.Semaphore(tuning.reap_concurrency)
             acted = 0
-            cutoff = now - min(*(max(p.idle_timeout, tuning.activity_grace) for p in pools.values()),
-                               *(p.retention for p in pools.values()))
             while True:
                 page = await store.scan_sandboxes(self._reap_from, limit=tuning.reap_batch, scan=tuning.reap_batch,
                                                   before=cutoff)
@@ -319,10 +376,10 @@ class Lifecycle:
                 reaped += [outcome for outcome in outcomes if outcome and outcome != SUSPENDED]
                 if page.next is None or loop.time() - started >= tuning.reap_budget:
                     break
-                if not await router.renew_reaper_lease():
+                if not await self.lease.renew():
                     break  # lost the lease mid-pass: the new holder goes on from its own position
             if acted:
-                router.events.reap_pass(acted, loop.time() - started)
+                self.events.reap_pass(acted, loop.time() - started)
         for session_id in await store.idle_sessions(now - tuning.session_ttl, tuning.reap_batch):
             await store.delete_binding(session_id)
         return reaped
@@ -330,41 +387,31 @@ class Lifecycle:
     async def _reap_one(self, record: SandboxRecord, now: float) -> str | None:
         """Act on one entry of a reaper page: its ID when destroyed, ``SUSPENDED`` when suspended,
         None when it is not due (a longer idle_timeout, a stream open, used since the page was read)."""
-        router, store, tuning = self._router, self._router.store, self._router.tuning
-        pool = router.policy.pools.get(record.pool)
-        if pool is None:
-            return None  # a pool no longer in the policy: never reaped on a guess
-        if record.state is SandboxState.READY:
-            idle_before = now - max(pool.idle_timeout, tuning.activity_grace)
-            if record.last_active >= idle_before:
-                return None
-            if await store.open_streams(record.sandbox_id) > 0:
-                await store.touch({record.sandbox_id: now}, {})
-                return None
-            if pool.on_idle == "suspend" and router.provider.can_suspend(record.pool):
-                # The store re-checks the activity: this page may pair a state newer than its time.
-                done = await self.suspend(record, reason="idle", idle_before=idle_before)
-                return SUSPENDED if done is not None else None
-            if not await self._still(record, SandboxState.READY, idle_before):
-                return None
-            await self.destroy(record, reason="idle")
-            router.events.reaped("idle")
-            return record.sandbox_id
-        if record.state is SandboxState.SUSPENDED:
-            kept_before = now - pool.retention
-            if record.last_active >= kept_before or not await self._still(record, SandboxState.SUSPENDED, kept_before):
-                return None
-            await self.destroy(record, reason="retention")
-            router.events.reaped("retention")
-            return record.sandbox_id
-        return None
+        store = self.store
+        verdict = reap_verdict(record.state, record.last_active, self.view.pool(record.pool), now,
+                               activity_grace=self.tuning.activity_grace,
+                               can_suspend=self.provider.can_suspend(record.pool))
+        if verdict.act is Act.KEEP:
+            return None
+        if record.state is SandboxState.READY and await store.open_streams(record.sandbox_id) > 0:
+            await store.touch({record.sandbox_id: now}, {})
+            return None
+        if verdict.act is Act.SUSPEND:
+            # The store re-checks the activity: this page may pair a state newer than its time.
+            done = await self.suspend(record, reason=verdict.reason, idle_before=verdict.before)
+            return SUSPENDED if done is not None else None
+        if not await self._still(record, record.state, verdict.before):
+            return None
+        await self.destroy(record, reason=verdict.reason)
+        self.events.reaped(verdict.reason)
+        return record.sandbox_id
 
     async def _still(self, record: SandboxRecord, state: SandboxState, before: float) -> bool:
         """Whether the record is still in ``state`` and inactive since ``before``, read again just
         before a delete: a page of the index may be seconds old by the time a busy pass reaches an
         entry (a sandbox woken or used since). A read, not a compare-and-set like the suspend's:
         the window left is one round trip, where it was the page's age."""
-        current = await self._router.store.get_sandbox(record.sandbox_id)
+        current = await self.store.get_sandbox(record.sandbox_id)
         return current is not None and current.state is state and current.last_active < before
 
     async def sweep_orphans(self, grace: float) -> list[str]:
@@ -375,21 +422,21 @@ class Lifecycle:
         objects whose creation is in flight on a replica that has not written its record yet, and
         objects of a store that was just reset.
         """
-        router, store, provider = self._router, self._router.store, self._router.provider
-        if not await router.renew_reaper_lease():
+        store, provider = self.store, self.provider
+        if not await self.lease.renew():
             return []
-        cutoff = router.clock() - grace
-        if await store.epoch() > cutoff:
+        now = self.clock()
+        if await store.epoch() > now - grace:
             return []  # the store began (or lost its data) within the grace: sessions may yet come back
-        page = await provider.managed_page(self._sweep_from, router.tuning.sweep_batch)
+        page = await provider.managed_page(self._sweep_from, self.tuning.sweep_batch)
         self._sweep_from = page.next
         known = await store.existing_sandboxes([managed.sandbox_id for managed in page.items])
         swept = []
         for managed in page.items:
-            if managed.sandbox_id not in known and managed.created_at < cutoff:
+            if orphaned(managed.sandbox_id in known, managed.created_at, now, grace):
                 log.info("sweeping orphaned sandbox %s (pool %s)", managed.sandbox_id, managed.pool)
                 await provider.delete(managed.sandbox_id, managed.pool)
-                router.events.reaped("orphan")
+                self.events.reaped("orphan")
                 swept.append(managed.sandbox_id)
         return swept
 
@@ -409,3 +456,17 @@ def outcome_of(exc: BaseException) -> str:
 
 def unknown_sandbox(sandbox_id: str) -> NotFound:
     return NotFound(f"no sandbox {sandbox_id}", sandbox_id=sandbox_id)
+
+
+def unknown_session() -> NotFound:
+    # The same answer whether the session does not exist or belongs to someone else.
+    return NotFound("no such session for this identity")
+
+
+def foreign(events: RouterEvents, binding: Binding) -> NotFound:
+    """A sandbox that is another identity's, asked for through ``binding``: counted, logged, and
+    answered as an unknown session (never saying whose it is)."""
+    events.denied("sandbox_owner_mismatch")
+    log.warning("denied: session %r asked for sandbox %s, which belongs to another identity",
+                binding.session_id, binding.sandbox_id)
+    return unknown_session()

@@ -80,6 +80,9 @@ class Metrics:
             "sgw_connections_refused_total", "Connections refused at a listener's bound (gateway/gate.py), by "
             "listener (data, grpc) and bound (max_connections, max_connections_per_client)", ["listener", "bound"],
             registry=r)
+        self.connections_shed = Counter(
+            "sgw_connections_shed_total", "Idle connections closed at a full listener to admit a connection from an "
+            "address holding fewer (gateway/gate.py), by listener (data, grpc)", ["listener"], registry=r)
         self.reaps = Counter("sgw_reaps_total", "Sandboxes destroyed by reason", ["reason"], registry=r)
         self.sweeps = Counter("sgw_orphan_sweeps_total", "Orphaned provider objects deleted", ["reason"], registry=r)
         self.reap_rate = Gauge("sgw_reap_rate", "Sandboxes the last reaper pass that found work acted on (destroyed or "
@@ -180,6 +183,9 @@ class Metrics:
     def connection_refused(self, listener: str, bound: str) -> None:
         self.connections_refused.labels(listener, bound).inc()
 
+    def connection_shed(self, listener: str) -> None:
+        self.connections_shed.labels(listener).inc()
+
     def reaped(self, reason: str) -> None:
         if reason == "orphan":
             self.sweeps.labels("no_store_record").inc()
@@ -204,6 +210,10 @@ class Metrics:
     def kube_request(self, verb: str, resource: str, code: str, seconds: float) -> None:
         self.kube_requests.labels(verb, resource, code).inc()
         self.kube_latency.labels(verb, resource).observe(seconds)
+
+    def store_call(self, op: str) -> tuple[Callable[[float], None], Callable[[], None]]:
+        """What a store call ``op`` reports into (``gateway.store.instrumented``): its latency, its failures."""
+        return self.store_latency.labels(op).observe, self.store_errors.labels(op).inc
 
     def kube_watch_restart(self, reason: str) -> None:
         self.kube_watch_restarts.labels(reason).inc()
