@@ -187,6 +187,7 @@ NGINX_PROXY = """
     upstream backend {{ server 127.0.0.1:{backend}; keepalive 256; keepalive_requests 10000000; }}
     server {{
         listen 127.0.0.1:{port} backlog=4096;
+        {log}
         location / {{
             proxy_pass http://backend;
             proxy_http_version 1.1;
@@ -194,6 +195,15 @@ NGINX_PROXY = """
         }}
     }}
 """
+
+
+def nginx_log(args: argparse.Namespace, tmp: Path, workers: int) -> str:
+    """The proxy nginx's access_log directive: every request logged, buffered (as ``serve`` logs each
+    request and writes them in batches), or none (``--nginx-log off``; the default for the bare plane,
+    which logs nothing)."""
+    if args.nginx_log == "off" or (args.nginx_log == "auto" and not args.serve):
+        return "access_log off;"
+    return f"access_log {tmp}/proxy{workers}-access.log combined buffer=64k flush=1s;"
 
 
 @dataclass
@@ -431,6 +441,9 @@ def main() -> None:
                         help="the whole `sandbox-gateway serve` (access log on) instead of the bare data plane; "
                              "with more than one worker it uses BENCH_REDIS_URL when set, else starts its own "
                              "redis-server on a loopback port the kernel chooses")
+    parser.add_argument("--nginx-log", choices=("auto", "on", "off"), default="auto",
+                        help="whether the nginx proxy writes an access line per request (buffered, 64k, flushed "
+                             "each second): auto is on with --serve (whose access log is on) and off without")
     parser.add_argument("--no-fast-path", action="store_true",
                         help="resolver whose cached_route always misses: one task per request")
     parser.add_argument("--no-streaming", action="store_true", help="skip the SSE and upload runs")
@@ -446,7 +459,8 @@ def main() -> None:
     print(header("proxy_bench.py" + (" --serve" if args.serve else " (bare data plane)"),
                  f"client:       {'wrk -t2' if WRK else 'aiohttp (in this process)'}; "
                  f"backend: {'nginx static file' if NGINX else 'asyncio'}; "
-                 f"{duration:g}s per run, median of {repeat} interleaved rounds", installed=args.serve), flush=True)
+                 f"{duration:g}s per run, median of {repeat} interleaved rounds",
+                 f"nginx proxy:  access log {nginx_log(args, Path('<tmp>'), 1)}", installed=args.serve), flush=True)
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
         redis_url, redis_pids = None, []
@@ -500,8 +514,8 @@ def run_table(args: argparse.Namespace, tmp: Path, backend: Backend, levels: lis
         nport = None
         if NGINX:
             nport = free_port()
-            procs.append(start_nginx(tmp, f"proxy{workers}", workers,
-                                     NGINX_PROXY.format(port=nport, backend=backend.port)))
+            config = NGINX_PROXY.format(port=nport, backend=backend.port, log=nginx_log(args, tmp, workers))
+            procs.append(start_nginx(tmp, f"proxy{workers}", workers, config))
             wait_port(nport)
         gateway_procs, gport = launch_gateway(backend.port, workers, fast_path=not args.no_fast_path,
                                               serve_dir=tmp if args.serve else None,

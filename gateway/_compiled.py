@@ -1,8 +1,9 @@
 """The compiled data plane: which modules Cython builds, and whether this process uses them.
 
 The hot path (``gateway.proxy``'s protocols and per-request state, the access log, the request
-metrics) is plain Python that Cython can also compile, with ``.pxd`` files beside the modules
-declaring the classes as extension types (typed fields, C calls between them). The ``.py`` files
+metrics, the route cache's hit path) is plain Python that Cython can also compile, with ``.pxd``
+files beside the modules declaring the classes as extension types (typed fields, C calls between
+them). The ``.py`` files
 stay the source and the fallback: ``pip install`` (``./scripts/serve``, ``./scripts/test``)
 compiles them when Cython and a C compiler are there (``setup.py``) and installs them as they are
 when not.
@@ -42,6 +43,7 @@ COMPILED_MODULES = (
     "gateway.proxy._admission",
     "gateway.logs",
     "gateway.metrics",
+    "gateway.route_cache",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent

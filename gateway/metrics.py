@@ -138,7 +138,7 @@ class Metrics:
             self._hits += 1
         else:
             self._misses += 1
-        if not self._fold_pending:
+        if self._multiprocess_dir and not self._fold_pending:  # (fold_soon's own test, without a call per request)
             self.fold_soon()
 
     # batching -------------------------------------------------------------

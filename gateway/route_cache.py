@@ -2,21 +2,27 @@
 
 Two maps, both bounded (oldest first out) and both forgotten by the store's
 invalidations on every replica: routes by session ID (identity-routed
-requests, owner checked on each hit by ``SessionRouter.cached_route``) and
+requests, owner checked on each hit by :class:`RouteLookup`) and
 routes by sandbox ID (host, path and token keyed requests, one per port asked
-for). :class:`SessionRouter` reads the two dicts directly on its hot path;
-this class owns how entries come and go.
+for). :class:`RouteCache` owns how entries come and go; :class:`RouteLookup` is the
+hit path every identity-routed request takes (``SessionRouter.cached_route``),
+compiled with the data plane (gateway/_compiled.py): it runs once per request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from gateway.access import Refusal
 from gateway.errors import Forbidden
 from gateway.model import Route
 from gateway.store.base import INVALIDATE_ALL
 from routing.ports import PortSet
+
+if TYPE_CHECKING:
+    from routing import Identity
 
 
 @dataclass(slots=True)
@@ -94,4 +100,42 @@ class RouteCache:
             self.by_session.pop(session_id, None)
 
 
-__all__ = ["CachedRoute", "RouteCache", "SandboxRoutes"]
+class RouteLookup:
+    """The route for an identity from this process's cache, synchronously, or None on a miss.
+
+    ``SessionRouter.cached_route`` is :meth:`route`: the data plane calls it first so that a request
+    for a known session costs no task and no store round trip, and the session layer's ``resolve``
+    before it goes to the store. The owner check applies to every hit (a session of someone else's
+    is answered as one that does not exist: ``refusal()``), and a hit is counted (``events``) and
+    marks the sandbox and session active (``activity``, an ``ActivityLog``, flushed in batches).
+    """
+
+    __slots__ = ("by_session", "clock", "events", "activity", "refusal")
+
+    def __init__(self, routes: RouteCache, clock: Callable[[], float], events: Any, activity: Any,
+                 refusal: Callable[[], Exception]) -> None:
+        self.by_session = routes.by_session  # the same dict (RouteCache never replaces it)
+        self.clock = clock
+        self.events = events        # a sessions.RouterEvents
+        self.activity = activity    # a sessions.ActivityLog (its dicts are swapped at each flush: not kept here)
+        self.refusal = refusal
+
+    def route(self, identity: Identity) -> Route | None:
+        cached = self.by_session.get(identity.session_id)
+        if cached is None:
+            return None
+        now = self.clock()
+        if now >= cached.fresh_until:
+            return None
+        route = cached.route
+        if not route.owner.matches(identity):
+            self.events.denied("owner_mismatch")
+            raise self.refusal()
+        self.events.route_cache(True)
+        activity = self.activity
+        activity.sandboxes[route.sandbox_id] = now
+        activity.sessions[route.session_id] = now
+        return route
+
+
+__all__ = ["CachedRoute", "RouteCache", "RouteLookup", "SandboxRoutes"]

@@ -37,7 +37,7 @@ from gateway.model import (
 )
 from gateway.policy import PolicyView
 from gateway.providers.base import Probe, SandboxProvider
-from gateway.route_cache import CachedRoute, RouteCache, SandboxRoutes
+from gateway.route_cache import CachedRoute, RouteCache, RouteLookup, SandboxRoutes
 from gateway.router_base import NoEvents, RouterEvents, RouterTuning
 from gateway.store.base import (
     Caps, FleetCounts, Released, Reserved, SandboxPage, SessionStore, Settled, Settlement, SettleTimeout,
@@ -102,32 +102,14 @@ class SessionRouter:
         self._resolving: dict[tuple[str, str | None, str, str | None], asyncio.Future[Route]] = {}
         self._healing: dict[tuple[str, Endpoint], asyncio.Task[None]] = {}
         self.activity = ActivityLog()
+        # The hot path: the route from this process's cache, or None on a miss (owner checked). A
+        # compiled object's bound method (gateway/route_cache.py), not a method here: once per request.
+        self.cached_route: Callable[[Identity], Route | None] = RouteLookup(
+            self.routes, clock, events, self.activity, unknown_session).route
         self.lifecycle = lifecycle if lifecycle is not None else Lifecycle(
             store, provider, self.view, lease=ReaperLease(store, replica_id, tuning.reaper_lease_ttl),
             tuning=tuning, clock=clock, events=events)
         store.subscribe(self.routes.invalidate)
-
-    # hot path ---------------------------------------------------------------
-    def cached_route(self, identity: Identity) -> Route | None:
-        """The route from this process's cache, synchronously, or None on a miss.
-
-        The data plane calls this first so that a request for a known session
-        costs no task and no store round trip. The owner check applies here too.
-        """
-        cached = self._cache.get(identity.session_id)
-        if cached is None:
-            return None
-        now = self.clock()
-        if now >= cached.fresh_until:
-            return None
-        route = cached.route
-        if not route.owner.matches(identity):
-            self.events.denied("owner_mismatch")
-            raise unknown_session()
-        self.events.route_cache(True)
-        self.activity.sandboxes[route.sandbox_id] = now
-        self.activity.sessions[route.session_id] = now
-        return route
 
     async def resolve(self, identity: Identity) -> Route:
         """The route for a request; creates the session's sandbox on first use."""

@@ -41,6 +41,7 @@ reading on the other, so bodies of any size stream in constant memory.
 from gateway.proxy._exchange import RequestLog
 from gateway.proxy._keys import PreviewKeys
 from gateway.proxy._plane import DataPlane, NoRouterHeaders, PlaneOptions, RouteResolver, RouterHeaders
+from gateway.proxy._state import RequestHooks
 
-__all__ = ["DataPlane", "NoRouterHeaders", "PlaneOptions", "PreviewKeys", "RequestLog", "RouteResolver",
-           "RouterHeaders"]
+__all__ = ["DataPlane", "NoRouterHeaders", "PlaneOptions", "PreviewKeys", "RequestHooks", "RequestLog",
+           "RouteResolver", "RouterHeaders"]

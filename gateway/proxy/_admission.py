@@ -153,11 +153,12 @@ class IdentityMemo(Protocol):
 class Admission:
     """The authenticator, the org limits and the route cache behind one front door."""
 
-    __slots__ = ("authenticator", "limits", "limited", "caps_streams", "cached_route")
+    __slots__ = ("authenticator", "memoizable", "limits", "limited", "caps_streams", "cached_route")
 
     def __init__(self, authenticator: Authenticator, limits: OrgLimits,
                  cached_route: Callable[[Identity], Route | None]) -> None:
         self.authenticator = authenticator
+        self.memoizable = authenticator.memoizable  # a property of the mode (trusted headers: yes; tokens expire)
         self.limits = limits
         self.limited = limits.active            # read by callers to skip admit() when no limit is set
         self.caps_streams = limits.caps_streams  # ... and to skip working out whether a request is a stream
@@ -167,7 +168,7 @@ class Admission:
 
     def identify(self, memo: IdentityMemo, credentials: Credentials) -> Identity:
         """Who is this: the identity for ``credentials``, the memo's when they repeat (and may be memoised)."""
-        if credentials == memo.ident_key and self.authenticator.memoizable:
+        if credentials == memo.ident_key and self.memoizable:
             return memo.ident  # type: ignore[return-value]
         identity = identify(self.authenticator, *credentials)
         memo.ident_key = credentials

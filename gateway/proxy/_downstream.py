@@ -26,11 +26,14 @@ from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrad
 
 from gateway.errors import BadRequest, CapacityExceeded, GatewayError, NotFound, TooManyConnections, UpstreamError
 from gateway.hosts import host_not_allowed
-from gateway.proxy import _wire as w
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
 from gateway.proxy._request import RequestReader, _BodyTooLarge, _HeadTooLarge
 from gateway.proxy._state import (
     M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED, PAUSE_PIPELINE, PAUSE_WAIT,
+)
+from gateway.proxy._wire import (
+    CONTINUE_100, CRLF, H2_PREFACE, HTTP11_CRLF, SP, TE_CHUNKED, WS_UPGRADE, XFP_HTTP, body_length, declares_stream,
+    error_response, h2_refusal, last_chunk, navigation,
 )
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -61,7 +64,7 @@ class DownstreamConnection(RequestReader):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self.peer = str(peer[0]).encode()
-            self.conn_line = b"X-Forwarded-For: " + self.peer + w.CRLF + w.XFP_HTTP
+            self.conn_line = b"X-Forwarded-For: " + self.peer + CRLF + XFP_HTTP
         self.idle_since = self.plane.now
         bound = self.plane.gate.admit(self.peer, self)
         if bound is not None:
@@ -73,7 +76,7 @@ class DownstreamConnection(RequestReader):
         """Past a listener bound (gateway/gate.py): a 503 before any request is read, then the close."""
         self.mode |= M_CLOSING
         refusal = TooManyConnections(self.plane.gate.refusal(bound))
-        self.transport.write(w.error_response(refusal, self.plane.ids.next(), close=True))
+        self.transport.write(error_response(refusal, self.plane.ids.next(), close=True))
         self.transport.close()
 
     def pause_writing(self) -> None:
@@ -98,26 +101,10 @@ class DownstreamConnection(RequestReader):
             self._flush_up()
             self._upgrade_requested(data[exc.args[0]:])
             return
-        except HttpParserCallbackError as exc:
+        except HttpParserError as exc:  # HttpParserCallbackError too: one of our callbacks raised
             self.up_out.clear()
-            if self.mode & M_DISCARD:
-                return  # stopped on purpose (_StopParsing), or a body over the cap while already lingering
-            if isinstance(exc.__context__, _HeadTooLarge):
-                self._head_too_large(data)
-            elif isinstance(exc.__context__, _BodyTooLarge):
-                self._body_too_large()
-            else:
-                log.error("proxy callback failed", exc_info=exc.__context__ or exc)
-                self._malformed(GatewayError("internal error while reading the request"))
-            return
-        except HttpParserError as exc:
-            self.up_out.clear()
-            if self.mode & M_DISCARD:
-                return  # the request was answered already (refused at its head) and the rest is dropped
-            if data.startswith(w.H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
-                self._malformed(w.h2_refusal(self.plane.options.grpc_port), h2=True)
-                return
-            self._malformed(BadRequest(f"malformed HTTP request: {exc}", code="bad_request"))
+            if not self.mode & M_DISCARD:  # else answered already (refused at its head): the rest is dropped
+                self._unparsable(exc, data)
             return
         out = self.up_out
         if out:
@@ -129,14 +116,33 @@ class DownstreamConnection(RequestReader):
                     pass
             out.clear()
         if self.mode & M_IN_HEAD and not self.head_seen:
-            # A head began in this read and is not complete. The callbacks only see whole headers,
-            # so one split across reads is never counted by them: count this whole read towards
-            # the head instead (an upper bound) and every later read in _special.
-            self.head_seen = len(data)
-            if len(data) > self.plane.max_head:
+            self._head_begun(data)
+
+    def _unparsable(self, exc: HttpParserError, data: bytes) -> None:
+        """The parser stopped in ``data``: a bound our callbacks enforce, or a malformed request."""
+        if isinstance(exc, HttpParserCallbackError):
+            reason = exc.__context__
+            if isinstance(reason, _HeadTooLarge):
                 self._head_too_large(data)
-            elif self.plane.keyed:
-                self.head_raw = [data]
+            elif isinstance(reason, _BodyTooLarge):
+                self._body_too_large()
+            else:
+                log.error("proxy callback failed", exc_info=reason or exc)
+                self._malformed(GatewayError("internal error while reading the request"))
+        elif data.startswith(H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
+            self._malformed(h2_refusal(self.plane.options.grpc_port), h2=True)
+        else:
+            self._malformed(BadRequest(f"malformed HTTP request: {exc}", code="bad_request"))
+
+    def _head_begun(self, data: bytes) -> None:
+        """A head began in this read and is not complete. The callbacks only see whole headers, so
+        one split across reads is never counted by them: count this whole read towards the head
+        instead (an upper bound) and every later read in _special."""
+        self.head_seen = len(data)
+        if len(data) > self.plane.max_head:
+            self._head_too_large(data)
+        elif self.plane.keyed:
+            self.head_raw = [data]
 
     def _special(self, data: bytes) -> bool:
         """The slow path of data_received; True when ``data`` should still be parsed."""
@@ -244,7 +250,10 @@ class DownstreamConnection(RequestReader):
     # -- serving a request --------------------------------------------------
     def begin(self, ex: Exchange, batch: bool = False) -> None:
         """Serve ``ex`` (the current request): synchronously when the route is cached and a
-        pooled connection is idle, else in a task. ``batch``: called while parsing a read."""
+        pooled connection is idle, else in a task. ``batch``: called while parsing a read.
+
+        Three steps, each a C call in the compiled build: what is answered before admission
+        (:meth:`_answered_early`), admission (:meth:`_admit`), then carrying (:meth:`_carry`)."""
         plane = self.plane
         if ex.state != PARSED or self.mode & M_CLOSING:
             return
@@ -257,39 +266,60 @@ class DownstreamConnection(RequestReader):
             ex.request_id = b"%s%x" % (ids.prefix, next(ids.counter))
         if plane.tracer is not None:
             plane.tracer.begin(ex)  # gateway/tracing.py
+        if self._answered_early(ex, batch):
+            return
+        identity = self._admit(ex)
+        if identity is not None:
+            self._carry(ex, identity, batch)
+
+    def _answered_early(self, ex: Exchange, batch: bool) -> bool:
+        """True when ``ex`` is refused or served before admission: a problem found while parsing, a
+        Host that is not ours, the router headers or a sandbox key (host, path), a browser's favicon."""
         if ex.reject is not None:
             self.fail(ex, ex.reject)  # type: ignore[arg-type]
-            return
-        if not plane.hosts.allows(ex.host):
-            self.fail(ex, host_not_allowed(ex.host))
-            return
+            return True
+        host = ex.host
+        if host != self.host_ok:  # checked once per Host value a connection sends (it repeats)
+            if not self.plane.hosts.allows(host):
+                self.fail(ex, host_not_allowed(host))
+                return True
+            self.host_ok = host
         if ex.compat is not None and ex.compat[0] is not None and self._begin_compat(ex):
-            return
+            return True
         # A preview host or path is keyed whatever else the request says: identity headers there would let
         # a sandbox's page (same origin) or a page its CORS answer admits claim any identity the trusted
         # headers allow (SECURITY.md, "Browsers").
-        if plane.keyed and self._begin_keyed(ex, batch):
-            return
+        if self.plane.keyed and self._begin_keyed(ex, batch):
+            return True
         if ex.url == b"/favicon.ico" and ex.user is None and ex.auth is None:
             self.fail(ex, _NO_FAVICON)  # a browser's own fetch beside a path URL: no identity, no sandbox
-            return
-        # Admission: who is this, may they, which route (gateway/proxy/_admission.py).
-        admission = plane.admission
+            return True
+        return False
+
+    def _admit(self, ex: Exchange) -> Identity | None:
+        """Admission: who is this, may they (gateway/proxy/_admission.py). None: refused (answered)."""
+        admission = self.plane.admission
         try:
             identity = ex.identity = admission.identify(self, (ex.org, ex.user, ex.session, ex.bot, ex.auth))
             if admission.limited:
                 # The stream slot is released by DataPlane.finished.
                 ex.stream_key = admission.admit(
-                    identity, ex.websocket or (admission.caps_streams and w.declares_stream(ex.headers)))
+                    identity, ex.websocket or (admission.caps_streams and declares_stream(ex.headers)))
         except CapacityExceeded as exc:
             ex.refused = exc.scope
             self.fail(ex, exc)
-            return
+            return None
         except GatewayError as exc:
             self.fail(ex, exc)
-            return
+            return None
+        return identity
+
+    def _carry(self, ex: Exchange, identity: Identity, batch: bool) -> None:
+        """Which route (the session layer's cache) and an idle pooled connection to it: attached now;
+        else resolving and connecting run in a task."""
+        plane = self.plane
         try:
-            route = admission.cached_route(identity)
+            route = plane.admission.cached_route(identity)
         except GatewayError as exc:
             self.fail(ex, exc)
             return
@@ -297,7 +327,6 @@ class DownstreamConnection(RequestReader):
             log.exception("route cache lookup failed")  # a bug in the cache: resolve as on a miss
             route = None
         if route is not None:
-            # Carrying: an idle pooled connection to the route's endpoint, if there is one.
             if route is self.route_key:
                 pool = self.route_pool
             else:
@@ -364,51 +393,16 @@ class DownstreamConnection(RequestReader):
         ex.state = WAITING
         ex.sent_at = perf_counter()
         conn.ex = ex
-        limit = ex.timeout
-        timeouts = self.plane.request_timeouts
-        if timeouts:
-            pool_limit = timeouts.get(route.pool)
-            if pool_limit is not None and (not limit or pool_limit < limit):
-                limit = pool_limit  # a client may ask for less than its pool allows, never more
-        if limit:
-            ex.deadline = self.plane.now + limit
+        if ex.timeout or self.plane.request_timeouts:
+            self._deadline(ex, route)
         conn.client_tr = self.transport
         conn.raw = None
         conn.raw_pos = 0
         if self.wpaused or conn.wpaused:
             conn.sync_pauses(self)
-        if route is not self.route_key:
-            self.route_key = route
-            self.route_pool = conn.pool
-            self.route_line = conn.pool.host_line + b"X-Sandbox-Id: " + route.sandbox_id.encode() + w.CRLF
-        if ex.xff is not None and self.plane.trust_xff:
-            forwarded = b"X-Forwarded-For: " + ex.xff + b", " + self.peer + w.CRLF + w.XFP_HTTP
-        else:
-            forwarded = self.conn_line
-        parts = [ex.method, w.SP, ex.url, w.HTTP11_CRLF, *ex.headers, self.route_line, forwarded]
-        if ex.host is not None:
-            parts += (b"X-Forwarded-Host: ", ex.host, w.CRLF)
-        parts += (b"X-Request-Id: ", ex.request_id, w.CRLF)  # type: ignore[arg-type]
-        if ex.trace is not None:
-            parts += ex.trace.upstream(ex)  # the sandbox continues the trace (traceparent)
-        if ex.websocket:
-            parts.append(w.WS_UPGRADE)
-        elif ex.body == CHUNKED:
-            parts.append(w.TE_CHUNKED)
-        parts.append(w.CRLF)
-        out = [b"".join(parts)]  # type: ignore[arg-type]
-        pending = ex.pending
-        if pending is not None:
-            ex.pending = None
-            if ex.body == CHUNKED:
-                for chunk in pending:
-                    out += (b"%x\r\n" % len(chunk), chunk, w.CRLF)
-            else:
-                out += pending
-        if ex.req_done and ex.body == CHUNKED:
-            out.append(w.last_chunk(ex.trailers))
-        if not ex.req_done and ex.expect and ex.body != NO_BODY and not ex.bytes_in:
-            self._send(w.CONTINUE_100)
+        out = [self._request_head(ex, route, conn)]
+        if ex.body != NO_BODY:
+            self._body_so_far(ex, out)
         if batch:
             if self.up_conn is not conn:
                 self._flush_up()
@@ -423,6 +417,57 @@ class DownstreamConnection(RequestReader):
                 pass
         if self.rpause & PAUSE_WAIT:
             self.resume(PAUSE_WAIT)
+
+    def _deadline(self, ex: Exchange, route: Route) -> None:
+        """When the response head is due: X-Sandbox-Timeout, capped by the pool's request_timeout."""
+        limit = ex.timeout
+        timeouts = self.plane.request_timeouts
+        if timeouts:
+            pool_limit = timeouts.get(route.pool)
+            if pool_limit is not None and (not limit or pool_limit < limit):
+                limit = pool_limit  # a client may ask for less than its pool allows, never more
+        if limit:
+            ex.deadline = self.plane.now + limit
+
+    def _request_head(self, ex: Exchange, route: Route, conn: UpstreamConnection) -> bytes:
+        """The head the sandbox gets: the request line, the headers kept, then the ones the gateway sets
+        (Host, X-Sandbox-Id, X-Forwarded-*, X-Request-Id, traceparent) and the body's framing."""
+        if route is not self.route_key:
+            self.route_key = route
+            self.route_pool = conn.pool
+            self.route_line = conn.pool.host_line + b"X-Sandbox-Id: " + route.sandbox_id.encode() + CRLF
+        if ex.xff is not None and self.plane.trust_xff:
+            forwarded = b"X-Forwarded-For: " + ex.xff + b", " + self.peer + CRLF + XFP_HTTP
+        else:
+            forwarded = self.conn_line
+        parts = [ex.method, SP, ex.url, HTTP11_CRLF, *ex.headers, self.route_line, forwarded]
+        if ex.host is not None:
+            parts += (b"X-Forwarded-Host: ", ex.host, CRLF)
+        parts += (b"X-Request-Id: ", ex.request_id, CRLF)  # type: ignore[arg-type]
+        if ex.trace is not None:
+            parts += ex.trace.upstream(ex)  # the sandbox continues the trace (traceparent)
+        if ex.websocket:
+            parts.append(WS_UPGRADE)
+        elif ex.body == CHUNKED:
+            parts.append(TE_CHUNKED)
+        parts.append(CRLF)
+        return b"".join(parts)  # type: ignore[arg-type]
+
+    def _body_so_far(self, ex: Exchange, out: list[bytes]) -> None:
+        """After the head: the body bytes read before an upstream was attached (re-chunked when the body
+        is), its end when it is all here, and 100 Continue for a client waiting for it to send the rest."""
+        pending = ex.pending
+        if pending is not None:
+            ex.pending = None
+            if ex.body == CHUNKED:
+                for chunk in pending:
+                    out += (b"%x\r\n" % len(chunk), chunk, CRLF)
+            else:
+                out += pending
+        if ex.req_done and ex.body == CHUNKED:
+            out.append(last_chunk(ex.trailers))
+        if not ex.req_done and ex.expect and not ex.bytes_in:
+            self._send(CONTINUE_100)
 
     def retry(self, ex: Exchange) -> None:
         """The pooled connection was stale: send the (body-less, idempotent) request again, fresh."""
@@ -445,9 +490,9 @@ class DownstreamConnection(RequestReader):
         ex.status = exc.status
         ex.code = exc.code
         close = not ex.req_done or not ex.keep_alive or self.plane.draining or bool(self.mode & M_UPGRADED)
-        response = w.error_response(exc, ex.request_id or b"-", close=close, keep_alive_10=ex.version10,
-                                    as_html=w.navigation(ex.headers))
-        ex.bytes_out = w.body_length(response)  # the access log counts the body the gateway wrote
+        response = error_response(exc, ex.request_id or b"-", close=close, keep_alive_10=ex.version10,
+                                    as_html=navigation(ex.headers))
+        ex.bytes_out = body_length(response)  # the access log counts the body the gateway wrote
         self._send(response)
         self.finish(ex, close)
 

@@ -108,19 +108,28 @@ class PreviewKeys:
                                 "open them as pages (or frames, or workers); open the sandbox's host URL "
                                 "(urls[].host of POST /v1/sessions/<session_id>/access), or send the request "
                                 "from a program", code="path_url_not_for_browsers")
+        claims = self._first_good(self._candidates(ex, keyed, from_query, cookies), keyed)
+        keyed.incarnation = claims.incarnation
+        return self._location(ex, keyed, from_query, cookies)
+
+    def _candidates(self, ex: Exchange, keyed: Keyed, from_query: str | None, cookies: bool) -> list[str]:
+        """The tokens the request offers, from the one place it may: the URL, else Authorization, else
+        (when this kind of key keeps one, and Fetch Metadata allows) the access-token cookies."""
         if from_query is not None:
-            candidates = [from_query]
-        elif ex.auth is not None and ex.auth[:7].lower() == b"bearer ":
-            candidates = [bearer_token(ex.auth.decode("latin-1"))]
-        elif ex.cookie_tokens and cookies:
+            return [from_query]
+        if ex.auth is not None and ex.auth[:7].lower() == b"bearer ":
+            return [bearer_token(ex.auth.decode("latin-1"))]
+        if ex.cookie_tokens and cookies:
             refusal = cross_site_refusal(ex.method, ex.headers, ex.host)
             if refusal is not None:
                 raise refusal
-            candidates = [token.decode("latin-1") for token in ex.cookie_tokens]
-        else:
-            raise self._token_required(keyed)
-        claims = self._first_good(candidates, keyed)
-        keyed.incarnation = claims.incarnation
+            return [token.decode("latin-1") for token in ex.cookie_tokens]
+        raise self._token_required(keyed)
+
+    @staticmethod
+    def _location(ex: Exchange, keyed: Keyed, from_query: str | None, cookies: bool) -> bytes | None:
+        """Where an authorized request is redirected (None: served as it is)."""
+        url = ex.url
         if ex.websocket or (from_query is not None and not (cookies and _navigation(ex))):
             # Only a browser's navigation is redirected (the token leaves its address bar and history
             # for a cookie). A WebSocket handshake (browsers do not follow) and a program that sends the

@@ -356,48 +356,58 @@ class DataPlane(PlaneState):
     def _check_deadlines(self, now: float) -> None:
         """Timeouts (request heads, upstream answers, idle streams), long-request promotion, idle pools
         and idle clients; a few times a second."""
-        options = self.options
-        read_timeout = options.upstream_read_timeout
-        idle_timeout = options.stream_idle_timeout
-        long_after = self.long_request_after
-        header_timeout = options.header_read_timeout
-        check_idle_clients = self._ticks % 8 == 0
-        began_before = perf_counter() - long_after  # Exchange.t0 is on the perf_counter clock
-        idle_before = now - self.client_keepalive_timeout
+        began_before = perf_counter() - self.long_request_after  # Exchange.t0 is on the perf_counter clock
+        # Idle keep-alive clients are looked at one tick in eight.
+        idle_before = now - self.client_keepalive_timeout if self._ticks % 8 == 0 else None
         for client in list(self.clients):
             ex = client.current
             if ex is None:
-                if client.linger_until:
-                    if now > client.linger_until:
-                        client.close()
-                elif client.parsing is not None or client.last is None:
-                    client.check_head_deadline(now, header_timeout)  # a head on its way (or not yet begun)
-                elif check_idle_clients and client.idle_since < idle_before:
-                    client.close_if_idle()
-                continue
-            state = ex.state
-            if state == WAITING:
-                if ex.deadline and now > ex.deadline:
-                    client.timed_out(ex, True)
-                    continue
-                up = ex.upstream
-                if up is not None and not up.rpaused:
-                    if not ex.req_done:
-                        # The body is still coming: idle while the sandbox reads it means the client stopped
-                        # sending (with the sandbox not reading, the client is paused: not its fault).
-                        if not client.rpause & PAUSE_UPSTREAM and now - ex.active_at > idle_timeout:
-                            client.body_stalled(ex)
-                            continue
-                    elif read_timeout is not None and now - ex.active_at > read_timeout:
-                        client.timed_out(ex, False)
-                        continue
-            elif state == BODY or state == TUNNEL:
-                if now - ex.active_at > idle_timeout:
-                    client.idled_out(ex)
-                    continue
-            if not ex.stream and state != DONE and began_before > ex.t0:
+                self._check_waiting_client(client, now, idle_before)
+            elif not self._timed_out(client, ex, now) and not ex.stream and ex.state != DONE and began_before > ex.t0:
                 self.stream_began(ex)
-        keepalive = options.upstream_keepalive_timeout
+        keepalive = self.options.upstream_keepalive_timeout
         for pool in self.pools.values():
             if pool.idle:
                 pool.expire(now - keepalive)
+
+    def _check_waiting_client(self, client: DownstreamConnection, now: float, idle_before: float | None) -> None:
+        """A client with no request being served: a lingering close that is over, a head that dawdles
+        (slowloris), or a keep-alive connection idle past client_keepalive_timeout."""
+        if client.linger_until:
+            if now > client.linger_until:
+                client.close()
+        elif client.parsing is not None or client.last is None:
+            client.check_head_deadline(now, self.options.header_read_timeout)  # a head on its way (or not yet begun)
+        elif idle_before is not None and client.idle_since < idle_before:
+            client.close_if_idle()
+
+    def _timed_out(self, client: DownstreamConnection, ex: Exchange, now: float) -> bool:
+        """True when ``ex`` was ended for taking too long: its response head past its deadline or
+        upstream_read_timeout, its body stalled, its stream idle past stream_idle_timeout."""
+        state = ex.state
+        idle_timeout = self.options.stream_idle_timeout
+        if state == BODY or state == TUNNEL:
+            if now - ex.active_at > idle_timeout:
+                client.idled_out(ex)
+                return True
+            return False
+        if state != WAITING:
+            return False
+        if ex.deadline and now > ex.deadline:
+            client.timed_out(ex, True)
+            return True
+        up = ex.upstream
+        if up is None or up.rpaused:
+            return False
+        if not ex.req_done:
+            # The body is still coming: idle while the sandbox reads it means the client stopped
+            # sending (with the sandbox not reading, the client is paused: not its fault).
+            if not client.rpause & PAUSE_UPSTREAM and now - ex.active_at > idle_timeout:
+                client.body_stalled(ex)
+                return True
+            return False
+        read_timeout = self.options.upstream_read_timeout
+        if read_timeout is not None and now - ex.active_at > read_timeout:
+            client.timed_out(ex, False)
+            return True
+        return False

@@ -18,10 +18,16 @@ import re
 from collections import deque
 
 from gateway.errors import BadRequest, NotImplementedByGateway, PayloadTooLarge
-from gateway.proxy import _wire as w
+from gateway.proxy._admission import header_role
 from gateway.proxy._exchange import CHUNKED, CODED, DONE, LENGTH, Exchange
 from gateway.proxy._keys import KeyedRequests
 from gateway.proxy._state import M_CLOSING, M_DISCARD, M_IN_HEAD, PAUSE_PIPELINE
+from gateway.proxy._wire import (
+    ACCESS_COOKIE, COLON, CRLF, FRAMING_HEADERS, IDENTITY_HEADER_NAMES, R_AUTH, R_BOT, R_CL, R_CONNECTION, R_COOKIE,
+    R_DROP, R_EXPECT, R_HOST, R_ORG, R_REQUEST_ID, R_SANDBOX_ID, R_SESSION, R_TE, R_TIMEOUT, R_UPGRADE, R_USER, R_XFF,
+    REQUEST_HEADERS, REQUEST_HEADERS_EXACT, SANDBOX_HEADER_PREFIXES, connection_tokens, cut_access_cookie, last_chunk,
+    sane_request_id, without_headers,
+)
 
 _INF = float("inf")
 
@@ -64,12 +70,33 @@ def _trailer(ex: Exchange, name: bytes, value: bytes) -> None:
     credentials, Host, framing, hop-by-hop, X-Forwarded-*, X-Sandbox-*): those are never taken from a
     trailer, which arrives after admission and, before this, could land in the forwarded head."""
     low = name.lower()
-    if w.REQUEST_HEADERS.get(low, 0) or low.startswith(w.SANDBOX_HEADER_PREFIXES) or low in w.FRAMING_HEADERS:
+    if REQUEST_HEADERS.get(low, 0) or low.startswith(SANDBOX_HEADER_PREFIXES) or low in FRAMING_HEADERS:
         return
     if ex.trailers is None:
         ex.trailers = []
-    ex.trailers += (name, w.COLON, value, w.CRLF)
+    ex.trailers += (name, COLON, value, CRLF)
 
+
+def _transfer_encoding(ex: Exchange, codings: bytes) -> None:
+    """A (lower-cased) Transfer-Encoding: chunked last is re-framed; any other coding is refused."""
+    if b"chunked" in codings and codings.rsplit(b",", 1)[-1].strip() == b"chunked":
+        if ex.body == CODED or codings.strip() != b"chunked":
+            # gzip, chunked: the gateway would have to drop the gzip coding (it re-frames the body)
+            # or pass a coding sandboxes do not decode; nginx answers 501 as well.
+            ex.reject = NotImplementedByGateway(
+                "Transfer-Encoding: only chunked is supported; send a compressed body with "
+                "Content-Encoding instead", code="unsupported_transfer_encoding")
+        ex.body = CHUNKED
+    elif ex.body == CHUNKED:
+        ex.reject = BadRequest("Transfer-Encoding: chunked must be the last coding (RFC 9112)")
+    else:
+        ex.body = CODED
+
+
+# The kinds of request header on_header hands to a method of their own (the codes are _admission's).
+_FRAMING = frozenset((R_CL, R_TE, R_EXPECT))
+_HOP_BY_HOP = frozenset((R_CONNECTION, R_UPGRADE))
+_FORWARDING = frozenset((R_HOST, R_XFF, R_REQUEST_ID))
 
 _WS_EXTENSIONS = frozenset({b"sec-websocket-extensions"})  # declined while a message size limit is set
 
@@ -100,6 +127,8 @@ class RequestReader(KeyedRequests):
             raise _HeadTooLarge
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        """One request header, by what it means to the gateway (the admission's table, _admission.py):
+        most are forwarded as they came; the others go to the method for their kind."""
         ex = self.parsing
         assert ex is not None
         if self.big:
@@ -107,89 +136,102 @@ class RequestReader(KeyedRequests):
         if not self.mode & M_IN_HEAD:
             _trailer(ex, name, value)
             return
-        code = w.REQUEST_HEADERS_EXACT.get(name)
+        code = REQUEST_HEADERS_EXACT.get(name)
         if code is None:
-            low = name.lower()
-            code = w.REQUEST_HEADERS.get(low, 0)
-            if not code and low.startswith(w.SANDBOX_HEADER_PREFIXES):
-                return  # X-Sandbox-Pod-IP and the like: never forwarded
+            code = header_role(name.lower())  # an unusual spelling; every other X-Sandbox-* is R_DROP
         if not code:
-            ex.headers += (name, w.COLON, value, w.CRLF)
-        elif code <= w.R_BOT:
-            if code == w.R_USER:
-                previous, ex.user = ex.user, value
-            elif code == w.R_SESSION:
-                previous, ex.session = ex.session, value
-            elif code == w.R_ORG:
-                previous, ex.org = ex.org, value
-            elif code == w.R_BOT:
-                previous, ex.bot = ex.bot, value
-            else:
-                return  # R_DROP
-            if previous is not None:
-                ex.reject = BadRequest(f"{w.IDENTITY_HEADER_NAMES[code]}: must be given once", code="invalid_identity")
-        elif code == w.R_AUTH:
-            if ex.auth is not None:  # which one would count? (the last used to, silently)
+            ex.headers += (name, COLON, value, CRLF)
+        elif code == R_DROP:
+            return  # hop-by-hop, or what only the gateway may set: never forwarded
+        elif code <= R_BOT or code == R_AUTH:
+            self.credential_header(ex, code, value)
+        elif code in _FRAMING:
+            self.framing_header(ex, code, name, value)
+        elif code in _HOP_BY_HOP:
+            self.hop_by_hop_header(ex, code, value)
+        elif code in _FORWARDING:
+            self.forwarding_header(ex, code, value)
+        else:
+            self.keys_header(ex, code, name, value)
+
+    def credential_header(self, ex: Exchange, code: int, value: bytes) -> None:
+        """X-Org-Id, X-User-Id, X-Session-Id, X-Bot-Id and Authorization: read by the authenticator,
+        never forwarded, each given once (which one would count? the last used to, silently)."""
+        if code == R_USER:
+            previous, ex.user = ex.user, value
+        elif code == R_SESSION:
+            previous, ex.session = ex.session, value
+        elif code == R_ORG:
+            previous, ex.org = ex.org, value
+        elif code == R_BOT:
+            previous, ex.bot = ex.bot, value
+        else:
+            if ex.auth is not None:
                 ex.reject = BadRequest("Authorization: must be given once", code="invalid_authorization")
-            ex.auth = value  # read by the authenticator, never forwarded
-        elif code == w.R_HOST:
-            if ex.host is not None:
-                ex.reject = BadRequest("Host: must be given once (RFC 9112)", code="invalid_host")
-            ex.host = value
-        elif code == w.R_CL:
+            ex.auth = value
+            return
+        if previous is not None:
+            ex.reject = BadRequest(f"{IDENTITY_HEADER_NAMES[code]}: must be given once", code="invalid_identity")
+
+    def framing_header(self, ex: Exchange, code: int, name: bytes, value: bytes) -> None:
+        """Content-Length (forwarded; max_body_bytes checked against it), Transfer-Encoding (the body is
+        re-framed: only chunked, last) and Expect (100-continue is answered by the gateway)."""
+        if code == R_CL:
             if value != b"0":
                 ex.body = LENGTH
                 limit = self.plane.max_body
                 if limit is not None and value.isdigit() and int(value) > limit:
                     ex.refused = "max_body"
                     ex.reject = PayloadTooLarge(f"the request body ({int(value)} bytes) exceeds max_body_bytes ({limit})")
-            ex.headers += (name, w.COLON, value, w.CRLF)
-        elif code == w.R_CONNECTION:
-            value = value.lower()
-            if b"keep-alive" in value:
-                ex.conn_ka = True
-            tokens = w.connection_tokens(value)
-            if tokens:
-                ex.tokens = tokens if ex.tokens is None else ex.tokens | tokens
-        elif code == w.R_TE:
-            codings = value.lower()
-            if b"chunked" in codings and codings.rsplit(b",", 1)[-1].strip() == b"chunked":
-                if ex.body == CODED or codings.strip() != b"chunked":
-                    # gzip, chunked: the gateway would have to drop the gzip coding (it re-frames the body)
-                    # or pass a coding sandboxes do not decode; nginx answers 501 as well.
-                    ex.reject = NotImplementedByGateway(
-                        "Transfer-Encoding: only chunked is supported; send a compressed body with "
-                        "Content-Encoding instead", code="unsupported_transfer_encoding")
-                ex.body = CHUNKED
-            elif ex.body == CHUNKED:
-                ex.reject = BadRequest("Transfer-Encoding: chunked must be the last coding (RFC 9112)")
-            else:
-                ex.body = CODED
-        elif code == w.R_UPGRADE:
+            ex.headers += (name, COLON, value, CRLF)
+        elif code == R_TE:
+            _transfer_encoding(ex, value.lower())
+        elif value.lower() == b"100-continue":  # R_EXPECT
+            ex.expect = True
+        else:
+            ex.headers += (name, COLON, value, CRLF)
+
+    def hop_by_hop_header(self, ex: Exchange, code: int, value: bytes) -> None:
+        """Connection (it may name more hop-by-hop headers, dropped at the end of the head) and Upgrade
+        (kept for a WebSocket upgrade only)."""
+        if code == R_UPGRADE:
             ex.upgrade = value
-        elif code == w.R_XFF:
+            return
+        value = value.lower()
+        if b"keep-alive" in value:
+            ex.conn_ka = True
+        tokens = connection_tokens(value)
+        if tokens:
+            ex.tokens = tokens if ex.tokens is None else ex.tokens | tokens
+
+    def forwarding_header(self, ex: Exchange, code: int, value: bytes) -> None:
+        """Host (becomes X-Forwarded-Host), X-Forwarded-For (appended to when trusted) and X-Request-Id
+        (taken when it is a sane token): the gateway sets each itself towards the sandbox."""
+        if code == R_HOST:
+            if ex.host is not None:
+                ex.reject = BadRequest("Host: must be given once (RFC 9112)", code="invalid_host")
+            ex.host = value
+        elif code == R_XFF:
             ex.xff = value if ex.xff is None else ex.xff + b", " + value
-        elif code == w.R_REQUEST_ID:
-            if w.sane_request_id(value):
-                ex.request_id = value
-        elif code == w.R_EXPECT:
-            if value.lower() == b"100-continue":
-                ex.expect = True
-            else:
-                ex.headers += (name, w.COLON, value, w.CRLF)
-        elif code == w.R_TIMEOUT:
-            self._client_timeout(ex, value)
-        elif code == w.R_COOKIE:
-            if w.ACCESS_COOKIE in value:  # the access token stays with the gateway
-                value, tokens = w.cut_access_cookie(value)
+        elif sane_request_id(value):  # R_REQUEST_ID
+            ex.request_id = value
+
+    def keys_header(self, ex: Exchange, code: int, name: bytes, value: bytes) -> None:
+        """What addresses a sandbox or bounds the wait for it: the agent-sandbox router's X-Sandbox-Id,
+        -Namespace and -Port, X-Sandbox-Timeout, and Cookie (forwarded without the access-token cookie)."""
+        if code == R_COOKIE:
+            if ACCESS_COOKIE in value:  # the access token stays with the gateway
+                value, tokens = cut_access_cookie(value)
                 ex.cookie_tokens = tokens if ex.cookie_tokens is None else ex.cookie_tokens + tokens
                 if not value:
                     return
-            ex.headers += (name, w.COLON, value, w.CRLF)
-        elif code >= w.R_SANDBOX_ID:
+            ex.headers += (name, COLON, value, CRLF)
+        elif code == R_TIMEOUT:
+            self._client_timeout(ex, value)
+        else:  # R_SANDBOX_ID, R_SANDBOX_NS, R_SANDBOX_PORT, in Exchange.compat's order
             if ex.compat is None:
                 ex.compat = [None, None, None]
-            ex.compat[code - w.R_SANDBOX_ID] = value
+            ex.compat[code - R_SANDBOX_ID] = value
 
     @staticmethod
     def _client_timeout(ex: Exchange, value: bytes) -> None:
@@ -232,7 +274,7 @@ class RequestReader(KeyedRequests):
                     # (and MessageSizeGuard refuses a frame that claims one with 1002).
                     ex.tokens = _WS_EXTENSIONS if ex.tokens is None else ex.tokens | _WS_EXTENSIONS
         if ex.tokens:
-            ex.headers = w.without_headers(ex.headers, ex.tokens)
+            ex.headers = without_headers(ex.headers, ex.tokens)
         if self.current is None and not self.mode & M_CLOSING:
             self.current = ex
             self.begin(ex, True)
@@ -251,7 +293,7 @@ class RequestReader(KeyedRequests):
         if ex.upstream is not None:
             ex.active_at = self.plane.now
             if ex.body == CHUNKED:
-                self.up_out += (b"%x\r\n" % len(chunk), chunk, w.CRLF)
+                self.up_out += (b"%x\r\n" % len(chunk), chunk, CRLF)
             else:
                 self.up_out.append(chunk)
         elif ex.state != DONE:
@@ -266,7 +308,7 @@ class RequestReader(KeyedRequests):
         self.parsing = None
         ex.req_done = True
         if ex.upstream is not None and ex.body == CHUNKED:
-            self.up_out.append(w.last_chunk(ex.trailers))
+            self.up_out.append(last_chunk(ex.trailers))
 
 
 

@@ -1,6 +1,9 @@
 # The compiled build's declarations for _state.py (gateway/_compiled.py): the fields as C struct members.
 from gateway.proxy._exchange cimport Exchange
 
+cdef class RequestHooks:
+    cdef public tuple hooks
+
 cdef class PlaneState:
     cdef public double now
     cdef public bint draining, closed, trust_xff, keyed
@@ -22,6 +25,7 @@ cdef class ClientState:
     cdef public object head_key
     cdef public Py_ssize_t head_seen
     cdef public list head_raw
+    cdef public object host_ok
     cdef public object cookie_scan
     cdef public object ident, ident_key
     cdef public double idle_since

@@ -30,4 +30,6 @@ cdef class UpstreamConnection:
     cpdef _detach(self, Exchange ex)
     cpdef abort(self)
     cpdef _body(self, Exchange ex, object data, object head)
+    cpdef bint _not_final(self, Exchange ex, int status)
+    cpdef bint _passes_through(self, Exchange ex, int status)
     cpdef _complete(self, Exchange ex)

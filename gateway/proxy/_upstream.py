@@ -22,9 +22,13 @@ from typing import TYPE_CHECKING
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from gateway.errors import UpstreamError
-from gateway.proxy import _wire as w
 from gateway.proxy._browser import PATH_MODE_HEADERS, private_to_caches, without_clear_site_data
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
+from gateway.proxy._wire import (
+    CHUNK_END, CODING_CHUNKED, CODING_NONE, CODING_OTHER, CONN_CLOSE, CONN_KEEP_ALIVE, CRLF, HOP_BY_HOP,
+    IDEMPOTENT_METHODS, TE_CHUNKED, WS_UPGRADE, host_line, host_only_cookies, is_event_stream, rewrite_under_prefix,
+    strip_hop_by_hop, without_transfer_encoding,
+)
 from gateway.proxy._wsframe import MessageSizeGuard
 
 if TYPE_CHECKING:
@@ -35,7 +39,7 @@ log = logging.getLogger("gateway.proxy")
 
 MAX_RESPONSE_HEAD = 256 * 1024
 _ANY_SIZE = 1 << 64  # the sandbox's messages are not limited; its frames are only followed
-_find_hop_by_hop = w.HOP_BY_HOP.search
+_find_hop_by_hop = HOP_BY_HOP.search
 
 
 _UNREAD_LIMIT = 65536  # what is read of a reset tunnel's last bytes: a close frame is at most 127
@@ -74,7 +78,7 @@ class UpstreamPool:
         self.plane = plane
         self.host = host
         self.port = port
-        self.host_line = w.host_line(host, port)
+        self.host_line = host_line(host, port)
         self.idle: list[UpstreamConnection] = []
         self.size = size
 
@@ -130,6 +134,21 @@ class _Dechunker:
         decoded = b"".join(self.out)
         self.out.clear()
         return decoded
+
+
+def _framing(ex: Exchange, status: int, coding: int, has_length: bool) -> tuple[int, bytes]:
+    """How a response's body reaches the client (F_*), and the framing header the head gains."""
+    if status == 101:
+        return F_NONE, WS_UPGRADE
+    if status == 204 or status == 304 or ex.method == b"HEAD":
+        return F_NONE, b""
+    if coding == CODING_CHUNKED or (has_length and coding == CODING_NONE):
+        return (F_DECHUNK if ex.version10 and coding == CODING_CHUNKED else F_PASS), b""
+    if coding == CODING_OTHER:
+        return F_RAW, b""  # e.g. "Transfer-Encoding: gzip": as it came, delimited by closing
+    if not ex.version10:
+        return F_RECHUNK, TE_CHUNKED
+    return F_RAW, b""
 
 
 class UpstreamConnection:
@@ -350,13 +369,13 @@ class UpstreamConnection:
             if not self.done and (self.framing == F_RECHUNK or self.framing == F_RAW):
                 # The body was delimited by the upstream closing: that is its end.
                 if self.framing == F_RECHUNK and not client.transport.is_closing():
-                    client.transport.write(w.CHUNK_END)
+                    client.transport.write(CHUNK_END)
                 client.finish(ex, ex.close_after or not ex.req_done)
             else:
                 client.abort(ex, "upstream_closed", "the sandbox closed the connection mid-response")
         elif ex.state == WAITING:
             if (self.raw is None and self.reused and not ex.retried and ex.body == NO_BODY
-                    and ex.method in w.IDEMPOTENT_METHODS):
+                    and ex.method in IDEMPOTENT_METHODS):
                 client.retry(ex)  # a stale keep-alive connection; the request is safe to repeat
             else:
                 sandbox_id = ex.route.sandbox_id if ex.route else None
@@ -379,52 +398,68 @@ class UpstreamConnection:
             pos += 2
         end = raw.find(b"\r\n\r\n", pos)
         self.raw_pos = end + 4
-        parser = self.parser
-        status = parser.get_status_code()
-        if status < 200:
-            if status != 101:
-                self.interim = True  # 100/102/103: the client gets only the final response
-                return
-            if not ex.websocket:
-                self.broken = True  # answered by the upgrade handling with a 502
-                return
+        status = self.parser.get_status_code()
+        if status < 200 and self._not_final(ex, status):
+            return
         ex.status = status
         ex.upstream_time = perf_counter() - ex.sent_at
         head = raw[pos:end]
         low = head.lower()
         match = _find_hop_by_hop(low)
-        coding = w.CODING_NONE
+        coding = CODING_NONE
         if match is not None:
-            head, coding = w.strip_hop_by_hop(head, low, match)
+            head, coding = strip_hop_by_hop(head, low, match)
         if not head.startswith(b"HTTP/1.1 "):
             head = b"HTTP/1.1" + head[8:]
-        keyed = ex.keyed
-        if keyed is not None:
-            head = private_to_caches(head, low)
-            if b"\r\nclear-site-data:" in low:
-                head = without_clear_site_data(head)
-            if keyed.prefix is not None:
-                if b"\r\nlocation:" in low or b"\r\nset-cookie:" in low:
-                    head = w.rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
-                if keyed.shared_origin:
-                    head += PATH_MODE_HEADERS  # no page, no script, no referrer on the origin all sandboxes share
-            elif b"\r\nset-cookie:" in low:
-                head = w.host_only_cookies(head)
-        if low.find(b"\r\nx-request-id:") < 0:  # the client can quote it; a sandbox's own one is kept
+        if ex.keyed is not None:
+            head = self._keyed_head(ex, head, low)
+        if b"\r\nx-request-id:" not in low:  # the client can quote it; a sandbox's own one is kept
             head += b"\r\nX-Request-Id: " + ex.request_id  # type: ignore[operator]
-        if (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10
-                and parser.should_keep_alive() and ex.method != b"HEAD" and not self.plane.draining):
+        if self._passes_through(ex, status):
             # The common case: a keep-alive response with its own framing (Content-Length or
             # chunked; llhttp would not call it keep-alive otherwise), passed through as it is.
             self.framing = F_PASS
             self.head_out = head + b"\r\n\r\n"
-            if low.find(b"event-stream") >= 0 and w.is_event_stream(low):
+            if b"event-stream" in low and is_event_stream(low):
                 ex.protocol = "sse"
-                self.sse_end = w.CHUNK_END if low.find(b"\r\ntransfer-encoding:") >= 0 else None
+                self.sse_end = CHUNK_END if b"\r\ntransfer-encoding:" in low else None
                 self.plane.stream_began(ex)
         else:
             self._frame(ex, status, head, low, coding)
         ex.state = BODY
+
+    def _not_final(self, ex: Exchange, status: int) -> bool:
+        """A 1xx head: True when it is not the response the client gets (an interim 100/102/103, or a
+        101 to a request that asked for no upgrade, which the upgrade handling answers with a 502)."""
+        if status != 101:
+            self.interim = True
+            return True
+        if not ex.websocket:
+            self.broken = True
+            return True
+        return False
+
+    def _passes_through(self, ex: Exchange, status: int) -> bool:
+        """Whether the response goes to the client with its own framing on a connection both sides keep."""
+        return (status < 300 and status != 204 and ex.keep_alive and ex.req_done and not ex.version10
+                and self.parser.should_keep_alive() and ex.method != b"HEAD" and not self.plane.draining)
+
+    def _keyed_head(self, ex: Exchange, head: bytes, low: bytes) -> bytes:
+        """A keyed request's response head (gateway/proxy/_browser.py): private to caches, no
+        Clear-Site-Data; in path mode Location and Set-Cookie put under the prefix (and the shared
+        origin's headers), in host mode cookies host-only."""
+        keyed = ex.keyed
+        head = private_to_caches(head, low)
+        if b"\r\nclear-site-data:" in low:
+            head = without_clear_site_data(head)
+        if keyed.prefix is not None:
+            if b"\r\nlocation:" in low or b"\r\nset-cookie:" in low:
+                head = rewrite_under_prefix(head, keyed.prefix, self._authorities(ex))
+            if keyed.shared_origin:
+                head += PATH_MODE_HEADERS  # no page, no script, no referrer on the origin all sandboxes share
+        elif b"\r\nset-cookie:" in low:
+            head = host_only_cookies(head)
+        return head
 
     def _authorities(self, ex: Exchange) -> tuple[bytes, ...]:
         """The hosts an absolute Location may name and still mean this sandbox in path mode: the one
@@ -435,46 +470,28 @@ class UpstreamConnection:
     def _frame(self, ex: Exchange, status: int, head: bytes, low: bytes, coding: int) -> None:
         """Choose how the body reaches the client, and the head's Connection line, in general."""
         close = not ex.keep_alive or not ex.req_done or self.plane.draining
-        has_length = low.find(b"\r\ncontent-length:") >= 0
-        extra = b""
-        if status == 101:
-            framing = F_NONE
-            extra = w.WS_UPGRADE
-        elif status == 204 or status == 304 or ex.method == b"HEAD":
-            framing = F_NONE
-            if ex.method == b"HEAD":
-                # httptools cannot be told the request was HEAD: the message ends here, and
-                # the next one starts on a fresh parser.
-                self.done = True
-                self.keep = self.parser.should_keep_alive()
-        elif coding == w.CODING_CHUNKED or (has_length and coding == w.CODING_NONE):
-            framing = F_PASS
-            if ex.version10 and coding == w.CODING_CHUNKED:
-                framing = F_DECHUNK
-                head = w.without_transfer_encoding(head)
-                self.dechunker = _Dechunker()
-                close = True
-        elif coding == w.CODING_OTHER:
-            framing = F_RAW  # e.g. "Transfer-Encoding: gzip": as it came, delimited by closing
-            close = True
-        elif not ex.version10:
-            framing = F_RECHUNK
-            extra = w.TE_CHUNKED
-        else:
-            framing = F_RAW
-            close = True
+        framing, extra = _framing(ex, status, coding, b"\r\ncontent-length:" in low)
+        if framing == F_NONE and status != 101 and ex.method == b"HEAD":
+            # httptools cannot be told the request was HEAD: the message ends here, and
+            # the next one starts on a fresh parser.
+            self.done = True
+            self.keep = self.parser.should_keep_alive()
+        elif framing == F_DECHUNK:
+            head = without_transfer_encoding(head)
+            self.dechunker = _Dechunker()
+        close = close or framing == F_DECHUNK or framing == F_RAW  # these end where the connection does
         self.framing = framing
         ex.close_after = close
         if close:
             if status != 101:
-                extra += w.CONN_CLOSE
+                extra += CONN_CLOSE
         elif ex.version10:
-            extra += w.CONN_KEEP_ALIVE
-        self.head_out = b"".join((head, w.CRLF, extra, w.CRLF))
-        if framing != F_NONE and w.is_event_stream(low):
+            extra += CONN_KEEP_ALIVE
+        self.head_out = b"".join((head, CRLF, extra, CRLF))
+        if framing != F_NONE and is_event_stream(low):
             ex.protocol = "sse"
-            chunked = framing == F_RECHUNK or (framing == F_PASS and coding == w.CODING_CHUNKED)
-            self.sse_end = w.CHUNK_END if chunked else b"" if framing != F_PASS else None
+            chunked = framing == F_RECHUNK or (framing == F_PASS and coding == CODING_CHUNKED)
+            self.sse_end = CHUNK_END if chunked else b"" if framing != F_PASS else None
             self.plane.stream_began(ex)
 
     def on_message_complete(self) -> None:

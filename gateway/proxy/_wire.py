@@ -15,7 +15,7 @@ from http import HTTPStatus
 
 from gateway.access import COOKIE_NAME
 from gateway.errors import BadRequest, GatewayError, error_body, render, wants_html
-from gateway.proxy._admission import (  # noqa: F401  # the rules, as _request.py reads them (w.R_ORG...)
+from gateway.proxy._admission import (  # noqa: F401  # the rules, as _request.py imports them
     IDENTITY_HEADER_NAMES, R_AUTH, R_BOT, R_CL, R_CONNECTION, R_COOKIE, R_DROP, R_EXPECT, R_HOST, R_ORG, R_PASS,
     R_REQUEST_ID, R_SANDBOX_ID, R_SANDBOX_NS, R_SANDBOX_PORT, R_SESSION, R_TE, R_TIMEOUT, R_UPGRADE, R_USER, R_XFF,
     REQUEST_HEADERS, REQUEST_HEADERS_EXACT, SANDBOX_HEADER_PREFIXES)
@@ -24,7 +24,7 @@ from gateway.proxy._browser import sandbox_cookie
 # -- request headers ----------------------------------------------------------
 # What each request header means (identity, credentials, the router's X-Sandbox-* vocabulary, hop-by-hop) is
 # the admission's rules (gateway/proxy/_admission.py, imported above), the one place every front door takes
-# them from; gateway/proxy/_request.py reads them here as w.REQUEST_HEADERS_EXACT, w.R_ORG, ...
+# them from; gateway/proxy/_request.py imports them from here
 
 ACCESS_COOKIE = COOKIE_NAME.encode() + b"="  # the access-token cookie, cut out of Cookie (never forwarded)
 HOST_ACCESS_COOKIE = b"__Host-" + ACCESS_COOKIE  # its name where the scheme is https (host mode)
@@ -49,8 +49,8 @@ CODING_OTHER = 2    # some other coding last: the body ends when the connection 
 def strip_hop_by_hop(head: bytes, low: bytes, match: re.Match[bytes]) -> tuple[bytes, int]:
     """``head`` without its hop-by-hop lines (``match`` is the first) except Transfer-Encoding, and
     headers named in Connection; and what the Transfer-Encoding says (CODING_*)."""
-    name = match.group(1)
-    if name == b"connection" and match.group(2).strip() in CONNECTION_OPTIONS:
+    name = match[1]
+    if name == b"connection" and match[2].strip() in CONNECTION_OPTIONS:
         # The usual case: one "Connection: keep-alive" line.
         start, end = match.span()
         if HOP_BY_HOP.search(low, end) is None:
