@@ -27,8 +27,11 @@ is cluster-safe)::
                                                       holds its head (pool, s, created ms), "=" its owner. A
                                                       listpack for ordinary IDs (every value <= 64 bytes)
     {P}:idx                    zset    none           sandbox_id -> last_active, one entry per record: the
-                                                      index that listing and reaping page through
+                                                      index that listing pages through
                                                       (scan_sandboxes: INDEX_PAGE, bounded per call)
+    {P}:ix:<state>:<pool>      zset    none           sandbox_id -> last_active, the records in that state
+                                                      of that pool: filtered listings and the reaper
+                                                      (gateway.store.redis_fleet)
     {P}:count:pool             hash    none           pool -> live (all but suspended) records (caps)
     {P}:count:org              hash    none           org_id -> live (all but suspended) records (caps)
     {P}:count:state            hash    none           "<state>:<pool>" -> live records (the gauges)
@@ -115,12 +118,13 @@ from gateway.errors import StoreUnavailable
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store import redis_scripts as lua
 from gateway.store.base import (
-    ANY_SANDBOX, UNSETTLED_STATES, Caps, CapScope, FleetCounts, Invalidation, NotReserved, Position, Released,
-    Reservation, Reserved, SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
+    UNSETTLED_STATES, Caps, CapScope, Invalidation, NotReserved, Released, Reservation, Reserved, Settled, Settlement,
+    SettleTimeout,
 )
 from gateway.store import redis_codec as codec
 from gateway.store.redis_connect import close_pool, connection_pool, healthy_replicas
 from gateway.store.redis_errors import translated
+from gateway.store.redis_fleet import RedisFleet
 from gateway.store.redis_limits import RedisLimitLedger
 from gateway.store.redis_listener import RedisListener
 from gateway.store.redis_scripts import RedisKeys
@@ -142,7 +146,7 @@ async def _read_again_on_timeout(script: Any, **call: Any) -> Any:
     except redis_errors.TimeoutError:
         return await script(**call)
 
-class RedisStore:
+class RedisStore(RedisFleet):
     """``SessionStore`` shared by every replica of one installation (``prefix``).
 
     ``replica_id`` must be unique per process: it owns this process's stream
@@ -210,9 +214,7 @@ class RedisStore:
         self._extend_lease = self._redis.register_script(lua.EXTEND_LEASE)
         self._acquire_lease = self._redis.register_script(lua.ACQUIRE_LEASE)
         self._release_lease = self._redis.register_script(lua.RELEASE_LEASE)
-        self._index_page = self._redis.register_script(lua.INDEX_PAGE)
-        self._read_records = self._redis.register_script(lua.READ_RECORDS)
-        self._read_matching = self._redis.register_script(lua.READ_MATCHING)
+        self._register_fleet_scripts()
         self._origin = uuid.uuid4().hex  # tells this instance's invalidations from other replicas'
         self._listener = RedisListener(self._redis, self.keys, self._origin, connect_timeout=connect_timeout,
                                        on_remote_release=self._forget_streams)
@@ -278,53 +280,6 @@ class RedisStore:
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
         found = await self._read_sandbox(sandbox_id)
         return None if found is None else found[0]
-
-    @translated("list sandboxes")
-    async def scan_sandboxes(self, after: Position | None, *, limit: int, scan: int,
-                             before: float = math.inf, where: SandboxFilter = ANY_SANDBOX) -> SandboxPage:
-        flat = await self._index_page(
-            keys=[self.keys.sandboxes],
-            args=["" if after is None else codec.num(after.last_active), "" if after is None else after.sandbox_id,
-                  codec.num(before), scan])
-        entries = [Position(float(flat[i + 1]), flat[i]) for i in range(0, len(flat), 2)]
-        more = len(entries) > scan
-        entries = entries[:scan]
-        if not where.any:
-            return await self._scan_matching(entries, more, limit, where)
-        by_id = {r.sandbox_id: r for r in await self._read_many(entries)}
-        found: list[SandboxRecord] = []
-        for index, entry in enumerate(entries):
-            record = by_id.get(entry.sandbox_id)  # released between the two reads: skipped
-            if record is not None and where.matches(record):
-                found.append(record)
-                if len(found) == limit:
-                    more = more or index + 1 < len(entries)
-                    entries = entries[:index + 1]
-                    break
-        return SandboxPage(found, entries[-1] if more and entries else None)
-
-    @translated("look up sandboxes")
-    async def existing_sandboxes(self, sandbox_ids: Sequence[str]) -> set[str]:
-        if not sandbox_ids:
-            return set()
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for sandbox_id in sandbox_ids:
-                pipe.exists(self.keys.sandbox(sandbox_id))
-            found = await pipe.execute()
-        return {sandbox_id for sandbox_id, exists in zip(sandbox_ids, found, strict=True) if exists}
-
-    @translated("count sandboxes")
-    async def fleet_counts(self) -> FleetCounts:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self.keys.count_state)
-            pipe.hgetall(self.keys.count_sessions)
-            by_state, by_pool = await pipe.execute()
-        sandboxes: dict[tuple[str, SandboxState], int] = {}
-        for name, count in by_state.items():
-            state, _, pool = name.partition(":")
-            if state in SandboxState.__members__.values() and int(count) > 0:
-                sandboxes[pool, SandboxState(state)] = int(count)
-        return FleetCounts(sandboxes, {pool: int(n) for pool, n in by_pool.items() if int(n) > 0})
 
     @translated("reserve a sandbox")
     async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
@@ -446,17 +401,6 @@ class RedisStore:
                 # "ready", another incarnation's message, or a pub/sub reconnect: read again
 
     # activity and streams -----------------------------------------------
-    @translated("record activity")
-    async def touch(self, sandboxes: Mapping[str, float], sessions: Mapping[str, float]) -> None:
-        if not sandboxes and not sessions:
-            return
-        async with self._redis.pipeline(transaction=False) as pipe:
-            if sandboxes:
-                pipe.zadd(self.keys.sandboxes, dict(sandboxes), xx=True, gt=True)
-            if sessions:
-                pipe.zadd(self.keys.session_seen, dict(sessions), xx=True, gt=True)
-            await pipe.execute()
-
     @translated("list idle sessions")
     async def idle_sessions(self, before: float, limit: int) -> list[str]:
         return await self._redis.zrangebyscore(self.keys.session_seen, "-inf", f"({codec.num(before)}",
@@ -630,31 +574,6 @@ class RedisStore:
         view = await _read_again_on_timeout(self._get_sandbox, keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes],
                                             args=[sandbox_id])
         return None if view is None else codec.record_of(sandbox_id, view)
-
-    async def _scan_matching(self, entries: list[Position], more: bool, limit: int,
-                             where: SandboxFilter) -> SandboxPage:
-        """A filtered page: the filter runs in Redis (READ_MATCHING), so only the matches cross the wire
-        and are decoded, not every record examined (120 ms for a page at 1,000,000 otherwise)."""
-        if not entries:
-            return SandboxPage([], None)
-        reply = await self._read_matching(
-            keys=[self.keys.sandbox(entry.sandbox_id) for entry in entries],
-            args=[where.state.value if where.state is not None else "", where.pool or "", where.org_id or "", limit])
-        examined, found = int(reply[0]), []
-        for i in range(1, len(reply), 2):
-            entry = entries[int(reply[i]) - 1]
-            found.append(codec.record_of(entry.sandbox_id, [*reply[i + 1], codec.num(entry.last_active)])[0])
-        more = more or examined < len(entries)
-        return SandboxPage(found, entries[examined - 1] if more and examined else None)
-
-    async def _read_many(self, entries: list[Position]) -> list[SandboxRecord]:
-        """The records of index entries, in one script call (the index gave the last activity
-        already); a record released in between is left out."""
-        if not entries:
-            return []
-        fields = await self._read_records(keys=[self.keys.sandbox(entry.sandbox_id) for entry in entries])
-        return [codec.record_of(entry.sandbox_id, [*view, codec.num(entry.last_active)])[0]
-                for entry, view in zip(entries, fields, strict=True) if view[0] is not None]
 
     async def _sync_streams(self) -> None:
         """Write the heartbeat and every unsynced stream count, in one MULTI."""

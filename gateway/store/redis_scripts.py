@@ -13,8 +13,8 @@ as a listpack, and no per-sandbox set. It holds the record, while there is one,
 and the sessions bound to the sandbox, while there are any (so the key lives as
 long as either):
 
-``s``  state: ``creating`` | ``ready`` | ``suspending`` | ``suspended`` | ``resuming`` (``failed``/``deleting``
-       are never stored); present iff a record is
+``s``  state: ``creating`` | ``ready`` | ``suspending`` | ``suspended`` | ``resuming`` | ``deleting`` (the
+       reaper's delete in progress; ``failed`` is never stored); present iff a record is
 ``p``  pool        ``o``  org the caps count by (absent: no org)        ``c``  created_at
 ``e``  endpoint ``"<scheme> <host> <port>"`` (absent while creating)
 ``l``  creation, suspend or resume lease deadline (the store's clock), ``0`` once ready or suspended
@@ -27,9 +27,10 @@ long as either):
        binding's head (pool, isolation, created) and ``=`` its tail (the owner), each short enough
        for a listpack; that session has no ``b:`` key, and no ``seen`` entry while a record exists
 
-A record in any state but ``suspended`` is *live* and counted once in ``count:pool[pool]`` and
-(when it has an org) ``count:org[org]``; every record is counted once in
-``count:state["<state>:<pool>"]``; every script that changes a state keeps that true.
+A record in any state but ``suspended`` and ``deleting`` is *live* and counted once in ``count:pool[pool]``
+and (when it has an org) ``count:org[org]``; every record is counted once in
+``count:state["<state>:<pool>"]`` and listed once in the zset ``ix:<state>:<pool>`` (scored like ``idx``);
+every script that changes a state keeps that true (``restate``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class RedisKeys:
 
     # Fixed parts of the variable keys; kept prefix-free (tests check it). Short on purpose:
     # a key name is paid for once per session or sandbox.
-    VARIABLE = ("b:", "s:", "streams:", "replica:", "lease:")
+    VARIABLE = ("b:", "s:", "streams:", "replica:", "lease:", "ix:")
     FIXED = ("seen", "idx", "count:pool", "count:org", "count:state", "count:sessions", "epoch")
 
     def __init__(self, prefix: str) -> None:
@@ -75,6 +76,10 @@ class RedisKeys:
     def lease(self, name: str) -> str:
         return self._base + "lease:" + name
 
+    def state_index(self, state: str, pool: str) -> str:
+        """The zset of the records in ``state`` of ``pool`` (the scripts name it the same way: ``restate``)."""
+        return self._base + "ix:" + state + ":" + pool
+
 
 # Shared helpers, prepended to the scripts that need them.
 _HELPERS = """
@@ -93,7 +98,46 @@ local function uncount(key, field)
   if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
 end
 local function is_live(state)
-  return state ~= 'suspended'
+  return state ~= 'suspended' and state ~= 'deleting'
+end
+-- count:state fields are '<state>:<pool>' (states hold no ':'): the gauges read one small hash. The
+-- same pair names the record's entry in its state-and-pool index ('ix:<state>:<pool>', scored like idx:
+-- the filtered listings and the reaper read it), moved here by every script that changes a state or
+-- drops a record, so the two cannot drift; called after idx has the record's final score.
+-- These index keys are named inside the script (from the record's own pool): they carry the same
+-- {prefix} hash tag as the declared keys, so every script still touches one slot (what Redis Cluster checks).
+local function restate(key, pool, from, to, index_key, id)
+  if not pool then return end
+  local base = string.sub(key, 1, -12)  -- key is '<base>count:state'
+  if from then
+    uncount(key, from .. ':' .. pool)
+    redis.call('ZREM', base .. 'ix:' .. from .. ':' .. pool, id)
+  end
+  if to then
+    redis.call('HINCRBY', key, to .. ':' .. pool, 1)
+    redis.call('ZADD', base .. 'ix:' .. to .. ':' .. pool, redis.call('ZSCORE', index_key, id), id)
+  end
+end
+-- a suspending or resuming record (cur: its s, p, o) -> suspended: no endpoint, not counted by the caps,
+-- last activity = now (retention counts from it)
+local function to_suspended(cur, sandbox_key, index_key, pool_key, org_key, state_key, id, now)
+  if cur[2] then uncount(pool_key, cur[2]) end
+  if cur[3] then uncount(org_key, cur[3]) end
+  redis.call('HSET', sandbox_key, 's', 'suspended', 'l', '0')
+  redis.call('HDEL', sandbox_key, 'e')
+  redis.call('ZADD', index_key, now, id)
+  restate(state_key, cur[2], cur[1], 'suspended', index_key, id)
+end
+-- forget a record (found: its view): its counts, its index entries; the sessions bound stay in the hash
+local function release(found, sandbox_key, index_key, pool_key, org_key, state_key, id)
+  local state, pool, org = found[1], found[2], found[3]
+  if is_live(state) then
+    if pool then uncount(pool_key, pool) end
+    if org then uncount(org_key, org) end
+  end
+  restate(state_key, pool, state, nil, index_key, id)
+  drop_record(sandbox_key)
+  redis.call('ZREM', index_key, id)
 end
 -- the session whose binding is folded into this sandbox's hash (its '=' field), or nil: only a
 -- per-session sandbox has one, and only its own session is bound to it, so its hash is small
@@ -103,12 +147,6 @@ local function folded_session(sandbox_key)
     if string.sub(name, 1, 1) == '+' then return string.sub(name, 2) end
   end
   return nil
-end
--- count:state fields are '<state>:<pool>' (states hold no ':'): the gauges read one small hash
-local function restate(key, pool, from, to)
-  if not pool then return end
-  if from then uncount(key, from .. ':' .. pool) end
-  if to then redis.call('HINCRBY', key, to .. ':' .. pool, 1) end
 end
 """
 
@@ -221,20 +259,20 @@ if state then
       redis.call('HINCRBY', KEYS[3], pool, 1)
       if org then redis.call('HINCRBY', KEYS[4], org, 1) end
     end
-    restate(KEYS[5], pool, state, 'resuming')
+    restate(KEYS[5], pool, state, 'resuming', KEYS[2], ARGV[2])
     redis.call('HSET', KEYS[1], 's', 'resuming', 'l', ARGV[8], 'g', ARGV[10])
     return {'resume', unpack(view(KEYS[1], KEYS[2], ARGV[2]))}
   end
-  if not (state == 'creating' and expired) then
+  if not ((state == 'creating' or state == 'deleting') and expired) then
     return {'existing', unpack(view(KEYS[1], KEYS[2], ARGV[2]))}
   end
-  stale = cur  -- a creation whose creator's lease expired: take it over
+  stale = cur  -- a creation (or a reaper's delete) whose holder's lease expired: take it over
 end
 local has_org = ARGV[5] == '1'
 local pool_live = tonumber(redis.call('HGET', KEYS[3], ARGV[3]) or '0')
 local org_live = 0
 if has_org then org_live = tonumber(redis.call('HGET', KEYS[4], ARGV[4]) or '0') end
-if stale then
+if stale and is_live(stale[1]) then
   -- the stale record is live and counted, but it does not count against its own takeover
   if stale[4] == ARGV[3] then pool_live = pool_live - 1 end
   if has_org and stale[5] == ARGV[4] then org_live = org_live - 1 end
@@ -242,20 +280,22 @@ end
 if ARGV[6] ~= '' and pool_live >= tonumber(ARGV[6]) then return {'cap', 'pool'} end
 if has_org and ARGV[7] ~= '' and org_live >= tonumber(ARGV[7]) then return {'cap', 'org'} end
 if stale then
-  if stale[4] then uncount(KEYS[3], stale[4]) end
-  if stale[5] then uncount(KEYS[4], stale[5]) end
-  restate(KEYS[5], stale[4], stale[1], nil)
+  if is_live(stale[1]) then
+    if stale[4] then uncount(KEYS[3], stale[4]) end
+    if stale[5] then uncount(KEYS[4], stale[5]) end
+  end
+  restate(KEYS[5], stale[4], stale[1], nil, KEYS[2], ARGV[2])
   drop_record(KEYS[1])
 end
 redis.call('HSET', KEYS[1], 's', 'creating', 'l', ARGV[8], 'g', ARGV[10], 'p', ARGV[3])
 if #ARGV > 12 then redis.call('HSET', KEYS[1], unpack(ARGV, 13)) end
 redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
-restate(KEYS[5], ARGV[3], nil, 'creating')
 if has_org then
   redis.call('HSET', KEYS[1], 'o', ARGV[4])
   redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
 end
 redis.call('ZADD', KEYS[2], ARGV[9], ARGV[2])
+restate(KEYS[5], ARGV[3], nil, 'creating', KEYS[2], ARGV[2])
 local folded = folded_session(KEYS[1])
 if folded then redis.call('ZREM', KEYS[6], folded) end  -- it lives as long as this record now
 if stale then redis.call('PUBLISH', ARGV[11], ARGV[12]) end
@@ -271,12 +311,12 @@ MARK_READY = _HELPERS + """
 -- ARGV[6] now: becoming ready is activity (a creation or wake that took longer than an idle timeout, or a
 --         record suspended long ago, is not idle the moment it is ready)
 -- returns the ready record's view and then the state it came from; false (nil) when there is no record
--- to complete (none, or suspended)
+-- to complete (none, suspended, or being deleted)
 local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'g')
-if not cur[1] or cur[1] == 'suspending' or cur[1] == 'suspended' then return false end
-restate(KEYS[3], cur[2], cur[1], 'ready')
+if not cur[1] or cur[1] == 'suspending' or cur[1] == 'suspended' or cur[1] == 'deleting' then return false end
 redis.call('HSET', KEYS[1], 's', 'ready', 'e', ARGV[2], 'l', '0')
 redis.call('ZADD', KEYS[2], 'GT', ARGV[6], ARGV[1])
+restate(KEYS[3], cur[2], cur[1], 'ready', KEYS[2], ARGV[1])
 redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = cur[3] or '', state = 'ready'}))
 if cur[1] == 'resuming' then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
 local v = view(KEYS[1], KEYS[2], ARGV[1])
@@ -298,23 +338,15 @@ if ARGV[6] ~= '' then
   if not found then return -1 end
   if not (found[1] == 'ready' and found[5] == ARGV[6]) then return 0 end
 end
-local gen = ''
 if found then
-  local state, pool, org = found[1], found[2], found[3]
-  if is_live(state) then
-    if pool then uncount(KEYS[3], pool) end
-    if org then uncount(KEYS[4], org) end
-  end
-  restate(KEYS[6], pool, state, nil)
-  gen = found[7] or ''
-  drop_record(KEYS[1])
-  redis.call('ZREM', KEYS[2], ARGV[1])
+  release(found, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], ARGV[1])
   local folded = folded_session(KEYS[1])
   if folded then redis.call('ZADD', KEYS[7], ARGV[7], folded) end
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
 redis.call('DEL', KEYS[5])
-redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = gen, state = 'removed', error = ARGV[2]}))
+redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = found and found[7] or '', state = 'removed',
+                                             error = ARGV[2]}))
 return found
 """
 
@@ -330,7 +362,7 @@ if ARGV[5] ~= '' then
   local at = redis.call('ZSCORE', KEYS[2], ARGV[1])
   if at and tonumber(at) >= tonumber(ARGV[5]) then return false end
 end
-restate(KEYS[3], cur[2], 'ready', 'suspending')
+restate(KEYS[3], cur[2], 'ready', 'suspending', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], 's', 'suspending', 'l', ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return view(KEYS[1], KEYS[2], ARGV[1])
@@ -339,10 +371,10 @@ return view(KEYS[1], KEYS[2], ARGV[1])
 EXTEND_LEASE = """
 -- KEYS[1] sandbox hash
 -- ARGV[1] the lease deadline the caller holds  ARGV[2] the new deadline
--- returns 1 when the record is creating, suspending or resuming under that very deadline (now ARGV[2]);
+-- returns 1 when the record is creating, suspending, resuming or deleting under that very deadline (now ARGV[2]);
 -- 0 when the caller holds it no more (settled, released, or taken over: a takeover writes a new deadline)
 local cur = redis.call('HMGET', KEYS[1], 's', 'l')
-if cur[1] ~= 'creating' and cur[1] ~= 'suspending' and cur[1] ~= 'resuming' then return 0 end
+if cur[1] ~= 'creating' and cur[1] ~= 'suspending' and cur[1] ~= 'resuming' and cur[1] ~= 'deleting' then return 0 end
 if tonumber(cur[2] or '0') ~= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'l', ARGV[2])
 return 1
@@ -356,47 +388,157 @@ MARK_SUSPENDED = _HELPERS + """
 -- returns the suspended record's view; false (nil) unless it was suspending or resuming (nothing changed)
 local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'o', 'g')
 if cur[1] ~= 'suspending' and cur[1] ~= 'resuming' then return false end
-if cur[2] then uncount(KEYS[3], cur[2]) end
-if cur[3] then uncount(KEYS[4], cur[3]) end
-restate(KEYS[5], cur[2], cur[1], 'suspended')
-redis.call('HSET', KEYS[1], 's', 'suspended', 'l', '0')
-redis.call('HDEL', KEYS[1], 'e')
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+to_suspended(cur, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2])
 redis.call('PUBLISH', ARGV[4], cjson.encode({id = ARGV[1], gen = cur[4] or '', state = 'suspended', error = ARGV[3]}))
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return view(KEYS[1], KEYS[2], ARGV[1])
 """
 
 INDEX_PAGE = """
--- KEYS[1] sandboxes zset (sandbox id -> last_active)
+-- KEYS[1..n] zsets (sandbox id -> last_active): idx, or the state-and-pool indexes a filter names
 -- ARGV[1] the cursor's last_active ('' = from the start)  ARGV[2] the cursor's sandbox id
 -- ARGV[3] before (exclusive upper bound on last_active)  ARGV[4] how many entries at most
--- returns {id, score, id, score, ...}: the entries after the cursor in (score, id) order with
+-- returns {id, score, id, score, ...}: the entries after the cursor in (score, id) order over every key with
 -- score < before, at most ARGV[4] of them plus one more (which tells the caller whether more follow).
--- Bounded whatever the index size: ZSCORE/ZRANK/ZCOUNT and one ZRANGE by rank, all O(log n + count).
-local start = 0
-if ARGV[1] ~= '' then
-  local at = tonumber(ARGV[1])
-  local score = redis.call('ZSCORE', KEYS[1], ARGV[2])
-  if score and tonumber(score) == at then
-    start = redis.call('ZRANK', KEYS[1], ARGV[2]) + 1
-  else
-    -- the cursor's entry moved or went: start at its score, after the ties ordered before its id
-    start = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[1])
-    while true do
-      local tie = redis.call('ZRANGE', KEYS[1], start, start, 'WITHSCORES')
-      if #tie == 0 or tonumber(tie[2]) ~= at or tie[1] > ARGV[2] then break end
-      start = start + 1
+-- Bounded whatever the index sizes: per key ZSCORE/ZRANK/ZCOUNT and one ZRANGE by rank, O(log n + count).
+local count, before = tonumber(ARGV[4]), tonumber(ARGV[3])
+local merged = {}
+for _, key in ipairs(KEYS) do
+  local start = 0
+  if ARGV[1] ~= '' then
+    local at = tonumber(ARGV[1])
+    local score = redis.call('ZSCORE', key, ARGV[2])
+    if score and tonumber(score) == at then
+      start = redis.call('ZRANK', key, ARGV[2]) + 1
+    else
+      -- the cursor's entry moved or went (or is in another key): start at its score, after the ties before its id
+      start = redis.call('ZCOUNT', key, '-inf', '(' .. ARGV[1])
+      while true do
+        local tie = redis.call('ZRANGE', key, start, start, 'WITHSCORES')
+        if #tie == 0 or tonumber(tie[2]) ~= at or tie[1] > ARGV[2] then break end
+        start = start + 1
+      end
     end
   end
+  local entries = redis.call('ZRANGE', key, start, start + count, 'WITHSCORES')
+  for i = 1, #entries, 2 do
+    local score = tonumber(entries[i + 1])
+    if score >= before then break end
+    merged[#merged + 1] = {score, entries[i], entries[i + 1]}
+  end
 end
-local entries = redis.call('ZRANGE', KEYS[1], start, start + tonumber(ARGV[4]), 'WITHSCORES')
-local before = tonumber(ARGV[3])
+if #KEYS > 1 then
+  table.sort(merged, function(a, b) if a[1] ~= b[1] then return a[1] < b[1] end return a[2] < b[2] end)
+end
 local out = {}
-for i = 1, #entries, 2 do
-  if tonumber(entries[i + 1]) >= before then break end
-  out[#out + 1] = entries[i]
-  out[#out + 1] = entries[i + 1]
+for i = 1, math.min(#merged, count + 1) do
+  out[#out + 1] = merged[i][2]
+  out[#out + 1] = merged[i][3]
+end
+return out
+"""
+
+TOUCH = """
+-- KEYS[1] sandboxes index  KEYS[2] seen zset  KEYS[3..n+2] the hashes of the n sandboxes in ARGV
+-- ARGV[1] n  ARGV[2..2n+1] sandbox id, time pairs  ARGV[2n+2..] session id, time pairs
+-- activity only moves forward (GT), and only for entries that exist (XX): in idx and in the record's
+-- state-and-pool index alike (named as restate names it, under the same hash tag)
+local base = string.sub(KEYS[1], 1, -4)  -- KEYS[1] is '<base>idx'
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  local id, at = ARGV[2 * i], ARGV[2 * i + 1]
+  if redis.call('ZADD', KEYS[1], 'XX', 'GT', 'CH', at, id) == 1 then
+    local h = redis.call('HMGET', KEYS[2 + i], 's', 'p')
+    if h[1] and h[2] then redis.call('ZADD', base .. 'ix:' .. h[1] .. ':' .. h[2], 'XX', 'GT', at, id) end
+  end
+end
+for j = 2 * n + 2, #ARGV, 2 do
+  redis.call('ZADD', KEYS[2], 'XX', 'GT', ARGV[j + 1], ARGV[j])
+end
+return 0
+"""
+
+CLAIM_DUE = _HELPERS + """
+-- KEYS[1] sandboxes index  KEYS[2] count:pool hash  KEYS[3] count:org hash  KEYS[4] count:state hash
+-- KEYS[3 + 2i], KEYS[4 + 2i] claim i's sandbox hash and streams hash
+-- ARGV[1] now  ARGV[2] lease_until  ARGV[3] the claim's token (the records' new g)  ARGV[4] invalidate channel
+-- ARGV[5] this store's origin (for the invalidation messages)
+-- ARGV[1 + 5i .. 5 + 5i] claim i: sandbox id, the state the verdict saw ('ready' | 'suspended' | 'deleting': a
+-- reaper's delete whose lease lapsed), before (its activity must be older), the state it moves to
+-- ('suspending' | 'deleting'), '1' to refuse a record while streams are recorded for it
+-- returns per claim: 1 claimed (moved, under the lease and token; every replica drops its route);
+-- 0 not as the verdict saw it (nothing done); 2 streams are recorded for it (nothing done)
+local now = tonumber(ARGV[1])
+local out = {}
+for i = 1, (#KEYS - 4) / 2 do
+  local hash, streams, a = KEYS[3 + 2 * i], KEYS[4 + 2 * i], 5 * i
+  local id, seen, to = ARGV[a + 1], ARGV[a + 2], ARGV[a + 4]
+  local cur = redis.call('HMGET', hash, 's', 'p', 'o', 'l')
+  local due = cur[1] == seen
+  if due and seen == 'deleting' then
+    due = tonumber(cur[4] or '0') < now
+  elseif due then
+    local at = redis.call('ZSCORE', KEYS[1], id)
+    due = at and tonumber(at) < tonumber(ARGV[a + 3])
+  end
+  if not due then
+    out[i] = 0
+  elseif ARGV[a + 5] == '1' and redis.call('EXISTS', streams) == 1 then
+    out[i] = 2
+  else
+    if is_live(seen) and not is_live(to) then
+      if cur[2] then uncount(KEYS[2], cur[2]) end
+      if cur[3] then uncount(KEYS[3], cur[3]) end
+    end
+    redis.call('HSET', hash, 's', to, 'l', ARGV[2], 'g', ARGV[3])
+    restate(KEYS[4], cur[2], seen, to, KEYS[1], id)
+    redis.call('PUBLISH', ARGV[4], cjson.encode({ARGV[5], 'sandbox', id}))
+    out[i] = 1
+  end
+end
+return out
+"""
+
+FINISH_DUE = _HELPERS + """
+-- KEYS[1] sandboxes index  KEYS[2] count:pool hash  KEYS[3] count:org hash  KEYS[4] count:state hash
+-- KEYS[5] seen zset  KEYS[6] count:sessions hash  KEYS[5 + 2i], KEYS[6 + 2i] sandbox i's hash and streams hash
+-- ARGV[1] now  ARGV[2] the claim's token  ARGV[3] settled channel  ARGV[4] invalidate channel  ARGV[5] origin
+-- ARGV[4 + 2i] sandbox i's id  ARGV[5 + 2i] 's': its compute is gone, it is suspended now; 'd': it is deleted,
+-- its record goes, with the binding folded into its hash (a per-session sandbox's own session)
+-- returns per sandbox i two values: out[2i - 1] 0 when the record is not this claim's any more (taken over once
+-- its lease lapsed: left alone), 1 done, 2 deleted but sessions other than its folded one are still bound to
+-- it (the caller deletes them); out[2i] the folded session deleted with it ('' when none)
+local out = {}
+for i = 1, (#KEYS - 6) / 2 do
+  local hash, streams, id, kind = KEYS[5 + 2 * i], KEYS[6 + 2 * i], ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  local cur = redis.call('HMGET', hash, 's', 'p', 'o', 'g')
+  local want = 'deleting'
+  if kind == 's' then want = 'suspending' end
+  out[2 * i], out[2 * i - 1] = '', 0
+  if cur[1] == want and cur[4] == ARGV[2] then
+    if kind == 's' then
+      to_suspended(cur, hash, KEYS[1], KEYS[2], KEYS[3], KEYS[4], id, ARGV[1])
+      redis.call('PUBLISH', ARGV[3], cjson.encode({id = id, gen = ARGV[2], state = 'suspended', error = ''}))
+      out[2 * i - 1] = 1
+    else
+      release(cur, hash, KEYS[1], KEYS[2], KEYS[3], KEYS[4], id)
+      local folded = folded_session(hash)
+      if folded then
+        local head = redis.call('HGET', hash, '+' .. folded)
+        redis.call('HDEL', hash, '+' .. folded, '=')
+        uncount(hash, 'n')
+        redis.call('ZREM', KEYS[5], folded)
+        uncount(KEYS[6], string.match(head, '^[^\31]*'))
+        redis.call('PUBLISH', ARGV[4], cjson.encode({ARGV[5], 'session', folded}))
+        out[2 * i] = folded
+      end
+      redis.call('DEL', streams)
+      redis.call('PUBLISH', ARGV[3], cjson.encode({id = id, gen = ARGV[2], state = 'removed', error = ''}))
+      out[2 * i - 1] = 1
+      if redis.call('HEXISTS', hash, 'n') == 1 then out[2 * i - 1] = 2 end
+    end
+    redis.call('PUBLISH', ARGV[4], cjson.encode({ARGV[5], 'sandbox', id}))
+  end
 end
 return out
 """
