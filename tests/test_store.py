@@ -27,6 +27,8 @@ from tests.clock import FakeClock
 from tests.redis_server import RedisServer, free_port, redis_process, redis_server, redis_server_factory  # noqa: F401
 from routing import Isolation, per_session_sandbox_id
 from tests.store_contract import ENDPOINT, StoreContract, binding, record, still_waiting
+from tests.store_contract_fleet import FleetContract, every_transition
+from tests.store_contract import all_sandboxes
 
 ServerFactory = Callable[..., RedisServer]
 
@@ -68,6 +70,10 @@ async def store(request: pytest.FixtureRequest, clock: FakeClock, prefix: str) -
 
 
 class TestStoreContract(StoreContract):
+    pass
+
+
+class TestStoreFleetContract(FleetContract):
     pass
 
 
@@ -402,3 +408,26 @@ async def test_unreachable_redis_fails_fast(prefix: str) -> None:
         assert time.monotonic() - started < 3
     finally:
         await store.close()
+
+
+async def test_redis_state_indexes_hold_exactly_the_records(replicas: Callable[..., RedisStore]) -> None:
+    """Each record is in exactly one ix:<state>:<pool> zset, its own, with idx's score; nothing stale is
+    left behind (a listing skips released records, so only the keys themselves show that)."""
+    clock = FakeClock()
+    store, other = replicas("replica-a", clock=clock), replicas("replica-b", clock=clock)
+    await every_transition(store, clock)
+    await other.touch({"org-0": clock() + 9}, {})  # another replica's activity moves both indexes too
+    activity = dict(await store._redis.zrange(store.keys.sandboxes, 0, -1, withscores=True))
+    indexed: dict[str, tuple[str, float]] = {}
+    base = store.keys.state_index("", "")[:-len(":")]
+    async for key in store._redis.scan_iter(match=base.replace("{", "[{]") + "*"):
+        for sandbox_id, score in await store._redis.zrange(key, 0, -1, withscores=True):
+            assert sandbox_id not in indexed, f"{sandbox_id} is in two indexes"
+            indexed[sandbox_id] = (key, score)
+    records = {r.sandbox_id: r for r in await all_sandboxes(store)}
+    assert set(indexed) == set(records) == set(activity)
+    for sandbox_id, (key, score) in indexed.items():
+        record = records[sandbox_id]
+        assert key == store.keys.state_index(record.state.value, record.pool)
+        assert score == activity[sandbox_id] == record.last_active
+    assert activity["org-0"] == clock() + 9

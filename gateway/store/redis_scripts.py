@@ -528,7 +528,7 @@ for i = 1, (#KEYS - 6) / 2 do
         redis.call('HDEL', hash, '+' .. folded, '=')
         uncount(hash, 'n')
         redis.call('ZREM', KEYS[5], folded)
-        uncount(KEYS[6], string.match(head, '^[^\31]*'))
+        uncount(KEYS[6], string.match(head, '^[^\\31]*'))
         redis.call('PUBLISH', ARGV[4], cjson.encode({ARGV[5], 'session', folded}))
         out[2 * i] = folded
       end
