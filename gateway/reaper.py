@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+BACKFILL_BATCH = 5_000  # index entries one backfill call lists (a few ms of Redis time)
+
 Renewing = Callable[[SandboxRecord, float], contextlib.AbstractAsyncContextManager[None]]
 
 
@@ -75,6 +77,9 @@ class ReapPass:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deleted: list[str] = []
+        while not await self.store.backfill_indexes(BACKFILL_BATCH):  # records of an earlier version
+            if loop.time() - started >= self.tuning.reap_budget:
+                return deleted
         try:
             for name in sorted(pools):
                 for act in self._acts(name, pools[name]):

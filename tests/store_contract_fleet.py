@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.model import SandboxRecord, SandboxState
 import pytest
 
 from gateway.errors import CapacityExceeded
+from gateway.model import SandboxRecord, SandboxState
 from gateway.store.base import (
     Caps, CapScope, Claim, Due, NotReserved, Position, Reserved, SandboxFilter, SessionStore, Settled,
 )
+from gateway.store.redis import RedisStore
 from routing import per_session_sandbox_id
 from tests.clock import T0, FakeClock
 from tests.store_contract import ENDPOINT, all_sandboxes, binding, ready_at, record, still_waiting
@@ -66,6 +67,14 @@ async def every_transition(store: SessionStore, clock: FakeClock) -> None:
     await store.reserve_sandbox(record("org-5"), Caps(), 30)
     await store.mark_ready("org-5", ENDPOINT)
     await store.touch({"org-5": clock() + 1, "org-1": clock() + 2}, {})
+
+
+async def wipe_state_indexes(store: RedisStore) -> None:
+    """What a store written by the version before the state-and-pool indexes looks like."""
+    base = store.keys.state_index("", "")[:-len(":")]
+    async for key in store._redis.scan_iter(match=base.replace("{", "[{]") + "*"):
+        await store._redis.delete(key)
+    await store._redis.delete(store.keys.indexed)
 
 
 class FleetContract:

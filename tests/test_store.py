@@ -19,7 +19,7 @@ from redis import exceptions as redis_errors
 
 from gateway.errors import CapacityExceeded, StoreUnavailable
 from gateway.model import Binding, Owner, SandboxState
-from gateway.store.base import Caps, Reserved, SessionStore, Settled, Settlement
+from gateway.store.base import Caps, Reserved, SandboxFilter, SessionStore, Settled, Settlement
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisKeys, RedisStore
 from gateway.store.redis_errors import unavailable
@@ -27,7 +27,9 @@ from tests.clock import FakeClock
 from tests.redis_server import RedisServer, free_port, redis_process, redis_server, redis_server_factory  # noqa: F401
 from routing import Isolation, per_session_sandbox_id
 from tests.store_contract import ENDPOINT, StoreContract, binding, record, still_waiting
-from tests.store_contract_fleet import FleetContract, every_transition
+from tests.store_contract_fleet import (
+    FleetContract, assert_listings_match_records, every_transition, wipe_state_indexes,
+)
 from tests.store_contract import all_sandboxes
 
 ServerFactory = Callable[..., RedisServer]
@@ -431,3 +433,21 @@ async def test_redis_state_indexes_hold_exactly_the_records(replicas: Callable[.
         assert key == store.keys.state_index(record.state.value, record.pool)
         assert score == activity[sandbox_id] == record.last_active
     assert activity["org-0"] == clock() + 9
+
+
+async def test_records_of_an_earlier_version_are_backfilled_into_the_state_indexes(
+        replicas: Callable[..., RedisStore]) -> None:
+    clock = FakeClock()
+    store = replicas("replica-a", clock=clock)
+    await every_transition(store, clock)
+    for i in range(20):
+        await store.reserve_sandbox(record(f"old-{i}", pool="small"), Caps(), 30)
+    expected = await all_sandboxes(store)
+    await wipe_state_indexes(store)
+    upgraded = replicas("replica-b", clock=clock)
+    assert not await upgraded.backfill_indexes(7)  # a page of it
+    assert not await upgraded.backfill_indexes(7)
+    await assert_listings_match_records(upgraded)  # complete (a listing backfills its share, too)
+    assert await upgraded.backfill_indexes(7)  # done: the marker says so
+    small = await upgraded.scan_sandboxes(None, limit=100, scan=100, where=SandboxFilter(pool="small"))
+    assert [r.sandbox_id for r in small.records] == [r.sandbox_id for r in expected if r.pool == "small"]

@@ -210,6 +210,9 @@ class MemoryStore:
             self._publish(sandbox_id)
         return record
 
+    async def backfill_indexes(self, limit: int) -> bool:
+        return True  # nothing written before the indexes: scan_sandboxes filters as it reads
+
     async def claim_due(self, due: Sequence[Due], lease_until: float, token: str) -> list[Claim]:
         return [self._claim(one, lease_until, token) for one in due]
 

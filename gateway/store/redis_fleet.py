@@ -30,7 +30,12 @@ from gateway.store import redis_codec as codec
 from gateway.store.base import ANY_SANDBOX, Claim, Due, FleetCounts, Position, SandboxFilter, SandboxPage
 from gateway.store.redis_errors import translated
 from gateway.store.redis_listener import RedisListener
-from gateway.store.redis_scripts import CLAIM_DUE, FINISH_DUE, INDEX_PAGE, READ_MATCHING, READ_RECORDS, TOUCH, RedisKeys
+from gateway.store.redis_fleet_scripts import (
+    BACKFILL_INDEXES, CLAIM_DUE, FINISH_DUE, INDEX_PAGE, READ_MATCHING, READ_RECORDS, TOUCH,
+)
+from gateway.store.redis_scripts import RedisKeys
+
+_LISTING_BACKFILL = 500  # index entries a filtered listing lists while the backfill is not done
 
 _CLAIMS = {1: Claim.CLAIMED, 0: Claim.CHANGED, 2: Claim.BUSY}
 
@@ -54,6 +59,8 @@ class RedisFleet:
         self._touch = self._redis.register_script(TOUCH)
         self._claim_due = self._redis.register_script(CLAIM_DUE)
         self._finish_due = self._redis.register_script(FINISH_DUE)
+        self._backfill = self._redis.register_script(BACKFILL_INDEXES)
+        self._indexed = False  # every record is in its state-and-pool index (seen once: stays so)
 
     # listing ---------------------------------------------------------------
     @translated("list sandboxes")
@@ -69,7 +76,7 @@ class RedisFleet:
         entries = [Position(float(flat[i + 1]), flat[i]) for i in range(0, len(flat), 2)]
         more = len(entries) > scan
         entries = entries[:scan]
-        if where.org_id is not None:
+        if where.org_id is not None or (not where.any and keys == [self.keys.sandboxes]):
             return await self._scan_matching(entries, more, limit, where)
         by_id = {r.sandbox_id: r for r in await self._read_many(entries)}
         found: list[SandboxRecord] = []
@@ -85,8 +92,9 @@ class RedisFleet:
 
     async def _indexes_for(self, where: SandboxFilter) -> list[str]:
         """The zsets a scan reads: ``idx``, or the state-and-pool indexes the filter names (those of
-        ``count:state``'s non-empty pairs where the filter leaves the state or the pool open)."""
-        if where.state is None and where.pool is None:
+        ``count:state``'s non-empty pairs where the filter leaves the state or the pool open). Until the
+        backfill is done (records of an earlier version), ``idx``: the filter then runs in Redis."""
+        if where.state is None and where.pool is None or not await self._is_indexed():
             return [self.keys.sandboxes]
         if where.state is not None and where.pool is not None:
             return [self.keys.state_index(where.state.value, where.pool)]
@@ -141,6 +149,18 @@ class RedisFleet:
             if state in SandboxState.__members__.values() and int(count) > 0:
                 sandboxes[pool, SandboxState(state)] = int(count)
         return FleetCounts(sandboxes, {pool: int(n) for pool, n in by_pool.items() if int(n) > 0})
+
+    async def _is_indexed(self) -> bool:
+        """Whether every record is in its state-and-pool index; until then a listing does a bounded
+        share of the backfill itself (a new installation is done at its first call: idx is empty)."""
+        return self._indexed or await self.backfill_indexes(_LISTING_BACKFILL)
+
+    @translated("index sandboxes")
+    async def backfill_indexes(self, limit: int) -> bool:
+        if not self._indexed:
+            self._indexed = bool(await self._backfill(keys=[self.keys.sandboxes, self.keys.indexed],
+                                                      args=["", "", limit]))
+        return self._indexed
 
     # activity --------------------------------------------------------------
     @translated("record activity")
