@@ -19,7 +19,7 @@ from redis import exceptions as redis_errors
 
 from gateway.errors import CapacityExceeded, StoreUnavailable
 from gateway.model import Binding, Owner, SandboxState
-from gateway.store.base import Caps, Reserved, SandboxFilter, SessionStore, Settled, Settlement
+from gateway.store.base import Caps, Claim, Due, Reserved, SandboxFilter, SessionStore, Settled, Settlement
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisKeys, RedisStore
 from gateway.store.redis_errors import unavailable
@@ -451,3 +451,37 @@ async def test_records_of_an_earlier_version_are_backfilled_into_the_state_index
     assert await upgraded.backfill_indexes(7)  # done: the marker says so
     small = await upgraded.scan_sandboxes(None, limit=100, scan=100, where=SandboxFilter(pool="small"))
     assert [r.sandbox_id for r in small.records] == [r.sandbox_id for r in expected if r.pool == "small"]
+
+
+async def test_a_reaper_batch_reaches_other_replicas_in_a_few_messages(replicas: Callable[..., RedisStore]) -> None:
+    """Claims and settlements of a batch are one message per kind, not one per sandbox (every replica
+    reads each); another replica still drops every route and session, and its waiters wake at once."""
+    clock = FakeClock()
+    a, b = replicas("replica-a", clock=clock), replicas("replica-b", clock=clock, recheck_interval=60.0)
+    own = [per_session_sandbox_id(f"s-{i}") for i in range(3)]
+    for i, sandbox_id in enumerate(own):
+        await a.put_binding(binding(f"s-{i}", sandbox_id, pool="small"))
+        await a.reserve_sandbox(record(sandbox_id, pool="small"), Caps(), 30)
+        await a.mark_ready(sandbox_id, ENDPOINT)
+    seen: list[str] = []
+    b.subscribe(seen.append)
+    await b.subscribed()
+    clock.advance(100)
+    due = [Due(sandbox_id, SandboxState.READY, clock(), SandboxState.DELETING) for sandbox_id in own]
+    async with a._redis.pubsub() as watch:
+        await watch.subscribe(a.keys.settled, a.keys.invalidate)
+        assert await a.claim_due(due, clock() + 30, "claim-1") == [Claim.CLAIMED] * 3
+        waiter = asyncio.create_task(b.wait_settled(own[0], 30))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        assert await a.finish_due([], own, "claim-1") == []
+        async with asyncio.timeout(10):
+            assert (await waiter).outcome is Settled.REMOVED  # the message, not the 60 s re-check
+            while len(seen) < 9:
+                await asyncio.sleep(0.01)
+        messages = []
+        while (message := await watch.get_message(timeout=0.5)) is not None:
+            if message["type"] == "message":
+                messages.append(message["channel"])
+    assert sorted(seen) == sorted(own * 2 + [f"s-{i}" for i in range(3)])  # claimed; deleted with its session
+    assert messages == [a.keys.invalidate, a.keys.settled, a.keys.invalidate]  # three for the batch

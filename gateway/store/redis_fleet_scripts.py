@@ -120,10 +120,11 @@ CLAIM_DUE = _HELPERS + """
 -- ARGV[1 + 5i .. 5 + 5i] claim i: sandbox id, the state the verdict saw ('ready' | 'suspended' | 'deleting': a
 -- reaper's delete whose lease lapsed), before (its activity must be older), the state it moves to
 -- ('suspending' | 'deleting'), '1' to refuse a record while streams are recorded for it
--- returns per claim: 1 claimed (moved, under the lease and token; every replica drops its route);
--- 0 not as the verdict saw it (nothing done); 2 streams are recorded for it (nothing done)
+-- returns per claim: 1 claimed (moved, under the lease and token; every replica drops its route: one
+-- message for the batch, [origin, 'sandboxes', [ids]]); 0 not as the verdict saw it (nothing done);
+-- 2 streams are recorded for it (nothing done)
 local now = tonumber(ARGV[1])
-local out = {}
+local out, claimed = {}, {}
 for i = 1, (#KEYS - 4) / 2 do
   local hash, streams, a = KEYS[3 + 2 * i], KEYS[4 + 2 * i], 5 * i
   local id, seen, to = ARGV[a + 1], ARGV[a + 2], ARGV[a + 4]
@@ -146,10 +147,11 @@ for i = 1, (#KEYS - 4) / 2 do
     end
     redis.call('HSET', hash, 's', to, 'l', ARGV[2], 'g', ARGV[3])
     restate(KEYS[4], cur[2], seen, to, KEYS[1], id)
-    redis.call('PUBLISH', ARGV[4], cjson.encode({ARGV[5], 'sandbox', id}))
+    claimed[#claimed + 1] = id
     out[i] = 1
   end
 end
+if #claimed > 0 then redis.call('PUBLISH', ARGV[4], cjson.encode({ARGV[5], 'sandboxes', claimed})) end
 return out
 """
 
@@ -161,8 +163,10 @@ FINISH_DUE = _HELPERS + """
 -- its record goes, with the binding folded into its hash (a per-session sandbox's own session)
 -- returns per sandbox i two values: out[2i - 1] 0 when the record is not this claim's any more (taken over once
 -- its lease lapsed: left alone), 1 done, 2 deleted but sessions other than its folded one are still bound to
--- it (the caller deletes them); out[2i] the folded session deleted with it ('' when none)
-local out = {}
+-- it (the caller deletes them); out[2i] the folded session deleted with it ('' when none).
+-- One message per kind for the whole batch: settled {ids, gen, state} for the suspended and for the deleted,
+-- and [origin, 'sandboxes', [ids], [sessions]] to drop routes: a replica reads three, not four per sandbox.
+local out, settled, dropped, sessions = {}, {s = {}, d = {}}, {}, {}
 for i = 1, (#KEYS - 6) / 2 do
   local hash, streams, id, kind = KEYS[5 + 2 * i], KEYS[6 + 2 * i], ARGV[4 + 2 * i], ARGV[5 + 2 * i]
   local cur = redis.call('HMGET', hash, 's', 'p', 'o', 'g')
@@ -172,7 +176,6 @@ for i = 1, (#KEYS - 6) / 2 do
   if cur[1] == want and cur[4] == ARGV[2] then
     if kind == 's' then
       to_suspended(cur, hash, KEYS[1], KEYS[2], KEYS[3], KEYS[4], id, ARGV[1])
-      redis.call('PUBLISH', ARGV[3], cjson.encode({id = id, gen = ARGV[2], state = 'suspended', error = ''}))
       out[2 * i - 1] = 1
     else
       release(cur, hash, KEYS[1], KEYS[2], KEYS[3], KEYS[4], id)
@@ -183,17 +186,24 @@ for i = 1, (#KEYS - 6) / 2 do
         uncount(hash, 'n')
         redis.call('ZREM', KEYS[5], folded)
         uncount(KEYS[6], string.match(head, '^[^\\31]*'))
-        redis.call('PUBLISH', ARGV[4], cjson.encode({ARGV[5], 'session', folded}))
+        sessions[#sessions + 1] = folded
         out[2 * i] = folded
       end
       redis.call('DEL', streams)
-      redis.call('PUBLISH', ARGV[3], cjson.encode({id = id, gen = ARGV[2], state = 'removed', error = ''}))
       out[2 * i - 1] = 1
       if redis.call('HEXISTS', hash, 'n') == 1 then out[2 * i - 1] = 2 end
     end
-    redis.call('PUBLISH', ARGV[4], cjson.encode({ARGV[5], 'sandbox', id}))
+    settled[kind][#settled[kind] + 1] = id
+    dropped[#dropped + 1] = id
   end
 end
+if #settled.s > 0 then
+  redis.call('PUBLISH', ARGV[3], cjson.encode({ids = settled.s, gen = ARGV[2], state = 'suspended', error = ''}))
+end
+if #settled.d > 0 then
+  redis.call('PUBLISH', ARGV[3], cjson.encode({ids = settled.d, gen = ARGV[2], state = 'removed', error = ''}))
+end
+if #dropped > 0 then redis.call('PUBLISH', ARGV[4], cjson.encode({ARGV[5], 'sandboxes', dropped, sessions})) end
 return out
 """
 
