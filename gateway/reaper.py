@@ -42,7 +42,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BACKFILL_BATCH = 5_000  # index entries one backfill call lists (a few ms of Redis time)
+# Index entries one backfill call lists: each call holds Redis for ~6 us an entry. Until every record
+# of an earlier version is indexed, 2,000 at a time; after, 500 a pass (1,000,000 in ~8 hours at 15 s).
+BACKFILL_BATCH = 2_000
+SWEEP_BATCH = 500
 
 Renewing = Callable[[SandboxRecord, float], contextlib.AbstractAsyncContextManager[None]]
 
@@ -77,9 +80,12 @@ class ReapPass:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deleted: list[str] = []
-        while not await self.store.backfill_indexes(BACKFILL_BATCH):  # records of an earlier version
+        # Records of an earlier version: all of them before a pass reads the indexes, then a short page a pass.
+        indexed = await self.store.backfill_indexes(SWEEP_BATCH)
+        while not indexed:
             if loop.time() - started >= self.tuning.reap_budget:
                 return deleted
+            indexed = await self.store.backfill_indexes(BACKFILL_BATCH)
         try:
             for name in sorted(pools):
                 for act in self._acts(name, pools[name]):

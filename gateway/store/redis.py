@@ -431,7 +431,7 @@ class RedisStore(RedisFleet):
     def _reserve_call(self, record: SandboxRecord, caps: Caps, now: float, lease_seconds: float) -> dict[str, list[str]]:
         sandbox_id = record.sandbox_id
         return {"keys": [self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool,
-                         self.keys.count_org, self.keys.count_state, self.keys.session_seen],
+                         self.keys.count_org, self.keys.count_state, self.keys.session_seen, self.keys.indexed],
                 "args": [codec.num(now), sandbox_id, record.pool, record.org_id or "",
                          "0" if record.org_id is None else "1",
                          "" if caps.pool_max is None else str(caps.pool_max),

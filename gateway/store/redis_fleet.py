@@ -153,13 +153,15 @@ class RedisFleet:
     async def _is_indexed(self) -> bool:
         """Whether every record is in its state-and-pool index; until then a listing does a bounded
         share of the backfill itself (a new installation is done at its first call: idx is empty)."""
-        return self._indexed or await self.backfill_indexes(_LISTING_BACKFILL)
+        if not self._indexed:
+            await self.backfill_indexes(_LISTING_BACKFILL)
+        return self._indexed
 
     @translated("index sandboxes")
     async def backfill_indexes(self, limit: int) -> bool:
-        if not self._indexed:
-            self._indexed = bool(await self._backfill(keys=[self.keys.sandboxes, self.keys.indexed],
-                                                      args=["", "", limit]))
+        # Once done, each call still sweeps a page (records a replica of the earlier version wrote during
+        # a rolling upgrade are listed within one round of the sweep).
+        self._indexed = bool(await self._backfill(keys=[self.keys.sandboxes, self.keys.indexed], args=["", "", limit]))
         return self._indexed
 
     # activity --------------------------------------------------------------

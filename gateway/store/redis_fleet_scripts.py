@@ -208,21 +208,18 @@ return out
 """
 
 BACKFILL_INDEXES = _CURSOR + """
--- KEYS[1] sandboxes index  KEYS[2] the 'indexed' marker: absent (not begun), the cursor "<score> <id>" of
--- the last entry done, or 'done'
+-- KEYS[1] sandboxes index  KEYS[2] the 'indexed' marker: absent (not begun), 'p <score> <id>' (partial: the
+-- cursor of the last entry done), 'd' or 'd <score> <id>' (done once; the sweep goes on from there)
 -- ARGV[1], ARGV[2] unused (the cursor comes from KEYS[2])  ARGV[3] how many idx entries at most
--- returns 1 once every record of idx is in its state-and-pool index, else 0 (call again).
--- Records written before these indexes existed are listed in them here, page by page, with idx's score; a
--- record changed meanwhile was moved by its script already (ZADD is idempotent). Entries only move forward
+-- returns 1 once every record of idx was listed in its state-and-pool index at least once, else 0.
+-- Records written before these indexes existed (or by a replica of that version during a rolling upgrade)
+-- are listed in them here, page by page, with idx's score; the sweep then keeps going round, a page per
+-- call, so such a record is never missed for long. ZADD is idempotent, and entries only move forward
 -- (activity is GT), so a (score, id) cursor passes none by.
-local mark = redis.call('GET', KEYS[2])
-if mark == 'done' then return 1 end
-if mark then
-  local at, id = string.match(mark, '^(%S+) (.*)$')
-  ARGV[1], ARGV[2] = at, id
-else
-  ARGV[1], ARGV[2] = '', ''
-end
+local mark = redis.call('GET', KEYS[2]) or 'p'
+local done = string.sub(mark, 1, 1) == 'd'
+local at, id = string.match(mark, '^%a (%S+) (.*)$')
+ARGV[1], ARGV[2] = at or '', id or ''
 local start = start_after(KEYS[1])
 local entries = redis.call('ZRANGE', KEYS[1], start, start + tonumber(ARGV[3]) - 1, 'WITHSCORES')
 local base = string.sub(KEYS[1], 1, -4)  -- KEYS[1] is '<base>idx'
@@ -231,9 +228,12 @@ for i = 1, #entries, 2 do
   if h[1] and h[2] then redis.call('ZADD', base .. 'ix:' .. h[1] .. ':' .. h[2], entries[i + 1], entries[i]) end
 end
 if #entries < 2 * tonumber(ARGV[3]) then
-  redis.call('SET', KEYS[2], 'done')
+  redis.call('SET', KEYS[2], 'd')  -- round: from the start again
   return 1
 end
-redis.call('SET', KEYS[2], entries[#entries] .. ' ' .. entries[#entries - 1])
+local state = 'p'
+if done then state = 'd' end
+redis.call('SET', KEYS[2], state .. ' ' .. entries[#entries] .. ' ' .. entries[#entries - 1])
+if done then return 1 end
 return 0
 """

@@ -227,7 +227,7 @@ return current
 
 RESERVE_SANDBOX = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:pool hash  KEYS[4] count:org hash
--- KEYS[5] count:state hash  KEYS[6] seen zset
+-- KEYS[5] count:state hash  KEYS[6] seen zset  KEYS[7] the 'indexed' marker (set by the installation's first record)
 -- ARGV[1] now  ARGV[2] sandbox id  ARGV[3] pool  ARGV[4] org id ('' when none)  ARGV[5] '1' when there is an org
 -- ARGV[6] pool cap ('' = none)  ARGV[7] org cap ('' = none)  ARGV[8] lease_until  ARGV[9] last_active
 -- ARGV[10] reservation token (gen)  ARGV[11] invalidate channel  ARGV[12] invalidate message (on a takeover)
@@ -295,6 +295,7 @@ if has_org then
   redis.call('HSET', KEYS[1], 'o', ARGV[4])
   redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
 end
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('SET', KEYS[7], 'd') end  -- nothing to backfill
 redis.call('ZADD', KEYS[2], ARGV[9], ARGV[2])
 restate(KEYS[5], ARGV[3], nil, 'creating', KEYS[2], ARGV[2])
 local folded = folded_session(KEYS[1])
