@@ -69,6 +69,8 @@ class RedisFleet:
         keys = await self._indexes_for(where)
         if not keys:
             return SandboxPage([], None)
+        if keys != [self.keys.sandboxes] and where.org_id is None:
+            scan = min(scan, limit)  # every entry of these indexes matches: read no more than a page
         flat = await self._index_page(
             keys=keys,
             args=["" if after is None else codec.num(after.last_active), "" if after is None else after.sandbox_id,
