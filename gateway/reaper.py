@@ -5,7 +5,8 @@ state-and-pool indexes: ready sandboxes idle past the pool's cutoff (its ``idle_
 least ``activity_grace``), suspended ones past its ``retention``, and deletes whose reaper died
 (their lease lapsed). Everything read is due, so a fleet with nothing due costs one short read per
 pool and state, and a backlog is worked through at the provider's and the store's pace, not a
-fixed number per interval. Each chunk of ``reap_concurrency`` sandboxes is
+fixed number per interval. Suspends whose holder died (a replica killed mid-suspend) are done
+again, as deletes are. Each chunk of ``reap_concurrency`` sandboxes is
 
 1. claimed in one store call (``claim_due``): a compare-and-set on the state and activity the
    verdict saw, moving each to ``suspending`` or ``deleting`` under a lease (every replica drops
@@ -95,8 +96,8 @@ class ReapPass:
                             after, limit=self.tuning.reap_batch, scan=self.tuning.reap_batch, before=act.before,
                             where=SandboxFilter(pool=name, state=act.state))
                         records = page.records
-                        if act.state is SandboxState.DELETING:
-                            records = [r for r in records if r.lease_until < self.now]  # its reaper died
+                        if act.state is act.to:
+                            records = [r for r in records if r.lease_until < self.now]  # its holder died
                         for start in range(0, len(records), self.tuning.reap_concurrency):
                             chunk = records[start:start + self.tuning.reap_concurrency]
                             await self._chunk(name, act, chunk, deleted)
@@ -114,8 +115,10 @@ class ReapPass:
         suspends = pool.on_idle == "suspend" and self.provider.can_suspend(name)
         idle = _Act(SandboxState.READY, self.now - max(pool.idle_timeout, self.tuning.activity_grace),
                     SandboxState.SUSPENDING if suspends else SandboxState.DELETING, "idle")
+        # A delete or suspend whose holder died (its lease lapsed) is done again: nothing else would finish it.
         return [idle, _Act(SandboxState.SUSPENDED, self.now - pool.retention, SandboxState.DELETING, "retention"),
-                _Act(SandboxState.DELETING, math.inf, SandboxState.DELETING, "idle")]
+                _Act(SandboxState.DELETING, math.inf, SandboxState.DELETING, "idle"),
+                _Act(SandboxState.SUSPENDING, math.inf, SandboxState.SUSPENDING, "idle")]
 
     async def _chunk(self, pool: str, act: _Act, records: list[SandboxRecord], deleted: list[str]) -> None:
         """Claim, act on and settle one chunk."""

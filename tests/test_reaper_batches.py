@@ -165,3 +165,20 @@ async def test_sandboxes_of_an_earlier_version_are_reaped_after_an_upgrade(
             await upgraded.close()
     finally:
         await store.close()
+
+
+async def test_a_suspend_whose_replica_died_is_finished_by_the_next_pass(
+        store: SessionStore, clock: FakeClock, counting_provider: CountingProvider) -> None:
+    """A replica killed mid-suspend leaves the record ``suspending``: counted by the caps, and with no
+    request to take it over, nothing else would ever finish it."""
+    router = router_on(store, counting_provider, clock)
+    route = await router.resolve(user(1, org="globex"))  # shared: on_idle suspend
+    await router.flush_activity()
+    assert await store.begin_suspend(route.sandbox_id, 10) is not None  # ...and that replica dies
+    assert await router.reap_once() == [] and counting_provider.suspended == []  # its lease runs
+    clock.advance(11)
+    assert await router.reap_once() == []
+    assert counting_provider.suspended == [route.sandbox_id]
+    record = await store.get_sandbox(route.sandbox_id)
+    assert record is not None and record.state is SandboxState.SUSPENDED
+    assert (await store.fleet_counts()).sandboxes == {("shared", SandboxState.SUSPENDED): 1}

@@ -245,7 +245,7 @@ class Due:
     ``begin_suspend``'s): the reaper's page may pair an old activity with a record used since."""
 
     sandbox_id: str
-    state: SandboxState        # ready, suspended, or deleting (a reaper's delete whose lease lapsed)
+    state: SandboxState        # ready, suspended; deleting or suspending: one whose holder's lease lapsed
     before: float
     to: SandboxState           # SUSPENDING or DELETING
     check_streams: bool = True  # refuse a record while streams are recorded for it (Claim.BUSY)

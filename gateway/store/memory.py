@@ -220,9 +220,9 @@ class MemoryStore:
         current = self._sandboxes.get(due.sandbox_id)
         if current is None or current.state is not due.state:
             return Claim.CHANGED
-        if current.state is SandboxState.DELETING:
+        if current.state in (SandboxState.DELETING, SandboxState.SUSPENDING):
             if current.lease_until >= self._clock():
-                return Claim.CHANGED  # its reaper still holds it
+                return Claim.CHANGED  # its holder still holds it
         elif current.last_active >= due.before:
             return Claim.CHANGED
         if due.check_streams and self._streams.get(due.sandbox_id):

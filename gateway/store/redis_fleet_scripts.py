@@ -117,8 +117,8 @@ CLAIM_DUE = _HELPERS + """
 -- KEYS[3 + 2i], KEYS[4 + 2i] claim i's sandbox hash and streams hash
 -- ARGV[1] now  ARGV[2] lease_until  ARGV[3] the claim's token (the records' new g)  ARGV[4] invalidate channel
 -- ARGV[5] this store's origin (for the invalidation messages)
--- ARGV[1 + 5i .. 5 + 5i] claim i: sandbox id, the state the verdict saw ('ready' | 'suspended' | 'deleting': a
--- reaper's delete whose lease lapsed), before (its activity must be older), the state it moves to
+-- ARGV[1 + 5i .. 5 + 5i] claim i: sandbox id, the state the verdict saw ('ready' | 'suspended', or 'deleting' |
+-- 'suspending': a delete or suspend whose holder's lease lapsed, moved to the same state again), before (its activity must be older), the state it moves to
 -- ('suspending' | 'deleting'), '1' to refuse a record while streams are recorded for it
 -- returns per claim: 1 claimed (moved, under the lease and token; every replica drops its route: one
 -- message for the batch, [origin, 'sandboxes', [ids]]); 0 not as the verdict saw it (nothing done);
@@ -130,7 +130,7 @@ for i = 1, (#KEYS - 4) / 2 do
   local id, seen, to = ARGV[a + 1], ARGV[a + 2], ARGV[a + 4]
   local cur = redis.call('HMGET', hash, 's', 'p', 'o', 'l')
   local due = cur[1] == seen
-  if due and seen == 'deleting' then
+  if due and (seen == 'deleting' or seen == 'suspending') then
     due = tonumber(cur[4] or '0') < now
   elseif due then
     local at = redis.call('ZSCORE', KEYS[1], id)
