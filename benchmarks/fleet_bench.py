@@ -210,8 +210,8 @@ async def reap_pass(url: str, workdir: Path, *, idle: bool) -> tuple[float, int]
     offset = IDLE_OFFSET if idle else 0.0
     async with reaper(url, workdir, offset, "bench-reaper") as router:
         started = time.perf_counter()
-        reaped = await router.reap_once()
-        await router.sweep_orphans(600.0)
+        reaped = await router.lifecycle.reap_once()
+        await router.lifecycle.sweep_orphans(600.0)
         return (time.perf_counter() - started) * 1000, len(reaped)
 
 
@@ -223,7 +223,7 @@ async def drain(url: str, workdir: Path, seconds: float) -> tuple[int, float, bo
     async with reaper(url, workdir, IDLE_OFFSET, "bench-drain") as router:
         started = time.perf_counter()
         while time.perf_counter() - started < seconds:
-            done = len(await router.reap_once())
+            done = len(await router.lifecycle.reap_once())
             reaped += done
             if not done:
                 return reaped, time.perf_counter() - started, True

@@ -30,10 +30,8 @@ from gateway.errors import (
 from gateway.grants import Grants, McpTarget, NoGrants
 from gateway.hosts import AllowedHosts, host_not_allowed
 from gateway.metrics import Metrics
-from gateway.model import Binding, SandboxRecord, SandboxState
-from gateway.policy import allowed_ports
+from gateway.model import Binding, Position, SandboxFilter, SandboxRecord, SandboxState
 from gateway.sessions import SessionRouter
-from gateway.store.base import Position, SandboxFilter
 from routing import Identity, InvalidIdentity, is_valid_sandbox_id
 from routing.ports import PortSet
 
@@ -221,7 +219,7 @@ def _owner(request: web.Request, session_id: str) -> Identity:
 
 def _allowed_ports(router: SessionRouter, record: SandboxRecord) -> PortSet:
     assert record.endpoint is not None  # a ready sandbox has one
-    return allowed_ports(router.policy.pools.get(record.pool), record.endpoint)
+    return router.view.allowed_ports(record.pool, record.endpoint)
 
 
 async def grant_access(request: web.Request) -> web.Response:
@@ -293,7 +291,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
     state = query.get("state")
     if state is not None and state not in SandboxState.__members__.values():
         raise BadRequest(f"state {state!r} is not a sandbox state (one of: {', '.join(SandboxState)})")
-    pools = request.app[ROUTER].policy.pools
+    pools = request.app[ROUTER].view.pools
     if "pool" in query and query["pool"] not in pools:
         raise BadRequest(f"pool {query['pool']!r} is not in the policy (pools: {', '.join(pools)})")
     where = SandboxFilter(pool=query.get("pool"), state=None if state is None else SandboxState(state),

@@ -15,8 +15,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,21 +34,29 @@ from gateway.grants import AccessGrants, Grants, McpTarget, NoGrants
 from gateway.hosts import AllowedHosts, default_allowed_hosts
 from gateway.errors import GatewayError
 from gateway.gate import ConnectionGate, connection_bounds
+from gateway.grpcfront import GrpcFront, GrpcMetrics
+from gateway.lifecycle import Lifecycle, ReaperLease
+from gateway.limit_leases import SharedOrgLimits
+from gateway.limits import OrgLimits
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics, RequestMetrics
 from gateway.model import SandboxState
-from gateway.policy import load_policy, request_timeouts
+from gateway.policy import PolicyView, load_policy
 from gateway.providers.base import PoolProviders, SandboxProvider
+from gateway.providers.confine import Bubblewrap, Unconfined, host_sandbox_cap
+from gateway.providers.local import Confinement, LocalProvider, check_networks
+from gateway.providers.static import StaticProvider
+from gateway.proxy import DataPlane, NoRouterHeaders, PlaneOptions, PreviewKeys, RequestLog
 from gateway.sessions import RouterTuning, SessionRouter
 from gateway.settings import Settings, option
 from gateway.store.base import SessionStore
 from gateway.store.instrumented import InstrumentedStore
+from gateway.store.memory import MemoryStore
+from gateway.tracing import Tracer
 from routing import Policy, PolicyError
 
 if TYPE_CHECKING:
-    from gateway.limit_leases import SharedOrgLimits
-    from gateway.limits import OrgLimits
-    from gateway.providers.local import Confinement
+    from gateway.compat_locator import KubernetesSandboxLocator
 
 log = logging.getLogger("gateway")
 STOP_TASKS_TIMEOUT = 5.0  # how long stop() waits for the background loops to end
@@ -95,20 +105,17 @@ def build_access(settings: Settings) -> AccessTokens | None:
 
 def build_store(settings: Settings) -> SessionStore:
     if settings.redis_url:
-        from gateway.store.redis import RedisStore  # imported only when selected
+        # Imported only when selected: the Redis client is a heavy import a memory-store process never needs.
+        from gateway.store.redis import RedisStore
 
         return RedisStore(settings.redis_url, settings.redis_prefix, settings.replica_id,
                           replica_acks=settings.redis_replica_acks,
                           replica_ack_timeout=settings.redis_replica_ack_timeout)
-    from gateway.store.memory import MemoryStore
-
     return MemoryStore()
 
 
 def build_confinement(settings: Settings) -> Confinement:
     """bubblewrap, or (only when the settings accept it) nothing, where bubblewrap cannot run."""
-    from gateway.providers.confine import Bubblewrap, Unconfined
-
     bubblewrap = Bubblewrap(Path(settings.data_dir).absolute(), disk_quota=settings.local_disk_quota_bytes)
     if not settings.local_unconfined:
         return bubblewrap
@@ -126,9 +133,6 @@ def confinement_problem(settings: Settings) -> str | None:
     policy = load_policy(settings)
     if not any(p.provider == "local" for p in policy.pools.values()):
         return None
-    from gateway.providers.confine import Bubblewrap
-    from gateway.providers.local import check_networks
-
     bubblewrap = Bubblewrap(Path(settings.data_dir).absolute())
     try:
         bubblewrap.check()
@@ -149,6 +153,11 @@ def local_networks(policy: Policy) -> dict[str, str]:
     return {name: pool.network for name, pool in policy.pools.items() if pool.provider == "local"}
 
 
+def plane_options(settings: Settings) -> PlaneOptions:
+    """What the data plane reads of the settings: each ``PlaneOptions`` field from the setting of its name."""
+    return PlaneOptions(**{field.name: getattr(settings, field.name) for field in dataclasses.fields(PlaneOptions)})
+
+
 def build_providers(settings: Settings, policy: Policy, metrics: Metrics | None = None) -> PoolProviders:
     """One provider instance per kind, serving every pool of that kind."""
     by_kind: dict[str, list[str]] = {}
@@ -156,20 +165,15 @@ def build_providers(settings: Settings, policy: Policy, metrics: Metrics | None 
         by_kind.setdefault(pool.provider, []).append(name)
     instances: dict[str, SandboxProvider] = {}
     if "local" in by_kind:
-        from gateway.providers.confine import host_sandbox_cap
-        from gateway.providers.local import LocalProvider
-
         instances["local"] = LocalProvider(Path(settings.data_dir), stop_on_close=settings.store_kind == "memory",
                                            confinement=build_confinement(settings), networks=local_networks(policy),
                                            policy_source=policy.source, min_free_bytes=settings.local_min_free_bytes,
                                            max_sandboxes=settings.local_max_sandboxes or host_sandbox_cap())
     if "static" in by_kind:
-        from gateway.providers.static import StaticProvider
-
         instances["static"] = StaticProvider({p: policy.pools[p].upstreams or [] for p in by_kind["static"]})
     if "kubernetes" in by_kind:
+        # Imported only when a pool needs it: kubernetes_asyncio is the heaviest import of all.
         from gateway.providers.kubernetes import KubernetesProvider
-
         from gateway.providers.kubernetes_calls import KubeObserver
 
         observer = KubeObserver() if metrics is None else KubeObserver(metrics.kube_request, metrics.kube_watch_restart)
@@ -181,7 +185,6 @@ def tenant_limits(settings: Settings, policy: Policy) -> str:
     """The tenant limits in force, in one line for the startup log: the admission limits (the org
     limits per replica or, with Redis, for the installation; the proxy's caps) and the store-wide
     sandbox caps of the policy."""
-    import math
 
     def limit(value: float | None, unit: str = "") -> str:
         if value is None:
@@ -214,29 +217,32 @@ class Gateway:
         # Teardown, last step first: start() pushes each step's undo as the step succeeds.
         self._teardown = contextlib.AsyncExitStack()
         self._teardown.push_async_callback(store.close)
-        self.router = SessionRouter(
-            store, provider, policy, replica_id=settings.replica_id,
-            tuning=RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
-                                session_ttl=settings.session_ttl, lease_seconds=settings.creation_lease,
-                                # a pass with a backlog goes on for a few intervals (the next one starts an
-                                # interval after it ends): the backlog drains at ~80% of the reaper's pace
-                                reap_budget=4 * settings.reap_interval,
-                                activity_flush=settings.activity_flush_interval + 0.5),
-            events=metrics,
-        )
+        view = PolicyView(policy)
+        tuning = RouterTuning(route_ttl=settings.route_cache_ttl, route_stale_ttl=settings.route_stale_ttl,
+                              session_ttl=settings.session_ttl, lease_seconds=settings.creation_lease,
+                              # a pass with a backlog goes on for a few intervals (the next one starts an
+                              # interval after it ends): the backlog drains at ~80% of the reaper's pace
+                              reap_budget=4 * settings.reap_interval,
+                              activity_flush=settings.activity_flush_interval + 0.5)
+        self.lifecycle = Lifecycle(store, provider, view,
+                                   lease=ReaperLease(store, settings.replica_id, tuning.reaper_lease_ttl),
+                                   tuning=tuning, clock=time.time, events=metrics)
+        self.router = SessionRouter(store, provider, view, replica_id=settings.replica_id, tuning=tuning,
+                                    clock=time.time, events=metrics, lifecycle=self.lifecycle)
         self.authenticator, self.admin = build_auth(settings)
         self.access_tokens = build_access(settings)  # minted by the control API, checked by the data plane
-        self._locator: Any = None  # a KubernetesSandboxLocator when the router headers are on
+        self._locator: KubernetesSandboxLocator | None = None  # when the router headers are on
         self.compat: RouterCompat | None = None
         if settings.router_compat_namespaces:
+            # Imported only when the router headers are on: it needs kubernetes_asyncio (a heavy import).
             from gateway.compat_locator import KubernetesSandboxLocator
 
             self._locator = KubernetesSandboxLocator(settings.router_compat_api_version, kubeconfig=settings.kubeconfig,
                                                      in_cluster=settings.in_cluster)
             self.compat = RouterCompat(settings.router_compat_namespaces, settings.router_compat_ports, self.admin,
                                        self._locator)
-        self.data_plane: Any = None
-        self.grpc_front: Any = None  # a gateway.grpcfront.GrpcFront when start() is given a gRPC socket
+        self.data_plane: DataPlane | None = None  # from start()
+        self.grpc_front: GrpcFront | None = None  # when start() is given a gRPC socket
         self._control_runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._policy_mtime: float | None = None
@@ -249,11 +255,9 @@ class Gateway:
             settings.allowed_hosts if settings.allowed_hosts is not None else default_allowed_hosts(settings.host) or [],
             preview_domain=settings.preview_domain, public_url=settings.public_url)
 
-    def _preview_keys(self) -> Any:
+    def _preview_keys(self) -> PreviewKeys | None:
         if self.access_tokens is None:
             return None
-        from gateway.proxy import PreviewKeys
-
         return PreviewKeys(self.access_tokens, domain=self.settings.preview_domain,
                            path_prefix=self.settings.preview_path_prefix,
                            path_cookies=self.settings.preview_path_cookies)
@@ -287,8 +291,6 @@ class Gateway:
 
     async def _start(self, undo: contextlib.AsyncExitStack, data_sock: socket.socket,
                      control_sock: socket.socket, grpc_sock: socket.socket | None) -> None:
-        from gateway.proxy import DataPlane, NoRouterHeaders, PlaneOptions
-
         # The store is closed last (pushed in __init__), then, in the reverse of this order: the
         # locator, the provider, what is left in the access log and the activity batch, the reaper
         # lease, the background loops (they keep beating activity while requests drain), the data plane and
@@ -301,34 +303,29 @@ class Gateway:
         if self._access is not None:
             undo.callback(self._access.flush)
         undo.push_async_callback(self._flush_activity_once)
-        undo.push_async_callback(self.router.release_reaper_lease)  # once no loop can take it again
+        undo.push_async_callback(self.lifecycle.lease.release)  # once no loop can take it again
         self._start_background_loops()
         undo.push_async_callback(self._stop_background_loops)
         bounds = connection_bounds(self.settings.max_connections, self.settings.max_connections_per_client)
-        options = PlaneOptions.from_settings(self.settings)
+        options = plane_options(self.settings)
         if grpc_sock is not None:  # the port really bound (settings may say 0), named to HTTP/2 clients
             options = dataclasses.replace(options, grpc_port=grpc_sock.getsockname()[1])
-        self.data_plane = DataPlane(self.router, options,
-                                    on_request=self._on_request, authenticator=self.authenticator,
-                                    limits=self._org_limits(undo),
-                                    compat=self.compat if self.compat is not None else NoRouterHeaders(),
-                                    keys=self._preview_keys(), hosts=self.allowed_hosts,
-                                    gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused),
-                                    tracer=self._tracer(undo))
-        self.data_plane.request_timeouts = request_timeouts(self.router.policy)
+        plane = self.data_plane = DataPlane(
+            self.router, options, on_request=self._on_request, authenticator=self.authenticator,
+            limits=self._org_limits(undo), compat=self.compat if self.compat is not None else NoRouterHeaders(),
+            keys=self._preview_keys(), hosts=self.allowed_hosts,
+            gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused), tracer=self._tracer(undo))
+        self.router.view.subscribe(plane.policy_replaced)  # its request timeouts, now and at every reload
         self.metrics.add_fold(self._live_gauges)  # exact at a scrape, not up to 5 s behind
-        await self.data_plane.start(data_sock)
+        await plane.start(data_sock)
         undo.push_async_callback(self._drain_fronts)
         if grpc_sock is not None:
-            from gateway.grpcfront import GrpcFront, GrpcMetrics
-
-            self.grpc_front = GrpcFront(self.router, self.settings, authenticator=self.authenticator,
-                                        limits=self.data_plane.limits, metrics=GrpcMetrics(self.metrics.registry),
-                                        access=self._access, admission=self.data_plane.admission,
-                                        tracer=self.data_plane.tracer,
-                                        gate=ConnectionGate("grpc", *bounds, on_refused=self.metrics.connection_refused))
-            await self.grpc_front.start(grpc_sock)
-            self.grpc_address = self.grpc_front.address
+            front = self.grpc_front = GrpcFront(
+                self.router, self.settings, authenticator=self.authenticator, limits=plane.limits,
+                metrics=GrpcMetrics(self.metrics.registry), access=self._access, admission=plane.admission,
+                tracer=plane.tracer, gate=ConnectionGate("grpc", *bounds, on_refused=self.metrics.connection_refused))
+            await front.start(grpc_sock)
+            self.grpc_address = front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,
                                      warnings=self._provider_warnings(), grants=self._grants(data_sock),
                                      mcp=McpTarget(self.settings.kagent_mcp_port, self.settings.kagent_mcp_path),
@@ -340,11 +337,9 @@ class Gateway:
         self.data_address = data_sock.getsockname()[:2]
         self.control_address = control_sock.getsockname()[:2]
 
-    def _tracer(self, undo: contextlib.AsyncExitStack) -> Any:
+    def _tracer(self, undo: contextlib.AsyncExitStack) -> Tracer | None:
         """The OpenTelemetry tracer (gateway/tracing.py), None when tracing is off; at stop, after the
         fronts have drained, the spans left are exported (off the loop: the exporter blocks)."""
-        from gateway.tracing import Tracer
-
         tracer = Tracer.from_settings(self.settings)
         if tracer is not None:
             undo.push_async_callback(asyncio.to_thread, tracer.shutdown)
@@ -353,14 +348,10 @@ class Gateway:
     def _org_limits(self, undo: contextlib.AsyncExitStack) -> OrgLimits | SharedOrgLimits:
         """Per-org limits: the installation's (leased from Redis) or, without Redis or when asked, this
         replica's. The shared ones give their stream slots back once the fronts have drained."""
-        from gateway.limits import OrgLimits
-
         settings = self.settings
         store = getattr(self.store, "inner", self.store)
         if not settings.limits_shared or not hasattr(store, "limit_ledger"):
             return OrgLimits.from_settings(settings)
-        from gateway.limit_leases import SharedOrgLimits
-
         limits = SharedOrgLimits(store.limit_ledger(), rate=settings.org_rate_limit, burst=settings.org_rate_burst,
                                  max_streams=settings.max_streams_per_org)
         undo.push_async_callback(limits.close)
@@ -375,9 +366,8 @@ class Gateway:
 
     async def _drain_fronts(self) -> None:
         """The data plane and the gRPC front drain at the same time, each within ``drain_timeout``."""
-        drains = [self.data_plane.stop(self.settings.drain_timeout)]
-        if self.grpc_front is not None:
-            drains.append(self.grpc_front.stop(self.settings.drain_timeout))
+        fronts: list[DataPlane | GrpcFront | None] = [self.data_plane, self.grpc_front]
+        drains = [front.stop(self.settings.drain_timeout) for front in fronts if front is not None]
         results = await asyncio.gather(*drains, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
@@ -388,7 +378,7 @@ class Gateway:
             self._every(ACCESS_LOG_FLUSH_INTERVAL, self._flush_access_log)
         self._every(self.settings.activity_flush_interval, self.router.flush_activity)
         self._every(self.settings.reap_interval, self._reap)
-        self._every(self.router.tuning.reaper_lease_renew, self.router.renew_reaper_lease)
+        self._every(self.lifecycle.tuning.reaper_lease_renew, self.lifecycle.lease.renew, name="renew_reaper_lease")
         self._every(5.0, self._refresh_gauges)
         if self.settings.policy_file is not None:
             self._policy_mtime = self.settings.policy_file.stat().st_mtime
@@ -396,9 +386,7 @@ class Gateway:
 
     def _provider_warnings(self) -> list[str]:
         """What ``GET /v1/sandboxes`` tells every caller about this installation's sandboxes."""
-        from gateway.providers.local import LocalProvider
-
-        unconfined = sorted(name for name, pool in self.router.policy.pools.items() if pool.provider == "local"
+        unconfined = sorted(name for name, pool in self.router.view.pools.items() if pool.provider == "local"
                             and isinstance(p := self.provider.for_pool(name), LocalProvider) and not p.confined)
         if not unconfined:
             return []
@@ -432,7 +420,7 @@ class Gateway:
         return problems
 
     def describe(self) -> list[str]:
-        policy = self.router.policy
+        policy = self.router.view.policy
         pools = ", ".join(f"{name} ({pool.provider})" for name, pool in policy.pools.items())
         providers = [f"provider: {line}" for line in self.provider.describe()]
         return [f"auth: {self.settings.effective_auth_mode}"
@@ -445,7 +433,9 @@ class Gateway:
                 tenant_limits(self.settings, policy), f"data plane: {_compiled.DESCRIPTION}"]
 
     # background work ------------------------------------------------------
-    def _every(self, interval: float, job: Callable[[], Awaitable[Any]]) -> None:
+    def _every(self, interval: float, job: Callable[[], Awaitable[Any]], name: str | None = None) -> None:
+        name = name or job.__name__
+
         async def loop() -> None:
             task = asyncio.current_task()
             # cancelling(): a job whose library swallowed our CancelledError (redis-py can, when a
@@ -455,19 +445,19 @@ class Gateway:
                 try:
                     await job()
                 except GatewayError as exc:
-                    log.warning("%s failed: %s", job.__name__, exc.message)
+                    log.warning("%s failed: %s", name, exc.message)
                 except Exception:
-                    log.exception("%s failed", job.__name__)
+                    log.exception("%s failed", name)
 
-        self._tasks.append(asyncio.create_task(loop(), name=f"every-{job.__name__}"))
+        self._tasks.append(asyncio.create_task(loop(), name=f"every-{name}"))
 
     async def _flush_access_log(self) -> None:
         self._access.flush()  # type: ignore[union-attr]
 
     async def _reap(self) -> None:
-        for sandbox_id in await self.router.reap_once():
+        for sandbox_id in await self.lifecycle.reap_once():
             log.info("reaped idle sandbox %s", sandbox_id)
-        await self.router.sweep_orphans(self.settings.orphan_grace)
+        await self.lifecycle.sweep_orphans(self.settings.orphan_grace)
 
     def _live_gauges(self) -> None:
         """This process's requests in flight and open streams (a stream counts from its response head, declared
@@ -482,7 +472,7 @@ class Gateway:
         m = self.metrics
         self._live_gauges()
         counts = await self.router.fleet_counts()  # kept by the store as it changes: no scan
-        for name in self.router.policy.pools:
+        for name in self.router.view.pools:
             m.sessions.labels(name).set(counts.sessions.get(name, 0))
             for state in SandboxState:
                 m.sandboxes.labels(name, state.value).set(counts.sandboxes.get((name, state), 0))
@@ -499,21 +489,21 @@ class Gateway:
             return
         self._policy_mtime = mtime
         try:
-            self.router.policy = load_policy(self.settings)
+            policy = load_policy(self.settings)
         except PolicyError as exc:
             log.error("policy reload failed, keeping the previous policy:\n%s", exc)
             return
-        self.data_plane.request_timeouts = request_timeouts(self.router.policy)
+        self.router.view.replace(policy)  # the router, its lifecycle and the data plane all read it
         log.info("policy reloaded from %s", path)
 
-    def _request_callback(self, metrics: RequestMetrics) -> Callable[[Any], None]:
+    def _request_callback(self, metrics: RequestMetrics) -> Callable[[RequestLog], None]:
         """The data plane's per-request callback: metrics, and the access line when there is a log."""
         access = self._access
         if access is None:
             return metrics.record
         record, write = metrics.record, access.log
 
-        def on_request(entry: Any) -> None:
+        def on_request(entry: RequestLog) -> None:
             record(entry)
             write(entry)
 

@@ -22,13 +22,14 @@
     ├── ProvisionFailed               503 provision_failed                  UNAVAILABLE
     │   ├── ProvisionTimeout          504 provision_timeout                 UNAVAILABLE (retry: it is still coming)
     │   └── KubeApiError              503 provision_failed                  UNAVAILABLE (a Kubernetes API call failed)
-    │       ├── ObjectMissing         503 provision_failed                  UNAVAILABLE (404: read as "gone")
-    │       ├── ObjectExists          503 provision_failed                  UNAVAILABLE (409: a create adopts it)
-    │       └── WatchExpired          503 provision_failed                  UNAVAILABLE (410: read afresh, watch again)
     ├── WakeTimeout                   503 wake_timeout (+ Retry-After)      UNAVAILABLE (+ retry-after)
     └── UpstreamError                 502 upstream_error                    UNAVAILABLE
         ├── UpstreamConnectError      502 upstream_unreachable              UNAVAILABLE
         └── UpstreamTimeout           504 upstream_timeout                  DEADLINE_EXCEEDED
+
+``KubeApiError``'s own subclasses, ``ObjectMissing`` (404), ``ObjectExists`` (409) and
+``WatchExpired`` (410), are the Kubernetes provider's control flow, raised and caught inside
+``gateway.providers`` (``kubernetes_api``); one that escaped would answer as ``KubeApiError``.
 
 Code that calls aiohttp, redis or kubernetes wraps their errors into these
 (``raise ... from exc``) so that handlers never classify foreign exceptions,
@@ -204,26 +205,8 @@ class ProvisionTimeout(ProvisionFailed):
 
 class KubeApiError(ProvisionFailed):
     """A Kubernetes API call failed: 503 ``provision_failed`` like any provider failure. The
-    statuses a caller acts on have their own classes, so no caller looks at a status code
-    (``gateway.providers.kubernetes_api.translated`` raises them)."""
-
-    grpc_status = Status.UNAVAILABLE
-
-
-class ObjectMissing(KubeApiError):
-    """404: no object of that name (a delete treats it as done, a read as None)."""
-
-    grpc_status = Status.UNAVAILABLE
-
-
-class ObjectExists(KubeApiError):
-    """409: an object of that name exists already (a create adopts it)."""
-
-    grpc_status = Status.UNAVAILABLE
-
-
-class WatchExpired(KubeApiError):
-    """410 Gone: the resourceVersion fell out of the watch cache; read afresh and watch again."""
+    statuses the provider acts on have their own classes, so no caller looks at a status code
+    (``ObjectMissing`` and the others in ``gateway.providers.kubernetes_api``, which ``translated`` raises)."""
 
     grpc_status = Status.UNAVAILABLE
 

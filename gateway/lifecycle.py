@@ -1,7 +1,9 @@
 """What happens to a sandbox between requests: idle reaping, suspend, wake, retention, orphan sweeps.
 
-The :class:`Lifecycle` of a :class:`~gateway.sessions.SessionRouter` acts on the
-router's store and provider; the router calls it, never the data plane.
+A :class:`Lifecycle` acts on the store and provider it is given (``gateway.app`` builds it
+from the same parts as the :class:`~gateway.sessions.SessionRouter`, and runs its loops); the
+router calls it for wakes, suspends and deletes, never the reverse, and never the data plane.
+What is due is decided in ``routing.reaping`` (pure); this module carries it out.
 
 - **Idle.** A ready sandbox idle past its pool's ``idle_timeout`` (and at least
   ``RouterTuning.activity_grace``, see below) with no exchange open on any replica
@@ -30,19 +32,19 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from gateway.errors import (
     Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable, WakeTimeout,
 )
-from gateway.model import Binding, SandboxRecord, SandboxRequest, SandboxState
-from gateway.providers.base import ForeignSandbox
+from gateway.model import Binding, Endpoint, SandboxRecord, SandboxRequest, SandboxState
+from gateway.policy import PolicyView
+from gateway.providers.base import ForeignSandbox, SandboxProvider
 from gateway.reaper import ReapPass
-from gateway.store.base import NotReserved
-
-if TYPE_CHECKING:
-    from gateway.sessions import SessionRouter
+from gateway.router_base import RouterEvents, RouterTuning
+from gateway.store.base import NotReserved, SessionStore
+from routing.reaping import orphaned
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +58,47 @@ WAKING_STATES = frozenset({SandboxState.SUSPENDING, SandboxState.SUSPENDED, Sand
 """A request for a sandbox in one of these is held for a wake (bounded by ``wake_timeout``)."""
 
 
-class Lifecycle:
-    """Suspend, wake, reaping and sweeps for one router (see the module docstring)."""
+class ReaperLease:
+    """The installation's one reaper lease, as this replica takes, keeps and gives it up."""
 
-    def __init__(self, router: SessionRouter) -> None:
-        self._router = router
+    def __init__(self, store: SessionStore, replica_id: str, ttl: float) -> None:
+        self._store, self.replica_id, self.ttl = store, replica_id, ttl
+
+    async def renew(self) -> bool:
+        """Take or keep the reaper lease; True while this replica holds it. Called every
+        ``reaper_lease_renew`` seconds besides each pass, so the lease can be much shorter than the
+        reap interval (or a long pass) and a dead holder's lease lapses quickly."""
+        return await self._store.acquire_lease(REAPER_LEASE, self.replica_id, ttl=self.ttl)
+
+    async def release(self) -> None:
+        """Give the reaper lease up (this replica stops): another replica reaps from its next renewal,
+        not once the lease lapses. Best effort: a store that is down lets the lease lapse instead."""
+        try:
+            await self._store.release_lease(REAPER_LEASE, self.replica_id)
+        except StoreUnavailable as exc:
+            log.warning("could not give up the reaper lease (it lapses within %gs): %s", self.ttl, exc.message)
+
+
+@dataclass(frozen=True, slots=True)
+class Provisioning:
+    """What differs between creating a sandbox and waking one (:meth:`Lifecycle.provision`)."""
+
+    run: Callable[[SandboxRequest], Awaitable[Endpoint]]  # the provider's ensure or resume
+    undo: Callable[..., Awaitable[object]]  # (sandbox_id, error=...): release the record, or back to suspended
+    report: Callable[[str], None]  # an outcome, for the metrics
+    doing: str  # "creating", "resuming"
+    done: str  # "created", "resumed"
+    interrupted: str  # the error recorded when the caller was cancelled
+    ready_when_provided: bool  # report "ready" as the provider answers (a creation), else once marked ready
+
+
+class Lifecycle:
+    """Suspend, wake, reaping and sweeps over one store and provider (see the module docstring)."""
+
+    def __init__(self, store: SessionStore, provider: SandboxProvider, view: PolicyView, *,
+                 lease: ReaperLease, tuning: RouterTuning, clock: Callable[[], float], events: RouterEvents) -> None:
+        self.store, self.provider, self.view, self.lease = store, provider, view, lease
+        self.tuning, self.clock, self.events = tuning, clock, events
         # Where the next orphan sweep resumes: each pass does a bounded share.
         self._sweep_from: str | None = None
 
@@ -75,8 +113,8 @@ class Lifecycle:
         waker that died), it joins the next one (reserving again takes a lapsed lease over), and
         only its own deadline answers it, with 503 and Retry-After, never a 504. A store error while
         it waits is tried again until then too (and is the answer if the store stays away)."""
-        events = self._router.events
-        spec = self._router.policy.pools.get(pool)
+        events = self.events
+        spec = self.view.pool(pool)
         budget = spec.wake_timeout if spec is not None else DEFAULT_WAKE_TIMEOUT
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
@@ -115,9 +153,9 @@ class Lifecycle:
         """The lease of a creation, suspend or wake in ``pool``: ``creation_lease``, and at most half
         the pool's ``wake_timeout``, so that a wake whose replica died is taken over (its lease
         lapsed) while its requests are still held. Renewed while its holder runs (:meth:`renewing`)."""
-        spec = self._router.policy.pools.get(pool)
+        spec = self.view.pool(pool)
         wake_timeout = spec.wake_timeout if spec is not None else DEFAULT_WAKE_TIMEOUT
-        return max(MIN_LEASE, min(self._router.tuning.lease_seconds, wake_timeout / 2))
+        return max(MIN_LEASE, min(self.tuning.lease_seconds, wake_timeout / 2))
 
     @contextlib.asynccontextmanager
     async def renewing(self, record: SandboxRecord, lease_seconds: float) -> AsyncIterator[None]:
@@ -139,7 +177,7 @@ class Lifecycle:
             renewal.cancel()
 
     async def _renew(self, sandbox_id: str, held_until: float, lease_seconds: float, done: asyncio.Event) -> None:
-        store = self._router.store
+        store = self.store
         pause = lease_seconds / RENEWALS_PER_LEASE
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
@@ -162,36 +200,53 @@ class Lifecycle:
                 return
             held_until = renewed
 
-    async def resume(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
-        """Resume a sandbox this caller reserved (``Reserved.RESUME``); on failure it goes back to
-        ``suspended`` with the error, which every waiter shares."""
-        router, store = self._router, self._router.store
+    async def provision(self, record: SandboxRecord, binding: Binding, timeout: float,
+                        step: Provisioning) -> SandboxRecord:
+        """Create or wake the sandbox this caller reserved (``record``), under its renewed lease, and
+        mark it ready. On failure the reservation is undone with the error, which every waiter
+        shares; a sandbox the provider says is another identity's is undone without one (a waiter,
+        the owner perhaps, reserves again) and answered as an unknown session."""
         request = SandboxRequest(record.sandbox_id, record.pool, binding.isolation, binding.owner,
                                  binding.session_id, timeout, bound_at=binding.created_at)
         try:
             async with self.renewing(record, self.lease_for(record.pool)):
-                endpoint = await router.provider.resume(request)
+                endpoint = await step.run(request)
         except ForeignSandbox:
-            router.events.resumed(record.pool, "not_found")
+            step.report("not_found")
             with contextlib.suppress(GatewayError):
-                await store.mark_suspended(record.sandbox_id)  # no error: a waiter (the owner) wakes it
-            raise router.foreign(binding) from None
+                await step.undo(record.sandbox_id)
+            raise foreign(self.events, binding) from None
         except BaseException as exc:
-            router.events.resumed(record.pool, outcome_of(exc))
-            message = exc.message if isinstance(exc, GatewayError) else "resuming the sandbox was interrupted"
+            step.report(outcome_of(exc))
+            message = exc.message if isinstance(exc, GatewayError) else step.interrupted
             with contextlib.suppress(GatewayError):
-                await store.mark_suspended(record.sandbox_id, error=message)
+                await step.undo(record.sandbox_id, error=message)
             if isinstance(exc, GatewayError | asyncio.CancelledError):
                 raise
-            log.exception("provider failed resuming %s", record.sandbox_id)
-            raise ProvisionFailed(f"resuming sandbox {record.sandbox_id} failed", sandbox_id=record.sandbox_id) from exc
+            log.exception("provider failed %s %s", step.doing, record.sandbox_id)
+            raise ProvisionFailed(f"{step.doing} sandbox {record.sandbox_id} failed",
+                                  sandbox_id=record.sandbox_id) from exc
+        if step.ready_when_provided:
+            step.report("ready")
         try:
-            ready = await store.mark_ready(record.sandbox_id, endpoint)
+            ready = await self.store.mark_ready(record.sandbox_id, endpoint)
         except NotReserved:
-            router.events.resumed(record.pool, "removed")
-            raise ProvisionFailed(f"sandbox {record.sandbox_id} was removed while it was being resumed; retry",
+            # Destroyed (reaped, session deleted) while it was being provisioned.
+            if not step.ready_when_provided:
+                step.report("removed")
+            raise ProvisionFailed(f"sandbox {record.sandbox_id} was removed while it was being {step.done}; retry",
                                   sandbox_id=record.sandbox_id) from None
-        router.events.resumed(record.pool, "ready")
+        if not step.ready_when_provided:
+            step.report("ready")
+        return ready
+
+    async def resume(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
+        """Resume a sandbox this caller reserved (``Reserved.RESUME``); on failure it goes back to
+        ``suspended`` with the error, which every waiter shares."""
+        pool = record.pool
+        ready = await self.provision(record, binding, timeout, Provisioning(
+            self.provider.resume, self.store.mark_suspended, lambda outcome: self.events.resumed(pool, outcome),
+            "resuming", "resumed", "resuming the sandbox was interrupted", ready_when_provided=False))
         log.info("resumed sandbox %s (pool %s)", record.sandbox_id, record.pool)
         return ready
 
@@ -200,8 +255,8 @@ class Lifecycle:
                       idle_before: float = math.inf) -> SandboxRecord | None:
         """Suspend a ready sandbox; None when it was not ready (any more), or was active at or after
         ``idle_before`` (the store's compare-and-set: the reaper's view may be stale), and nothing was done."""
-        router, store = self._router, self._router.store
-        if not router.provider.can_suspend(record.pool):
+        store = self.store
+        if not self.provider.can_suspend(record.pool):
             raise Conflict(f"sandboxes of pool {record.pool!r} cannot be suspended (its provider keeps no "
                            f"state to wake); delete the session instead", sandbox_id=record.sandbox_id)
         lease = self.lease_for(record.pool)
@@ -212,7 +267,7 @@ class Lifecycle:
         outcome = "suspended"
         try:
             async with self.renewing(suspending, lease):
-                await router.provider.suspend(record.sandbox_id, record.pool)
+                await self.provider.suspend(record.sandbox_id, record.pool)
         except BaseException as exc:
             outcome = outcome_of(exc)
             # Recorded as suspended all the same: its next request resumes it, and resume is
@@ -224,27 +279,29 @@ class Lifecycle:
                     await store.mark_suspended(record.sandbox_id)
                 raise
         finally:
-            router.events.suspended(record.pool, outcome)
+            self.events.suspended(record.pool, outcome)
         return await store.mark_suspended(record.sandbox_id)
 
-    async def suspend_when_quiet(self, record: SandboxRecord, grace: float) -> SandboxRecord | None:
+    async def suspend_when_quiet(self, record: SandboxRecord, grace: float,
+                                 flush_activity: Callable[[], Awaitable[None]]) -> SandboxRecord | None:
         """The operator's suspend: wait up to ``grace`` seconds for the sandbox's open exchanges to
         end, then suspend it; ``Conflict`` (409) naming them when they outlast the grace.
+        ``flush_activity`` writes this replica's own recorded requests to the store first.
 
         "Open" is what protects a sandbox from idle reaping, on every replica: a long request or
         stream counted in the store, or a request begun within ``activity_grace`` (one younger than
         the data plane's LONG_REQUEST_AFTER is known only by its start). The suspend itself is the
         store's compare-and-set on that activity, so a request that starts meanwhile wins."""
-        router, store, tuning = self._router, self._router.store, self._router.tuning
+        store, tuning = self.store, self.tuning
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         quiet_at: float | None = None  # when it was first seen quiet (loop time)
         while True:
-            await router.flush_activity()  # this replica's own requests count at once
+            await flush_activity()  # this replica's own requests count at once
             current = await store.get_sandbox(record.sandbox_id)
             if current is None or current.state is not SandboxState.READY:
                 return None
-            quiet_since = router.clock() - tuning.activity_grace
+            quiet_since = self.clock() - tuning.activity_grace
             streams = await store.open_streams(record.sandbox_id)
             if streams == 0 and current.last_active < quiet_since:
                 # Quiet twice, an activity flush apart: a request that began on another replica just
@@ -264,8 +321,8 @@ class Lifecycle:
             if left <= 0:
                 raise Conflict(
                     f"sandbox {record.sandbox_id} has open exchanges: {streams} long request(s) or stream(s) "
-                    f"open, its last request began {max(0.0, router.clock() - current.last_active):.1f}s ago "
-                    f"(a request counts as open for activity_grace, {router.tuning.activity_grace:g}s); "
+                    f"open, its last request began {max(0.0, self.clock() - current.last_active):.1f}s ago "
+                    f"(a request counts as open for activity_grace, {tuning.activity_grace:g}s); "
                     f"retry later, wait longer with ?grace=SECONDS, or cut them with ?force=true",
                     sandbox_id=record.sandbox_id)
             await asyncio.sleep(min(QUIET_POLL, left))
@@ -273,9 +330,9 @@ class Lifecycle:
     # reaping ----------------------------------------------------------------
     async def destroy(self, record: SandboxRecord, *, reason: str) -> None:
         """Delete a sandbox at its provider, then forget it (and its per-session bindings)."""
-        router, store = self._router, self._router.store
+        store = self.store
         log.info("destroying sandbox %s (pool %s): %s", record.sandbox_id, record.pool, reason)
-        await router.provider.delete(record.sandbox_id, record.pool)
+        await self.provider.delete(record.sandbox_id, record.pool)
         if record.sandbox_id.startswith("ses-"):
             for session_id in await store.sessions_of(record.sandbox_id):
                 await store.delete_binding(session_id)
@@ -290,14 +347,14 @@ class Lifecycle:
         at a time, while more is due and within ``reap_budget`` seconds; a fleet with nothing due
         costs one short read per pool and state. Then idle sessions' bindings go.
         """
-        # -- reaping (issue 27.5: batches, gateway.reaper) --
-        router, store, tuning = self._router, self._router.store, self._router.tuning
-        now = router.clock()
-        if not await router.renew_reaper_lease():
+        # -- reaping (issue 27.5: batches sized by the backlog, gateway.reaper) --
+        store, tuning = self.store, self.tuning
+        now = self.clock()
+        if not await self.lease.renew():
             return []
-        reaped = await ReapPass(store, router.provider, router.events, tuning, now, lease_for=self.lease_for,
-                                renewing=self.renewing, keep_lease=router.renew_reaper_lease,
-                                clock=router.clock).run(router.policy.pools)
+        reaped = await ReapPass(store, self.provider, self.events, tuning, now, lease_for=self.lease_for,
+                                renewing=self.renewing, keep_lease=self.lease.renew,
+                                clock=self.clock).run(self.view.pools)
         # -- end of reaping --
         for session_id in await store.idle_sessions(now - tuning.session_ttl, tuning.reap_batch):
             await store.delete_binding(session_id)
@@ -311,21 +368,21 @@ class Lifecycle:
         objects whose creation is in flight on a replica that has not written its record yet, and
         objects of a store that was just reset.
         """
-        router, store, provider = self._router, self._router.store, self._router.provider
-        if not await router.renew_reaper_lease():
+        store, provider = self.store, self.provider
+        if not await self.lease.renew():
             return []
-        cutoff = router.clock() - grace
-        if await store.epoch() > cutoff:
+        now = self.clock()
+        if await store.epoch() > now - grace:
             return []  # the store began (or lost its data) within the grace: sessions may yet come back
-        page = await provider.managed_page(self._sweep_from, router.tuning.sweep_batch)
+        page = await provider.managed_page(self._sweep_from, self.tuning.sweep_batch)
         self._sweep_from = page.next
         known = await store.existing_sandboxes([managed.sandbox_id for managed in page.items])
         swept = []
         for managed in page.items:
-            if managed.sandbox_id not in known and managed.created_at < cutoff:
+            if orphaned(managed.sandbox_id in known, managed.created_at, now, grace):
                 log.info("sweeping orphaned sandbox %s (pool %s)", managed.sandbox_id, managed.pool)
                 await provider.delete(managed.sandbox_id, managed.pool)
-                router.events.reaped("orphan")
+                self.events.reaped("orphan")
                 swept.append(managed.sandbox_id)
         return swept
 
@@ -345,3 +402,17 @@ def outcome_of(exc: BaseException) -> str:
 
 def unknown_sandbox(sandbox_id: str) -> NotFound:
     return NotFound(f"no sandbox {sandbox_id}", sandbox_id=sandbox_id)
+
+
+def unknown_session() -> NotFound:
+    # The same answer whether the session does not exist or belongs to someone else.
+    return NotFound("no such session for this identity")
+
+
+def foreign(events: RouterEvents, binding: Binding) -> NotFound:
+    """A sandbox that is another identity's, asked for through ``binding``: counted, logged, and
+    answered as an unknown session (never saying whose it is)."""
+    events.denied("sandbox_owner_mismatch")
+    log.warning("denied: session %r asked for sandbox %s, which belongs to another identity",
+                binding.session_id, binding.sandbox_id)
+    return unknown_session()

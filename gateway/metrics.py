@@ -205,6 +205,10 @@ class Metrics:
         self.kube_requests.labels(verb, resource, code).inc()
         self.kube_latency.labels(verb, resource).observe(seconds)
 
+    def store_call(self, op: str) -> tuple[Callable[[float], None], Callable[[], None]]:
+        """What a store call ``op`` reports into (``gateway.store.instrumented``): its latency, its failures."""
+        return self.store_latency.labels(op).observe, self.store_errors.labels(op).inc
+
     def kube_watch_restart(self, reason: str) -> None:
         self.kube_watch_restarts.labels(reason).inc()
 

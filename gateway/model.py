@@ -1,4 +1,5 @@
-"""Domain values shared by the store, the providers and the session router.
+"""Domain values shared by the store, the providers, the session router and the control API
+(a place in the sandbox listing and its filter: ``Position``, ``SandboxFilter``).
 
 Plain frozen dataclasses: they cross process boundaries (Redis, JSON), so they
 carry only data, and ``to_dict``/``from_dict`` are their one serialisation.
@@ -6,10 +7,15 @@ carry only data, and ``to_dict``/``from_dict`` are their one serialisation.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from gateway.errors import BadRequest
 from routing import Identity, Isolation, shared_sandbox_id
 
 
@@ -230,3 +236,60 @@ class ManagedSandbox:
     sandbox_id: str
     pool: str
     created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A place in the sandbox index, ordered by (last activity, sandbox ID), oldest first.
+
+    Paging by it never skips a sandbox that exists throughout: activity only moves an entry
+    forward (towards pages not yet read), so an entry touched while a caller pages may come
+    again on a later page, but none can move behind the caller.
+    """
+
+    last_active: float
+    sandbox_id: str
+
+    def encode(self) -> str:
+        """The opaque cursor a client is handed (``next_cursor``)."""
+        raw = json.dumps([repr(self.last_active), self.sandbox_id], separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, cursor: str, parameter: str = "cursor") -> Position:
+        """The position of ``encode()``; ``BadRequest`` naming ``parameter`` for anything else."""
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+            last_active, sandbox_id = json.loads(raw)
+            if isinstance(last_active, str) and isinstance(sandbox_id, str) and sandbox_id:
+                position = cls(float(last_active), sandbox_id)
+                if math.isfinite(position.last_active):
+                    return position
+        except (binascii.Error, ValueError, TypeError):  # UnicodeDecodeError is a ValueError
+            pass
+        raise BadRequest(f"{parameter} is not a cursor this gateway handed out; "
+                         f"pass the next_cursor of the previous page, or omit {parameter} to start over")
+
+    def key(self) -> tuple[float, str]:
+        return (self.last_active, self.sandbox_id)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxFilter:
+    """Which records a scan returns (None: any)."""
+
+    pool: str | None = None
+    state: SandboxState | None = None
+    org_id: str | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.pool is None and self.state is None and self.org_id is None
+
+    def matches(self, record: SandboxRecord) -> bool:
+        return ((self.pool is None or record.pool == self.pool)
+                and (self.state is None or record.state is self.state)
+                and (self.org_id is None or record.org_id == self.org_id))
+
+
+ANY_SANDBOX = SandboxFilter()

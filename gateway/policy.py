@@ -7,7 +7,7 @@ their errors come with every other error in the file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from gateway.model import Endpoint
 from gateway.providers import kubernetes_options
@@ -56,3 +56,46 @@ def allowed_ports(pool: PoolSpec | None, endpoint: Endpoint) -> PortSet:
     if endpoint.unix is not None or pool is None or pool.port_set is None:
         return PortSet.single(endpoint.port)
     return pool.port_set
+
+
+class PolicyView:
+    """The policy in force, owned by the router: every part reads it here (the pools, the ports a
+    sandbox opens, the pools' request timeouts), and a part that keeps something derived from it
+    (the data plane's request timeouts, read per request) subscribes, so a hot reload
+    (:meth:`replace`) reaches every consumer and none keeps a copy by hand."""
+
+    __slots__ = ("_policy", "_subscribers", "request_timeouts")
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self._subscribers: list[Callable[[PolicyView], None]] = []
+        # Pool name -> request_timeout, for the pools that set one: what the data plane enforces.
+        self.request_timeouts = request_timeouts(policy)
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def pools(self) -> Mapping[str, PoolSpec]:
+        return self._policy.pools
+
+    def pool(self, name: str) -> PoolSpec | None:
+        """The spec of pool ``name``, or None for a pool no longer in the policy."""
+        return self._policy.pools.get(name)
+
+    def allowed_ports(self, pool: str, endpoint: Endpoint) -> PortSet:
+        """The ports of pool ``pool``'s sandbox at ``endpoint`` that the data plane may reach."""
+        return allowed_ports(self._policy.pools.get(pool), endpoint)
+
+    def subscribe(self, on_replace: Callable[[PolicyView], None]) -> None:
+        """Call ``on_replace`` with this view now, and again whenever the policy is replaced."""
+        self._subscribers.append(on_replace)
+        on_replace(self)
+
+    def replace(self, policy: Policy) -> None:
+        """Put ``policy`` in force (a hot reload) and tell every subscriber."""
+        self._policy = policy
+        self.request_timeouts = request_timeouts(policy)
+        for on_replace in self._subscribers:
+            on_replace(self)

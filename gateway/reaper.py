@@ -35,10 +35,13 @@ from typing import TYPE_CHECKING
 from gateway.errors import GatewayError
 from gateway.model import SandboxRecord, SandboxState
 from gateway.providers.base import SandboxProvider
-from gateway.store.base import Claim, Due, Position, SandboxFilter, SessionStore
+from gateway.model import Position, SandboxFilter
+from gateway.store.base import Claim, Due, SessionStore
+
+from routing.reaping import Act, reap_verdict
 
 if TYPE_CHECKING:
-    from gateway.sessions import RouterEvents, RouterTuning
+    from gateway.router_base import RouterEvents, RouterTuning
     from routing.policy import PoolSpec
 
 log = logging.getLogger(__name__)
@@ -112,12 +115,17 @@ class ReapPass:
         return deleted
 
     def _acts(self, name: str, pool: PoolSpec) -> list[_Act]:
-        suspends = pool.on_idle == "suspend" and self.provider.can_suspend(name)
-        idle = _Act(SandboxState.READY, self.now - max(pool.idle_timeout, self.tuning.activity_grace),
-                    SandboxState.SUSPENDING if suspends else SandboxState.DELETING, "idle")
+        """The indexes of ``pool`` to read, and up to when: the pure verdict (``routing.reaping``) on a
+        record of each state idle since ever gives the cutoff (and what to do) for the whole index."""
+        acts = []
+        for state in (SandboxState.READY, SandboxState.SUSPENDED):
+            verdict = reap_verdict(state.value, -math.inf, pool, self.now, activity_grace=self.tuning.activity_grace,
+                                   can_suspend=self.provider.can_suspend(name))
+            if verdict.act is not Act.KEEP:
+                to = SandboxState.SUSPENDING if verdict.act is Act.SUSPEND else SandboxState.DELETING
+                acts.append(_Act(state, verdict.before, to, verdict.reason))
         # A delete or suspend whose holder died (its lease lapsed) is done again: nothing else would finish it.
-        return [idle, _Act(SandboxState.SUSPENDED, self.now - pool.retention, SandboxState.DELETING, "retention"),
-                _Act(SandboxState.DELETING, math.inf, SandboxState.DELETING, "idle"),
+        return [*acts, _Act(SandboxState.DELETING, math.inf, SandboxState.DELETING, "idle"),
                 _Act(SandboxState.SUSPENDING, math.inf, SandboxState.SUSPENDING, "idle")]
 
     async def _chunk(self, pool: str, act: _Act, records: list[SandboxRecord], deleted: list[str]) -> None:

@@ -22,22 +22,25 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Hashable
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from gateway import tracing
 from gateway.access import incarnation_of, stale
 from gateway.errors import (
     CapacityExceeded, Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable,
 )
-from gateway.lifecycle import REAPER_LEASE, WAKING_STATES, Lifecycle, outcome_of, unknown_sandbox
-from gateway.model import Binding, Endpoint, Owner, Route, SandboxRecord, SandboxRequest, SandboxState, may_claim
-from gateway.policy import allowed_ports
-from gateway.providers.base import ForeignSandbox, Probe, SandboxProvider
+from gateway.lifecycle import (
+    WAKING_STATES, Lifecycle, Provisioning, ReaperLease, foreign, unknown_sandbox, unknown_session,
+)
+from gateway.model import (
+    ANY_SANDBOX, Binding, Endpoint, Owner, Position, Route, SandboxFilter, SandboxRecord, SandboxState, may_claim,
+)
+from gateway.policy import PolicyView
+from gateway.providers.base import Probe, SandboxProvider
 from gateway.route_cache import CachedRoute, RouteCache, SandboxRoutes
+from gateway.router_base import NoEvents, RouterEvents, RouterTuning
 from gateway.store.base import (
-    ANY_SANDBOX, Caps, FleetCounts, NotReserved, Position, Released, Reserved, SandboxFilter, SandboxPage,
-    SessionStore, Settled, Settlement, SettleTimeout,
+    Caps, FleetCounts, Released, Reserved, SandboxPage, SessionStore, Settled, Settlement, SettleTimeout,
 )
 from routing import Identity, Isolation, Placement, Policy, place
 
@@ -46,65 +49,9 @@ log = logging.getLogger(__name__)
 _K = TypeVar("_K", bound=Hashable)
 _T = TypeVar("_T")
 
-__all__ = ["REAPER_LEASE", "NoEvents", "RouterEvents", "RouterTuning", "SessionRouter"]
+__all__ = ["NoEvents", "RouterEvents", "RouterTuning", "SessionRouter"]
 
 FILTERED_SCAN = 2_000  # index entries a filtered listing examines per page at most
-
-
-class RouterEvents(Protocol):
-    """What the router reports; ``gateway.metrics`` implements it, tests may too."""
-
-    def route_cache(self, hit: bool) -> None: ...
-    def provisioned(self, pool: str, seconds: float, outcome: str) -> None: ...
-    def capacity_rejected(self, scope: str) -> None: ...
-    def reaped(self, reason: str) -> None: ...
-    def denied(self, reason: str) -> None: ...
-    def suspended(self, pool: str, outcome: str) -> None: ...
-    def resumed(self, pool: str, outcome: str) -> None: ...
-    def wake_waiting(self, pool: str, delta: int) -> None: ...
-    def woken(self, pool: str, seconds: float) -> None: ...
-    def reap_pass(self, acted: int, seconds: float) -> None: ...
-
-
-class NoEvents:
-    """The null object: a router without metrics reports into the void."""
-
-    def route_cache(self, hit: bool) -> None: ...
-    def provisioned(self, pool: str, seconds: float, outcome: str) -> None: ...
-    def capacity_rejected(self, scope: str) -> None: ...
-    def reaped(self, reason: str) -> None: ...
-    def denied(self, reason: str) -> None: ...
-    def suspended(self, pool: str, outcome: str) -> None: ...
-    def resumed(self, pool: str, outcome: str) -> None: ...
-    def wake_waiting(self, pool: str, delta: int) -> None: ...
-    def woken(self, pool: str, seconds: float) -> None: ...
-    def reap_pass(self, acted: int, seconds: float) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RouterTuning:
-    route_ttl: float = 30.0          # how long a cached route is trusted without the store
-    route_stale_ttl: float = 300.0   # how long a cached route may serve while the store is down
-    route_cache_size: int = 100_000
-    # The lease of a creation, suspend or wake (at most half the pool's wake_timeout): renewed every quarter
-    # of it while its replica works on it, so a replica that died holds the sandbox this long at most.
-    lease_seconds: float = 10.0
-    session_ttl: float = 86_400.0    # a binding idle this long is forgotten
-    # The holder renews the reaper lease every reaper_lease_renew seconds (and on each pass), so a
-    # dead holder's lease lapses within reaper_lease_ttl and another replica reaps from its next pass.
-    reaper_lease_ttl: float = 15.0   # a few renewals long: one slow store call does not lose it
-    reaper_lease_renew: float = 5.0
-    reap_batch: int = 500            # index entries (and sessions) one reaper batch examines at most
-    reap_concurrency: int = 32       # sandboxes a reaper batch acts on at once
-    reap_budget: float = 5.0         # seconds a reaper pass goes on while more is due (serve: 4 x reap_interval)
-    sweep_batch: int = 500           # provider objects one orphan sweep checks at most
-    # No sandbox is reaped or suspended sooner than this after its last request began, whatever its
-    # idle_timeout: a request younger than the data plane's LONG_REQUEST_AFTER (10 s) counts only by
-    # its start, until it is promoted to a stream and that count is flushed (activity_flush_interval).
-    activity_grace: float = 20.0
-    # How often replicas flush recorded activity to the store (serve: activity_flush_interval, plus a
-    # margin): an operator's suspend sees a sandbox quiet twice this far apart before it suspends it.
-    activity_flush: float = 1.5
 
 
 class ActivityLog:
@@ -128,17 +75,20 @@ class SessionRouter:
         self,
         store: SessionStore,
         provider: SandboxProvider,
-        policy: Policy,
+        policy: Policy | PolicyView,
         *,
         replica_id: str,
         tuning: RouterTuning = RouterTuning(),
         clock: Callable[[], float] = time.time,
         events: RouterEvents = NoEvents(),
+        lifecycle: Lifecycle | None = None,
     ) -> None:
+        """``lifecycle``: what wakes, suspends and deletes sandboxes, built by ``gateway.app`` from
+        the same parts (and ``view``); a router made without one (tests, benchmarks) makes its own."""
         self.events = events
         self.store = store
         self.provider = provider
-        self.policy = policy
+        self.view = policy if isinstance(policy, PolicyView) else PolicyView(policy)
         self.replica_id = replica_id
         self.tuning = tuning
         self.clock = clock
@@ -150,7 +100,9 @@ class SessionRouter:
         self._resolving: dict[tuple[str, str | None, str, str | None], asyncio.Future[Route]] = {}
         self._healing: dict[tuple[str, Endpoint], asyncio.Task[None]] = {}
         self.activity = ActivityLog()
-        self.lifecycle = Lifecycle(self)
+        self.lifecycle = lifecycle if lifecycle is not None else Lifecycle(
+            store, provider, self.view, lease=ReaperLease(store, replica_id, tuning.reaper_lease_ttl),
+            tuning=tuning, clock=clock, events=events)
         store.subscribe(self.routes.invalidate)
 
     # hot path ---------------------------------------------------------------
@@ -169,7 +121,7 @@ class SessionRouter:
         route = cached.route
         if not route.owner.matches(identity):
             self.events.denied("owner_mismatch")
-            raise _unknown_session()
+            raise unknown_session()
         self.events.route_cache(True)
         self.activity.sandboxes[route.sandbox_id] = now
         self.activity.sessions[route.session_id] = now
@@ -255,7 +207,7 @@ class SessionRouter:
             raise stale()  # re-created meanwhile (it vanished between the two reads)
         now = self.clock()
         base = Route("", sandbox_id, record.pool, record.endpoint, record.owner or _NO_OWNER)
-        entry = SandboxRoutes(base, incarnation, allowed_ports(self.policy.pools.get(record.pool), record.endpoint),
+        entry = SandboxRoutes(base, incarnation, self.view.allowed_ports(record.pool, record.endpoint),
                               now + self.tuning.route_ttl)
         self.routes.remember_sandbox(entry)
         self.activity.sandboxes[sandbox_id] = now
@@ -273,7 +225,7 @@ class SessionRouter:
         if record.state is SandboxState.READY:
             return record
         if record.state is SandboxState.CREATING:
-            pool = self.policy.pools.get(record.pool)
+            pool = self.view.pool(record.pool)
             timeout = pool.provisioning_timeout if pool is not None else 120.0
             settlement = await self._settled(record.sandbox_id, timeout)
             if settlement.outcome is Settled.READY and settlement.record is not None:
@@ -302,21 +254,21 @@ class SessionRouter:
 
     # binding ----------------------------------------------------------------
     def dry_run(self, identity: Identity) -> Placement:
-        return place(identity, self.policy)
+        return place(identity, self.view.policy)
 
     async def bind(self, identity: Identity) -> tuple[Binding, SandboxRecord]:
         """Bind the session (idempotent) and return it with its ready sandbox."""
         binding = await self.store.get_binding(identity.session_id)
         created_binding = False
         if binding is None:
-            placement = place(identity, self.policy)
+            placement = place(identity, self.view.policy)
             fresh = Binding(identity.session_id, placement.sandbox_id, placement.pool, placement.isolation,
                             Owner.of(identity), self.clock())
             binding = await self.store.put_binding(fresh)
             created_binding = binding == fresh
         if not binding.owner.matches(identity):
             self.events.denied("owner_mismatch")
-            raise _unknown_session()
+            raise unknown_session()
         try:
             record = await self.ensure_sandbox(binding)
         except GatewayError:
@@ -330,7 +282,7 @@ class SessionRouter:
     async def lookup(self, session_id: str, identity: Identity | None = None) -> Binding:
         binding = await self.store.get_binding(session_id)
         if binding is None or (identity is not None and not binding.owner.matches(identity)):
-            raise _unknown_session()
+            raise unknown_session()
         return binding
 
     async def close_session(self, session_id: str, identity: Identity | None = None) -> Binding:
@@ -340,7 +292,7 @@ class SessionRouter:
         if binding.isolation is Isolation.PER_SESSION and not await self.store.sessions_of(binding.sandbox_id):
             record = await self.store.get_sandbox(binding.sandbox_id)
             if record is not None:
-                await self.destroy(record, reason="session_deleted")
+                await self.lifecycle.destroy(record, reason="session_deleted")
                 self.events.reaped("session_deleted")
         return binding
 
@@ -365,7 +317,7 @@ class SessionRouter:
         record = await self.store.get_sandbox(binding.sandbox_id)
         if record is None or record.state is not SandboxState.READY:
             if record is not None and not self._claims(binding, record):
-                raise self.foreign(binding)  # before anything is woken for a caller it will never serve
+                raise foreign(self.events, binding)  # before anything is woken for a caller it will never serve
             ensure = functools.partial(_shared, self._inflight, (binding.sandbox_id, binding.owner),
                                        functools.partial(self._ensure_once, binding))
             if record is not None and record.state in WAKING_STATES:
@@ -375,21 +327,15 @@ class SessionRouter:
                 record = await asyncio.shield(ensure())
         if not self._claims(binding, record):
             # The binding was lost (store reset, session_ttl) and re-made by someone else: never share.
-            raise self.foreign(binding)
+            raise foreign(self.events, binding)
         return record
 
     @staticmethod
     def _claims(binding: Binding, record: SandboxRecord) -> bool:
         return may_claim(record.sandbox_id, record.owner, record.created_at, binding.owner, binding.created_at)
 
-    def foreign(self, binding: Binding) -> NotFound:
-        self.events.denied("sandbox_owner_mismatch")
-        log.warning("denied: session %r asked for sandbox %s, which belongs to another identity",
-                    binding.session_id, binding.sandbox_id)
-        return _unknown_session()
-
     async def _ensure_once(self, binding: Binding) -> SandboxRecord:
-        pool = self.policy.pools.get(binding.pool)
+        pool = self.view.pool(binding.pool)
         timeout = pool.provisioning_timeout if pool is not None else 120.0
         for _attempt in range(3):
             template = SandboxRecord(binding.sandbox_id, binding.pool, binding.owner.org_id,
@@ -418,50 +364,18 @@ class SessionRouter:
                               sandbox_id=binding.sandbox_id)
 
     async def _create(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
-        request = SandboxRequest(record.sandbox_id, record.pool, binding.isolation, binding.owner,
-                                 binding.session_id, timeout, bound_at=binding.created_at)
-        started = time.perf_counter()
-        try:
-            async with self.lifecycle.renewing(record, self.lifecycle.lease_for(record.pool)):
-                endpoint = await self.provider.ensure(request)
-        except ForeignSandbox:
-            self.events.provisioned(record.pool, time.perf_counter() - started, "not_found")
-            # Released without an error: a waiter (the owner, perhaps) reserves again, and adopts.
-            with contextlib.suppress(GatewayError):
-                await self.store.release_sandbox(record.sandbox_id)
-            raise self.foreign(binding) from None
-        except BaseException as exc:
-            self.events.provisioned(record.pool, time.perf_counter() - started, outcome_of(exc))
-            message = exc.message if isinstance(exc, GatewayError) else "sandbox creation was interrupted"
-            with contextlib.suppress(GatewayError):
-                await self.store.release_sandbox(record.sandbox_id, error=message)
-            if isinstance(exc, GatewayError | asyncio.CancelledError):
-                raise
-            log.exception("provider failed creating %s", record.sandbox_id)
-            raise ProvisionFailed(f"creating sandbox {record.sandbox_id} failed", sandbox_id=record.sandbox_id) from exc
-        self.events.provisioned(record.pool, time.perf_counter() - started, "ready")
-        try:
-            return await self.store.mark_ready(record.sandbox_id, endpoint)
-        except NotReserved:
-            # Destroyed (reaped, session deleted) while it was being created.
-            raise ProvisionFailed(f"sandbox {record.sandbox_id} was removed while it was being created; retry",
-                                  sandbox_id=record.sandbox_id) from None
+        started, pool = time.perf_counter(), record.pool
+        return await self.lifecycle.provision(record, binding, timeout, Provisioning(
+            self.provider.ensure, self.store.release_sandbox,
+            lambda outcome: self.events.provisioned(pool, time.perf_counter() - started, outcome),
+            "creating", "created", "sandbox creation was interrupted", ready_when_provided=True))
 
     def _caps(self, binding: Binding) -> Caps:
-        pool = self.policy.pools.get(binding.pool)
-        org = self.policy.orgs.get(binding.owner.org_id) if binding.owner.org_id is not None else None
+        pool = self.view.pool(binding.pool)
+        org = self.view.policy.orgs.get(binding.owner.org_id) if binding.owner.org_id is not None else None
         return Caps(pool_max=pool.max_sandboxes if pool else None, org_max=org.max_sandboxes if org else None)
 
-    # lifecycle (gateway.lifecycle) ------------------------------------------
-    async def destroy(self, record: SandboxRecord, *, reason: str) -> None:
-        await self.lifecycle.destroy(record, reason=reason)
-
-    async def reap_once(self) -> list[str]:
-        return await self.lifecycle.reap_once()
-
-    async def sweep_orphans(self, grace: float) -> list[str]:
-        return await self.lifecycle.sweep_orphans(grace)
-
+    # operator controls (carried out by gateway.lifecycle) ---------------------
     async def suspend_sandbox(self, sandbox_id: str, *, grace: float | None = None) -> SandboxRecord:
         """Operator control: suspend a ready sandbox (idempotent: one suspending or suspended already
         is answered as it is). 409 while it is being created or woken. With ``grace``, it waits up to
@@ -471,7 +385,7 @@ class SessionRouter:
         if record is None:
             raise unknown_sandbox(sandbox_id)
         if record.state is SandboxState.READY and grace is not None:
-            await self.lifecycle.suspend_when_quiet(record, grace)
+            await self.lifecycle.suspend_when_quiet(record, grace, self.flush_activity)
         elif record.state is SandboxState.READY:
             record = await self.lifecycle.suspend(record, reason="requested (forced)") or record
         elif record.state not in (SandboxState.SUSPENDING, SandboxState.SUSPENDED):
@@ -489,7 +403,7 @@ class SessionRouter:
         if record.state not in (SandboxState.READY, SandboxState.SUSPENDED):
             raise Conflict(f"sandbox {sandbox_id} is {record.state}; delete it once it is ready or suspended",
                            sandbox_id=sandbox_id)
-        await self.destroy(record, reason="requested")
+        await self.lifecycle.destroy(record, reason="requested")
         self.events.reaped("requested")
         return record
 
@@ -545,21 +459,6 @@ class SessionRouter:
         if record is not None and record.state is SandboxState.READY:
             await self.store.release_sandbox(sandbox_id, error="sandbox died")
 
-    async def renew_reaper_lease(self) -> bool:
-        """Take or keep the reaper lease; True while this replica holds it. Called every
-        ``reaper_lease_renew`` seconds besides each pass, so the lease can be much shorter than the
-        reap interval (or a long pass) and a dead holder's lease lapses quickly."""
-        return await self.store.acquire_lease(REAPER_LEASE, self.replica_id, ttl=self.tuning.reaper_lease_ttl)
-
-    async def release_reaper_lease(self) -> None:
-        """Give the reaper lease up (this replica stops): another replica reaps from its next renewal,
-        not once the lease lapses. Best effort: a store that is down lets the lease lapse instead."""
-        try:
-            await self.store.release_lease(REAPER_LEASE, self.replica_id)
-        except StoreUnavailable as exc:
-            log.warning("could not give up the reaper lease (it lapses within %gs): %s",
-                        self.tuning.reaper_lease_ttl, exc.message)
-
     async def flush_activity(self) -> None:
         sandboxes, sessions, streams = self.activity.take()
         if streams:
@@ -587,11 +486,6 @@ def _shared(tasks: dict[_K, asyncio.Task[_T]], key: _K, start: Callable[[], Coro
 
 
 _NO_OWNER = Owner(None, "-", None)  # a record written by a version that kept no owner
-
-
-def _unknown_session() -> NotFound:
-    # The same answer whether the session does not exist or belongs to someone else.
-    return NotFound("no such session for this identity")
 
 
 def _log_task_error(task: asyncio.Task[None]) -> None:

@@ -20,10 +20,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from gateway.app import plane_options
 from gateway.errors import GatewayError
-from gateway.model import Endpoint, Owner, Route
 from gateway.limits import OrgLimits
-from gateway.proxy import DataPlane, PlaneOptions, RequestLog
+from gateway.model import Endpoint, Owner, Route
+from gateway.proxy import DataPlane, RequestLog
 from gateway.settings import Settings
 from routing import Identity
 
@@ -206,7 +207,7 @@ async def gateways() -> AsyncIterator[StartGateway]:
         settings = Settings(**{**TEST_SETTINGS, **overrides})  # type: ignore[arg-type]
         sock = listening_socket()
         port = sock.getsockname()[1]
-        plane = DataPlane(resolver, PlaneOptions.from_settings(settings), limits=OrgLimits.from_settings(settings),
+        plane = DataPlane(resolver, plane_options(settings), limits=OrgLimits.from_settings(settings),
                           long_request_after=long_request_after)  # type: ignore[arg-type]
         gateway = Gateway(plane, port)
         gateway.plane.on_request = gateway.records.append

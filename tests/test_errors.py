@@ -11,9 +11,12 @@ from gateway import errors
 
 
 def all_subclasses(cls: type) -> list[type]:
+    """The public tree: the subclasses declared in gateway/errors.py (a provider's own control-flow
+    subclasses, such as the Kubernetes provider's ObjectMissing, are its business and inherit all)."""
     found = []
     for sub in cls.__subclasses__():
-        found += [sub, *all_subclasses(sub)]
+        found += [sub] if sub.__module__ == errors.__name__ else []
+        found += all_subclasses(sub)
     return found
 
 

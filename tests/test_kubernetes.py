@@ -12,13 +12,11 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gateway.compat_locator import KubernetesSandboxLocator
-from gateway.errors import (
-    Conflict, KubeApiError, NotFound, ObjectExists, ObjectMissing, ProvisionFailed, ProvisionTimeout, WatchExpired,
-)
+from gateway.errors import Conflict, KubeApiError, NotFound, ProvisionFailed, ProvisionTimeout
 from gateway.model import Owner, SandboxRequest
 from gateway.providers.base import PoolProviders, Probe
 from gateway.providers.kubernetes import KubernetesProvider
-from gateway.providers.kubernetes_api import INSTALLATION, translated
+from gateway.providers.kubernetes_api import INSTALLATION, ObjectExists, ObjectMissing, WatchExpired, translated
 from gateway.providers.kubernetes_options import KubernetesPoolOptions
 from gateway.runtime import create_app
 from gateway.sessions import RouterTuning, SessionRouter
@@ -233,7 +231,7 @@ async def test_orphan_sweep_deletes_only_this_installations_unknown_objects(make
         known = await router.resolve(Identity.parse(org_id="acme", user_id="alice", session_id="known"))
         await ours.ensure(request("ses-orphan", pool="small"))
         await theirs.ensure(request("ses-foreign", pool="small"))
-        swept = await router.sweep_orphans(grace=0.0)
+        swept = await router.lifecycle.sweep_orphans(grace=0.0)
         assert swept == ["ses-orphan"]
         names = {o["metadata"]["name"] for o in kube.server.list_objects("sandboxes", "default")}
         assert names == {known.sandbox_id, "ses-foreign"}
@@ -253,7 +251,7 @@ async def test_orphan_sweep_pages_through_the_objects_across_passes(make_fake_ku
         orphans = [f"ses-orphan-{i}" for i in range(4)]
         for name in orphans:
             await provider.ensure(request(name, pool="small"))
-        swept = [await router.sweep_orphans(grace=0.0) for _ in range(3)]
+        swept = [await router.lifecycle.sweep_orphans(grace=0.0) for _ in range(3)]
         assert all(len(one) <= 2 for one in swept)  # bounded: never more than a page per pass
         assert sorted(sum(swept, [])) == orphans
         names = {o["metadata"]["name"] for o in kube.server.list_objects("sandboxes", "default")}
@@ -269,7 +267,7 @@ async def test_grace_period_protects_young_orphans(make_fake_kube, runtime_port)
                            parse_policy("pools: {k8s: {}}\nrouting: {prefix_pools: {default: k8s}}", "t"), replica_id="r")
     try:
         await provider.ensure(request("ses-young"))
-        assert await router.sweep_orphans(grace=3600.0) == []
+        assert await router.lifecycle.sweep_orphans(grace=3600.0) == []
     finally:
         await provider.close()
 

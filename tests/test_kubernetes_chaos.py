@@ -105,7 +105,7 @@ async def test_pools_serve_every_saveable_request_through_faults(make_fake_kube,
         ended = list(routes)[40:50]
         for s in ended:
             record = await router.store.get_sandbox(routes[s].sandbox_id)
-            await router.destroy(record, reason="idle")
+            await router.lifecycle.destroy(record, reason="idle")
         again = await asyncio.gather(*(router.resolve(identities[s]) for s in ended))
         assert [a.sandbox_id for a in again] == [routes[s].sandbox_id for s in ended]
         await audit(kube, router, mode, routes, frozenset(routes[s].sandbox_id for s in ended))

@@ -58,13 +58,13 @@ async def test_the_reaper_never_suspends_a_sandbox_it_just_woke(counting_provide
     await router.flush_activity()
     idle_since = clock()
     clock.advance(601 + router.tuning.activity_grace)
-    await router.reap_once()
+    await router.lifecycle.reap_once()
     assert counting_provider.suspended == [route.sandbox_id]  # idle: suspended once
     router.invalidate(route.session_id)
     await router.resolve(ALICE)  # woken by its next request: ready, active now
     assert counting_provider.resumed == [route.sandbox_id]
     store.frozen[route.sandbox_id] = idle_since  # ... while the reaper's page still says "idle"
-    await router.reap_once()
+    await router.lifecycle.reap_once()
     assert counting_provider.suspended == [route.sandbox_id]  # not suspended a second time
     record = await store.get_sandbox(route.sandbox_id)
     assert record is not None and record.state is SandboxState.READY
@@ -274,11 +274,11 @@ async def test_a_reaper_pass_keeps_going_while_more_is_due(counting_provider: Co
     busy = routes[-1].sandbox_id
     await router.resolve(Identity.parse(org_id="acme", user_id="u", session_id="s599"))  # one stays in use
     await router.flush_activity()
-    reaped = await router.reap_once()
+    reaped = await router.lifecycle.reap_once()
     assert len(reaped) == 599 and busy not in reaped  # twelve batches of 50 in one pass, not one
     assert sorted(counting_provider.deleted) == sorted(r.sandbox_id for r in routes[:-1])
     assert (metrics.registry.get_sample_value("sgw_reap_rate") or 0) > 0
-    assert await router.reap_once() == []  # nothing due: one bounded read
+    assert await router.lifecycle.reap_once() == []  # nothing due: one bounded read
 
 
 async def test_a_reaper_pass_stops_at_its_budget(counting_provider: CountingProvider) -> None:
@@ -292,8 +292,8 @@ async def test_a_reaper_pass_stops_at_its_budget(counting_provider: CountingProv
         await router.resolve(Identity.parse(org_id="acme", user_id="u", session_id=f"s{i}"))
     await router.flush_activity()
     clock.advance(601)
-    assert len(await router.reap_once()) == 10  # one batch: the budget is spent
-    assert len(await router.reap_once()) == 10  # the next pass goes on from there
+    assert len(await router.lifecycle.reap_once()) == 10  # one batch: the budget is spent
+    assert len(await router.lifecycle.reap_once()) == 10  # the next pass goes on from there
 
 
 class OneSlowWaitStore(MemoryStore):
@@ -344,7 +344,7 @@ async def test_the_reaper_never_deletes_a_sandbox_used_since_its_page(counting_p
     router.invalidate(route.session_id)
     await router.resolve(ALICE)  # used again
     await router.flush_activity()
-    assert await router.reap_once() == []
+    assert await router.lifecycle.reap_once() == []
     assert counting_provider.deleted == [] and counting_provider.suspended == []
     assert (await store.get_sandbox(route.sandbox_id)).state is SandboxState.READY  # type: ignore[union-attr]
 

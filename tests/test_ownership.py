@@ -177,7 +177,7 @@ async def test_a_per_session_binding_outlives_session_ttl_while_its_sandbox_live
     status, alice = await stack.bind(ALICE)
     assert status == 200
     stack.clock.advance(120)  # past session_ttl (60 s), well inside the pool's idle_timeout (1 h)
-    await stack.router.reap_once()
+    await stack.router.lifecycle.reap_once()
     assert (await stack.router.lookup("S")).sandbox_id == alice["sandbox_id"]
 
 

@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver
 
 from gateway.access import AccessTokens, incarnation_of
+from gateway.app import plane_options
 from gateway.auth import Key, KeySet
 from gateway.limits import OrgLimits
 from gateway.policy import parse_policy
@@ -389,7 +390,7 @@ async def test_recreated_sandbox_refuses_the_old_token(preview):
     auth = {"Authorization": f"Bearer {token}"}
     assert (await get(preview, preview.path("/"), headers=auth))[0] == 200  # cached now
     record = await preview.router.store.get_sandbox(preview.sandbox_id)
-    await preview.router.destroy(record, reason="test")
+    await preview.router.lifecycle.destroy(record, reason="test")
     await preview.router.resolve(preview.identity)  # its session re-creates it
     status, _, body = await get(preview, preview.path("/"), headers=auth)
     assert (status, refused(body)) == (401, "access_token_stale")
@@ -443,7 +444,7 @@ async def test_a_key_wins_over_identity_headers_and_identity_requests_keep_their
 def test_off_by_default():
     from gateway.settings import Settings
 
-    plane = DataPlane(_NeverResolver(), PlaneOptions.from_settings(Settings()))
+    plane = DataPlane(_NeverResolver(), plane_options(Settings()))
     assert plane.keys is None and not plane.keyed
     with pytest.raises(ValueError, match="need --auth-keys / SANDBOX_GATEWAY_AUTH_KEYS_FILE"):
         Settings(preview_domain="preview.example.com")

@@ -57,22 +57,22 @@ async def test_a_dead_holders_lease_lapses_within_the_short_ttl(stores, counting
     created = clock.now
     route = await holder.resolve(Identity.parse(org_id="iso", user_id="u", session_id="s1"))
 
-    assert await holder.renew_reaper_lease()
+    assert await holder.lifecycle.lease.renew()
     # Renewed every few seconds, the lease outlives many TTLs: the other replica never gets it.
     for _ in range(int(4 * TUNING.reaper_lease_ttl / TUNING.reaper_lease_renew) + 1):
         clock.advance(TUNING.reaper_lease_renew)
-        assert await holder.renew_reaper_lease()
-        assert not await other.renew_reaper_lease()
+        assert await holder.lifecycle.lease.renew()
+        assert not await other.lifecycle.lease.renew()
     assert clock.now - created > 60  # the sandbox is idle now
-    assert await other.reap_once() == []  # but it is not the other replica's to reap
+    assert await other.lifecycle.reap_once() == []  # but it is not the other replica's to reap
 
     # The holder stops renewing (it died): its lease runs to its deadline, and not a moment longer.
     clock.advance(TUNING.reaper_lease_ttl)
-    assert await other.reap_once() == []
+    assert await other.lifecycle.reap_once() == []
     clock.advance(0.01)
-    assert await other.reap_once() == [route.sandbox_id]
+    assert await other.lifecycle.reap_once() == [route.sandbox_id]
     assert counting_provider.deleted == [route.sandbox_id]
-    assert not await holder.renew_reaper_lease()  # came back: the lease has moved on
+    assert not await holder.lifecycle.lease.renew()  # came back: the lease has moved on
 
 
 def test_the_lease_is_renewed_several_times_within_its_ttl() -> None:
@@ -97,9 +97,9 @@ async def test_a_replica_that_stops_gives_the_lease_up_at_once(redis_server: Red
     await first.start(listening_socket(), listening_socket())
     await second.start(listening_socket(), listening_socket())
     try:
-        assert await first.router.renew_reaper_lease()
-        assert not await second.router.renew_reaper_lease()  # held by the first replica
+        assert await first.router.lifecycle.lease.renew()
+        assert not await second.router.lifecycle.lease.renew()  # held by the first replica
         await first.stop()
-        assert await second.router.renew_reaper_lease()  # at once
+        assert await second.router.lifecycle.lease.renew()  # at once
     finally:
         await second.stop()

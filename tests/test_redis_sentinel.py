@@ -32,6 +32,11 @@ from tests.redis_server import RedisServer, SentinelGroup, sentinel_group  # noq
                              sentinel_password="x"), id="ACL users"),
     pytest.param("rediss+sentinel://h:1/sgw?ssl_ca_certs=/ca.pem",
                  SentinelUrl((("h", 1),), "sgw", tls=True, ssl_ca_certs="/ca.pem"), id="TLS"),
+    pytest.param("redis+sentinel://p%40ss@h/sgw", SentinelUrl((("h", 26379),), "sgw", password="p@ss"),
+                 id="a password alone, as redis-py reads it"),
+    pytest.param("redis+sentinel://@h/sgw", SentinelUrl((("h", 26379),), "sgw"), id="empty credentials"),
+    pytest.param("rediss+sentinel://h/sgw?ssl_cert_reqs=none&ssl_cert_reqs=required",
+                 SentinelUrl((("h", 26379),), "sgw", tls=True), id="the last of a repeated option"),
 ])
 def test_sentinel_url_form(url, expected):
     assert parse_sentinel_url(url) == expected
@@ -44,6 +49,7 @@ def test_sentinel_url_form(url, expected):
     pytest.param("redis+sentinel://h:26379/sgw/x", "db", id="bad db"),
     pytest.param("redis+sentinel://h:port/sgw", "bad port", id="bad port"),
     pytest.param("redis+sentinel://h/sgw?sentinel_pasword=x", "sentinel_pasword", id="misspelt option"),
+    pytest.param("rediss+sentinel://h/sgw?ssl_cert_reqs=maybe", "'required' or 'none'", id="bad ssl_cert_reqs"),
 ])
 def test_a_bad_sentinel_url_is_refused_at_startup(url, message):
     with pytest.raises(ValueError, match=message):

@@ -69,7 +69,7 @@ async def test_fifty_sessions(router, counting_provider, org, expected):
 
 async def test_stored_binding_wins_over_policy_change(router):
     first = await router.resolve(ident("s1", org="open"))
-    router.policy = default_policy(["*"])  # now everybody would be per-session
+    router.view.replace(default_policy(["*"]))  # now everybody would be per-session
     router.invalidate("s1")
     again = await router.resolve(ident("s1", org="open"))
     assert again.sandbox_id == first.sandbox_id and first.sandbox_id.startswith("org-")
@@ -123,10 +123,10 @@ async def test_idle_reaping_then_recreation(router, counting_provider, clock):
     shared = await router.resolve(ident("s2", org="open"))
     clock.now += 61  # past small's 60s, not shared's 120s
     await router.flush_activity()
-    assert await router.reap_once() == [per_session.sandbox_id]
+    assert await router.lifecycle.reap_once() == [per_session.sandbox_id]
     assert await router.store.get_binding("s1") is None  # a ses- sandbox takes its session with it
     clock.now += 60
-    assert await router.reap_once() == [shared.sandbox_id]
+    assert await router.lifecycle.reap_once() == [shared.sandbox_id]
     assert await router.store.get_binding("s2") is not None  # shared: the binding survives
     again = await router.resolve(ident("s2", org="open"))
     assert again.sandbox_id == shared.sandbox_id and counting_provider.created[shared.sandbox_id] == 2
@@ -137,25 +137,40 @@ async def test_open_stream_keeps_a_sandbox_from_being_reaped(router, clock):
     router.stream_opened(route.sandbox_id)
     await router.flush_activity()
     clock.now += 3600
-    assert await router.reap_once() == []
+    assert await router.lifecycle.reap_once() == []
     router.stream_closed(route.sandbox_id)
     await router.flush_activity()
     clock.now += 61
-    assert await router.reap_once() == [route.sandbox_id]
+    assert await router.lifecycle.reap_once() == [route.sandbox_id]
+
+
+async def test_a_reload_reaches_the_lifecycle_and_every_subscriber(router, clock):
+    """One view of the policy: what the router's view says after a reload is what its lifecycle reaps
+    by, and a subscriber (the data plane's request timeouts) is told at once and at every reload."""
+    seen: list[dict[str, float]] = []
+    router.view.subscribe(lambda view: seen.append(view.request_timeouts))
+    route = await router.resolve(ident("s1"))
+    clock.now += 30
+    await router.flush_activity()
+    assert await router.lifecycle.reap_once() == []  # small's idle_timeout is 60s
+    router.view.replace(parse_policy(POLICY.replace("idle_timeout: 60s}", "idle_timeout: 25s, request_timeout: 9s}"),
+                                     "test"))
+    assert await router.lifecycle.reap_once() == [route.sandbox_id]
+    assert seen == [{}, {"small": 9.0}]
 
 
 async def test_only_the_lease_holder_reaps(router, clock):
     long_lease = RouterTuning(reaper_lease_ttl=1000)
-    first = SessionRouter(router.store, router.provider, router.policy, replica_id="r1", clock=clock, tuning=long_lease)
-    other = SessionRouter(router.store, router.provider, router.policy, replica_id="r2", clock=clock, tuning=long_lease)
+    first = SessionRouter(router.store, router.provider, router.view.policy, replica_id="r1", clock=clock, tuning=long_lease)
+    other = SessionRouter(router.store, router.provider, router.view.policy, replica_id="r2", clock=clock, tuning=long_lease)
     await first.resolve(ident("s1"))
     clock.now += 61
-    assert len(await first.reap_once()) == 1
+    assert len(await first.lifecycle.reap_once()) == 1
     await first.resolve(ident("s2"))
     clock.now += 61
-    assert await other.reap_once() == []  # r1 still holds the lease
+    assert await other.lifecycle.reap_once() == []  # r1 still holds the lease
     clock.now += 1000
-    assert len(await other.reap_once()) == 1  # the lease moved once r1 stopped renewing it
+    assert len(await other.lifecycle.reap_once()) == 1  # the lease moved once r1 stopped renewing it
 
 
 async def test_deleting_a_session_destroys_its_per_session_sandbox(router, counting_provider):
@@ -206,7 +221,7 @@ async def test_reaping_is_bounded_per_pass_and_resumes(counting_provider, clock)
     clock.now += 61  # small's 60s passed for all of them, shared's 120s for none
     reaped: list[str] = []
     for _ in range(4):
-        reaped += await router.reap_once()
+        reaped += await router.lifecycle.reap_once()
     assert sorted(reaped) == sorted(r.sandbox_id for r in small)
     assert [await store.get_sandbox(r.sandbox_id) is not None for r in shared] == [True] * 3
 
@@ -219,7 +234,7 @@ async def test_idle_sessions_are_forgotten_a_batch_per_pass(counting_provider, c
     for i in range(3):
         await router.bind(ident(f"o{i}", org="open"))
     clock.now += 101
-    await router.reap_once()
+    await router.lifecycle.reap_once()
     assert [await store.get_binding(f"o{i}") is None for i in range(3)] == [True, True, False]
-    await router.reap_once()
+    await router.lifecycle.reap_once()
     assert await store.get_binding("o2") is None

@@ -87,7 +87,7 @@ class Fleet:
         if long_request_after is not None:
             gateway.data_plane.long_request_after = long_request_after
         if activity_grace is not None:
-            gateway.router.tuning = dataclasses.replace(gateway.router.tuning, activity_grace=activity_grace)
+            gateway.lifecycle.tuning = dataclasses.replace(gateway.lifecycle.tuning, activity_grace=activity_grace)
         return gateway
 
     async def request(self, gateway: Gateway, method: str, path: str, headers: dict[str, str] = ALICE,
@@ -300,9 +300,9 @@ async def test_idle_suspends_instead_of_deleting_and_retention_deletes(local_rou
     await router.flush_activity()
 
     clock.advance(599)
-    assert await router.reap_once() == [] and running(pid, sandbox_id)  # not idle yet
+    assert await router.lifecycle.reap_once() == [] and running(pid, sandbox_id)  # not idle yet
     clock.advance(2)
-    assert await router.reap_once() == []  # suspended, not deleted
+    assert await router.lifecycle.reap_once() == []  # suspended, not deleted
     record = await router.store.get_sandbox(sandbox_id)
     assert record is not None and record.state is SandboxState.SUSPENDED
     assert not running(pid, sandbox_id) and (box / "root").is_dir()
@@ -310,9 +310,9 @@ async def test_idle_suspends_instead_of_deleting_and_retention_deletes(local_rou
     assert metrics.registry.get_sample_value("sgw_reaps_total", {"reason": "idle"}) == 0
 
     clock.advance(3599)
-    assert await router.reap_once() == []  # kept for its retention, counted from the suspend
+    assert await router.lifecycle.reap_once() == []  # kept for its retention, counted from the suspend
     clock.advance(2)
-    assert await router.reap_once() == [sandbox_id]
+    assert await router.lifecycle.reap_once() == [sandbox_id]
     assert await router.store.get_sandbox(sandbox_id) is None and not box.exists()
     assert metrics.registry.get_sample_value("sgw_reaps_total", {"reason": "retention"}) == 1
 

@@ -312,7 +312,7 @@ class Call:
             with self.trace.resolving():
                 route = self.route = await front.router.resolve(identity)
         front.router.stream_opened(route.sandbox_id)
-        host, port = target = grpc_target(route, front.router.policy.pools.get(route.pool))
+        host, port = target = grpc_target(route, front.router.view.pool(route.pool))
         connection = await front.channels.connection(target)
         authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", self.path.encode()),

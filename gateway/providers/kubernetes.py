@@ -47,13 +47,14 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from gateway.errors import Conflict, KubeApiError, ObjectExists, ObjectMissing, ProvisionFailed, ProvisionTimeout, WatchExpired
+from gateway.errors import Conflict, KubeApiError, ProvisionFailed, ProvisionTimeout
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from routing import Isolation, PolicyError
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.kubernetes_api import (
-    ANNOTATION, INSTALLATION, ISOLATION, MANAGED_BY, MERGE_PATCH, POOL, SUSPEND_WAIT, Kind, api_client, mode_patch,
-    observed, pod_ips, routable, sandbox_kind, suspended_spec, terminal_failure, terminating,
+    ANNOTATION, INSTALLATION, ISOLATION, MANAGED_BY, MERGE_PATCH, POOL, SUSPEND_WAIT, Kind, ObjectExists, ObjectMissing,
+    WatchExpired, api_client, mode_patch, observed, pod_ips, routable, sandbox_kind, suspended_spec, terminal_failure,
+    terminating,
 )
 from gateway.providers.kubernetes_calls import Calls, KubeObserver
 from gateway.providers.kubernetes_watch import Informer, Obj

@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gateway.errors import KubeApiError, ObjectExists, ObjectMissing, WatchExpired
+from gateway.errors import KubeApiError
 from gateway.providers.kubernetes_options import KubernetesPoolOptions
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -83,6 +83,20 @@ MERGE_PATCH = "application/merge-patch+json"
 # How long suspend waits for the controller to take the pod away (the spec is patched at once).
 SUSPEND_WAIT = 120.0
 
+
+class ObjectMissing(KubeApiError):
+    """404: no object of that name (a delete treats it as done, a read as None)."""
+
+
+class ObjectExists(KubeApiError):
+    """409: an object of that name exists already (a create adopts it)."""
+
+
+class WatchExpired(KubeApiError):
+    """410 Gone: the resourceVersion fell out of the watch cache; read afresh and watch again."""
+
+
+# The provider's control flow, not errors a client sees (``KubeApiError``, 503, were one to escape).
 _BY_STATUS: dict[int, type[KubeApiError]] = {404: ObjectMissing, 409: ObjectExists, 410: WatchExpired}
 
 

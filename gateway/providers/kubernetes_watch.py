@@ -27,8 +27,8 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gateway.errors import KubeApiError, WatchExpired
-from gateway.providers.kubernetes_api import Kind, translated, watch_events
+from gateway.errors import KubeApiError
+from gateway.providers.kubernetes_api import Kind, WatchExpired, translated, watch_events
 from gateway.providers.kubernetes_calls import Calls, retry_after
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from gateway.proxy._wire import RequestIds, declares_stream
 from routing import Identity
 
 if TYPE_CHECKING:
-    from gateway.settings import Settings
+    from gateway.policy import PolicyView
 
 log = logging.getLogger("gateway.proxy")
 
@@ -57,7 +57,8 @@ def _unix_connected(path: str) -> socket.socket:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlaneOptions:
-    """The settings the data plane reads (the defaults are ``Settings``' own); see ``gateway.settings``."""
+    """The settings the data plane reads (the defaults are ``Settings``' own; ``gateway.app.plane_options``
+    takes them from the settings, each field from the setting of its name); see ``gateway.settings``."""
 
     max_header_bytes: int = 32_768
     max_body_bytes: int | None = None
@@ -72,10 +73,6 @@ class PlaneOptions:
     upstream_keepalive_timeout: float = 30.0
     stream_idle_timeout: float = 300.0
     grpc_port: int = 50051  # named in the answer to an HTTP/2 preface
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> PlaneOptions:
-        return cls(**{field.name: getattr(settings, field.name) for field in dataclasses.fields(cls)})
 
 
 class RouteResolver(Protocol):
@@ -164,7 +161,7 @@ class DataPlane(PlaneState):
         self.write_high = WRITE_BUFFER_HIGH
         self.ids = RequestIds()
         # Pool name -> request_timeout (seconds to the response head), for the pools that set one;
-        # the composition root keeps it in step with the policy. Empty: no pool caps a request.
+        # kept in step with the policy by policy_replaced. Empty: no pool caps a request.
         self.request_timeouts: dict[str, float] = {}
         self.clients: set[DownstreamConnection] = set()
         self.gate = gate if gate is not None else ConnectionGate("data")  # unbounded unless given one
@@ -181,6 +178,10 @@ class DataPlane(PlaneState):
         self._ticks = 0
         self._tick_interval = max(0.01, min(0.5, (options.upstream_read_timeout or 2.0) / 4,
                                             options.stream_idle_timeout / 4, options.header_read_timeout / 4))
+
+    def policy_replaced(self, view: PolicyView) -> None:
+        """The policy view's subscriber (``PolicyView.subscribe``): the pools' request timeouts in force."""
+        self.request_timeouts = view.request_timeouts
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self, sock: socket.socket) -> None:

@@ -77,40 +77,50 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
         raise ValueError(f"a Sentinel redis_url starts with {' or '.join(s + '://' for s in SENTINEL_SCHEMES)}")
     rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    if not at:
-        userinfo, hosts = "", netloc
-    username, password = None, None
-    if userinfo:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-        if not colon:  # redis://secret@host means a password, as in redis-py
-            username, password = None, unquote(user)
+    username, password, hosts = _credentials(netloc)
     sentinels = tuple(_host_port(part) for part in hosts.split(",") if part)
     if not sentinels:
         raise ValueError("a Sentinel redis_url names at least one sentinel: redis+sentinel://host:26379/service_name")
+    service_name, db = _service_and_db(path)
+    options = _options(query)
+    return SentinelUrl(sentinels=sentinels, service_name=service_name, db=db, username=username,
+                       password=password, sentinel_username=options.get("sentinel_username") or None,
+                       sentinel_password=options.get("sentinel_password") or None,
+                       tls=scheme.lower().startswith("rediss"), ssl_ca_certs=options.get("ssl_ca_certs") or None,
+                       ssl_cert_reqs=options.get("ssl_cert_reqs", "required"))
+
+
+def _credentials(netloc: str) -> tuple[str | None, str | None, str]:
+    """``[[user]:password@]hosts`` as (username, password, hosts)."""
+    userinfo, at, hosts = netloc.rpartition("@")
+    if not at or not userinfo:
+        return None, None, hosts if at else netloc
+    user, colon, secret = userinfo.partition(":")
+    if not colon:  # redis://secret@host means a password, as in redis-py
+        return None, unquote(user), hosts
+    return unquote(user) or None, unquote(secret), hosts
+
+
+def _service_and_db(path: str) -> tuple[str, int]:
+    """``service_name[/db]`` as (service name, db number)."""
     parts = [p for p in path.split("/") if p]
     if not parts or len(parts) > 2:
         raise ValueError("a Sentinel redis_url ends in /service_name or /service_name/db")
-    db = 0
-    if len(parts) == 2:
-        if not parts[1].isdigit():
-            raise ValueError(f"the db of a Sentinel redis_url is a number, not {parts[1]!r}")
-        db = int(parts[1])
+    if len(parts) == 2 and not parts[1].isdigit():
+        raise ValueError(f"the db of a Sentinel redis_url is a number, not {parts[1]!r}")
+    return unquote(parts[0]), int(parts[1]) if len(parts) == 2 else 0
+
+
+def _options(query: str) -> dict[str, str]:
+    """The query's options (the last of a repeated one), every one known and valid."""
     options = {name: values[-1] for name, values in parse_qs(query, keep_blank_values=True).items()}
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise ValueError(f"unknown option(s) in the Sentinel redis_url: {', '.join(unknown)} "
                          f"(known: {', '.join(sorted(_OPTIONS))})")
-    cert_reqs = options.get("ssl_cert_reqs", "required")
-    if cert_reqs not in ("required", "none"):
+    if options.get("ssl_cert_reqs", "required") not in ("required", "none"):
         raise ValueError("ssl_cert_reqs in the Sentinel redis_url is 'required' or 'none'")
-    return SentinelUrl(sentinels=sentinels, service_name=unquote(parts[0]), db=db, username=username,
-                       password=password, sentinel_username=options.get("sentinel_username") or None,
-                       sentinel_password=options.get("sentinel_password") or None,
-                       tls=scheme.lower().startswith("rediss"), ssl_ca_certs=options.get("ssl_ca_certs") or None,
-                       ssl_cert_reqs=cert_reqs)
+    return options
 
 
 def _host_port(text: str) -> tuple[str, int]:

@@ -25,9 +25,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gateway.model import SandboxRecord, SandboxState
+from gateway.model import Position, SandboxFilter, SandboxRecord, SandboxState
 from gateway.store import redis_codec as codec
-from gateway.store.base import ANY_SANDBOX, Claim, Due, FleetCounts, Position, SandboxFilter, SandboxPage
+from gateway.store.base import ANY_SANDBOX, Claim, Due, FleetCounts, SandboxPage
 from gateway.store.redis_errors import translated
 from gateway.store.redis_listener import RedisListener
 from gateway.store.redis_fleet_scripts import (

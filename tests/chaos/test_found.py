@@ -90,7 +90,7 @@ class ListingProvider(CountingProvider):
 
 
 async def test_orphan_grace_counts_from_a_store_reset() -> None:
-    """SessionRouter.sweep_orphans says ``grace`` protects "objects of a store that was just reset".
+    """Lifecycle.sweep_orphans says ``grace`` protects "objects of a store that was just reset".
     A sandbox an hour old whose store was reset a moment ago is swept at once today."""
     clock = FakeClock(1_000_000.0)
     provider = ListingProvider()
@@ -100,9 +100,9 @@ async def test_orphan_grace_counts_from_a_store_reset() -> None:
     route = await before.resolve(Identity.parse(org_id="acme", user_id="alice", session_id="s1"))
     provider.managed = [ManagedSandbox(route.sandbox_id, route.pool, clock() - 3600)]
     after_reset = SessionRouter(MemoryStore(clock=clock), providers, policy, replica_id="r", clock=clock)
-    assert await after_reset.sweep_orphans(grace=600) == []  # the session may still come back for it
+    assert await after_reset.lifecycle.sweep_orphans(grace=600) == []  # the session may still come back for it
     clock.advance(601)
-    assert await after_reset.sweep_orphans(grace=600) == [route.sandbox_id]
+    assert await after_reset.lifecycle.sweep_orphans(grace=600) == [route.sandbox_id]
 
 
 async def test_a_lock_whose_file_a_delete_removed_is_taken_again(tmp_path: Path) -> None:
