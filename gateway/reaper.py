@@ -33,9 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.errors import GatewayError
-from gateway.model import SandboxRecord, SandboxState
+from gateway.model import Position, SandboxFilter, SandboxRecord, SandboxState
 from gateway.providers.base import SandboxProvider
-from gateway.model import Position, SandboxFilter
 from gateway.store.base import Claim, Due, SessionStore
 
 from routing.reaping import Act, reap_verdict

@@ -71,7 +71,7 @@ async def test_one_pass_reaps_what_is_due_in_every_pool_and_nothing_else(
     await router.flush_activity()
     await router.resolve(user(1))  # in use again: not due
     await router.flush_activity()
-    reaped = await router.reap_once()
+    reaped = await router.lifecycle.reap_once()
     assert sorted(reaped) == sorted([r.sandbox_id for r in per_session[2:]] + [shared[0].sandbox_id])
     assert sorted(counting_provider.suspended) == sorted([shared[0].sandbox_id] + [r.sandbox_id for r in shared[1:]])
     states = {r.sandbox_id: r.state for r in (await store.scan_sandboxes(None, limit=100, scan=100)).records}
@@ -85,7 +85,7 @@ async def test_one_pass_reaps_what_is_due_in_every_pool_and_nothing_else(
     assert (metrics.registry.get_sample_value("sgw_reap_rate") or 0) > 0
     assert metrics.registry.get_sample_value("sgw_reaps_total", {"reason": "idle"}) == 18
     assert metrics.registry.get_sample_value("sgw_reaps_total", {"reason": "retention"}) == 1
-    assert await router.reap_once() == []  # nothing due any more
+    assert await router.lifecycle.reap_once() == []  # nothing due any more
 
 
 async def test_a_request_for_a_sandbox_being_deleted_gets_a_new_one(
@@ -108,7 +108,7 @@ async def test_a_request_for_a_sandbox_being_deleted_gets_a_new_one(
         counting_provider.deleted.append(sandbox_id)
 
     counting_provider.delete = delete_while_a_request_comes  # type: ignore[method-assign]
-    assert await router.reap_once() == [first.sandbox_id]
+    assert await router.lifecycle.reap_once() == [first.sandbox_id]
     route = await request[0]
     assert arrived == [SandboxState.DELETING]
     assert route.sandbox_id == first.sandbox_id  # type: ignore[attr-defined]
@@ -135,12 +135,12 @@ async def test_a_failed_delete_is_tried_again_once_its_lease_lapses(store: Sessi
     first = await router.resolve(user(1))
     await router.flush_activity()
     clock.advance(601)
-    assert await router.reap_once() == []
+    assert await router.lifecycle.reap_once() == []
     record = await store.get_sandbox(first.sandbox_id)
     assert record is not None and record.state is SandboxState.DELETING
-    assert await router.reap_once() == []  # its lease still runs
+    assert await router.lifecycle.reap_once() == []  # its lease still runs
     clock.advance(router.lifecycle.lease_for("small") + 1)
-    assert await router.reap_once() == [first.sandbox_id]
+    assert await router.lifecycle.reap_once() == [first.sandbox_id]
     assert provider.deleted == [first.sandbox_id] and await store.get_sandbox(first.sandbox_id) is None
     await assert_listings_match_records(store)
 
@@ -159,7 +159,7 @@ async def test_sandboxes_of_an_earlier_version_are_reaped_after_an_upgrade(
         clock.advance(601)
         upgraded = RedisStore(redis_server.url, f"upgrade-{id(clock)}", "r2", clock=clock)
         try:
-            reaped = await router_on(upgraded, counting_provider, clock).reap_once()
+            reaped = await router_on(upgraded, counting_provider, clock).lifecycle.reap_once()
             assert sorted(reaped) == sorted(r.sandbox_id for r in routes)
         finally:
             await upgraded.close()
@@ -175,9 +175,9 @@ async def test_a_suspend_whose_replica_died_is_finished_by_the_next_pass(
     route = await router.resolve(user(1, org="globex"))  # shared: on_idle suspend
     await router.flush_activity()
     assert await store.begin_suspend(route.sandbox_id, 10) is not None  # ...and that replica dies
-    assert await router.reap_once() == [] and counting_provider.suspended == []  # its lease runs
+    assert await router.lifecycle.reap_once() == [] and counting_provider.suspended == []  # its lease runs
     clock.advance(11)
-    assert await router.reap_once() == []
+    assert await router.lifecycle.reap_once() == []
     assert counting_provider.suspended == [route.sandbox_id]
     record = await store.get_sandbox(route.sandbox_id)
     assert record is not None and record.state is SandboxState.SUSPENDED
