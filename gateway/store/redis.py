@@ -90,6 +90,10 @@ construction): one pub/sub listener per store (:class:`RedisListener`, in
 ``wait_settled``), reconnecting by itself; one heartbeat task (on the first
 ``add_streams``). ``close()`` stops both and closes the client.
 
+The class is in three parts: this module (bindings, records and their create-once protocol,
+leases), :mod:`gateway.store.redis_fleet` (listing, activity, counts and the reaper's batches)
+and :mod:`gateway.store.redis_streams` (stream counts and the heartbeat).
+
 ``wait_settled`` subscribes before it reads the record (no lost wake-ups), then
 waits for a ``settled`` message, waking also when the creator's lease expires:
 it then returns ``Settled.ABANDONED`` with the stale record, which tells the
@@ -106,7 +110,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
@@ -125,6 +129,7 @@ from gateway.store import redis_codec as codec
 from gateway.store.redis_connect import close_pool, connection_pool, healthy_replicas
 from gateway.store.redis_errors import translated
 from gateway.store.redis_fleet import RedisFleet
+from gateway.store.redis_streams import RedisStreamCounts
 from gateway.store.redis_limits import RedisLimitLedger
 from gateway.store.redis_listener import RedisListener
 from gateway.store.redis_scripts import RedisKeys
@@ -146,7 +151,7 @@ async def _read_again_on_timeout(script: Any, **call: Any) -> Any:
     except redis_errors.TimeoutError:
         return await script(**call)
 
-class RedisStore(RedisFleet):
+class RedisStore(RedisFleet, RedisStreamCounts):
     """``SessionStore`` shared by every replica of one installation (``prefix``).
 
     ``replica_id`` must be unique per process: it owns this process's stream
@@ -445,20 +450,6 @@ class RedisStore(RedisFleet):
                 "args": [sandbox_id, codec.endpoint_text(endpoint), self.keys.settled, self.keys.invalidate,
                          self._invalidation("sandbox", sandbox_id), codec.num(self._clock())]}
 
-    @translated("count open streams")
-    async def add_streams(self, deltas: Mapping[str, int]) -> None:
-        # Each replica owns one field per sandbox and writes its absolute count: a retried
-        # write cannot double-count, and a write that failed is repeated by the next one.
-        for sandbox_id, delta in deltas.items():
-            total = self._streams.get(sandbox_id, 0) + delta
-            if total > 0:
-                self._streams[sandbox_id] = total
-            else:
-                self._streams.pop(sandbox_id, None)
-            self._unsynced.add(sandbox_id)
-        self._start_heartbeat()
-        await self._sync_streams()
-
     @translated("read when its data began")
     async def epoch(self) -> float:
         # SET NX GET: the first caller after the data began (a fresh Redis, or one restarted without
@@ -466,15 +457,6 @@ class RedisStore(RedisFleet):
         now = codec.num(self._clock())
         began = await self._redis.set(self.keys.epoch, now, nx=True, get=True)
         return float(began if began is not None else now)
-
-    @translated("count open streams")
-    async def open_streams(self, sandbox_id: str) -> int:
-        counts: dict[str, str] = await self._redis.hgetall(self.keys.streams(sandbox_id))
-        if not counts:
-            return 0
-        replicas = list(counts)
-        alive = await self._redis.mget([self.keys.replica(r) for r in replicas])
-        return sum(int(counts[r]) for r, beat in zip(replicas, alive, strict=True) if beat is not None)
 
     # coordination -------------------------------------------------------
     @translated("take a lease")
@@ -575,24 +557,6 @@ class RedisStore(RedisFleet):
                                             args=[sandbox_id])
         return None if view is None else codec.record_of(sandbox_id, view)
 
-    async def _sync_streams(self) -> None:
-        """Write the heartbeat and every unsynced stream count, in one MULTI."""
-        async with self._streams_lock:
-            await self._sync_streams_locked()
-
-    async def _sync_streams_locked(self) -> None:
-        pending = list(self._unsynced)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.replica(self.replica_id), self._origin, px=self._heartbeat_ms)
-            for sandbox_id in pending:
-                total = self._streams.get(sandbox_id, 0)
-                if total > 0:
-                    pipe.hset(self.keys.streams(sandbox_id), self.replica_id, total)
-                else:
-                    pipe.hdel(self.keys.streams(sandbox_id), self.replica_id)
-            await pipe.execute()
-        self._unsynced.difference_update(pending)
-
     async def _replicas_up(self) -> int:
         """How many replicas could hold a copy, asked only when WAIT came back short: the sentinels'
         count of replicas up (a plain URL, or no sentinel answering: as many as were asked for, so
@@ -602,22 +566,3 @@ class RedisStore(RedisFleet):
 
     def _invalidation(self, kind: str, key: str) -> str:
         return codec.dumps([self._origin, kind, key])
-
-    def _start_heartbeat(self) -> None:
-        if self._heartbeat is None and not self._closed:
-            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(), name="redis-store-heartbeat")
-
-    def _forget_streams(self, sandbox_id: str) -> None:
-        """Released on another replica: its stream counts went with it (as in the memory store)."""
-        self._streams.pop(sandbox_id, None)
-        self._unsynced.discard(sandbox_id)
-
-    async def _beat(self) -> None:
-        """Keep this replica's heartbeat alive (and retry stream counts that failed to land)."""
-        while not self._closed:
-            try:
-                await self._sync_streams()
-            except redis_errors.RedisError as exc:
-                log.warning("redis heartbeat failed (%s)", type(exc).__name__)
-            await self._listener.pause(self._heartbeat_interval)
-
