@@ -50,7 +50,8 @@ is cluster-safe)::
     {P}:invalidate             channel                [origin, "session"|"sandbox", id]
 
 Footprint (``benchmarks/footprint_bench.py``, Redis 7.0, sessions each bound to its own ready
-sandbox, UUID org and user, a pod-IP endpoint): 599 B of ``used_memory`` per session at 1,000,000
+sandbox, UUID org and user, a pod-IP endpoint): 756 B of ``used_memory`` per session at 1,000,000
+with the record's ``ix:<state>:<pool>`` entry (``benchmarks/fleet_bench.py``, issue 27); before it, 599 B
 and 654 B at 10,000 (845 B and 907 B before the binding was folded in; 949 B and 1,028 B before the
 text bindings and packed IDs). By ``MEMORY USAGE``: the sandbox hash 424 B (a listpack, the folded
 binding included), its ``idx`` entry 150 B (a skiplist node: the member, the score, the dict entry),
