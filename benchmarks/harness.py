@@ -85,18 +85,19 @@ def cpu_model() -> str:
     return model + (f" ({', '.join(detail)})" if detail else "")
 
 
-def gateway_build(*, installed: bool = False) -> str:
+def gateway_build(*, installed: bool = False, checkout: Path | None = None) -> str:
     """The data plane the gateway processes will run: what ``gateway._compiled`` chooses in a fresh process.
 
     Asked of a child started like the gateway (same interpreter and environment) rather than of this
     process, which may not import the gateway at all. ``installed``: the gateway is started as
     ``python -m gateway.cli`` from elsewhere (``serve``), so it is the package the interpreter has
     installed, not necessarily this checkout; else it is this checkout (``ROOT`` first on the path).
-    Says which directory the package came from.
+    Says which directory the package came from. ``checkout``: that directory's package (first on the path).
     """
     probe = ("import sys; sys.path.insert(0, sys.argv[1]) if sys.argv[1] else None; "
              "import gateway, gateway._compiled as c; print(c.DESCRIPTION + ', from ' + gateway.__path__[0])")
-    done = subprocess.run([sys.executable, "-c", probe, "" if installed else str(ROOT)], cwd="/",
+    done = subprocess.run([sys.executable, "-c", probe, str(checkout) if checkout else "" if installed else str(ROOT)],
+                          cwd="/",
                           capture_output=True, text=True, check=False)
     return done.stdout.strip() or f"unknown ({done.stderr.strip().splitlines()[-1:] or 'no output'})"
 

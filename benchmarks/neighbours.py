@@ -1,35 +1,54 @@
 """A victim tenant beside an attacker on one real ``sandbox-gateway serve``: the victim's p50/p99 and errors
-on the data plane, the gRPC front and the control API, under each attack, beside its baseline (issue 28).
+on the data plane, the gRPC front, the control API and its own local sandbox, under each attack, beside its
+baseline (issue 28).
 
-Attacks (all on loopback, bounded in count and time; the attackers use source addresses 127.0.0.2-4, the
-victim its own):
+Attacks (all on loopback, bounded in count and time):
 
-- ``grpc-idle``: idle TCP connections to the gRPC port that never send a preface (the gateway holds
-  ``max_connections_per_client`` of each source until ``grpc_handshake_timeout``, refuses the rest);
-- ``slowloris``: data-plane connections that send a request head a line at a time, never finishing it;
-- ``undeclared-streams``: one org opens SSE streams without ``Accept: text/event-stream``, past its
-  ``max_streams_per_org`` (they take its slots; its declared ones then get 429; the victim's org has its own).
+- ``grpc-idle``: ``--connections`` TCP connections to the gRPC port that never send a preface, from
+  ``--sources`` addresses (127.0.0.2, .3, ...), held by attacker processes of ``--per-process`` sockets each
+  (a process may hold 20,000 descriptors here; benchmarks/attackers.py). One the gateway closes (refused at a
+  bound, shed, or at ``grpc_handshake_timeout``) is opened again: at once if the gateway had held it,
+  ``--reopen`` seconds later (30, +-50%) if it was refused at once, so the port stays full for as long as the
+  attack runs (``--reopen 5`` makes it a flood of reconnects as well: thousands a second);
+- ``data-idle``: the same to the data plane (closed at ``header_read_timeout``);
+- ``slowloris``: data-plane connections that send a request head a line every 3 s, never finishing it;
+- ``undeclared-streams``: one org opens ``--streams`` SSE streams without ``Accept: text/event-stream``, from
+  four addresses (they take its slots past ``max_streams_per_org``; its declared ones then get 429);
+- ``files``: the attacker's local sandbox opens files in 100 processes until each is refused (EMFILE), and holds;
+- ``disk``: the attacker's local sandbox writes until its disk quota says ENOSPC, and holds the file;
+- ``fork-bomb``: the attacker's local sandbox forks until its process limit refuses, and holds.
 
-The sandbox is in this process: an aiohttp app (HTTP, SSE) and the grpclib echo service (gRPC), reached
-through static pools. Local-sandbox attacks (files, disk, fork bomb) are in tests/test_local_bounds.py and
-tests/test_confinement.py.
+The victim (its own source address, 127.0.0.200) opens a NEW connection for every call, so a full port would
+show: the data plane (GET through a static pool to an aiohttp app in this process), gRPC (a unary call through
+the same pool to the grpclib echo service; a new channel per call), the control API (/healthz) and, with
+``--local``, ``/execute`` in its own local sandbox (bubblewrap; root only). The victim's calls run after the
+attack is in place (the gateway has answered the first wave) and while it goes on; the CPU the gateway and
+the attackers took meanwhile is reported (they share the machine's cores). The gateway runs with its
+defaults (descriptor limit raised to the hard one: bounds logged at start) except a smaller disk quota
+(``--disk-quota``: the default 10 GiB would write 10 GiB to a shared disk).
 
-    .venv/bin/python benchmarks/neighbours.py [--connections 1500] [--victim 200]
+    .venv/bin/python benchmarks/neighbours.py [--connections 20000] [--sources 10] [--victim 500]
+    .venv/bin/python benchmarks/neighbours.py --only grpc-idle,slowloris --reopen 5   # a reconnect flood too
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
+import json
 import os
+import re
 import resource
-import socket
+import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -37,19 +56,92 @@ if str(ROOT) not in sys.path:
 
 import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
-from grpclib.client import Channel  # noqa: E402
-from grpclib.const import Cardinality  # noqa: E402
 
-from benchmarks.harness import footer, header  # noqa: E402
-from tests.gateway_process import GatewayProcess  # noqa: E402
-from tests.grpc_helpers import RawCodec, echo_server  # noqa: E402
+from benchmarks.attackers import Attack  # noqa: E402
+from benchmarks.harness import cpu_ns  # noqa: E402
 
-SOURCES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+SCENARIOS = ("baseline", "grpc-idle", "data-idle", "slowloris", "undeclared-streams", "files", "disk", "fork-bomb",
+             "baseline-after")
+LOCAL = ("files", "disk", "fork-bomb")
+VICTIM_SOURCE = "127.0.0.200"
 VICTIM = {"X-Org-Id": "victim", "X-User-Id": "v", "X-Session-Id": "victim-1"}
+VICTIM_BOX = {"X-Org-Id": "victim-box", "X-User-Id": "v", "X-Session-Id": "victim-box-1"}
 
+
+# -- the attacker processes ---------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Result:
+    p50: float
+    p99: float
+    errors: int
+    calls: int
+    first_error: str = ""
+
+
+async def measure(calls: int, call: Callable[[], Awaitable[None]]) -> Result:
+    latencies, errors, first = [], 0, ""
+    for _ in range(calls):
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(call(), 10)
+            latencies.append(time.perf_counter() - started)
+        except Exception as exc:  # noqa: BLE001 (every failure is the victim's error, counted)
+            errors += 1
+            first = first or f"{type(exc).__name__}: {exc}"[:200]
+    latencies.sort()
+    if not latencies:
+        return Result(float("nan"), float("nan"), errors, calls, first)
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return Result(statistics.median(latencies) * 1000, p99 * 1000, errors, calls, first)
+
+
+async def victim(gateway: Any, calls: int, local: bool) -> dict[str, Result]:
+    from grpclib.client import Channel
+    from grpclib.const import Cardinality
+
+    from tests.grpc_helpers import RawCodec
+
+    host, port = gateway.grpc_address.rsplit(":", 1)
+    connector = aiohttp.TCPConnector(local_addr=(VICTIM_SOURCE, 0), force_close=True)  # a new connection per call
+    async with aiohttp.ClientSession(connector=connector) as http:
+        async def data() -> None:
+            async with http.get(f"{gateway.data_url}/hello", headers=VICTIM) as response:
+                assert response.status == 200, f"{response.status} {await response.text()}"
+                await response.read()
+
+        async def grpc() -> None:
+            channel = Channel(host, int(port), codec=RawCodec())
+            try:
+                async with channel.request("/test.Echo/Unary", Cardinality.UNARY_UNARY, bytes, bytes,
+                                           metadata={k.lower(): v for k, v in VICTIM.items()}) as stream:
+                    await stream.send_message(b"ping", end=True)
+                    assert await stream.recv_message() == b"ping"
+            finally:
+                channel.close()
+
+        async def control() -> None:
+            async with http.get(f"{gateway.control_url}/healthz") as response:
+                assert response.status == 200, response.status
+                await response.read()
+
+        async def execute() -> None:
+            async with http.post(f"{gateway.data_url}/execute", headers=VICTIM_BOX,
+                                 json={"command": "echo ok", "timeout_seconds": 10}) as response:
+                body = await response.text()
+                assert response.status == 200 and json.loads(body)["stdout"] == "ok\n", body[:200]
+
+        results = {"data plane": await measure(calls, data), "gRPC": await measure(calls, grpc),
+                   "control /healthz": await measure(calls, control)}
+        if local:
+            results["own sandbox /execute"] = await measure(max(20, calls // 4), execute)
+        return results
+
+
+# -- the gateway and its sandbox ------------------------------------------------------------------------------
 
 class Sandbox:
-    """The victim's and attacker's sandbox: plain answers, and an event stream that stays open."""
+    """The static pool's sandbox: plain answers, and an event stream that stays open until released."""
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
@@ -65,91 +157,86 @@ class Sandbox:
         return response
 
 
-async def measure(name: str, calls: int, call: Callable[[], Awaitable[None]]) -> dict[str, float]:
-    latencies, errors = [], 0
-    for _ in range(calls):
-        started = time.perf_counter()
-        try:
-            await asyncio.wait_for(call(), 10)
-            latencies.append(time.perf_counter() - started)
-        except Exception:
-            errors += 1
-    latencies.sort()
-    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else float("nan")
-    return {"p50": statistics.median(latencies) * 1000 if latencies else float("nan"), "p99": p99 * 1000,
-            "errors": errors, "calls": calls}
-
-
-async def victim(gateway: GatewayProcess, calls: int) -> dict[str, dict[str, float]]:
-    connector = aiohttp.TCPConnector(local_addr=("127.0.0.9", 0))
-    host, port = gateway.grpc_address.rsplit(":", 1)
-    channel = Channel(host, int(port), codec=RawCodec())
-    method = "/test.Echo/Unary"
-    async with aiohttp.ClientSession(connector=connector) as http:
-        async def data() -> None:
-            async with http.get(f"{gateway.data_url}/hello", headers=VICTIM) as response:
-                assert response.status == 200
-                await response.read()
-
-        async def control() -> None:
-            async with http.get(f"{gateway.control_url}/healthz") as response:
-                assert response.status == 200
-                await response.read()
-
-        async def grpc() -> None:
-            async with channel.request(method, Cardinality.UNARY_UNARY, bytes, bytes,
-                                       metadata={k.lower(): v for k, v in VICTIM.items()}) as stream:
-                await stream.send_message(b"ping", end=True)
-                assert await stream.recv_message() == b"ping"
-
-        try:
-            return {"data plane": await measure("data", calls, data),
-                    "gRPC": await measure("grpc", calls, grpc),
-                    "control /healthz": await measure("control", max(20, calls // 4), control)}
-        finally:
-            channel.close()
-
-
-async def idle_connections(address: tuple[str, int], per_source: int, payload: bytes | None) -> list[socket.socket]:
-    loop = asyncio.get_running_loop()
-    held: list[socket.socket] = []
-
-    async def one(source: str) -> None:
-        sock = socket.socket()
-        sock.setblocking(False)
-        try:
-            sock.bind((source, 0))
-            await asyncio.wait_for(loop.sock_connect(sock, address), 5)
-            if payload:
-                await loop.sock_sendall(sock, payload)
-            held.append(sock)
-        except (OSError, TimeoutError):
-            sock.close()
-
-    for source in SOURCES:
-        for start in range(0, per_source, 200):
-            await asyncio.gather(*(one(source) for _ in range(min(200, per_source - start))))
-    return held
-
-
-async def refused(gateway: GatewayProcess, listener: str) -> int:
-    """Connections the gateway refused on ``listener`` so far (sgw_connections_refused_total)."""
+async def counters(gateway: Any) -> dict[str, float]:
+    """The gateway's connection counters: refused (by listener and bound), shed, gRPC closes by reason."""
     async with aiohttp.ClientSession() as http, http.get(f"{gateway.control_url}/metrics") as response:
         text = await response.text()
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("sgw_connections_refused_total{") and f'listener="{listener}"' in line))
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("sgw_connections_refused_total{", "sgw_connections_shed_total{",
+                            "sgw_grpc_connections_closed_total{")):
+            name, value = line.rsplit(" ", 1)
+            found[name.replace("_total", "")] = float(value)
+    return found
 
 
-def address(url: str) -> tuple[str, int]:
-    host, port = url.split("://", 1)[1].rsplit(":", 1)
-    return host, int(port)
+def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What changed, keyed by family short name and label values: ``shed grpc``, ``refused max_connections/data``."""
+    names = {"sgw_connections_refused": "refused", "sgw_connections_shed": "shed",
+             "sgw_grpc_connections_closed": "gRPC closed"}
+    found = {}
+    for name, value in sorted(after.items()):
+        if value - before.get(name, 0.0):
+            family, labels = name.rstrip("}").split("{", 1)
+            values = "/".join(re.findall(r'="([^"]*)"', labels))
+            found[f"{names[family]} {values}"] = value - before.get(name, 0.0)
+    return found
 
 
-async def main(args: argparse.Namespace) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    print(header("neighbours", f"descriptors:  {hard} (this process and the gateway's, raised to the hard limit)",
-                 f"victim:       {args.victim} sequential calls per port and attack", installed=True), flush=True)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+def changed(before: dict[str, float], after: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.0f}" for name, value in delta(before, after).items()) or "nothing refused or shed"
+
+
+async def execute(http: aiohttp.ClientSession, gateway: Any, session: str, command: str,
+                  timeout: float = 120) -> dict[str, Any]:
+    headers = {"X-Org-Id": "attacker-box", "X-User-Id": session, "X-Session-Id": session}
+    async with http.post(f"{gateway.data_url}/execute", headers=headers,
+                         json={"command": command, "timeout_seconds": timeout}) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def forget(http: aiohttp.ClientSession, gateway: Any, session: str) -> None:
+    async with http.delete(f"{gateway.control_url}/v1/sessions/{session}") as response:
+        await response.read()
+
+
+FILES = ("for i in $(seq 100); do bash -c 'n=0; while exec {fd}</dev/null; do n=$((n+1)); done 2>/dev/null; "
+         "echo $n > held.$$; exec sleep 600' >/dev/null 2>&1 & done; "
+         "while [ $(ls held.* 2>/dev/null | wc -l) -lt 100 ]; do sleep 0.1; done; "
+         "cat held.* | awk '{s+=$1} END {print s}'")
+FORK_BOMB = "(exec 2>/dev/null; while :; do sleep 600 >/dev/null & done); echo full"
+
+
+@dataclasses.dataclass
+class Row:
+    scenario: str
+    attacker: str                # what the attack did, in words
+    results: dict[str, Result]   # the victim's, per port
+    load: tuple[float, float, float]
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the attack did, for a test to assert
+    before: dict[str, Result] = dataclasses.field(default_factory=dict)  # the victim's just before the attack
+
+
+@dataclasses.dataclass
+class Options:
+    connections: int = 20_000
+    sources: int = 10
+    per_process: int = 5_000
+    reopen: float = 30.0
+    streams: int = 1_000
+    victim: int = 500
+    local: bool = True
+    disk_quota: int = 256 * 1024**2
+    only: tuple[str, ...] = SCENARIOS
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # more gateway settings (the CI test's bounds)
+
+
+@contextlib.asynccontextmanager
+async def gateway_beside_a_sandbox(opts: Options) -> AsyncIterator[tuple[Any, Sandbox]]:
+    from tests.gateway_process import GatewayProcess
+    from tests.grpc_helpers import echo_server
+
     sandbox = Sandbox()
     app = web.Application()
     app.router.add_get("/events", sandbox.events)
@@ -159,70 +246,227 @@ async def main(args: argparse.Namespace) -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    rows: list[tuple[str, str, dict[str, dict[str, float]], tuple[float, float, float]]] = []
-    async with echo_server() as (_, grpc_port):
-        with tempfile.TemporaryDirectory() as tmp:
-            policy = Path(tmp) / "policy.yaml"
-            upstream = f"['http://127.0.0.1:{http_port}'], grpc_port: {grpc_port}"
-            policy.write_text(f"pools:\n  small: {{provider: static, upstreams: {upstream}}}\n"
-                              f"  shared: {{provider: static, upstreams: {upstream}}}\n", encoding="utf-8")
-            gateway = await GatewayProcess(Path(tmp) / "gw", "--policy", str(policy),
-                                           env={"SANDBOX_GATEWAY_MAX_STREAMS_PER_ORG": "50",
-                                                "SANDBOX_GATEWAY_ACCESS_LOG": "false"}).start()
-            try:
-                grpc_addr = address("h2c://" + gateway.grpc_address)
-                await victim(gateway, 20)  # warm-up: the victim's sandbox route is cached
-                rows.append(("baseline", "-", await victim(gateway, args.victim), os.getloadavg()))
+    try:
+        async with echo_server() as (_, grpc_port):
+            with tempfile.TemporaryDirectory() as tmp:
+                policy = Path(tmp) / "policy.yaml"
+                upstream = f"['http://127.0.0.1:{http_port}'], grpc_port: {grpc_port}"
+                policy.write_text(f"pools:\n  small: {{provider: static, upstreams: {upstream}}}\n"
+                                  f"  shared: {{provider: static, upstreams: {upstream}}}\n"
+                                  "  box: {provider: local}\n"
+                                  "orgs:\n  victim-box: {pool: box}\n  attacker-box: {pool: box}\n", encoding="utf-8")
+                gateway = await GatewayProcess(Path(tmp) / "gw", "--policy", str(policy), env={
+                    "SANDBOX_GATEWAY_MAX_STREAMS_PER_ORG": "50", "SANDBOX_GATEWAY_ACCESS_LOG": "false",
+                    "SANDBOX_GATEWAY_LOCAL_DISK_QUOTA_BYTES": str(opts.disk_quota), **opts.env}).start()
+                try:
+                    yield gateway, sandbox
+                finally:
+                    await gateway.stop()
+    finally:
+        await runner.cleanup()
 
-                held = await idle_connections(grpc_addr, args.connections, None)
-                shut = await refused(gateway, "grpc")
-                rows.append(("grpc-idle", f"{len(held)} idle connects from {len(SOURCES)} addresses, "
-                             f"{len(held) - shut} admitted, {shut} refused",
-                             await victim(gateway, args.victim), os.getloadavg()))
-                for sock in held:
-                    sock.close()
 
-                head = b"GET /hello HTTP/1.1\r\nHost: x\r\nX-User-Id: attacker\r\n"
-                held = await idle_connections(address(gateway.data_url), args.connections, head)
-                shut = await refused(gateway, "data")
-                rows.append(("slowloris", f"{len(held)} unfinished heads from {len(SOURCES)} addresses, "
-                             f"{len(held) - shut} admitted, {shut} refused",
-                             await victim(gateway, args.victim), os.getloadavg()))
-                for sock in held:
-                    sock.close()
+async def run(opts: Options) -> list[Row]:
+    """Every scenario of ``opts.only``, in order, on one gateway; the victim's results per scenario."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    sources = [f"127.0.0.{2 + i}" for i in range(opts.sources)]
+    local = opts.local
+    rows: list[Row] = []
+    async with gateway_beside_a_sandbox(opts) as (gateway, sandbox), aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=300)) as http:
+        await victim(gateway, 20, local)  # warm-up: routes cached, the victim's own sandbox started
 
-                streams, turned_away = [], 0
-                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-                    for i in range(args.streams):
-                        response = await http.get(f"{gateway.data_url}/events", headers={
-                            "X-Org-Id": "attacker", "X-User-Id": f"a{i}", "X-Session-Id": f"a{i}"})
-                        if response.status == 200:
-                            streams.append(response)
-                        else:
-                            turned_away += 1
-                            response.release()
-                    rows.append(("undeclared-streams", f"{len(streams)} open SSE streams of one org "
-                                 f"(max_streams_per_org 50)", await victim(gateway, args.victim), os.getloadavg()))
-                    sandbox.release.set()
-                    for response in streams:
-                        response.release()
-            finally:
-                await gateway.stop()
-    await runner.cleanup()
+        async def measured(scenario: str, attacker: str) -> None:
+            rows.append(Row(scenario, attacker, await victim(gateway, opts.victim, local), os.getloadavg()))
 
+        for scenario in opts.only:
+            if scenario.startswith("baseline"):
+                await measured(scenario, "-")
+                continue
+            # The machine is shared: its load moves within a minute, so each attack's baseline is taken just before.
+            paired = await victim(gateway, opts.victim, local)
+            before = await counters(gateway)
+            if scenario in ("grpc-idle", "data-idle", "slowloris"):
+                rows.append(await connection_attack(scenario, gateway, opts, sources, before, local))
+            elif scenario == "undeclared-streams":
+                rows.append(await streams(gateway, sandbox, opts, before, local))
+            elif scenario in LOCAL:
+                rows.append(await local_attack(scenario, gateway, http, opts, local))
+            rows[-1].before = paired
+    return rows
+
+
+async def connection_attack(scenario: str, gateway: Any, opts: Options, sources: list[str],
+                            before: dict[str, float], local: bool) -> Row:
+    """Idle or slowloris connections to a port, from attacker processes, held while the victim is measured."""
+    target = gateway.grpc_address if scenario == "grpc-idle" else gateway.data_url.split("://", 1)[1]
+    mode = "slowloris" if scenario == "slowloris" else "idle"
+    attack = Attack(target, mode, opts.connections, sources, opts.per_process, opts.reopen)
+    async with attack:
+        settled = await settle(gateway)
+        gateway_pid, attackers = [gateway.proc.pid], [p.pid for p in attack.procs]
+        cpu = cpu_ns(gateway_pid)[0], cpu_ns(attackers)[0]
+        started = time.perf_counter()
+        results = await victim(gateway, opts.victim, local)
+        seconds = time.perf_counter() - started
+        cpu = (cpu_ns(gateway_pid)[0] - cpu[0]) / 1e9, (cpu_ns(attackers)[0] - cpu[1]) / 1e9
+        load = os.getloadavg()
+    first, final = attack.total(attack.ready), attack.total(attack.final)
+    after = await counters(gateway)
+    detail = (f"{opts.connections} {mode} connections from {len(sources)} addresses in {len(attack.commands)} "
+              f"processes (one the gateway held reopened at once, one refused after {opts.reopen:g} s +-50%): "
+              f"{first['held']} open after the "
+              f"first wave (some refused, not yet read), {final['held']} at the end; the gateway settled in "
+              f"{settled:.1f} s; {final['connects'] - first['connects']} reconnects in all; while the victim was "
+              f"measured ({seconds:.1f} s) the gateway took {cpu[0]:.1f} s of CPU, the attackers {cpu[1]:.1f} s; "
+              f"the gateway: {changed(before, after)}")
+    return Row(scenario, detail, results, load, {"first": first, "final": final, "gateway": delta(before, after)})
+
+
+async def settle(gateway: Any, quiet: float = 100, longest: float = 30) -> float:
+    """Seconds until the gateway refuses, sheds and closes fewer than ``quiet`` connections per 0.5 s (the first
+    wave has been answered), at most ``longest``."""
+    started = time.perf_counter()
+    last = sum((await counters(gateway)).values())
+    while time.perf_counter() - started < longest:
+        await asyncio.sleep(0.5)
+        now = sum((await counters(gateway)).values())
+        if now - last < quiet:
+            break
+        last = now
+    return time.perf_counter() - started
+
+
+async def streams(gateway: Any, sandbox: Sandbox, opts: Options, before: dict[str, float], local: bool) -> Row:
+    """One org opens ``opts.streams`` undeclared SSE streams from four addresses and keeps them open."""
+    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, local_addr=(f"127.0.0.{2 + i}", 0)))
+                for i in range(5)]  # four for the undeclared streams, one for the declared one
+    opened: list[aiohttp.ClientResponse] = []
+    refused = 0
+
+    async def one(i: int) -> None:
+        nonlocal refused
+        response = await sessions[i % 4].get(f"{gateway.data_url}/events", headers={
+            "X-Org-Id": "attacker", "X-User-Id": f"a{i}", "X-Session-Id": f"a{i}"})
+        if response.status == 200:
+            opened.append(response)
+        else:
+            refused += 1
+            response.release()
+
+    try:
+        for start in range(0, opts.streams, 100):
+            await asyncio.gather(*(one(i) for i in range(start, min(opts.streams, start + 100))))
+        declared = await sessions[4].get(f"{gateway.data_url}/events", headers={
+            "X-Org-Id": "attacker", "X-User-Id": "a-declared", "X-Session-Id": "a-declared",
+            "Accept": "text/event-stream"})
+        declared_status = declared.status
+        declared.release()
+        results = await victim(gateway, opts.victim, local)
+        return Row("undeclared-streams", f"{len(opened)} undeclared SSE streams of one org open ({refused} refused); "
+                   f"its declared stream then: {declared_status}; "
+                   f"the gateway: {changed(before, await counters(gateway))}",
+                   results, os.getloadavg(), {"opened": len(opened), "declared": declared_status})
+    finally:
+        sandbox.release.set()
+        for response in opened:
+            response.release()
+        for session in sessions:
+            await session.close()
+        sandbox.release.clear()
+
+
+async def local_attack(scenario: str, gateway: Any, http: aiohttp.ClientSession, opts: Options, local: bool) -> Row:
+    """The attacker's own local sandbox exhausts one of its bounds and holds on; then the victim is measured,
+    and another tenant's NEW sandbox is started (the issue: a full disk failed the next tenant's with 503)."""
+    session = f"a-{scenario}"
+    facts: dict[str, Any] = {}
+    started = time.perf_counter()
+    if scenario == "files":
+        answer = await execute(http, gateway, session, FILES)
+        facts["held"] = int(answer["stdout"].strip() or 0)
+        detail = f"100 processes hold {facts['held']} open files (each refused at its limit)"
+    elif scenario == "disk":
+        size = opts.disk_quota + 64 * 1024**2
+        answer = await execute(http, gateway, session, f"head -c {size} /dev/zero > big; echo exit=$?; du -sm big")
+        tail = answer["stderr"].strip().splitlines()[-1:] or ["(no error)"]
+        facts["enospc"] = "No space left on device" in answer["stderr"]
+        detail = (f"wrote {answer['stdout'].split()[-2] if answer['stdout'].split() else '?'} MiB of {size >> 20}: "
+                  f"{tail[0][:80]}")
+    else:
+        answer = await execute(http, gateway, session, FORK_BOMB, timeout=60)
+        facts["full"] = answer["stdout"].strip() == "full"
+        detail = f"forked until refused ({answer['stdout'].strip()})"
+    detail += f", in {time.perf_counter() - started:.1f} s"
+    try:
+        results = await victim(gateway, opts.victim, local)
+        created = time.perf_counter()
+        newcomer = {"X-Org-Id": "victim-box", "X-User-Id": f"new-{scenario}", "X-Session-Id": f"new-{scenario}"}
+        async with http.post(f"{gateway.data_url}/execute", headers=newcomer,
+                             json={"command": "echo ok > f && cat f", "timeout_seconds": 30}) as response:
+            status = response.status
+            await response.read()
+        detail += f"; another tenant's new sandbox: {status} in {time.perf_counter() - created:.1f} s"
+        facts["newcomer"] = status
+        await forget(http, gateway, f"new-{scenario}")
+        return Row(scenario, detail, results, os.getloadavg(), facts)
+    finally:
+        await forget(http, gateway, session)
+
+
+def table(rows: list[Row]) -> str:
+    """The victim's figures per scenario and port: just before the attack and under it, the p99 ratio of the
+    two; then what each attack did."""
+    lines = ["| attack | victim port | before: p50 / p99 ms | under attack: p50 / p99 ms | p99 ratio | errors | "
+             "load avg (1/5/15) |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for port, r in row.results.items():
+            pre = row.before.get(port)
+            ratio = f"{r.p99 / pre.p99:.2f}" if pre is not None and pre.p99 else "-"
+            errors = f"{r.errors}/{r.calls}" + (f" ({r.first_error})" if r.errors else "")
+            if pre is not None:
+                errors += f" (before: {pre.errors}/{pre.calls})"
+            before = f"{pre.p50:.2f} / {pre.p99:.2f}" if pre is not None else "-"
+            lines.append(f"| {row.scenario} | {port} | {before} | {r.p50:.2f} / {r.p99:.2f} | {ratio} | {errors} | "
+                         f"{row.load[0]:.2f} / {row.load[1]:.2f} / {row.load[2]:.2f} |")
+    lines.append("")
+    lines += [f"- {row.scenario}: {row.attacker}" for row in rows if row.attacker != "-"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--connections", type=int, default=20_000, help="attacking connections per connection attack")
+    parser.add_argument("--sources", type=int, default=10, help="attacking source addresses (127.0.0.2 on)")
+    parser.add_argument("--per-process", type=int, default=5_000, help="attacking sockets per attacker process")
+    parser.add_argument("--reopen", type=float, default=30.0, help="seconds before a closed attacker slot reconnects")
+    parser.add_argument("--streams", type=int, default=1_000, help="undeclared SSE streams the attacker opens")
+    parser.add_argument("--victim", type=int, default=500, help="victim calls per port and scenario")
+    parser.add_argument("--disk-quota", type=int, default=256 * 1024**2, help="local_disk_quota_bytes for the run")
+    parser.add_argument("--max-connections", type=int, help="the gateway's max_connections (default: derived)")
+    parser.add_argument("--per-client", type=int, help="the gateway's max_connections_per_client (default: derived)")
+    parser.add_argument("--no-local", action="store_true", help="no local sandboxes (they need root and bubblewrap)")
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, in order: " + ",".join(SCENARIOS))
+    args = parser.parse_args()
+    local = not args.no_local and os.geteuid() == 0 and shutil.which("bwrap") is not None
+    only = tuple(s for s in args.only.split(",") if s and (local or s not in LOCAL))
+    env = {f"SANDBOX_GATEWAY_{name.upper()}": str(value) for name, value in (
+        ("max_connections", args.max_connections), ("max_connections_per_client", args.per_client)) if value}
+    opts = Options(args.connections, args.sources, args.per_process, args.reopen, args.streams, args.victim, local,
+                   args.disk_quota, only, env)
+    from benchmarks.harness import footer, header
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    print(header("neighbours", f"descriptors:  {hard} per process (the gateway's raised to it: bounds "
+                 f"{hard // 5} per port, {hard // 40} per address)",
+                 f"victim:       {args.victim} calls per port and scenario, each on a new connection",
+                 installed=True), flush=True)
+    rows = asyncio.run(run(opts))
     print()
-    print("| attack | attacker | victim port | p50 ms | p99 ms | errors | load avg (1/5/15) |")
-    print("|---|---|---|---|---|---|---|")
-    for name, detail, results, load in rows:
-        for port, result in results.items():
-            print(f"| {name} | {detail} | {port} | {result['p50']:.2f} | {result['p99']:.2f} | "
-                  f"{result['errors']}/{result['calls']} | {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} |")
+    print(table(rows))
     print(footer())
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--connections", type=int, default=1500, help="idle connections per attacking address")
-    parser.add_argument("--streams", type=int, default=200, help="undeclared SSE streams the attacker opens")
-    parser.add_argument("--victim", type=int, default=200, help="victim calls per port and scenario")
-    asyncio.run(main(parser.parse_args()))
+    main()

@@ -307,14 +307,17 @@ class Gateway:
         self._start_background_loops()
         undo.push_async_callback(self._stop_background_loops)
         bounds = connection_bounds(self.settings.max_connections, self.settings.max_connections_per_client)
+
+        def gate(listener: str) -> ConnectionGate:
+            return ConnectionGate(listener, *bounds, on_refused=self.metrics.connection_refused,
+                                  on_shed=self.metrics.connection_shed)
         options = plane_options(self.settings)
         if grpc_sock is not None:  # the port really bound (settings may say 0), named to HTTP/2 clients
             options = dataclasses.replace(options, grpc_port=grpc_sock.getsockname()[1])
         plane = self.data_plane = DataPlane(
             self.router, options, on_request=self._on_request, authenticator=self.authenticator,
             limits=self._org_limits(undo), compat=self.compat if self.compat is not None else NoRouterHeaders(),
-            keys=self._preview_keys(), hosts=self.allowed_hosts,
-            gate=ConnectionGate("data", *bounds, on_refused=self.metrics.connection_refused), tracer=self._tracer(undo))
+            keys=self._preview_keys(), hosts=self.allowed_hosts, gate=gate("data"), tracer=self._tracer(undo))
         self.router.view.subscribe(plane.policy_replaced)  # its request timeouts, now and at every reload
         self.metrics.add_fold(self._live_gauges)  # exact at a scrape, not up to 5 s behind
         await plane.start(data_sock)
@@ -323,7 +326,7 @@ class Gateway:
             front = self.grpc_front = GrpcFront(
                 self.router, self.settings, authenticator=self.authenticator, limits=plane.limits,
                 metrics=GrpcMetrics(self.metrics.registry), access=self._access, admission=plane.admission,
-                tracer=plane.tracer, gate=ConnectionGate("grpc", *bounds, on_refused=self.metrics.connection_refused))
+                tracer=plane.tracer, gate=gate("grpc"))
             await front.start(grpc_sock)
             self.grpc_address = front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,

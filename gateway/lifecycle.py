@@ -89,7 +89,9 @@ class Provisioning:
     doing: str  # "creating", "resuming"
     done: str  # "created", "resumed"
     interrupted: str  # the error recorded when the caller was cancelled
-    ready_when_provided: bool  # report "ready" as the provider answers (a creation), else once marked ready
+    # Report "ready" as the provider answers (a creation's sgw_provisions_total has always counted so,
+    # a removal meanwhile included), else once marked ready, and "removed" when it was not (a resume's).
+    ready_when_provided: bool
 
 
 class Lifecycle:

@@ -80,6 +80,9 @@ class Metrics:
             "sgw_connections_refused_total", "Connections refused at a listener's bound (gateway/gate.py), by "
             "listener (data, grpc) and bound (max_connections, max_connections_per_client)", ["listener", "bound"],
             registry=r)
+        self.connections_shed = Counter(
+            "sgw_connections_shed_total", "Idle connections closed at a full listener to admit a connection from an "
+            "address holding fewer (gateway/gate.py), by listener (data, grpc)", ["listener"], registry=r)
         self.reaps = Counter("sgw_reaps_total", "Sandboxes destroyed by reason", ["reason"], registry=r)
         self.sweeps = Counter("sgw_orphan_sweeps_total", "Orphaned provider objects deleted", ["reason"], registry=r)
         self.reap_rate = Gauge("sgw_reap_rate", "Sandboxes the last reaper pass that found work acted on (destroyed or "
@@ -179,6 +182,9 @@ class Metrics:
 
     def connection_refused(self, listener: str, bound: str) -> None:
         self.connections_refused.labels(listener, bound).inc()
+
+    def connection_shed(self, listener: str) -> None:
+        self.connections_shed.labels(listener).inc()
 
     def reaped(self, reason: str) -> None:
         if reason == "orphan":

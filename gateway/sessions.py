@@ -83,8 +83,10 @@ class SessionRouter:
         events: RouterEvents = NoEvents(),
         lifecycle: Lifecycle | None = None,
     ) -> None:
-        """``lifecycle``: what wakes, suspends and deletes sandboxes, built by ``gateway.app`` from
-        the same parts (and ``view``); a router made without one (tests, benchmarks) makes its own."""
+        """``policy``: the policy, or the :class:`PolicyView` this router is to own (``router.view``,
+        which every other part reads and subscribes to). ``lifecycle``: what wakes, suspends and
+        deletes sandboxes, built by ``gateway.app`` from the same store, provider and view; a router
+        made without one (tests, benchmarks) makes its own from its parts."""
         self.events = events
         self.store = store
         self.provider = provider

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import random
 
-from hpack import Decoder, Encoder
+import pytest
+from hpack import Decoder, Encoder, NeverIndexedHeaderTuple
 
-from gateway.grpcfront.headers import HeaderCodec
+from gateway.grpcfront.headers import HeaderCodec, _indexed_only, _table_neutral
 
 POOL = [[(b":status", b"200"), (b"content-type", b"application/grpc")],
         [(b"grpc-status", b"0")],
@@ -49,3 +50,47 @@ def test_random_traffic_both_ways_matches_an_independent_peer():
             codec.peer_table_size(size)
         assert codec.decode(peer_encoder.encode(headers)) == headers, step
         assert peer_decoder.decode(codec.encode(headers), raw=True) == headers, step
+
+
+@pytest.mark.parametrize(("block", "neutral"), [
+    pytest.param(b"\x88\xbe", True, id="indexed fields"),
+    pytest.param(b"\x0f\x0d\x02" + b"64", True, id="literal without indexing, name by index 28 (content-length)"),
+    pytest.param(b"\x00\x0bgrpc-status\x010", True, id="literal without indexing, new name"),
+    pytest.param(b"\x10\x0dauthorization\x83abc\x88", True, id="never indexed, Huffman flag, then indexed"),
+    pytest.param(b"\x0f\x0d\x7f\x01" + b"x" * 128, True, id="a value length over the 7-bit prefix"),
+    pytest.param(b"\x88\x40\x01a\x011", False, id="literal with incremental indexing"),
+    pytest.param(b"\x5f\x08\x10application/grpc", False, id="incremental indexing, name by index"),
+    pytest.param(b"\x3f\xe1\x1f\x88", False, id="dynamic table size update"),
+    pytest.param(b"\x00\x0bgrpc-status\x05", False, id="cut short inside a value"),
+    pytest.param(b"\x0f", False, id="cut short inside a name index"),
+])
+def test_which_blocks_leave_the_dynamic_table_as_it_was(block, neutral):
+    assert _table_neutral(block) is neutral
+
+
+def test_a_block_of_literals_not_indexed_is_remembered_and_forgotten_when_the_table_changes():
+    """nghttp2 (h2load) sends content-length, grpc-core its grpc-status and grpc-message, as literals it does
+    not index: their blocks repeat byte for byte, and decoding them anew each call was a quarter of the front's
+    CPU per unary call."""
+    peer, codec = Encoder(), HeaderCodec(65536)
+    codec.decode(peer.encode([(b"content-type", b"application/grpc")]))  # inserted
+    block = peer.encode([(b"content-type", b"application/grpc"), NeverIndexedHeaderTuple(b"grpc-status", b"0")])
+    assert _table_neutral(block) and not _indexed_only(block)  # what alone was remembered before
+    assert codec.decode(block) == [(b"content-type", b"application/grpc"), (b"grpc-status", b"0")]
+    assert block in codec._decoded  # remembered: the next identical block is not decoded again
+    codec.decode(peer.encode([(b"x-new", b"1")]))  # an insert: everything remembered is forgotten
+    assert block not in codec._decoded
+
+
+def test_random_traffic_with_literals_not_indexed_matches_an_independent_peer():
+    """As above, with fields the peer never indexes (their blocks are remembered too) among those it does."""
+    rng = random.Random(11)
+    codec, peer_encoder = HeaderCodec(65536), Encoder()
+    for step in range(3000):
+        headers = list(rng.choice(POOL))
+        sent = [NeverIndexedHeaderTuple(name, value) if rng.random() < 0.3 else (name, value)
+                for name, value in headers]
+        if rng.random() < 0.1:
+            headers.append((b"grpc-timeout", b"%dm" % rng.randrange(1000)))
+            sent.append(headers[-1])
+        assert codec.decode(peer_encoder.encode(sent)) == headers, step

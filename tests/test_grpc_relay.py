@@ -226,6 +226,38 @@ async def test_a_request_from_h2_becomes_a_stream_and_its_answer_reads_back_in_h
     assert not connection.streams  # closed both ways: forgotten
 
 
+async def test_a_lone_streams_writes_go_out_at_the_end_of_the_step_and_others_wait_one_more_step():
+    """With one stream open, a loop step's writes go out as one send at its end; with others open, at the
+    end of the next step, joined by what that step writes (the calls its reads woke). flush() writes at once,
+    and the send it made redundant writes nothing more."""
+    transport, handler, connection, peer = _serving()
+    connection.data_received(peer.data_to_send())
+    connection.flush()
+    transport.writes.clear()
+    [first] = handler.streams
+    first.send_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
+    await asyncio.sleep(0)
+    assert len(transport.writes) == 1  # alone: at the end of the step
+    peer.send_headers(3, [(b":method", b"POST"), (b":path", b"/a.B/C"), (b":scheme", b"http"),
+                          (b":authority", b"x"), (b"content-type", b"application/grpc")])
+    connection.data_received(peer.data_to_send())
+    second = handler.streams[1]
+    first.send_headers([(b"grpc-status", b"0")], end_stream=True)
+    await asyncio.sleep(0)
+    assert len(transport.writes) == 1  # another stream is open: it waits a step
+    second.send_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])  # the next step's
+    await asyncio.sleep(0)
+    assert len(transport.writes) == 2
+    kinds = [(kind, stream_id) for kind, _, stream_id, _ in _frames(transport.writes[1])]
+    assert (frames.HEADERS, 1) in kinds and (frames.HEADERS, 3) in kinds  # one send
+    second.send_headers([(b"grpc-status", b"0")], end_stream=True)
+    connection.flush()
+    assert len(transport.writes) == 3  # at once
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert len(transport.writes) == 3  # the queued send had nothing left
+
+
 def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
     """(type, flags, stream id, payload) of each whole frame in ``data``."""
     found, pos = [], 0

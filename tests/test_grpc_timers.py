@@ -189,3 +189,23 @@ async def test_a_grpcio_client_calls_on_after_its_idle_connection_was_closed(san
                 while closed_count(gateway, "idle") < 1:
                     await asyncio.sleep(0.05)
             assert await unary(b"second", metadata=metadata, timeout=WAIT) == b"second"
+
+
+async def test_handshake_deadlines_of_connections_made_together_are_spread_over_a_tenth():
+    """A flood of connections admitted together must not time out in one loop iteration (and reconnect
+    together: thousands of closes and accepts in one stall, which benchmarks/neighbours.py showed)."""
+    from gateway.grpcfront.keeper import DEADLINE_SPREAD, Keeper, Timing
+
+    class Silent:  # a connection that has said nothing yet, as its keeper sees it
+        closed = False
+        active = False
+
+    timing = Timing(handshake_timeout=10.0, settings_ack_timeout=10.0)
+    keepers = [Keeper(Silent(), timing, lambda reason: None) for _ in range(200)]  # type: ignore[arg-type]
+    try:
+        offsets = [keeper._at - keeper._start for keeper in keepers]
+    finally:
+        for keeper in keepers:
+            keeper.stop()
+    assert all(10.0 <= offset <= 10.0 * (1 + DEADLINE_SPREAD) for offset in offsets), offsets
+    assert max(offsets) - min(offsets) > 0.5, offsets  # 200 draws over a second

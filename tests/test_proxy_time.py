@@ -209,5 +209,6 @@ async def test_the_data_plane_follows_the_policy_and_its_reloads(tmp_path: Path)
         os.utime(policy, (1.0, 1.0))  # a new mtime whatever the file system's granularity
         await app._reload_policy()
         assert app.data_plane.request_timeouts == {"shared": 300.0}
+        assert app.lifecycle.view is app.router.view  # one view: the reaper reads the reloaded pools too
     finally:
         await app.stop()

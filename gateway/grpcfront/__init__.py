@@ -37,7 +37,10 @@ hostile peer; HPACK stays the ``hpack`` library's. The listener speaks h2c
 Modules: ``front`` (listener, connections, draining, access log), ``call`` (one
 call: admission, endings), ``relay`` (one direction of a call: receive buffer and
 forwarding), ``connection`` and ``stream`` (one HTTP/2 connection, either end, and
-its streams with flow control), ``frames`` (the wire layout), ``upstream``
+its streams with flow control), ``inbound`` (the connection's reading half: the
+frame parser and what a hostile peer gets), ``frames`` (the wire layout),
+``headers`` (HPACK, its repeated blocks remembered; what a request head may be),
+``keeper`` (a client connection's deadlines), ``upstream``
 (connections to sandboxes and :func:`grpc_target`, the one place that picks a
 sandbox's gRPC address), ``metrics``.
 """

@@ -36,6 +36,7 @@ from gateway.proxy._admission import (R_AUTH, R_BOT, R_CL, R_COOKIE, R_EXPECT, R
 from gateway.proxy._wire import ACCESS_COOKIE, HOST_ACCESS_COOKIE, cut_access_cookie
 
 if TYPE_CHECKING:
+    from gateway.grpcfront.connection import Connection
     from gateway.grpcfront.front import GrpcFront, _ServerSide
     from routing import Identity
 
@@ -125,6 +126,41 @@ def encode_timeout_ms(seconds: float) -> str:
     # rounded to the microsecond first: a float's last bits must not turn 701 ms into 702
     millis = max(1, math.ceil(round(seconds * 1000, 3)))
     return f"{millis}m" if millis < 100_000_000 else f"{min(99_999_999, math.ceil(seconds))}S"
+
+
+def _take_credential(credentials: list[bytes | None], role: int, name: bytes, value: bytes) -> None:
+    """Identity and credentials (``x-org-id`` .. ``x-bot-id``, ``authorization``) are read, never forwarded;
+    each may be given once, in ASCII. The admission's other roles that are not forwarded are dropped."""
+    if not (R_ORG <= role <= R_BOT or role == R_AUTH):
+        return
+    index = 4 if role == R_AUTH else role - R_ORG
+    if credentials[index] is not None:
+        raise BadRequest(f"{name.decode()}: must be given once", code="invalid_identity")
+    if not value.isascii():
+        raise BadRequest(f"{name.decode()}: must be ASCII", code="invalid_identity")
+    credentials[index] = value
+
+
+def _checked_path(content_type: bytes | None, method: bytes | None, path: bytes | None) -> str:
+    """The call's method path, once the head is a gRPC request: else UnsupportedMediaType or BadRequest."""
+    if not _grpc_content_type(content_type):  # first: whatever its method, an HTTP request gets HTTP 415
+        shown = repr(_text(content_type)) if content_type is not None else None
+        raise UnsupportedMediaType(f"content-type must be application/grpc[+codec], got {shown}")
+    if method != b"POST":
+        raise BadRequest(f":method must be POST for gRPC, got {_text(method) if method else method!r}")
+    if path is None or len(path) > 512 or not _METHOD_PATH(path):
+        raise BadRequest(f":path must be /package.Service/Method, got {_text(path[:100]) if path else path!r}")
+    return path.decode()
+
+
+def _timeout_seconds(timeout: bytes) -> float:
+    """A grpc-timeout value in seconds; BadRequest when it is not one."""
+    try:
+        if len(timeout) > 9:  # TimeoutValue is at most 8 digits
+            raise ValueError(timeout)
+        return float(decode_timeout(timeout.decode("ascii")))
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest(f"grpc-timeout: {_text(timeout)!r} is not a gRPC timeout (such as 100m or 5S)") from None
 
 
 class Call:
@@ -250,48 +286,27 @@ class Call:
                 continue
             role = roles.get(name)
             if role is None:
-                if name.startswith(SANDBOX_HEADER_PREFIXES):
-                    continue  # the router's vocabulary: never a client's word
                 if name == b"grpc-timeout":
                     timeout = value  # re-sent by the gateway (_timeout_left)
                     continue
+                if name.startswith(SANDBOX_HEADER_PREFIXES):
+                    continue  # the router's vocabulary: never a client's word
                 if name == b"content-type":
                     content_type = value
-            elif R_ORG <= role <= R_BOT or role == R_AUTH:  # identity and credentials: read, never forwarded
-                index = 4 if role == R_AUTH else role - R_ORG
-                if credentials[index] is not None:
-                    raise BadRequest(f"{name.decode()}: must be given once", code="invalid_identity")
-                if not value.isascii():
-                    raise BadRequest(f"{name.decode()}: must be ASCII", code="invalid_identity")
-                credentials[index] = value
-                continue
-            elif role == R_COOKIE:
-                if ACCESS_COOKIE in value or HOST_ACCESS_COOKIE in value:
-                    value = cut_access_cookie(value)[0]  # the access token stays with the gateway
-                    if not value:
-                        continue
             elif role not in _FORWARDED_ROLES:
-                continue  # hop-by-hop, X-Forwarded-*, the router's headers: as on the HTTP data plane
+                _take_credential(credentials, role, name, value)  # else hop-by-hop, X-Forwarded-*, the router's
+                continue                                          # headers: dropped, as on the HTTP data plane
+            elif role == R_COOKIE and (ACCESS_COOKIE in value or HOST_ACCESS_COOKIE in value):
+                value = cut_access_cookie(value)[0]  # the access token stays with the gateway
+                if not value:
+                    continue
             if not value.isascii():  # gRPC metadata values are ASCII (-bin ones base64): refused here, per call,
                 raise BadRequest(f"{_text(name)}: a metadata value must be ASCII (binary ones base64, in -bin keys)")
             out.append((name, value))  # rather than killing the sandbox's connection, shared by other calls
-        if not _grpc_content_type(content_type):  # first: whatever its method, an HTTP request gets HTTP 415
-            shown = repr(_text(content_type)) if content_type is not None else None
-            raise UnsupportedMediaType(f"content-type must be application/grpc[+codec], got {shown}")
-        if method != b"POST":
-            raise BadRequest(f":method must be POST for gRPC, got {_text(method) if method else method!r}")
-        if path is None or len(path) > 512 or not _METHOD_PATH(path):
-            raise BadRequest(f":path must be /package.Service/Method, got {_text(path[:100]) if path else path!r}")
-        self.path = path.decode()
+        self.path = _checked_path(content_type, method, path)
         if timeout is not None:
-            try:
-                if len(timeout) > 9:  # TimeoutValue is at most 8 digits
-                    raise ValueError(timeout)
-                seconds = decode_timeout(timeout.decode("ascii"))
-            except (ValueError, UnicodeDecodeError):
-                raise BadRequest(f"grpc-timeout: {_text(timeout)!r} is not a gRPC timeout (such as 100m or 5S)"
-                                 ) from None
-            self.deadline = asyncio.get_running_loop().time() + seconds
+            seconds = _timeout_seconds(timeout)
+            self.deadline = self.down.conn.loop.time() + seconds
             self.timeout = (timeout, seconds)
         if credentials[1] is None and credentials[4] is None:
             raise Unauthorized("no identity: send x-user-id and x-session-id metadata (x-org-id, x-bot-id "
@@ -327,14 +342,16 @@ class Call:
         if self._request_fits(up):
             self.request = self.down.buffer.peek()  # kept until the sandbox answers: see _response_head
             await self._send_request(up)  # nothing in it can wait: no task needed (a unary call, typically)
+            self._flush_alone(up.conn)
         else:
-            self.pump = asyncio.create_task(self._send_request(up))
+            self.pump = self.down.conn.loop.create_task(self._send_request(up))
         response = await self._response_head(target, head)
         self.upstream = time.perf_counter() - self.sent_at
         up = self.up
         status = status_of(response)
         if status is not None:  # trailers-only: the whole answer is this one HEADERS frame
             self.down.send_headers(forwardable(response, head=True), end_stream=True)
+            self._flush_alone(self.down.conn)
             self._settled(status)
             return
         code = next((value for name, value in response if name == b":status"), b"")
@@ -348,13 +365,23 @@ class Call:
         if trailers is None:
             raise UpstreamError("the sandbox ended its response without a gRPC status", sandbox_id=route.sandbox_id)
         self.down.send_headers(forwardable(trailers, head=False), end_stream=True)
+        self._flush_alone(self.down.conn)
         self._settled(status_of(trailers) or 0)
+
+    def _flush_alone(self, conn: Connection) -> None:
+        """Write what ``conn`` has queued now when this is the front's only call: nothing else this loop step
+        does can join the ``send()``, so the request reaches the sandbox (or the answer the client) a loop
+        iteration sooner. With other calls running, their writes of this step go out together at its end:
+        flushing whenever the call was alone on its connection split those batches (at 10 and 50 calls in
+        flight, 1.1-1.5 sends per call instead of 0.3-0.7, and the client's and sandbox's CPU per call up)."""
+        if len(self.front.calls) == 1:
+            conn.flush()
 
     def _timeout_left(self) -> bytes:
         """grpc-timeout for the sandbox: the client's own value while the gateway has spent under a
         millisecond of it (as is usual: passed on exactly, not re-rounded), else the time left."""
         value, seconds = self.timeout  # type: ignore[misc]
-        left = self.deadline - asyncio.get_running_loop().time()  # type: ignore[operator]
+        left = self.deadline - self.down.conn.loop.time()  # type: ignore[operator]
         if seconds - left < 0.001:
             return value
         return encode_timeout_ms(left).encode()

@@ -9,24 +9,10 @@ the stream's :class:`~gateway.grpcfront.relay.RelayBuffer`, and what one loop
 step writes goes out in one ``send()``. HPACK is the ``hpack`` library's, its repeated blocks
 remembered (``headers``).
 
-What the peer may do and what it gets (hostile input is the normal case on the
-front, tests/test_grpc_hostile.py):
-
-- Frames over our SETTINGS_MAX_FRAME_SIZE, malformed control frames, streams
-  opened out of order or on the wrong parity, DATA on stream 0 or an idle
-  stream, PUSH_PROMISE, HPACK that does not decode: a connection error (GOAWAY
-  with the RFC's code, then close).
-- A header block (HEADERS and its CONTINUATIONs) over ``MAX_HEADER_BLOCK``
-  compressed bytes: ENHANCE_YOUR_CALM; a CONTINUATION flood ends there.
-- DATA beyond the window we granted, WINDOW_UPDATE past 2^31-1: FLOW_CONTROL_ERROR.
-- More open streams than our SETTINGS_MAX_CONCURRENT_STREAMS: RST_STREAM
-  REFUSED_STREAM. Calls are counted until they have *ended*, not until the
-  peer resets their stream: a stream opened while that many calls still run
-  waits for one to end, and a peer that keeps opening and resetting streams
-  (rapid reset) never has more calls running than the limit; when as many
-  wait as may run, the connection ends with ENHANCE_YOUR_CALM.
-- Frames we must answer (PING, SETTINGS) while our writes are backed up: the
-  front stops reading from that peer until they drain (``pause_reading``).
+The reading half (the frame parser, one handler per frame type, and what a
+hostile peer gets for each thing it may try) is :class:`~gateway.grpcfront.inbound.FrameReader`,
+which this class extends; here are the state, the writing, the streams' bookkeeping
+and flow control.
 
 Flow control is end to end per stream: a stream's receive window reopens
 (WINDOW_UPDATE) only as the relay takes the bytes, a quarter of the window at a
@@ -49,24 +35,20 @@ import logging
 from collections import deque
 from typing import Any, Protocol
 
-from hpack.exceptions import HPACKError, OversizedHeaderListError
-
 from gateway.errors import BadRequest, error_body
 from gateway.grpcfront import frames as f
-from gateway.grpcfront.frames import ConnectionFailure, StreamFailure
+from gateway.grpcfront.frames import ConnectionFailure
 from gateway.grpcfront.headers import HeaderCodec
+from gateway.grpcfront.inbound import MAX_HEADER_BLOCK, MAX_STREAMS, FrameReader
 from gateway.grpcfront.keeper import NO_KEEPER, Keeper, NoKeeper
 from gateway.grpcfront.stream import STREAM_WINDOW, Headers, Stream, StreamClosed, StreamOwner
 
 log = logging.getLogger("gateway.grpc")
 
 CONNECTION_WINDOW = 4 * 1024 * 1024  # what all of a connection's streams may have in flight towards us
-MAX_HEADER_BLOCK = 64 * 1024         # compressed; also the decoded header list size we advertise
-MAX_STREAMS = 256                    # concurrent streams a client may open on one front connection
 # What may wait unwritten for a peer that reads nothing: one loop step's DATA for every stream (256 x 64 KiB)
 # and more. Past it the peer is flooding us with frames we must answer (PING, SETTINGS): the connection ends.
 MAX_BACKLOG = 32 * 1024 * 1024
-_ENCODER_TABLE = 4096                # our encoder's dynamic table, whatever larger size the peer allows
 
 
 class ConnectionHandler(Protocol):
@@ -85,7 +67,7 @@ class ConnectionHandler(Protocol):
         """Server side: a request head was malformed (RFC 9113 8.1.1); its stream is reset PROTOCOL_ERROR."""
 
 
-class Connection:
+class Connection(FrameReader):
     """The asyncio protocol of one HTTP/2 connection: the front's to a client, or ours to a sandbox."""
 
     def __init__(self, handler: ConnectionHandler, *, client_side: bool, pause_reading: bool = False,
@@ -107,15 +89,15 @@ class Connection:
         self._reset_ids: deque[int] = deque(maxlen=1024)  # streams we reset lately: their late frames are dropped
         self._pause_reading = pause_reading
         self._transport: Any = None
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()  # kept: asyncio.get_running_loop() costs a getpid() syscall on 3.11
         self._out: list[bytes] = []
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._inbox = bytearray()
         self._preface = not client_side     # server side: the client's preface is still to come
         self._settings_seen = False
-        self._settled: asyncio.Future[None] = self._loop.create_future()  # the peer's first SETTINGS applied
-        self._lost: asyncio.Future[None] = self._loop.create_future()
+        self._settled: asyncio.Future[None] = self.loop.create_future()  # the peer's first SETTINGS applied
+        self._lost: asyncio.Future[None] = self.loop.create_future()
         self._window = window               # the connection's receive window: what its streams hold in all
         self._recv_window = window
         self._held: dict[int, int] = {}     # per stream: bytes received and not yet handed on by the relay
@@ -211,14 +193,32 @@ class Connection:
 
     # -- writing ----------------------------------------------------------------------
     def write(self, data: bytes) -> None:
-        """Queue ``data``; what one loop step writes goes out in one ``send()`` at the end of it."""
+        """Queue ``data``; what one loop step writes goes out in one ``send()`` at the end of it, or, while
+        other streams are open, at the end of the next: the calls that the reads ready by then wake write in
+        that step, and their frames join the same ``send()``. Flushing every step, a front made faster per
+        call sent 1.1-1.5 times per call at 10 and 50 calls in flight (0.3-0.7 before), and the client and
+        sandbox, reading smaller pieces, spent a fifth more CPU per call; one more turn of the loop costs no
+        waiting (the loop polls without blocking while callbacks are ready)."""
         self._out.append(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self.flush)
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush_queued if len(self.streams) <= 1
+                                                     else self._flush_next_step)
 
     def flush(self) -> None:
-        self._flush_scheduled = False
+        handle = self._flush_handle
+        if handle is not None:
+            self._flush_handle = None
+            handle.cancel()  # called directly (Call._flush_alone, close): the queued call has nothing left to do
+        self._send()
+
+    def _flush_next_step(self) -> None:
+        self._flush_handle = self.loop.call_soon(self._flush_queued)
+
+    def _flush_queued(self) -> None:
+        self._flush_handle = None
+        self._send()
+
+    def _send(self) -> None:
         out = self._out
         if not out:
             return
@@ -238,7 +238,7 @@ class Connection:
     async def drained(self) -> None:
         if self.closed:
             return
-        waiter = self._loop.create_future()
+        waiter = self.loop.create_future()
         self._drain_waiters.append(waiter)
         await waiter
 
@@ -355,311 +355,6 @@ class Connection:
                  peer, f.ERROR_NAMES.get(code, hex(code)), message)
         self.handler.connection_failed(code)
         self.close(code, message)
-
-    # -- reading ---------------------------------------------------------------------------
-    def _take_preface(self) -> bool:
-        inbox = self._inbox
-        size = min(len(inbox), len(f.PREFACE))
-        if inbox[:size] != f.PREFACE[:size]:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface (this port speaks gRPC)")
-        if size < len(f.PREFACE):
-            return False
-        del inbox[:size]
-        self._preface = False
-        return True
-
-    def _read_frames(self) -> None:
-        inbox = self._inbox
-        pos = 0
-        end = len(inbox)
-        try:
-            while end - pos >= 9 and not self.closed:
-                size = inbox[pos] << 16 | inbox[pos + 1] << 8 | inbox[pos + 2]
-                if size > f.DEFAULT_FRAME_SIZE:
-                    raise ConnectionFailure(f.FRAME_SIZE_ERROR, f"a frame of {size} bytes is over our "
-                                                                f"SETTINGS_MAX_FRAME_SIZE ({f.DEFAULT_FRAME_SIZE})")
-                stop = pos + 9 + size
-                if stop > end:
-                    break
-                kind = inbox[pos + 3]
-                flags = inbox[pos + 4]
-                stream_id = int.from_bytes(inbox[pos + 5:pos + 9], "big") & f.STREAM_ID_MASK
-                payload = bytes(inbox[pos + 9:stop])
-                pos = stop
-                try:
-                    self._frame(kind, flags, stream_id, payload)
-                except StreamFailure as failure:
-                    self._stream_failed(failure)
-        finally:
-            if not self.closed:
-                del inbox[:pos]
-
-    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._block_stream and kind != f.CONTINUATION:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "a header block was interrupted by another frame")
-        if not self._settings_seen:
-            if kind != f.SETTINGS or flags & f.ACK:
-                raise ConnectionFailure(f.PROTOCOL_ERROR, "the first frame must be SETTINGS")
-            self._settings_seen = True
-            self.keeper.handshaken()
-            self._loop.call_soon(self._settle)  # once this frame's settings are applied
-        if kind == f.DATA:
-            self._data(flags, stream_id, payload)
-        elif kind == f.HEADERS:
-            self._headers(flags, stream_id, payload)
-        elif kind == f.CONTINUATION:
-            self._continuation(flags, stream_id, payload)
-        elif kind == f.WINDOW_UPDATE:
-            self._window_update(stream_id, payload)
-        elif kind == f.RST_STREAM:
-            self._rst_stream(stream_id, payload)
-        elif kind == f.SETTINGS:
-            self._settings(flags, stream_id, payload)
-        elif kind == f.PING:
-            self._ping(flags, stream_id, payload)
-        elif kind == f.GOAWAY:
-            self._goaway(stream_id, payload)
-        elif kind == f.PRIORITY:
-            self._priority(stream_id, payload)
-        elif kind == f.PUSH_PROMISE:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "PUSH_PROMISE is not allowed (push is disabled)")
-        # other frame types are extensions: ignored (RFC 9113 5.5)
-
-    def _priority(self, stream_id: int, payload: bytes) -> None:
-        """PRIORITY is otherwise ignored (RFC 9113 5.3.2), but its rules hold: never on stream 0, 5 bytes,
-        and a stream never depends on itself (a stream error: it may name an idle stream, 5.1)."""
-        if stream_id == 0:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "PRIORITY on stream 0")
-        if len(payload) != 5:
-            raise StreamFailure(stream_id, f.FRAME_SIZE_ERROR, "a PRIORITY frame must be 5 bytes")
-        if f.u32(payload) & f.STREAM_ID_MASK == stream_id:
-            raise StreamFailure(stream_id, f.PROTOCOL_ERROR, "a stream cannot depend on itself")
-
-    def _idle(self, stream_id: int) -> bool:
-        """Never opened: by us (client side) or by the peer (server side)."""
-        if self.client_side:
-            return stream_id % 2 == 0 or stream_id >= self._next_id
-        return stream_id % 2 == 0 or stream_id > self._last_peer_id
-
-    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id == 0:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "DATA on stream 0")
-        size = len(payload)
-        self._recv_window -= size
-        if self._recv_window < 0:
-            raise ConnectionFailure(f.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        stream = self.streams.get(stream_id)
-        if stream is None or stream.remote_closed:
-            if self._idle(stream_id):
-                raise ConnectionFailure(f.PROTOCOL_ERROR, f"DATA on stream {stream_id}, which was never opened")
-            # A stream we reset: what the peer sent before it knew is dropped (the connection's window reopens at
-            # once). One the peer ended (END_STREAM, RST_STREAM) takes no more DATA (RFC 9113 5.1).
-            self._credit(size)
-            if stream is not None or stream_id not in self._reset_ids:
-                raise StreamFailure(stream_id, f.STREAM_CLOSED, "DATA after the end of the stream")
-            return
-        stream.recv_window -= size
-        if stream.recv_window < 0:
-            self._credit(size)
-            raise StreamFailure(stream_id, f.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
-        self._hold(stream_id, size)
-        data = f.unpad(flags, payload, stream_id)
-        if stream.expected is not None:
-            stream.counted(len(data), bool(flags & f.END_STREAM))
-        stream.buffer.add(data, size)
-        if flags & f.END_STREAM:
-            stream.received_end()
-
-    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id == 0:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "HEADERS on stream 0")
-        block = f.unpad(flags, payload, stream_id)
-        self._self_dependent = False
-        if flags & f.PRIORITY_FLAG:
-            if len(block) < 5:
-                raise ConnectionFailure(f.FRAME_SIZE_ERROR, "HEADERS too short for its priority fields")
-            self._self_dependent = f.u32(block) & f.STREAM_ID_MASK == stream_id
-            block = block[5:]
-        if flags & f.END_HEADERS:
-            self._header_block(stream_id, bool(flags & f.END_STREAM), block)
-            return
-        self._block, self._block_stream, self._block_size = [block], stream_id, len(block)
-        self._block_end = bool(flags & f.END_STREAM)
-
-    def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id != self._block_stream or not stream_id:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "CONTINUATION without the HEADERS it continues")
-        self._block_size += len(payload)
-        if self._block_size > MAX_HEADER_BLOCK:
-            raise ConnectionFailure(f.ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
-        self._block.append(payload)
-        if flags & f.END_HEADERS:
-            block = b"".join(self._block)
-            self._block, self._block_stream = [], 0
-            self._header_block(stream_id, self._block_end, block)
-
-    def _header_block(self, stream_id: int, end_stream: bool, block: bytes) -> None:
-        try:  # decoded whatever the stream: the HPACK state is the connection's
-            headers = self._hpack.decode(block)
-        except OversizedHeaderListError:
-            raise ConnectionFailure(f.ENHANCE_YOUR_CALM, f"a header list over {MAX_HEADER_BLOCK} bytes") from None
-        except HPACKError as exc:
-            raise ConnectionFailure(f.COMPRESSION_ERROR, f"the header block is not valid HPACK: {exc}") from None
-        stream = self.streams.get(stream_id)
-        if stream is not None:
-            if self._self_dependent:
-                raise StreamFailure(stream_id, f.PROTOCOL_ERROR, "a stream cannot depend on itself")
-            stream.received_headers(headers, end_stream)
-        elif self.client_side or stream_id <= self._last_peer_id or stream_id % 2 == 0:
-            if self._idle(stream_id) or stream_id not in self._reset_ids:
-                raise ConnectionFailure(f.PROTOCOL_ERROR, f"HEADERS on stream {stream_id}: not a new stream "
-                                                          "(client streams are odd and increasing)")
-            # a stream we reset: what the peer sent before it knew is dropped (RFC 9113 5.1, closed)
-        else:
-            self._accept(stream_id, headers, end_stream, block)
-
-    def _accept(self, stream_id: int, headers: Headers, end_stream: bool, block: bytes) -> None:
-        self._last_peer_id = stream_id
-        problem, length = self._hpack.check_request(block, headers)
-        if problem is None and self._self_dependent:
-            problem = "a stream cannot depend on itself"
-        elif problem is None and end_stream and length:
-            problem = f"content-length {length}, and no DATA"
-        if problem is not None:  # malformed (RFC 9113 8.1.1): no call begins, nothing reaches the sandbox
-            self.handler.malformed(problem)
-            self.reset_sent(stream_id, f.PROTOCOL_ERROR)
-            return
-        if self.closed or self.draining or len(self.streams) >= MAX_STREAMS:
-            self.reset_sent(stream_id, f.REFUSED_STREAM)
-            return
-        stream = Stream(self, stream_id)
-        stream.headers = headers
-        stream.expected = length
-        self.streams[stream_id] = stream
-        if end_stream:
-            stream.received_end()
-        if self.active < MAX_STREAMS:
-            self._start(stream)
-            return
-        waiting = self._waiting
-        if len(waiting) >= MAX_STREAMS:
-            self._waiting = waiting = deque(queued for queued in waiting if not queued.gone)  # reset meanwhile
-            if len(waiting) >= MAX_STREAMS:
-                raise ConnectionFailure(f.ENHANCE_YOUR_CALM, "too many streams opened while calls still end")
-        waiting.append(stream)
-
-    def _start(self, stream: Stream) -> None:
-        if stream.gone:  # reset while it waited: no call
-            return
-        self.active += 1
-        self.keeper.call_started()
-        self.handler.accept(stream)
-
-    def _window_update(self, stream_id: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame must be 4 bytes")
-        increment = f.u32(payload) & f.STREAM_ID_MASK
-        if stream_id == 0:
-            if not increment:
-                raise ConnectionFailure(f.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0 on the connection")
-            self.send_window += increment
-            if self.send_window > f.MAX_WINDOW:
-                raise ConnectionFailure(f.FLOW_CONTROL_ERROR, "the connection's window went past 2^31-1")
-            for stream in list(self.blocked):
-                stream.window_opened()
-            return
-        if self._idle(stream_id):
-            raise ConnectionFailure(f.PROTOCOL_ERROR, f"WINDOW_UPDATE on stream {stream_id}, never opened")
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            return
-        if not increment:
-            raise StreamFailure(stream_id, f.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
-        stream.send_window += increment
-        if stream.send_window > f.MAX_WINDOW:
-            raise StreamFailure(stream_id, f.FLOW_CONTROL_ERROR, "the stream's window went past 2^31-1")
-        stream.window_opened()
-
-    def _rst_stream(self, stream_id: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a RST_STREAM frame must be 4 bytes")
-        if stream_id == 0 or self._idle(stream_id):
-            raise ConnectionFailure(f.PROTOCOL_ERROR, f"RST_STREAM on stream {stream_id}, never opened")
-        stream = self.streams.get(stream_id)
-        if stream is not None:
-            stream.reset_code = code = f.u32(payload)
-            stream.refused = code == f.REFUSED_STREAM  # not processed (RFC 9113 8.7)
-            stream.ended_early(reset_by_peer=True)
-
-    def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & f.ACK:
-            if payload:
-                raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a SETTINGS ACK must be empty")
-            self.keeper.settings_acked()
-            return
-        for key, value in f.parse_settings(payload):
-            if key == f.INITIAL_WINDOW_SIZE:
-                self._initial_window(value)
-            elif key == f.MAX_FRAME_SIZE:
-                if not f.DEFAULT_FRAME_SIZE <= value <= f.MAX_FRAME_SIZE_LIMIT:
-                    raise ConnectionFailure(f.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value} is out of range")
-                self.peer_max_frame = value
-            elif key == f.ENABLE_PUSH:
-                if value > 1:
-                    raise ConnectionFailure(f.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value} is not 0 or 1")
-            elif key == f.MAX_CONCURRENT_STREAMS:
-                self.peer_max_streams = value
-            elif key == f.HEADER_TABLE_SIZE:
-                self._hpack.peer_table_size(min(value, _ENCODER_TABLE))
-        self.write(f.frame(f.SETTINGS, f.ACK, 0))
-
-    def _initial_window(self, value: int) -> None:
-        if value > f.MAX_WINDOW:
-            raise ConnectionFailure(f.FLOW_CONTROL_ERROR, f"SETTINGS_INITIAL_WINDOW_SIZE {value} is over 2^31-1")
-        delta = value - self.peer_initial_window
-        self.peer_initial_window = value
-        for stream in self.streams.values():
-            stream.send_window += delta
-            if stream.send_window > f.MAX_WINDOW:
-                raise ConnectionFailure(f.FLOW_CONTROL_ERROR, "a stream's window went past 2^31-1")
-            if delta > 0:
-                stream.window_opened()
-
-    def _ping(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "PING on a stream")
-        if len(payload) != 8:
-            raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a PING frame must be 8 bytes")
-        if not flags & f.ACK and self.keeper.ping():
-            self.write(f.frame(f.PING, f.ACK, 0, payload))
-
-    def _goaway(self, stream_id: int, payload: bytes) -> None:
-        if stream_id:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "GOAWAY on a stream")
-        if len(payload) < 8:
-            raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a GOAWAY frame must be at least 8 bytes")
-        self.goaway_received = True
-        if not self.client_side:
-            # A client's last_stream_id names the last stream *we* opened (none: no push), not its own:
-            # its open calls complete, and it opens no more (RFC 9113 6.8).
-            return
-        last = f.u32(payload) & f.STREAM_ID_MASK
-        for stream in [s for s in self.streams.values() if s.id > last]:
-            stream.refused = True  # never processed (RFC 9113 6.8): safe to send again elsewhere
-            stream.ended_early(reset_by_peer=False)
-        self._close_if_drained()
-
-    def _stream_failed(self, failure: StreamFailure) -> None:
-        self.reset_sent(failure.stream_id, failure.code)
-        stream = self.streams.get(failure.stream_id)
-        if stream is not None:
-            stream.ended_early(reset_by_peer=True)
-
-    def _settle(self) -> None:
-        if not self._settled.done():
-            self._settled.set_result(None)
 
     @staticmethod
     def _wake(waiters: list[asyncio.Future[None]]) -> None:

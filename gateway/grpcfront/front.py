@@ -17,7 +17,7 @@ from gateway.auth import Authenticator, TrustedHeaders
 from gateway.gate import ConnectionGate
 from gateway.grpcfront.call import Call
 from gateway.grpcfront.connection import Connection
-from gateway.grpcfront.frames import ENHANCE_YOUR_CALM, ERROR_NAMES
+from gateway.grpcfront.frames import ENHANCE_YOUR_CALM, ERROR_NAMES, NO_ERROR
 from gateway.grpcfront.keeper import Keeper, Timing
 from gateway.grpcfront.metrics import GrpcMetrics
 from gateway.grpcfront.stream import Stream
@@ -54,18 +54,20 @@ class _ServerSide:
     def __init__(self, front: GrpcFront) -> None:
         self.front = front
         self.client: str | None = None  # the address the front's gate counted this connection under
+        self.connection: Connection | None = None
         self.ident_key: Credentials | None = None
         self.ident: Identity | None = None
 
     def connection_made(self, connection: Connection) -> None:
         front = self.front
         client = connection.peer_host
-        bound = front.gate.admit(client)
+        bound = front.gate.admit(client, self)
         if bound is not None:  # past a listener bound: refused at once (gateway/gate.py)
             front.closed_by_policy(bound)
             connection.close(ENHANCE_YOUR_CALM, front.gate.refusal(bound))
             return
         self.client = client
+        self.connection = connection
         front.connections.add(connection)
         connection.keeper = Keeper(connection, front.timing, front.closed_by_policy)
 
@@ -75,8 +77,22 @@ class _ServerSide:
     def connection_lost(self, connection: Connection) -> None:
         self.front.connections.discard(connection)  # its streams' calls were told through their owners
         if self.client is not None:
-            self.front.gate.release(self.client)
+            self.front.gate.release(self.client, self)
             self.client = None
+        self.connection = None
+
+    # -- gateway/gate.py's Sheddable: a full listener may close this connection to admit another --
+    def sheddable(self) -> bool:
+        """No call open (before the preface, or between calls)."""
+        conn = self.connection
+        return conn is not None and not conn.streams and not conn.closed
+
+    def shed(self) -> None:
+        conn = self.connection
+        assert conn is not None  # sheddable() said so
+        self.front.closed_by_policy("shed")
+        conn.close(NO_ERROR, "the port is full: an idle connection of the address holding the most is closed "
+                             "to admit another (max_connections); reconnect")
 
     def connection_failed(self, code: int) -> None:
         self.front.connection_failed("client", code)
@@ -148,7 +164,7 @@ class GrpcFront:
         self.calls.add(call)
         if self.metrics is not None:
             self.metrics.open_calls.inc()
-        call.task = asyncio.get_running_loop().create_task(call.run())
+        call.task = call.down.conn.loop.create_task(call.run())
 
     def connection_failed(self, peer: str, code: int) -> None:
         if self.metrics is not None:

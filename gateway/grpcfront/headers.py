@@ -1,18 +1,21 @@
 """HPACK for one connection (the ``hpack`` library), remembering header blocks that repeat.
 
 A gRPC client sends the same request head call after call, and a sandbox the
-same response head and trailers; after the first, every field of such a block
-is an index into the dynamic table, so the block's bytes repeat exactly. The
-``hpack`` library (pure Python) decodes and encodes each again, field by field:
-profiled, a quarter of the gateway's CPU per relayed unary call.
+same response head and trailers; after the first, such a block's fields are
+indexes into the dynamic table or literals its encoder chose not to index
+(nghttp2, so h2load, sends content-length so; grpc-core its grpc-status and
+grpc-message), so the block's bytes repeat exactly. The ``hpack`` library (pure
+Python) decodes and encodes each again, field by field: profiled, a quarter of
+the gateway's CPU per relayed unary call (and 36 ``log.debug`` calls per call).
 
-:class:`HeaderCodec` remembers, per connection and direction, what a block of
-indexed fields only decodes to, and what a header list encodes to when its
-encoding was indexed fields only. That is sound because such a block neither
-reads nor changes anything but the dynamic table, and the table changes only
+:class:`HeaderCodec` remembers, per connection and direction, what a block that
+leaves the dynamic table as it was decodes to, and what a header list encodes to
+when its encoding was indexed fields only. That is sound because such a block
+reads nothing but the dynamic table and its own bytes, and the table changes only
 through a block that inserts or resizes (a literal "with incremental indexing",
-a table size update) or through our SETTINGS_HEADER_TABLE_SIZE: any block that
-is not indexed fields only forgets everything remembered in that direction.
+a table size update, RFC 7541 6.2.1 and 6.3) or through our
+SETTINGS_HEADER_TABLE_SIZE: any other block forgets everything remembered in
+that direction.
 """
 
 from __future__ import annotations
@@ -29,6 +32,47 @@ _REMEMBERED = 64  # distinct blocks per direction; more and the memo starts over
 
 def _indexed_only(block: bytes) -> bool:
     return not block.translate(None, _ONE_BYTE_INDEXES)
+
+
+def _integer(block: bytes, pos: int, mask: int) -> tuple[int, int]:
+    """The integer with a ``mask``-bit prefix at ``pos`` (RFC 7541 5.1), and where what follows begins.
+    Raises IndexError past the block's end (the block is then not remembered: hpack's decoder refused it)."""
+    value = block[pos] & mask
+    pos += 1
+    if value < mask:
+        return value, pos
+    shift = 0
+    while True:
+        byte = block[pos]
+        pos += 1
+        value += (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def _table_neutral(block: bytes) -> bool:
+    """``block`` neither inserts into nor resizes the dynamic table: indexed fields and literals "without
+    indexing" or "never indexed" only (RFC 7541 6.1, 6.2.2, 6.2.3). Only called for a block that decoded."""
+    if _indexed_only(block):
+        return True
+    pos, end = 0, len(block)
+    try:
+        while pos < end:
+            byte = block[pos]
+            if byte & 0x80:                  # indexed field
+                pos = _integer(block, pos, 0x7F)[1]
+            elif byte & 0xE0:                # 01: literal with incremental indexing; 001: table size update
+                return False
+            else:                            # 0000 / 0001: literal not indexed; name index 0 means a literal name
+                named = byte & 0x0F
+                pos = _integer(block, pos, 0x0F)[1]
+                for _ in range(1 if named else 2):
+                    length, pos = _integer(block, pos, 0x7F)
+                    pos += length
+    except IndexError:
+        return False
+    return pos == end
 
 
 class HeaderCodec:
@@ -49,7 +93,7 @@ class HeaderCodec:
         if headers is not None:
             return list(headers)
         headers = self._decoder.decode(block, raw=True)  # type: ignore[assignment]
-        if _indexed_only(block):
+        if _table_neutral(block):
             if len(self._decoded) >= _REMEMBERED:
                 self._decoded.clear()
                 self._checked.clear()

@@ -7,6 +7,9 @@ descriptor for ever, and a few thousand of them fill the process's descriptor ta
 the control API and the sandboxes' own connections then fail). Each connection has one timer handle at
 its nearest deadline; state changes (a call starts or ends) only record a time, and a timer that
 fires early re-arms itself for what is due then, so a busy connection costs no timer work per call.
+The handshake and SETTINGS-ACK deadlines of each connection fall at a random point of the tenth after the
+timeout (``DEADLINE_SPREAD``): a flood of connections admitted together would otherwise time out in the same
+loop iteration and reconnect together, thousands of closes and accepts in one stall every timeout.
 
 What a client gets past each bound:
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 MAX_PING_STRIKES = 2   # grpc-go's maxPingStrikes: the third too-early PING ends the connection
 _NO_CALL_PING_INTERVAL = 7200.0  # without calls and not permitted: grpc-go's two hours between PINGs
 SETTINGS_TIMEOUT = 0x4  # RFC 9113 7
+DEADLINE_SPREAD = 0.1   # the handshake and SETTINGS-ACK deadlines: the timeout plus up to a tenth of it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,7 +64,7 @@ class Keeper:
     """The deadlines of one server-side connection; ``on_close(reason)`` counts why the front closed it."""
 
     __slots__ = ("conn", "timing", "on_close", "_loop", "_handle", "_at", "_start", "_handshaken", "_acked",
-                 "_idle_since", "_last_ping", "_strikes", "_aging")
+                 "_idle_since", "_last_ping", "_strikes", "_aging", "_spread")
 
     def __init__(self, conn: Connection, timing: Timing, on_close: Callable[[str], None]) -> None:
         self.conn = conn
@@ -70,6 +75,7 @@ class Keeper:
         self._at = 0.0
         now = self._loop.time()
         self._start = now
+        self._spread = 1.0 + DEADLINE_SPREAD * random.random()  # of the handshake and SETTINGS-ACK timeouts
         self._handshaken = False
         self._acked = False
         self._idle_since: float | None = now
@@ -125,9 +131,9 @@ class Keeper:
         timing = self.timing
         due: list[float] = []
         if not self._handshaken:
-            due.append(self._start + timing.handshake_timeout)
+            due.append(self._start + timing.handshake_timeout * self._spread)
         if not self._acked:
-            due.append(self._start + timing.settings_ack_timeout)
+            due.append(self._start + timing.settings_ack_timeout * self._spread)
         if self._idle_since is not None and timing.idle_timeout is not None:
             due.append(self._idle_since + timing.idle_timeout)
         if timing.max_connection_age is not None:
@@ -150,11 +156,11 @@ class Keeper:
         if conn.closed:
             return
         timing, now = self.timing, self._loop.time()
-        if not self._handshaken and now >= self._start + timing.handshake_timeout:
+        if not self._handshaken and now >= self._start + timing.handshake_timeout * self._spread:
             self._end("handshake_timeout", f.PROTOCOL_ERROR,
                       f"no HTTP/2 preface and SETTINGS within {timing.handshake_timeout:g} s")
             return
-        if not self._acked and now >= self._start + timing.settings_ack_timeout:
+        if not self._acked and now >= self._start + timing.settings_ack_timeout * self._spread:
             self._end("settings_timeout", SETTINGS_TIMEOUT,
                       f"our SETTINGS were not acknowledged within {timing.settings_ack_timeout:g} s")
             return

@@ -36,7 +36,8 @@ class GrpcMetrics:
         self.connections_closed = Counter(
             "sgw_grpc_connections_closed_total", "client connections the front closed or refused by a bound "
             "(handshake_timeout, settings_timeout, idle, too_many_pings, max_age, max_connections, "
-            "max_connections_per_client)", ["reason"], registry=registry)
+            "max_connections_per_client, shed: idle, closed to admit another at a full port)", ["reason"],
+            registry=registry)
         self.malformed_requests = Counter(
             "sgw_grpc_malformed_requests_total", "gRPC front requests whose head broke RFC 9113 8.2-8.3 "
             "(reset PROTOCOL_ERROR before any call began)", registry=registry)

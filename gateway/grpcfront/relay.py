@@ -40,9 +40,11 @@ class Truncated(Exception):
 class RelayBuffer:
     """A stream's receive buffer, read whole by :func:`relay`."""
 
-    __slots__ = ("_ack", "_stream_id", "_chunks", "size", "_ended", "_waiter")
+    __slots__ = ("_ack", "_stream_id", "_chunks", "size", "_ended", "_waiter", "_loop")
 
-    def __init__(self, ack: Callable[[int, int], None], stream_id: int = 0) -> None:
+    def __init__(self, ack: Callable[[int, int], None], stream_id: int = 0,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop  # the connection's (asyncio.get_running_loop() costs a getpid() syscall on 3.11)
         self._ack = ack                                   # ack(stream_id, n) opens the sender's window by n bytes
         self._stream_id = stream_id
         self._chunks: deque[tuple[bytes, int]] = deque()  # (DATA payload, its flow-controlled length)
@@ -87,7 +89,7 @@ class RelayBuffer:
         while not chunks:
             if self._ended:
                 return b""
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            waiter = self._waiter = (self._loop or asyncio.get_running_loop()).create_future()
             await waiter
         data, owed = chunks.popleft()
         if chunks and len(data) < CHUNK:

@@ -42,7 +42,7 @@ class Stream:
         self.trailers: Headers | None = None
         # acknowledged through the connection (by stream id), not a bound self.ack: the stream and its buffer
         # would hold each other, and every stream would be left to the cyclic GC instead of freed as it ends
-        self.buffer = RelayBuffer(conn.ack, stream_id)
+        self.buffer = RelayBuffer(conn.ack, stream_id, conn.loop)
         self.send_window = conn.peer_initial_window
         self.recv_window = STREAM_WINDOW
         self._unacked = 0
@@ -114,7 +114,7 @@ class Stream:
         while self.headers is None:
             if self.gone:
                 raise StreamClosed(f"stream {self.id} ended before its head")
-            waiter = self._head_waiter = asyncio.get_running_loop().create_future()
+            waiter = self._head_waiter = self.conn.loop.create_future()
             await waiter
         return self.headers
 
@@ -201,7 +201,7 @@ class Stream:
         _resolve(waiter)
 
     async def _wait_window(self) -> None:
-        waiter = self._window_waiter = asyncio.get_running_loop().create_future()
+        waiter = self._window_waiter = self.conn.loop.create_future()
         self.conn.blocked.add(self)
         try:
             await waiter

@@ -63,7 +63,7 @@ class DownstreamConnection(RequestReader):
             self.peer = str(peer[0]).encode()
             self.conn_line = b"X-Forwarded-For: " + self.peer + w.CRLF + w.XFP_HTTP
         self.idle_since = self.plane.now
-        bound = self.plane.gate.admit(self.peer)
+        bound = self.plane.gate.admit(self.peer, self)
         if bound is not None:
             self.refuse_connection(bound)
             return
@@ -196,7 +196,7 @@ class DownstreamConnection(RequestReader):
         if self not in plane.clients:
             return  # refused at connection_made: never counted
         plane.clients.discard(self)
-        plane.gate.release(self.peer)
+        plane.gate.release(self.peer, self)
         pending = [self.current] if self.current is not None else []
         if self.queue:
             pending += self.queue
@@ -573,6 +573,14 @@ class DownstreamConnection(RequestReader):
     def close_if_idle(self) -> None:
         if self.current is None and not self.queue:
             self.close()
+
+    # -- gateway/gate.py's Sheddable: a full listener may close this connection to admit another --
+    def sheddable(self) -> bool:
+        """No request in flight (between requests, or a head not yet complete: a slowloris)."""
+        return self.current is None and not self.queue and not self.mode & (M_CLOSING | M_LINGER)
+
+    def shed(self) -> None:
+        self.close()
 
 
 __all__ = ["DownstreamConnection"]
