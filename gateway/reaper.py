@@ -36,7 +36,6 @@ from gateway.errors import GatewayError
 from gateway.model import Position, SandboxFilter, SandboxRecord, SandboxState
 from gateway.providers.base import SandboxProvider
 from gateway.store.base import Claim, Due, SessionStore
-
 from routing.reaping import Act, reap_verdict
 
 if TYPE_CHECKING:
@@ -55,7 +54,7 @@ Renewing = Callable[[SandboxRecord, float], contextlib.AbstractAsyncContextManag
 
 @dataclass(frozen=True, slots=True)
 class _Act:
-    """What the verdict says to do with the records of one index (a pool's ready, suspended or deleting)."""
+    """What to do with the records of one index of a pool (ready, suspended; deleting or suspending: lapsed)."""
 
     state: SandboxState
     before: float
