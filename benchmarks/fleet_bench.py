@@ -9,16 +9,17 @@
 2. Starts a real ``sandbox-gateway serve`` on that Redis (default policy, local provider, no
    traffic) and reads its CPU time from ``/proc/<pid>/stat`` over ``--seconds``: the idle cost of
    gauges, reaping and orphan sweeps at that size. Target: under 2% at 100,000.
+   ``GET /v1/sandboxes?limit=100`` on that replica, unfiltered (target: under 50 ms) and filtered
+   by ``?state=ready``, ``?pool=small`` and ``?state=suspended`` (nothing matches: the worst case
+   of a filter run over the whole index): the median of ``--requests``. Target: under 20 ms.
 3. Route resolution on a cache miss (``get_binding`` + ``get_sandbox``), median of 2,000.
-   ``GET /v1/sandboxes?limit=100`` on that replica: the median of ``--requests`` requests (the
-   first one alone on versions without paging, which answer everything). Target: under 50 ms.
 4. One reaper pass (``reap_once`` + ``sweep_orphans``, what a replica runs every
    ``reap_interval``) in this process with nothing idle (the steady state), then with every
-   sandbox idle (``--idle-pass``: batches until the pass's budget is spent). With ``--drain S``,
-   passes back to back for up to S seconds: the reaping throughput, and how long 58% of the
-   fleet (the issue's backlog) would take to drain at it. Target: under 10 minutes.
-   ``GET /v1/sandboxes?state=suspended&limit=100`` (a filter that matches nothing here: the
-   worst case of a filtered page) is timed beside the unfiltered page. Target: under 20 ms.
+   sandbox idle (``--idle-pass``). With ``--drain S``, ``--due`` (0.58) of the fleet is left idle
+   (the rest touched), and reaper passes run back to back until nothing is due or for up to S
+   seconds: the reaping throughput, the drain time (target: under 10 minutes), and the serve
+   replica's CPU meanwhile (it does not hold the reaper lease: what every other replica pays for a
+   drain); then the pages again.
 
 Before/after: run it with ``PYTHONPATH`` pointing at another checkout (e.g. an exported
 ``main``); it uses only calls that every version has. Each run prints one table.
@@ -67,7 +68,11 @@ def per_session(i: int) -> tuple[Binding, SandboxRecord]:
 
 async def fill(url: str, count: int) -> tuple[float, float]:
     """Seconds to load ``count`` sessions, and Redis bytes per session (``used_memory`` delta)."""
-    store = RedisStore(url, PREFIX, "bench-loader", max_connections=INFLIGHT, socket_timeout=60.0)
+    # Activity stamped an hour ahead: a serve replica's own reaper (the real clock) finds nothing idle,
+    # however long the fill took (the drain's reaper runs its clock two days on).
+    ahead = time.time() + 3600
+    store = RedisStore(url, PREFIX, "bench-loader", max_connections=INFLIGHT, socket_timeout=60.0,
+                       clock=lambda: ahead)
     started = time.perf_counter()
     endpoint = Endpoint("127.0.0.1", 9)
     client = Redis.from_url(url)
@@ -99,43 +104,68 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-async def idle_cpu_and_listing(url: str, seconds: float, requests: int, workdir: Path) -> tuple[float, float, str]:
+@contextlib.asynccontextmanager
+async def serving(url: str, workdir: Path) -> AsyncIterator[tuple[Any, set[int]]]:
+    """A real ``sandbox-gateway serve`` on that Redis (no traffic), and the PIDs of its processes."""
     from tests.gateway_process import GatewayProcess
 
     gateway = await GatewayProcess(workdir, "--redis-url", url, "--no-access-log").start(timeout=120)
     try:
         assert gateway.proc is not None
         worker = next(int(line.split("pid ")[1].split(")")[0]) for line in gateway.log if "serving (worker" in line)
-        pids = {gateway.proc.pid, worker}
         await asyncio.sleep(5.0)  # past startup
-        before = {pid: cpu_seconds(pid) for pid in pids}
-        await asyncio.sleep(seconds)
-        used = sum(cpu_seconds(pid) - before[pid] for pid in pids)
-        timings = []
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
-            for _ in range(requests):
-                started = time.perf_counter()
-                async with http.get(f"{gateway.control_url}/v1/sandboxes", params={"limit": "100"}) as response:
-                    body = await response.json()
-                timings.append(time.perf_counter() - started)
-                if response.status != 200:
-                    outcome = f"{response.status} {body['error']['code']}"
-                    break
-                outcome = f"{len(body['sandboxes']):,} listed"
-                if len(body["sandboxes"]) > 100:
-                    break  # a version without paging answered everything: one request says enough
-        filtered = []
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
-            for _ in range(requests):
-                started = time.perf_counter()
-                async with http.get(f"{gateway.control_url}/v1/sandboxes",
-                                    params={"limit": "100", "state": "suspended"}) as response:
-                    await response.read()
-                filtered.append(time.perf_counter() - started)
-        outcome += f"; ?state=suspended page {statistics.median(filtered) * 1000:.1f} ms"
-        return used / seconds * 100, statistics.median(timings) * 1000, outcome
+        yield gateway, {gateway.proc.pid, worker}
     finally:
         await gateway.stop()
+
+
+def cpu_of(pids: set[int]) -> float:
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
+async def page_ms(gateway: Any, params: dict[str, str], requests: int) -> tuple[float, str]:
+    """Median ms of ``GET /v1/sandboxes`` with ``params``, and what the last page held."""
+    timings, outcome = [], ""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        for _ in range(requests):
+            started = time.perf_counter()
+            async with http.get(f"{gateway.control_url}/v1/sandboxes", params=params) as response:
+                body = await response.json()
+            timings.append(time.perf_counter() - started)
+            if response.status != 200:
+                return timings[-1] * 1000, f"{response.status} {body['error']['code']}"
+            outcome = f"{len(body['sandboxes']):,} listed"
+            if len(body["sandboxes"]) > 100:
+                break  # a version without paging answered everything: one request says enough
+    return statistics.median(timings) * 1000, outcome
+
+
+PAGES = {  # what a page is timed for: limit=100, unfiltered and filtered
+    "GET /v1/sandboxes?limit=100": {},
+    "  ?state=ready": {"state": "ready"},
+    "  ?pool=small": {"pool": "small"},
+    "  ?state=suspended (no match)": {"state": "suspended"},
+}
+
+
+async def time_pages(gateway: Any, requests: int, when: str) -> list[tuple[str, str, str]]:
+    rows = []
+    for name, params in PAGES.items():
+        ms, listed = await page_ms(gateway, {"limit": "100", **params}, requests)
+        rows.append((f"{name}{when}", f"{ms:.1f} ms ({listed})", "< 20 ms" if params else "< 50 ms"))
+    return rows
+
+
+async def keep_active(url: str, count: int, fraction: float, offset: float) -> None:
+    """Mark ``fraction`` of the fleet active at the reaper's clock (``offset`` seconds on): the rest is due."""
+    store = RedisStore(url, PREFIX, "bench-activity", socket_timeout=60.0)
+    try:
+        at = time.time() + offset
+        active = [per_session(i)[0].sandbox_id for i in range(int(count * fraction))]
+        for start in range(0, len(active), 5000):
+            await store.touch({sandbox_id: at for sandbox_id in active[start:start + 5000]}, {})
+    finally:
+        await store.close()
 
 
 async def route_resolution(url: str, count: int, lookups: int = 2000) -> float:
@@ -177,8 +207,11 @@ async def reaper(url: str, workdir: Path, offset: float, name: str) -> AsyncIter
         await store.close()
 
 
+IDLE_OFFSET = 86_400.0 * 2  # the reaper's clock two days on: every sandbox (and session) not touched since is idle
+
+
 async def reap_pass(url: str, workdir: Path, *, idle: bool) -> tuple[float, int]:
-    offset = 86_400.0 * 2 if idle else 0.0  # a clock two days on: every sandbox (and session) is idle
+    offset = IDLE_OFFSET if idle else 0.0
     async with reaper(url, workdir, offset, "bench-reaper") as router:
         started = time.perf_counter()
         reaped = await router.lifecycle.reap_once()
@@ -186,50 +219,58 @@ async def reap_pass(url: str, workdir: Path, *, idle: bool) -> tuple[float, int]
         return (time.perf_counter() - started) * 1000, len(reaped)
 
 
-async def drain(url: str, workdir: Path, seconds: float) -> tuple[int, float]:
-    """Reaper passes back to back, every sandbox idle, for up to ``seconds`` (or until drained):
-    (sandboxes reaped, seconds taken). What the lease holder does while a backlog lasts, minus the
-    sleep between passes (serve's pass goes on for up to 4 x reap_interval, then sleeps one)."""
+async def drain(url: str, workdir: Path, seconds: float) -> tuple[int, float, bool]:
+    """Reaper passes back to back, for up to ``seconds`` or until nothing is due: (sandboxes reaped,
+    seconds taken, drained). What the lease holder does while a backlog lasts, minus the sleep
+    between passes (serve's pass goes on for up to 4 x reap_interval, then sleeps one)."""
     reaped = 0
-    async with reaper(url, workdir, 86_400.0 * 2, "bench-drain") as router:
+    async with reaper(url, workdir, IDLE_OFFSET, "bench-drain") as router:
         started = time.perf_counter()
         while time.perf_counter() - started < seconds:
             done = len(await router.lifecycle.reap_once())
             reaped += done
             if not done:
-                break
-        return reaped, time.perf_counter() - started
+                return reaped, time.perf_counter() - started, True
+        return reaped, time.perf_counter() - started, False
 
 
 async def run(args: argparse.Namespace, url: str) -> None:
+    rows: list[tuple[str, str, str]] = []
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         if args.fill:
             loaded, per_session_bytes = await fill(url, args.sandboxes)
             print(f"filled {args.sandboxes:,} sessions, each with its own ready sandbox, in {loaded:.1f} s: "
                   f"{per_session_bytes:,.0f} B of redis used_memory per session", flush=True)
-        cpu, list_ms, listed = await idle_cpu_and_listing(url, args.seconds, args.requests, Path(tmp) / "serve")
-        print(f"idle CPU {cpu:.2f}%, listing {list_ms:.1f} ms ({listed})", flush=True)
-        lookup_ms = await route_resolution(url, args.sandboxes)
-        steady_ms, _ = await reap_pass(url, Path(tmp) / "reaper", idle=False)
-        rows = [
-            ("route resolution, cache miss (p50)", f"{lookup_ms:.2f} ms", ""),
-            ("replica idle CPU", f"{cpu:.2f}%", "< 2%"),
-            ("GET /v1/sandboxes?limit=100", f"{list_ms:.1f} ms ({listed})", "< 50 ms"),
-            ("reaper pass + sweep, nothing idle", f"{steady_ms:.1f} ms", ""),
-        ]
-        if args.idle_pass:
-            idle_ms, reaped = await reap_pass(url, Path(tmp) / "reaper", idle=True)
-            rows.append(("reaper pass + sweep, all idle", f"{idle_ms:.1f} ms ({reaped:,} reaped)", ""))
-        if args.drain:
-            drained, took = await drain(url, Path(tmp) / "drain", args.drain)
-            rate = drained / took if took else 0.0
-            backlog = 0.58 * args.sandboxes
-            rows.append(("reaping throughput, all idle", f"{rate:,.0f}/s ({drained:,} in {took:.0f} s)", ""))
-            rows.append((f"drain 58% of {args.sandboxes:,} at that rate", f"{backlog / rate / 60:.1f} min" if rate
-                         else "-", "< 10 min"))
+        async with serving(url, Path(tmp) / "serve") as (gateway, pids):
+            before = cpu_of(pids)
+            await asyncio.sleep(args.seconds)
+            cpu = (cpu_of(pids) - before) / args.seconds * 100
+            rows.append(("replica idle CPU", f"{cpu:.2f}%", "< 2%"))
+            rows += await time_pages(gateway, args.requests, "")
+            print("\n".join(f"  {name}: {value}" for name, value, _ in rows), flush=True)
+            lookup_ms = await route_resolution(url, args.sandboxes)
+            steady_ms, _ = await reap_pass(url, Path(tmp) / "reaper", idle=False)
+            rows += [("route resolution, cache miss (p50)", f"{lookup_ms:.2f} ms", ""),
+                     ("reaper pass + sweep, nothing idle", f"{steady_ms:.1f} ms", "")]
+            if args.idle_pass:
+                idle_ms, reaped = await reap_pass(url, Path(tmp) / "reaper", idle=True)
+                rows.append(("reaper pass + sweep, all idle", f"{idle_ms:.1f} ms ({reaped:,} reaped)", ""))
+            if args.drain:
+                await keep_active(url, args.sandboxes, 1 - args.due, IDLE_OFFSET)
+                before = cpu_of(pids)
+                drained, took, done = await drain(url, Path(tmp) / "drain", args.drain)
+                during = (cpu_of(pids) - before) / took * 100 if took else 0.0
+                rate = drained / took if took else 0.0
+                backlog = args.due * args.sandboxes
+                rows.append((f"reaping throughput, {args.due:.0%} due", f"{rate:,.0f}/s ({drained:,} in {took:.0f} s)", ""))
+                rows.append((f"drain {args.due:.0%} of {args.sandboxes:,}",
+                             f"{took / 60:.1f} min (drained)" if done else
+                             f"{backlog / rate / 60:.1f} min (projected)" if rate else "-", "< 10 min"))
+                rows.append(("non-holder replica CPU while it drains", f"{during:.2f}%", ""))
+                rows += await time_pages(gateway, args.requests, ", after the drain")
     print(f"\n{args.sandboxes:,} sandboxes, code from {os.environ.get('PYTHONPATH') or 'this checkout'}")
     for name, value, target in rows:
-        print(f"  {name:<36} {value:>28}  {target}")
+        print(f"  {name:<42} {value:>34}  {target}")
 
 
 def main() -> None:
@@ -239,8 +280,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20, help="GET /v1/sandboxes requests (median)")
     parser.add_argument("--idle-pass", action="store_true", help="also reap one batch with everything idle")
     parser.add_argument("--drain", type=float, default=0.0, metavar="SECONDS",
-                        help="then reap passes back to back, everything idle, for up to this long: the reaping "
-                             "throughput and the time 58%% of the fleet would take to drain")
+                        help="then reap passes back to back, --due of the fleet idle, until drained or for up to "
+                             "this long: the reaping throughput, the drain time, a non-holder replica's CPU meanwhile")
+    parser.add_argument("--due", type=float, default=0.58, help="the fraction of the fleet idle for --drain")
     parser.add_argument("--url", help="an existing Redis (flushed first!); default: a private redis-server")
     parser.add_argument("--no-fill", dest="fill", action="store_false",
                         help="with --url: measure what is there (a previous run's fill), flush nothing")

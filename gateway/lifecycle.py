@@ -38,18 +38,18 @@ from dataclasses import dataclass
 from gateway.errors import (
     Conflict, GatewayError, NotFound, ProvisionFailed, ProvisionTimeout, StoreUnavailable, WakeTimeout,
 )
-from gateway.model import Binding, Endpoint, Position, SandboxRecord, SandboxRequest, SandboxState
+from gateway.model import Binding, Endpoint, SandboxRecord, SandboxRequest, SandboxState
 from gateway.policy import PolicyView
 from gateway.providers.base import ForeignSandbox, SandboxProvider
+from gateway.reaper import ReapPass
 from gateway.router_base import RouterEvents, RouterTuning
 from gateway.store.base import NotReserved, SessionStore
-from routing.reaping import Act, orphaned, reap_cutoff, reap_verdict
+from routing.reaping import orphaned
 
 log = logging.getLogger(__name__)
 
 REAPER_LEASE = "reaper"
 DEFAULT_WAKE_TIMEOUT = 60.0  # for a pool no longer in the policy
-SUSPENDED = "suspended"  # what _reap_one answers for a sandbox it suspended (not destroyed)
 STORE_RETRY = 0.2  # the pause before a request held by a wake tries again after a store error
 QUIET_POLL = 0.25  # how often an operator's suspend looks again for the sandbox's exchanges to end
 MIN_LEASE = 0.5  # a lease renewed every quarter of it: shorter would be all renewals
@@ -101,8 +101,7 @@ class Lifecycle:
                  lease: ReaperLease, tuning: RouterTuning, clock: Callable[[], float], events: RouterEvents) -> None:
         self.store, self.provider, self.view, self.lease = store, provider, view, lease
         self.tuning, self.clock, self.events = tuning, clock, events
-        # Where the next reaper pass and orphan sweep resume: each pass does a bounded share.
-        self._reap_from: Position | None = None
+        # Where the next orphan sweep resumes: each pass does a bounded share.
         self._sweep_from: str | None = None
 
     # wake -------------------------------------------------------------------
@@ -345,74 +344,23 @@ class Lifecycle:
         """One reaper pass, only on the replica holding the reaper lease. Returns the IDs it
         destroyed (suspended ones are logged and counted, not returned).
 
-        Sized by what is due: it takes batches of ``reap_batch`` idle entries of the activity index
-        (oldest first, resuming where the previous pass stopped) and acts on each batch
-        ``reap_concurrency`` sandboxes at a time, for as long as due entries remain and the pass is
-        within ``reap_budget`` seconds; a fleet with nothing due costs one bounded read. Its rate
-        (sandboxes acted on per second) is reported with every pass that found work.
+        Sized by what is due (``gateway.reaper``): it reads each pool's due records from the store's
+        state-and-pool indexes and claims, acts on and settles them a chunk of ``reap_concurrency``
+        at a time, while more is due and within ``reap_budget`` seconds; a fleet with nothing due
+        costs one short read per pool and state. Then idle sessions' bindings go.
         """
+        # -- reaping (issue 27.5: batches sized by the backlog, gateway.reaper) --
         store, tuning = self.store, self.tuning
         now = self.clock()
         if not await self.lease.renew():
             return []
-        reaped: list[str] = []
-        cutoff = reap_cutoff(self.view.pools.values(), now, activity_grace=tuning.activity_grace)
-        if cutoff is not None:
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            limit = asyncio.Semaphore(tuning.reap_concurrency)
-            acted = 0
-            while True:
-                page = await store.scan_sandboxes(self._reap_from, limit=tuning.reap_batch, scan=tuning.reap_batch,
-                                                  before=cutoff)
-                self._reap_from = page.next
-
-                async def one(record: SandboxRecord) -> str | None:
-                    async with limit:
-                        return await self._reap_one(record, now)
-
-                outcomes = await asyncio.gather(*(one(record) for record in page.records))
-                acted += sum(outcome is not None for outcome in outcomes)
-                reaped += [outcome for outcome in outcomes if outcome and outcome != SUSPENDED]
-                if page.next is None or loop.time() - started >= tuning.reap_budget:
-                    break
-                if not await self.lease.renew():
-                    break  # lost the lease mid-pass: the new holder goes on from its own position
-            if acted:
-                self.events.reap_pass(acted, loop.time() - started)
+        reaped = await ReapPass(store, self.provider, self.events, tuning, now, lease_for=self.lease_for,
+                                renewing=self.renewing, keep_lease=self.lease.renew,
+                                clock=self.clock).run(self.view.pools)
+        # -- end of reaping --
         for session_id in await store.idle_sessions(now - tuning.session_ttl, tuning.reap_batch):
             await store.delete_binding(session_id)
         return reaped
-
-    async def _reap_one(self, record: SandboxRecord, now: float) -> str | None:
-        """Act on one entry of a reaper page: its ID when destroyed, ``SUSPENDED`` when suspended,
-        None when it is not due (a longer idle_timeout, a stream open, used since the page was read)."""
-        store = self.store
-        verdict = reap_verdict(record.state, record.last_active, self.view.pool(record.pool), now,
-                               activity_grace=self.tuning.activity_grace,
-                               can_suspend=self.provider.can_suspend(record.pool))
-        if verdict.act is Act.KEEP:
-            return None
-        if record.state is SandboxState.READY and await store.open_streams(record.sandbox_id) > 0:
-            await store.touch({record.sandbox_id: now}, {})
-            return None
-        if verdict.act is Act.SUSPEND:
-            # The store re-checks the activity: this page may pair a state newer than its time.
-            done = await self.suspend(record, reason=verdict.reason, idle_before=verdict.before)
-            return SUSPENDED if done is not None else None
-        if not await self._still(record, record.state, verdict.before):
-            return None
-        await self.destroy(record, reason=verdict.reason)
-        self.events.reaped(verdict.reason)
-        return record.sandbox_id
-
-    async def _still(self, record: SandboxRecord, state: SandboxState, before: float) -> bool:
-        """Whether the record is still in ``state`` and inactive since ``before``, read again just
-        before a delete: a page of the index may be seconds old by the time a busy pass reaches an
-        entry (a sandbox woken or used since). A read, not a compare-and-set like the suspend's:
-        the window left is one round trip, where it was the page's age."""
-        current = await self.store.get_sandbox(record.sandbox_id)
-        return current is not None and current.state is state and current.last_active < before
 
     async def sweep_orphans(self, grace: float) -> list[str]:
         """Delete provider objects of this installation that the store does not know (lease holder only).

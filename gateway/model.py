@@ -22,8 +22,9 @@ from routing import Identity, Isolation, shared_sandbox_id
 class SandboxState(StrEnum):
     """``creating`` -> ``ready`` -> (``suspending`` -> ``suspended`` -> ``resuming`` -> ``ready``)*.
 
-    All but ``suspended`` hold compute and count against the caps; ``failed`` and ``deleting``
-    are never stored (a failed creation releases its record, a deleted sandbox loses it)."""
+    All but ``suspended`` and ``deleting`` count against the caps. ``deleting`` is the reaper's delete
+    in progress (claimed under a lease; a request waits for it, then creates the sandbox anew);
+    ``failed`` is never stored (a failed creation releases its record)."""
 
     CREATING = "creating"
     READY = "ready"

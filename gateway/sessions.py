@@ -216,7 +216,7 @@ class SessionRouter:
                 return settlement.record
             raise NotFound(f"sandbox {record.sandbox_id} did not come up; a request through its session re-creates it",
                            code="sandbox_not_found")
-        if record.state in (SandboxState.FAILED, SandboxState.DELETING):  # never stored today; a defence
+        if record.state in (SandboxState.FAILED, SandboxState.DELETING):  # being reaped (failed: a defence)
             raise NotFound(f"sandbox {record.sandbox_id} is not running ({record.state.value}); a request through "
                            "its session re-creates it", code="sandbox_not_found")
         # Suspended (or on its way there or back): woken the way a binding's request wakes it, as its

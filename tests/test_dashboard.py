@@ -196,10 +196,18 @@ def test_reap_and_sweep_panels_show_zero_before_the_first_event() -> None:
 
 def test_the_router_reports_only_known_reap_reasons() -> None:
     """Every reason SessionRouter (and its lifecycle) passes to events.reaped() has its zero series
-    (orphan is the sweep's)."""
-    gateway = Path(__file__).resolve().parents[1] / "gateway"
-    source = "\n".join((gateway / name).read_text(encoding="utf-8") for name in ("sessions.py", "lifecycle.py"))
-    reasons = {node.args[0].value for node in ast.walk(ast.parse(source))
-               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "reaped"
-               and node.args and isinstance(node.args[0], ast.Constant)}
+    (orphan is the sweep's): the constants passed to it, and the reasons of the pure reap verdict
+    (routing/reaping.py's Verdict) and of the reaper's lapsed-lease acts (gateway/reaper.py's _Act),
+    which the reaper passes on."""
+    root = Path(__file__).resolve().parents[1]
+    sources = ("gateway/sessions.py", "gateway/lifecycle.py", "gateway/reaper.py", "routing/reaping.py")
+    source = "\n".join((root / name).read_text(encoding="utf-8") for name in sources)
+    passed_at = {"reaped": 0, "Verdict": 1, "_Act": 3}  # the reason's position in each call
+    reasons = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            at = passed_at.get(name)
+            if at is not None and len(node.args) > at and isinstance(node.args[at], ast.Constant):
+                reasons.add(node.args[at].value)
     assert reasons == {*REAP_REASONS, "orphan"}

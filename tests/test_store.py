@@ -19,7 +19,7 @@ from redis import exceptions as redis_errors
 
 from gateway.errors import CapacityExceeded, StoreUnavailable
 from gateway.model import Binding, Owner, SandboxState
-from gateway.store.base import Caps, Reserved, SessionStore, Settled, Settlement
+from gateway.store.base import Caps, Claim, Due, Reserved, SandboxFilter, SessionStore, Settled, Settlement
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisKeys, RedisStore
 from gateway.store.redis_errors import unavailable
@@ -27,6 +27,10 @@ from tests.clock import FakeClock
 from tests.redis_server import RedisServer, free_port, redis_process, redis_server, redis_server_factory  # noqa: F401
 from routing import Isolation, per_session_sandbox_id
 from tests.store_contract import ENDPOINT, StoreContract, binding, record, still_waiting
+from tests.store_contract_fleet import (
+    FleetContract, assert_listings_match_records, every_transition, wipe_state_indexes,
+)
+from tests.store_contract import all_sandboxes
 
 ServerFactory = Callable[..., RedisServer]
 
@@ -68,6 +72,10 @@ async def store(request: pytest.FixtureRequest, clock: FakeClock, prefix: str) -
 
 
 class TestStoreContract(StoreContract):
+    pass
+
+
+class TestStoreFleetContract(FleetContract):
     pass
 
 
@@ -402,3 +410,84 @@ async def test_unreachable_redis_fails_fast(prefix: str) -> None:
         assert time.monotonic() - started < 3
     finally:
         await store.close()
+
+
+async def test_redis_state_indexes_hold_exactly_the_records(replicas: Callable[..., RedisStore]) -> None:
+    """Each record is in exactly one ix:<state>:<pool> zset, its own, with idx's score; nothing stale is
+    left behind (a listing skips released records, so only the keys themselves show that)."""
+    clock = FakeClock()
+    store, other = replicas("replica-a", clock=clock), replicas("replica-b", clock=clock)
+    await every_transition(store, clock)
+    await other.touch({"org-0": clock() + 9}, {})  # another replica's activity moves both indexes too
+    activity = dict(await store._redis.zrange(store.keys.sandboxes, 0, -1, withscores=True))
+    indexed: dict[str, tuple[str, float]] = {}
+    base = store.keys.state_index("", "")[:-len(":")]
+    async for key in store._redis.scan_iter(match=base.replace("{", "[{]") + "*"):
+        for sandbox_id, score in await store._redis.zrange(key, 0, -1, withscores=True):
+            assert sandbox_id not in indexed, f"{sandbox_id} is in two indexes"
+            indexed[sandbox_id] = (key, score)
+    records = {r.sandbox_id: r for r in await all_sandboxes(store)}
+    assert set(indexed) == set(records) == set(activity)
+    for sandbox_id, (key, score) in indexed.items():
+        record = records[sandbox_id]
+        assert key == store.keys.state_index(record.state.value, record.pool)
+        assert score == activity[sandbox_id] == record.last_active
+    assert activity["org-0"] == clock() + 9
+
+
+async def test_records_of_an_earlier_version_are_backfilled_into_the_state_indexes(
+        replicas: Callable[..., RedisStore]) -> None:
+    clock = FakeClock()
+    store = replicas("replica-a", clock=clock)
+    await every_transition(store, clock)
+    for i in range(20):
+        await store.reserve_sandbox(record(f"old-{i}", pool="small"), Caps(), 30)
+    expected = await all_sandboxes(store)
+    await wipe_state_indexes(store)
+    upgraded = replicas("replica-b", clock=clock)
+    assert not await upgraded.backfill_indexes(7)  # a page of it
+    assert not await upgraded.backfill_indexes(7)
+    await assert_listings_match_records(upgraded)  # complete (a listing backfills its share, too)
+    assert await upgraded.backfill_indexes(7)  # done: the marker says so
+    # A replica of the earlier version, still running in a rolling upgrade, writes a record: the sweep goes on.
+    old = expected[-1]
+    await upgraded._redis.zrem(upgraded.keys.state_index(old.state.value, old.pool), old.sandbox_id)
+    for _ in range(len(expected) // 7 + 2):
+        assert await upgraded.backfill_indexes(7)
+    await assert_listings_match_records(upgraded)
+    small = await upgraded.scan_sandboxes(None, limit=100, scan=100, where=SandboxFilter(pool="small"))
+    assert [r.sandbox_id for r in small.records] == [r.sandbox_id for r in expected if r.pool == "small"]
+
+
+async def test_a_reaper_batch_reaches_other_replicas_in_a_few_messages(replicas: Callable[..., RedisStore]) -> None:
+    """Claims and settlements of a batch are one message per kind, not one per sandbox (every replica
+    reads each); another replica still drops every route and session, and its waiters wake at once."""
+    clock = FakeClock()
+    a, b = replicas("replica-a", clock=clock), replicas("replica-b", clock=clock, recheck_interval=60.0)
+    own = [per_session_sandbox_id(f"s-{i}") for i in range(3)]
+    for i, sandbox_id in enumerate(own):
+        await a.put_binding(binding(f"s-{i}", sandbox_id, pool="small"))
+        await a.reserve_sandbox(record(sandbox_id, pool="small"), Caps(), 30)
+        await a.mark_ready(sandbox_id, ENDPOINT)
+    seen: list[str] = []
+    b.subscribe(seen.append)
+    await b.subscribed()
+    clock.advance(100)
+    due = [Due(sandbox_id, SandboxState.READY, clock(), SandboxState.DELETING) for sandbox_id in own]
+    async with a._redis.pubsub() as watch:
+        await watch.subscribe(a.keys.settled, a.keys.invalidate)
+        assert await a.claim_due(due, clock() + 30, "claim-1") == [Claim.CLAIMED] * 3
+        waiter = asyncio.create_task(b.wait_settled(own[0], 30))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        assert await a.finish_due([], own, "claim-1") == []
+        async with asyncio.timeout(10):
+            assert (await waiter).outcome is Settled.REMOVED  # the message, not the 60 s re-check
+            while len(seen) < 9:
+                await asyncio.sleep(0.01)
+        messages = []
+        while (message := await watch.get_message(timeout=0.5)) is not None:
+            if message["type"] == "message":
+                messages.append(message["channel"])
+    assert sorted(seen) == sorted(own * 2 + [f"s-{i}" for i in range(3)])  # claimed; deleted with its session
+    assert messages == [a.keys.invalidate, a.keys.settled, a.keys.invalidate]  # three for the batch

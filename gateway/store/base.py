@@ -48,8 +48,9 @@ Invalidation = Callable[[str], None]
 
 LIVE_STATES = frozenset({SandboxState.CREATING, SandboxState.READY, SandboxState.SUSPENDING, SandboxState.RESUMING})
 """States that hold (or are about to hold) compute: counted by the caps. ``suspended`` is not."""
-UNSETTLED_STATES = frozenset({SandboxState.CREATING, SandboxState.SUSPENDING, SandboxState.RESUMING})
-"""States under a lease, that ``wait_settled`` waits out."""
+UNSETTLED_STATES = frozenset({SandboxState.CREATING, SandboxState.SUSPENDING, SandboxState.RESUMING,
+                              SandboxState.DELETING})
+"""States under a lease, that ``wait_settled`` waits out (``deleting``: the reaper deletes it; then reserve again)."""
 
 INVALIDATE_ALL = "*"
 """Passed to an ``Invalidation`` when invalidations may have been missed (a pub/sub reconnect)."""
@@ -169,6 +170,27 @@ class SandboxPage:
     next: Position | None
 
 
+class Claim(StrEnum):
+    """What ``claim_due`` did with one ``Due``."""
+
+    CLAIMED = "claimed"        # moved to its ``to`` state under the reaper's lease and token
+    CHANGED = "changed"        # not as the verdict saw it any more (used, woken, released): nothing done
+    BUSY = "busy"              # streams are recorded for it (perhaps a dead replica's): nothing done
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """A sandbox the reaper's verdict says to suspend or delete, with what the verdict saw: it is claimed
+    only while still in ``state`` and not active at or after ``before`` (a compare-and-set in the store, as
+    ``begin_suspend``'s): the reaper's page may pair an old activity with a record used since."""
+
+    sandbox_id: str
+    state: SandboxState        # ready, suspended; deleting or suspending: one whose holder's lease lapsed
+    before: float
+    to: SandboxState           # SUSPENDING or DELETING
+    check_streams: bool = True  # refuse a record while streams are recorded for it (Claim.BUSY)
+
+
 @dataclass(frozen=True, slots=True)
 class FleetCounts:
     """What the gauges report, kept incrementally by the store (never counted by a scan)."""
@@ -195,6 +217,21 @@ class SessionStore(Protocol):
     async def existing_sandboxes(self, sandbox_ids: Sequence[str]) -> set[str]:
         """Those of ``sandbox_ids`` that have a record (one batched check)."""
     async def fleet_counts(self) -> FleetCounts: ...
+    async def backfill_indexes(self, limit: int) -> bool:
+        """List records written by a version before the state-and-pool indexes in them, up to ``limit``
+        per call (the reaper's lease holder, every pass); True once every record was listed. Until then,
+        filtered listings read the whole index, and the reaper sees only what the indexes hold; after,
+        each call sweeps on (a record a replica of that version wrote during a rolling upgrade)."""
+    async def claim_due(self, due: Sequence[Due], lease_until: float, token: str) -> list[Claim]:
+        """The reaper's batch compare-and-set (one round trip): each ``Due`` still as its verdict saw it
+        moves to its ``to`` state (``suspending``, or ``deleting``: not live, not counted by the caps)
+        under a lease until ``lease_until`` and ``token``, dropping every replica's cached route.
+        A request for a claimed record waits for it to settle (``wait_settled``) as for a creation."""
+    async def finish_due(self, suspended: Sequence[str], deleted: Sequence[str], token: str) -> list[str]:
+        """Settle what one claim (``token``) did, in one round trip: ``suspended`` sandboxes become
+        ``suspended``; ``deleted`` ones lose their record (waiters reserve again: REMOVED) and the
+        binding of their own session. A record no longer this claim's (its lease lapsed and it was
+        taken over) is left alone. Returns the deleted sandboxes that still have sessions bound."""
     async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
         """Raise ``caps.exceeded(...)`` (``CapacityExceeded``) when a cap is reached (a creation, or
         the wake of a suspended record)."""

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store.base import (
-    ANY_SANDBOX, LIVE_STATES, UNSETTLED_STATES, Caps, FleetCounts, Invalidation, NotReserved, Position, Released, Reservation, Reserved, SandboxFilter,
-    SandboxPage, Settled, Settlement, SettleTimeout,
+    ANY_SANDBOX, LIVE_STATES, UNSETTLED_STATES, Caps, Claim, Due, FleetCounts, Invalidation, NotReserved, Position,
+    Released, Reservation, Reserved, SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
 )
 from routing import Isolation, per_session_sandbox_id
 
@@ -37,6 +37,7 @@ class MemoryStore:
         self._sandbox_sessions: dict[str, set[str]] = defaultdict(set)
         self._streams: dict[str, int] = defaultdict(int)
         self._leases: dict[str, tuple[str, float]] = {}
+        self._claims: dict[str, str] = {}  # sandbox ID -> the reaper claim (token) it is suspending or deleting under
         self._epoch = clock()
         self._waiters: dict[str, list[asyncio.Future[Settlement]]] = defaultdict(list)
         self._subscribers: list[Invalidation] = []
@@ -75,8 +76,10 @@ class MemoryStore:
 
     async def scan_sandboxes(self, after: Position | None, *, limit: int, scan: int,
                              before: float = float("inf"), where: SandboxFilter = ANY_SANDBOX) -> SandboxPage:
-        # One process, a few sandboxes: sorting per call is the simple way to the same order as Redis.
-        order = sorted((r.last_active, r.sandbox_id) for r in self._sandboxes.values())
+        # One process, a few sandboxes: sorting per call is the simple way to the same order as Redis. A
+        # state or pool filter reads only its matches, as Redis reads its state-and-pool indexes.
+        indexed = SandboxFilter(where.pool, where.state)
+        order = sorted((r.last_active, r.sandbox_id) for r in self._sandboxes.values() if indexed.matches(r))
         start = 0 if after is None else bisect.bisect_right(order, after.key())
         stop = min(start + scan, bisect.bisect_left(order, (before, "")))
         found: list[SandboxRecord] = []
@@ -105,10 +108,11 @@ class MemoryStore:
             if existing.state is SandboxState.SUSPENDED or (
                     expired and existing.state in (SandboxState.SUSPENDING, SandboxState.RESUMING)):
                 return self._reserve_resume(existing, caps, now, lease_seconds)
-            if not (existing.state is SandboxState.CREATING and expired):
+            if not (existing.state in (SandboxState.CREATING, SandboxState.DELETING) and expired):
                 return Reservation(self._with_sessions(existing), Reserved.EXISTING)  # type: ignore[arg-type]
-        # An expired creation is taken over: it does not count against its own takeover.
-        stale = 1 if existing is not None else 0
+            self._claims.pop(record.sandbox_id, None)
+        # An expired creation (or reaper's delete) is taken over: it does not count against its own takeover.
+        stale = 1 if existing is not None and existing.state in LIVE_STATES else 0
         in_pool = self._per_pool[record.pool] - (stale if existing and existing.pool == record.pool else 0)
         in_org = self._per_org[record.org_id] - (stale if existing and existing.org_id == record.org_id else 0)
         scope = caps.scope_reached(record, in_pool, in_org)
@@ -132,6 +136,7 @@ class MemoryStore:
             raise caps.exceeded(existing, scope)
         resuming = existing.with_(state=SandboxState.RESUMING, lease_until=now + lease_seconds)
         self._replace(existing, resuming)
+        self._claims.pop(existing.sandbox_id, None)
         return Reservation(self._with_sessions(resuming), Reserved.RESUME)  # type: ignore[arg-type]
 
     def _count(self, record: SandboxRecord, delta: int) -> None:
@@ -178,7 +183,7 @@ class MemoryStore:
 
     async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
         current = self._sandboxes.get(sandbox_id)
-        if current is None or current.state in (SandboxState.SUSPENDING, SandboxState.SUSPENDED):
+        if current is None or current.state in (SandboxState.SUSPENDING, SandboxState.SUSPENDED, SandboxState.DELETING):
             raise NotReserved(sandbox_id)
         # Becoming ready is activity: a creation or wake slower than an idle timeout is not idle at once.
         ready = current.with_(state=SandboxState.READY, endpoint=endpoint, lease_until=0.0,
@@ -195,6 +200,7 @@ class MemoryStore:
     async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
         record = self._sandboxes.pop(sandbox_id, None)
         self._streams.pop(sandbox_id, None)
+        self._claims.pop(sandbox_id, None)
         self._settle(sandbox_id, Settlement.removed(error))
         if record is not None:
             self._count(record, -1)
@@ -203,6 +209,45 @@ class MemoryStore:
                     self._session_seen[session_id] = self._clock()  # it outlived its sandbox: idle from now
             self._publish(sandbox_id)
         return record
+
+    async def backfill_indexes(self, limit: int) -> bool:
+        return True  # nothing written before the indexes: scan_sandboxes filters as it reads
+
+    async def claim_due(self, due: Sequence[Due], lease_until: float, token: str) -> list[Claim]:
+        return [self._claim(one, lease_until, token) for one in due]
+
+    def _claim(self, due: Due, lease_until: float, token: str) -> Claim:
+        current = self._sandboxes.get(due.sandbox_id)
+        if current is None or current.state is not due.state:
+            return Claim.CHANGED
+        if current.state in (SandboxState.DELETING, SandboxState.SUSPENDING):
+            if current.lease_until >= self._clock():
+                return Claim.CHANGED  # its holder still holds it
+        elif current.last_active >= due.before:
+            return Claim.CHANGED
+        if due.check_streams and self._streams.get(due.sandbox_id):
+            return Claim.BUSY
+        self._replace(current, current.with_(state=due.to, lease_until=lease_until))
+        self._claims[due.sandbox_id] = token
+        self._publish(due.sandbox_id)
+        return Claim.CLAIMED
+
+    async def finish_due(self, suspended: Sequence[str], deleted: Sequence[str], token: str) -> list[str]:
+        ours = {sandbox_id for sandbox_id, held in self._claims.items() if held == token}
+        for sandbox_id in suspended:
+            if sandbox_id in ours and self._sandboxes[sandbox_id].state is SandboxState.SUSPENDING:
+                del self._claims[sandbox_id]
+                await self.mark_suspended(sandbox_id)
+        still_bound = []
+        for sandbox_id in deleted:
+            if sandbox_id in ours and self._sandboxes[sandbox_id].state is SandboxState.DELETING:
+                await self.release_sandbox(sandbox_id)
+                for session_id in list(self._sandbox_sessions.get(sandbox_id, ())):
+                    if self._kept_by(session_id) == sandbox_id:
+                        await self.delete_binding(session_id)  # its own session's binding goes with it
+                if self._sandbox_sessions.get(sandbox_id):
+                    still_bound.append(sandbox_id)
+        return still_bound
 
     async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint) -> Released:
         record = self._sandboxes.get(sandbox_id)

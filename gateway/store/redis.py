@@ -27,8 +27,11 @@ is cluster-safe)::
                                                       holds its head (pool, s, created ms), "=" its owner. A
                                                       listpack for ordinary IDs (every value <= 64 bytes)
     {P}:idx                    zset    none           sandbox_id -> last_active, one entry per record: the
-                                                      index that listing and reaping page through
+                                                      index that listing pages through
                                                       (scan_sandboxes: INDEX_PAGE, bounded per call)
+    {P}:ix:<state>:<pool>      zset    none           sandbox_id -> last_active, the records in that state
+                                                      of that pool: filtered listings and the reaper
+                                                      (gateway.store.redis_fleet)
     {P}:count:pool             hash    none           pool -> live (all but suspended) records (caps)
     {P}:count:org              hash    none           org_id -> live (all but suspended) records (caps)
     {P}:count:state            hash    none           "<state>:<pool>" -> live records (the gauges)
@@ -47,7 +50,8 @@ is cluster-safe)::
     {P}:invalidate             channel                [origin, "session"|"sandbox", id]
 
 Footprint (``benchmarks/footprint_bench.py``, Redis 7.0, sessions each bound to its own ready
-sandbox, UUID org and user, a pod-IP endpoint): 599 B of ``used_memory`` per session at 1,000,000
+sandbox, UUID org and user, a pod-IP endpoint): 756 B of ``used_memory`` per session at 1,000,000
+with the record's ``ix:<state>:<pool>`` entry (``benchmarks/fleet_bench.py``, issue 27); before it, 599 B
 and 654 B at 10,000 (845 B and 907 B before the binding was folded in; 949 B and 1,028 B before the
 text bindings and packed IDs). By ``MEMORY USAGE``: the sandbox hash 424 B (a listpack, the folded
 binding included), its ``idx`` entry 150 B (a skiplist node: the member, the score, the dict entry),
@@ -87,6 +91,10 @@ construction): one pub/sub listener per store (:class:`RedisListener`, in
 ``wait_settled``), reconnecting by itself; one heartbeat task (on the first
 ``add_streams``). ``close()`` stops both and closes the client.
 
+The class is in three parts: this module (bindings, records and their create-once protocol,
+leases), :mod:`gateway.store.redis_fleet` (listing, activity, counts and the reaper's batches)
+and :mod:`gateway.store.redis_streams` (stream counts and the heartbeat).
+
 ``wait_settled`` subscribes before it reads the record (no lost wake-ups), then
 waits for a ``settled`` message, waking also when the creator's lease expires:
 it then returns ``Settled.ABANDONED`` with the stale record, which tells the
@@ -103,7 +111,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
@@ -115,12 +123,14 @@ from gateway.errors import StoreUnavailable
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store import redis_scripts as lua
 from gateway.store.base import (
-    ANY_SANDBOX, UNSETTLED_STATES, Caps, CapScope, FleetCounts, Invalidation, NotReserved, Position, Released,
-    Reservation, Reserved, SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
+    UNSETTLED_STATES, Caps, CapScope, Invalidation, NotReserved, Released, Reservation, Reserved, Settled, Settlement,
+    SettleTimeout,
 )
 from gateway.store import redis_codec as codec
 from gateway.store.redis_connect import close_pool, connection_pool, healthy_replicas
 from gateway.store.redis_errors import translated
+from gateway.store.redis_fleet import RedisFleet
+from gateway.store.redis_streams import RedisStreamCounts
 from gateway.store.redis_limits import RedisLimitLedger
 from gateway.store.redis_listener import RedisListener
 from gateway.store.redis_scripts import RedisKeys
@@ -142,7 +152,7 @@ async def _read_again_on_timeout(script: Any, **call: Any) -> Any:
     except redis_errors.TimeoutError:
         return await script(**call)
 
-class RedisStore:
+class RedisStore(RedisFleet, RedisStreamCounts):
     """``SessionStore`` shared by every replica of one installation (``prefix``).
 
     ``replica_id`` must be unique per process: it owns this process's stream
@@ -210,9 +220,7 @@ class RedisStore:
         self._extend_lease = self._redis.register_script(lua.EXTEND_LEASE)
         self._acquire_lease = self._redis.register_script(lua.ACQUIRE_LEASE)
         self._release_lease = self._redis.register_script(lua.RELEASE_LEASE)
-        self._index_page = self._redis.register_script(lua.INDEX_PAGE)
-        self._read_records = self._redis.register_script(lua.READ_RECORDS)
-        self._read_matching = self._redis.register_script(lua.READ_MATCHING)
+        self._register_fleet_scripts()
         self._origin = uuid.uuid4().hex  # tells this instance's invalidations from other replicas'
         self._listener = RedisListener(self._redis, self.keys, self._origin, connect_timeout=connect_timeout,
                                        on_remote_release=self._forget_streams)
@@ -278,53 +286,6 @@ class RedisStore:
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
         found = await self._read_sandbox(sandbox_id)
         return None if found is None else found[0]
-
-    @translated("list sandboxes")
-    async def scan_sandboxes(self, after: Position | None, *, limit: int, scan: int,
-                             before: float = math.inf, where: SandboxFilter = ANY_SANDBOX) -> SandboxPage:
-        flat = await self._index_page(
-            keys=[self.keys.sandboxes],
-            args=["" if after is None else codec.num(after.last_active), "" if after is None else after.sandbox_id,
-                  codec.num(before), scan])
-        entries = [Position(float(flat[i + 1]), flat[i]) for i in range(0, len(flat), 2)]
-        more = len(entries) > scan
-        entries = entries[:scan]
-        if not where.any:
-            return await self._scan_matching(entries, more, limit, where)
-        by_id = {r.sandbox_id: r for r in await self._read_many(entries)}
-        found: list[SandboxRecord] = []
-        for index, entry in enumerate(entries):
-            record = by_id.get(entry.sandbox_id)  # released between the two reads: skipped
-            if record is not None and where.matches(record):
-                found.append(record)
-                if len(found) == limit:
-                    more = more or index + 1 < len(entries)
-                    entries = entries[:index + 1]
-                    break
-        return SandboxPage(found, entries[-1] if more and entries else None)
-
-    @translated("look up sandboxes")
-    async def existing_sandboxes(self, sandbox_ids: Sequence[str]) -> set[str]:
-        if not sandbox_ids:
-            return set()
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for sandbox_id in sandbox_ids:
-                pipe.exists(self.keys.sandbox(sandbox_id))
-            found = await pipe.execute()
-        return {sandbox_id for sandbox_id, exists in zip(sandbox_ids, found, strict=True) if exists}
-
-    @translated("count sandboxes")
-    async def fleet_counts(self) -> FleetCounts:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self.keys.count_state)
-            pipe.hgetall(self.keys.count_sessions)
-            by_state, by_pool = await pipe.execute()
-        sandboxes: dict[tuple[str, SandboxState], int] = {}
-        for name, count in by_state.items():
-            state, _, pool = name.partition(":")
-            if state in SandboxState.__members__.values() and int(count) > 0:
-                sandboxes[pool, SandboxState(state)] = int(count)
-        return FleetCounts(sandboxes, {pool: int(n) for pool, n in by_pool.items() if int(n) > 0})
 
     @translated("reserve a sandbox")
     async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
@@ -446,17 +407,6 @@ class RedisStore:
                 # "ready", another incarnation's message, or a pub/sub reconnect: read again
 
     # activity and streams -----------------------------------------------
-    @translated("record activity")
-    async def touch(self, sandboxes: Mapping[str, float], sessions: Mapping[str, float]) -> None:
-        if not sandboxes and not sessions:
-            return
-        async with self._redis.pipeline(transaction=False) as pipe:
-            if sandboxes:
-                pipe.zadd(self.keys.sandboxes, dict(sandboxes), xx=True, gt=True)
-            if sessions:
-                pipe.zadd(self.keys.session_seen, dict(sessions), xx=True, gt=True)
-            await pipe.execute()
-
     @translated("list idle sessions")
     async def idle_sessions(self, before: float, limit: int) -> list[str]:
         return await self._redis.zrangebyscore(self.keys.session_seen, "-inf", f"({codec.num(before)}",
@@ -487,7 +437,7 @@ class RedisStore:
     def _reserve_call(self, record: SandboxRecord, caps: Caps, now: float, lease_seconds: float) -> dict[str, list[str]]:
         sandbox_id = record.sandbox_id
         return {"keys": [self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool,
-                         self.keys.count_org, self.keys.count_state, self.keys.session_seen],
+                         self.keys.count_org, self.keys.count_state, self.keys.session_seen, self.keys.indexed],
                 "args": [codec.num(now), sandbox_id, record.pool, record.org_id or "",
                          "0" if record.org_id is None else "1",
                          "" if caps.pool_max is None else str(caps.pool_max),
@@ -501,20 +451,6 @@ class RedisStore:
                 "args": [sandbox_id, codec.endpoint_text(endpoint), self.keys.settled, self.keys.invalidate,
                          self._invalidation("sandbox", sandbox_id), codec.num(self._clock())]}
 
-    @translated("count open streams")
-    async def add_streams(self, deltas: Mapping[str, int]) -> None:
-        # Each replica owns one field per sandbox and writes its absolute count: a retried
-        # write cannot double-count, and a write that failed is repeated by the next one.
-        for sandbox_id, delta in deltas.items():
-            total = self._streams.get(sandbox_id, 0) + delta
-            if total > 0:
-                self._streams[sandbox_id] = total
-            else:
-                self._streams.pop(sandbox_id, None)
-            self._unsynced.add(sandbox_id)
-        self._start_heartbeat()
-        await self._sync_streams()
-
     @translated("read when its data began")
     async def epoch(self) -> float:
         # SET NX GET: the first caller after the data began (a fresh Redis, or one restarted without
@@ -522,15 +458,6 @@ class RedisStore:
         now = codec.num(self._clock())
         began = await self._redis.set(self.keys.epoch, now, nx=True, get=True)
         return float(began if began is not None else now)
-
-    @translated("count open streams")
-    async def open_streams(self, sandbox_id: str) -> int:
-        counts: dict[str, str] = await self._redis.hgetall(self.keys.streams(sandbox_id))
-        if not counts:
-            return 0
-        replicas = list(counts)
-        alive = await self._redis.mget([self.keys.replica(r) for r in replicas])
-        return sum(int(counts[r]) for r, beat in zip(replicas, alive, strict=True) if beat is not None)
 
     # coordination -------------------------------------------------------
     @translated("take a lease")
@@ -631,49 +558,6 @@ class RedisStore:
                                             args=[sandbox_id])
         return None if view is None else codec.record_of(sandbox_id, view)
 
-    async def _scan_matching(self, entries: list[Position], more: bool, limit: int,
-                             where: SandboxFilter) -> SandboxPage:
-        """A filtered page: the filter runs in Redis (READ_MATCHING), so only the matches cross the wire
-        and are decoded, not every record examined (120 ms for a page at 1,000,000 otherwise)."""
-        if not entries:
-            return SandboxPage([], None)
-        reply = await self._read_matching(
-            keys=[self.keys.sandbox(entry.sandbox_id) for entry in entries],
-            args=[where.state.value if where.state is not None else "", where.pool or "", where.org_id or "", limit])
-        examined, found = int(reply[0]), []
-        for i in range(1, len(reply), 2):
-            entry = entries[int(reply[i]) - 1]
-            found.append(codec.record_of(entry.sandbox_id, [*reply[i + 1], codec.num(entry.last_active)])[0])
-        more = more or examined < len(entries)
-        return SandboxPage(found, entries[examined - 1] if more and examined else None)
-
-    async def _read_many(self, entries: list[Position]) -> list[SandboxRecord]:
-        """The records of index entries, in one script call (the index gave the last activity
-        already); a record released in between is left out."""
-        if not entries:
-            return []
-        fields = await self._read_records(keys=[self.keys.sandbox(entry.sandbox_id) for entry in entries])
-        return [codec.record_of(entry.sandbox_id, [*view, codec.num(entry.last_active)])[0]
-                for entry, view in zip(entries, fields, strict=True) if view[0] is not None]
-
-    async def _sync_streams(self) -> None:
-        """Write the heartbeat and every unsynced stream count, in one MULTI."""
-        async with self._streams_lock:
-            await self._sync_streams_locked()
-
-    async def _sync_streams_locked(self) -> None:
-        pending = list(self._unsynced)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.replica(self.replica_id), self._origin, px=self._heartbeat_ms)
-            for sandbox_id in pending:
-                total = self._streams.get(sandbox_id, 0)
-                if total > 0:
-                    pipe.hset(self.keys.streams(sandbox_id), self.replica_id, total)
-                else:
-                    pipe.hdel(self.keys.streams(sandbox_id), self.replica_id)
-            await pipe.execute()
-        self._unsynced.difference_update(pending)
-
     async def _replicas_up(self) -> int:
         """How many replicas could hold a copy, asked only when WAIT came back short: the sentinels'
         count of replicas up (a plain URL, or no sentinel answering: as many as were asked for, so
@@ -683,22 +567,3 @@ class RedisStore:
 
     def _invalidation(self, kind: str, key: str) -> str:
         return codec.dumps([self._origin, kind, key])
-
-    def _start_heartbeat(self) -> None:
-        if self._heartbeat is None and not self._closed:
-            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(), name="redis-store-heartbeat")
-
-    def _forget_streams(self, sandbox_id: str) -> None:
-        """Released on another replica: its stream counts went with it (as in the memory store)."""
-        self._streams.pop(sandbox_id, None)
-        self._unsynced.discard(sandbox_id)
-
-    async def _beat(self) -> None:
-        """Keep this replica's heartbeat alive (and retry stream counts that failed to land)."""
-        while not self._closed:
-            try:
-                await self._sync_streams()
-            except redis_errors.RedisError as exc:
-                log.warning("redis heartbeat failed (%s)", type(exc).__name__)
-            await self._listener.pause(self._heartbeat_interval)
-

@@ -189,13 +189,22 @@ class RedisListener:
         try:
             payload = json.loads(data)
             if channel == self._keys.settled:
-                for future in self._waiters.get(payload["id"], ()):
-                    if not future.done():
-                        future.set_result(payload)
+                # One sandbox ("id"), or a reaper's batch ("ids": one message for many, same gen and state)
+                for sandbox_id in payload["ids"] if "ids" in payload else (payload["id"],):
+                    for future in self._waiters.get(sandbox_id, ()):
+                        if not future.done():
+                            future.set_result({**payload, "id": sandbox_id})
             elif channel == self._keys.invalidate:
-                origin, what, key = payload
+                origin, what, key, *more = payload
                 if origin == self._origin:
                     return  # delivered synchronously when this instance made it
+                if what == "sandboxes":  # a reaper's batch: [origin, "sandboxes", [sandbox IDs], [session IDs]]
+                    for sandbox_id in key:
+                        self._on_remote_release(sandbox_id)
+                        self.notify(sandbox_id)
+                    for session_id in more[0] if more else ():
+                        self.notify(session_id)
+                    return
                 if what == "sandbox":
                     self._on_remote_release(key)
                 self.notify(key)

@@ -13,8 +13,8 @@ as a listpack, and no per-sandbox set. It holds the record, while there is one,
 and the sessions bound to the sandbox, while there are any (so the key lives as
 long as either):
 
-``s``  state: ``creating`` | ``ready`` | ``suspending`` | ``suspended`` | ``resuming`` (``failed``/``deleting``
-       are never stored); present iff a record is
+``s``  state: ``creating`` | ``ready`` | ``suspending`` | ``suspended`` | ``resuming`` | ``deleting`` (the
+       reaper's delete in progress; ``failed`` is never stored); present iff a record is
 ``p``  pool        ``o``  org the caps count by (absent: no org)        ``c``  created_at
 ``e``  endpoint ``"<scheme> <host> <port>"`` (absent while creating)
 ``l``  creation, suspend or resume lease deadline (the store's clock), ``0`` once ready or suspended
@@ -27,9 +27,10 @@ long as either):
        binding's head (pool, isolation, created) and ``=`` its tail (the owner), each short enough
        for a listpack; that session has no ``b:`` key, and no ``seen`` entry while a record exists
 
-A record in any state but ``suspended`` is *live* and counted once in ``count:pool[pool]`` and
-(when it has an org) ``count:org[org]``; every record is counted once in
-``count:state["<state>:<pool>"]``; every script that changes a state keeps that true.
+A record in any state but ``suspended`` and ``deleting`` is *live* and counted once in ``count:pool[pool]``
+and (when it has an org) ``count:org[org]``; every record is counted once in
+``count:state["<state>:<pool>"]`` and listed once in the zset ``ix:<state>:<pool>`` (scored like ``idx``);
+every script that changes a state keeps that true (``restate``).
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ class RedisKeys:
     """Every key and channel name of one installation (the table is in ``gateway.store.redis``)."""
 
     __slots__ = ("_base", "session_seen", "sandboxes", "count_pool", "count_org", "count_state", "count_sessions",
-                 "settled", "invalidate", "epoch")
+                 "settled", "invalidate", "epoch", "indexed")
 
     # Fixed parts of the variable keys; kept prefix-free (tests check it). Short on purpose:
     # a key name is paid for once per session or sandbox.
-    VARIABLE = ("b:", "s:", "streams:", "replica:", "lease:")
-    FIXED = ("seen", "idx", "count:pool", "count:org", "count:state", "count:sessions", "epoch")
+    VARIABLE = ("b:", "s:", "streams:", "replica:", "lease:", "ix:")
+    FIXED = ("seen", "idx", "count:pool", "count:org", "count:state", "count:sessions", "epoch", "indexed")
 
     def __init__(self, prefix: str) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
@@ -59,6 +60,7 @@ class RedisKeys:
         self.settled = self._base + "settled"
         self.invalidate = self._base + "invalidate"
         self.epoch = self._base + "epoch"
+        self.indexed = self._base + "indexed"
 
     def binding(self, session_id: str) -> str:
         return self._base + "b:" + session_id
@@ -74,6 +76,10 @@ class RedisKeys:
 
     def lease(self, name: str) -> str:
         return self._base + "lease:" + name
+
+    def state_index(self, state: str, pool: str) -> str:
+        """The zset of the records in ``state`` of ``pool`` (the scripts name it the same way: ``restate``)."""
+        return self._base + "ix:" + state + ":" + pool
 
 
 # Shared helpers, prepended to the scripts that need them.
@@ -93,7 +99,46 @@ local function uncount(key, field)
   if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
 end
 local function is_live(state)
-  return state ~= 'suspended'
+  return state ~= 'suspended' and state ~= 'deleting'
+end
+-- count:state fields are '<state>:<pool>' (states hold no ':'): the gauges read one small hash. The
+-- same pair names the record's entry in its state-and-pool index ('ix:<state>:<pool>', scored like idx:
+-- the filtered listings and the reaper read it), moved here by every script that changes a state or
+-- drops a record, so the two cannot drift; called after idx has the record's final score.
+-- These index keys are named inside the script (from the record's own pool): they carry the same
+-- {prefix} hash tag as the declared keys, so every script still touches one slot (what Redis Cluster checks).
+local function restate(key, pool, from, to, index_key, id)
+  if not pool then return end
+  local base = string.sub(key, 1, -12)  -- key is '<base>count:state'
+  if from then
+    uncount(key, from .. ':' .. pool)
+    redis.call('ZREM', base .. 'ix:' .. from .. ':' .. pool, id)
+  end
+  if to then
+    redis.call('HINCRBY', key, to .. ':' .. pool, 1)
+    redis.call('ZADD', base .. 'ix:' .. to .. ':' .. pool, redis.call('ZSCORE', index_key, id), id)
+  end
+end
+-- a suspending or resuming record (cur: its s, p, o) -> suspended: no endpoint, not counted by the caps,
+-- last activity = now (retention counts from it)
+local function to_suspended(cur, sandbox_key, index_key, pool_key, org_key, state_key, id, now)
+  if cur[2] then uncount(pool_key, cur[2]) end
+  if cur[3] then uncount(org_key, cur[3]) end
+  redis.call('HSET', sandbox_key, 's', 'suspended', 'l', '0')
+  redis.call('HDEL', sandbox_key, 'e')
+  redis.call('ZADD', index_key, now, id)
+  restate(state_key, cur[2], cur[1], 'suspended', index_key, id)
+end
+-- forget a record (found: its view): its counts, its index entries; the sessions bound stay in the hash
+local function release(found, sandbox_key, index_key, pool_key, org_key, state_key, id)
+  local state, pool, org = found[1], found[2], found[3]
+  if is_live(state) then
+    if pool then uncount(pool_key, pool) end
+    if org then uncount(org_key, org) end
+  end
+  restate(state_key, pool, state, nil, index_key, id)
+  drop_record(sandbox_key)
+  redis.call('ZREM', index_key, id)
 end
 -- the session whose binding is folded into this sandbox's hash (its '=' field), or nil: only a
 -- per-session sandbox has one, and only its own session is bound to it, so its hash is small
@@ -103,12 +148,6 @@ local function folded_session(sandbox_key)
     if string.sub(name, 1, 1) == '+' then return string.sub(name, 2) end
   end
   return nil
-end
--- count:state fields are '<state>:<pool>' (states hold no ':'): the gauges read one small hash
-local function restate(key, pool, from, to)
-  if not pool then return end
-  if from then uncount(key, from .. ':' .. pool) end
-  if to then redis.call('HINCRBY', key, to .. ':' .. pool, 1) end
 end
 """
 
@@ -188,7 +227,7 @@ return current
 
 RESERVE_SANDBOX = _HELPERS + """
 -- KEYS[1] sandbox hash  KEYS[2] sandboxes index  KEYS[3] count:pool hash  KEYS[4] count:org hash
--- KEYS[5] count:state hash  KEYS[6] seen zset
+-- KEYS[5] count:state hash  KEYS[6] seen zset  KEYS[7] the 'indexed' marker (set by the installation's first record)
 -- ARGV[1] now  ARGV[2] sandbox id  ARGV[3] pool  ARGV[4] org id ('' when none)  ARGV[5] '1' when there is an org
 -- ARGV[6] pool cap ('' = none)  ARGV[7] org cap ('' = none)  ARGV[8] lease_until  ARGV[9] last_active
 -- ARGV[10] reservation token (gen)  ARGV[11] invalidate channel  ARGV[12] invalidate message (on a takeover)
@@ -221,20 +260,20 @@ if state then
       redis.call('HINCRBY', KEYS[3], pool, 1)
       if org then redis.call('HINCRBY', KEYS[4], org, 1) end
     end
-    restate(KEYS[5], pool, state, 'resuming')
+    restate(KEYS[5], pool, state, 'resuming', KEYS[2], ARGV[2])
     redis.call('HSET', KEYS[1], 's', 'resuming', 'l', ARGV[8], 'g', ARGV[10])
     return {'resume', unpack(view(KEYS[1], KEYS[2], ARGV[2]))}
   end
-  if not (state == 'creating' and expired) then
+  if not ((state == 'creating' or state == 'deleting') and expired) then
     return {'existing', unpack(view(KEYS[1], KEYS[2], ARGV[2]))}
   end
-  stale = cur  -- a creation whose creator's lease expired: take it over
+  stale = cur  -- a creation (or a reaper's delete) whose holder's lease expired: take it over
 end
 local has_org = ARGV[5] == '1'
 local pool_live = tonumber(redis.call('HGET', KEYS[3], ARGV[3]) or '0')
 local org_live = 0
 if has_org then org_live = tonumber(redis.call('HGET', KEYS[4], ARGV[4]) or '0') end
-if stale then
+if stale and is_live(stale[1]) then
   -- the stale record is live and counted, but it does not count against its own takeover
   if stale[4] == ARGV[3] then pool_live = pool_live - 1 end
   if has_org and stale[5] == ARGV[4] then org_live = org_live - 1 end
@@ -242,20 +281,23 @@ end
 if ARGV[6] ~= '' and pool_live >= tonumber(ARGV[6]) then return {'cap', 'pool'} end
 if has_org and ARGV[7] ~= '' and org_live >= tonumber(ARGV[7]) then return {'cap', 'org'} end
 if stale then
-  if stale[4] then uncount(KEYS[3], stale[4]) end
-  if stale[5] then uncount(KEYS[4], stale[5]) end
-  restate(KEYS[5], stale[4], stale[1], nil)
+  if is_live(stale[1]) then
+    if stale[4] then uncount(KEYS[3], stale[4]) end
+    if stale[5] then uncount(KEYS[4], stale[5]) end
+  end
+  restate(KEYS[5], stale[4], stale[1], nil, KEYS[2], ARGV[2])
   drop_record(KEYS[1])
 end
 redis.call('HSET', KEYS[1], 's', 'creating', 'l', ARGV[8], 'g', ARGV[10], 'p', ARGV[3])
 if #ARGV > 12 then redis.call('HSET', KEYS[1], unpack(ARGV, 13)) end
 redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
-restate(KEYS[5], ARGV[3], nil, 'creating')
 if has_org then
   redis.call('HSET', KEYS[1], 'o', ARGV[4])
   redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
 end
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('SET', KEYS[7], 'd') end  -- nothing to backfill
 redis.call('ZADD', KEYS[2], ARGV[9], ARGV[2])
+restate(KEYS[5], ARGV[3], nil, 'creating', KEYS[2], ARGV[2])
 local folded = folded_session(KEYS[1])
 if folded then redis.call('ZREM', KEYS[6], folded) end  -- it lives as long as this record now
 if stale then redis.call('PUBLISH', ARGV[11], ARGV[12]) end
@@ -271,12 +313,12 @@ MARK_READY = _HELPERS + """
 -- ARGV[6] now: becoming ready is activity (a creation or wake that took longer than an idle timeout, or a
 --         record suspended long ago, is not idle the moment it is ready)
 -- returns the ready record's view and then the state it came from; false (nil) when there is no record
--- to complete (none, or suspended)
+-- to complete (none, suspended, or being deleted)
 local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'g')
-if not cur[1] or cur[1] == 'suspending' or cur[1] == 'suspended' then return false end
-restate(KEYS[3], cur[2], cur[1], 'ready')
+if not cur[1] or cur[1] == 'suspending' or cur[1] == 'suspended' or cur[1] == 'deleting' then return false end
 redis.call('HSET', KEYS[1], 's', 'ready', 'e', ARGV[2], 'l', '0')
 redis.call('ZADD', KEYS[2], 'GT', ARGV[6], ARGV[1])
+restate(KEYS[3], cur[2], cur[1], 'ready', KEYS[2], ARGV[1])
 redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = cur[3] or '', state = 'ready'}))
 if cur[1] == 'resuming' then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
 local v = view(KEYS[1], KEYS[2], ARGV[1])
@@ -298,23 +340,15 @@ if ARGV[6] ~= '' then
   if not found then return -1 end
   if not (found[1] == 'ready' and found[5] == ARGV[6]) then return 0 end
 end
-local gen = ''
 if found then
-  local state, pool, org = found[1], found[2], found[3]
-  if is_live(state) then
-    if pool then uncount(KEYS[3], pool) end
-    if org then uncount(KEYS[4], org) end
-  end
-  restate(KEYS[6], pool, state, nil)
-  gen = found[7] or ''
-  drop_record(KEYS[1])
-  redis.call('ZREM', KEYS[2], ARGV[1])
+  release(found, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], ARGV[1])
   local folded = folded_session(KEYS[1])
   if folded then redis.call('ZADD', KEYS[7], ARGV[7], folded) end
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
 redis.call('DEL', KEYS[5])
-redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = gen, state = 'removed', error = ARGV[2]}))
+redis.call('PUBLISH', ARGV[3], cjson.encode({id = ARGV[1], gen = found and found[7] or '', state = 'removed',
+                                             error = ARGV[2]}))
 return found
 """
 
@@ -330,7 +364,7 @@ if ARGV[5] ~= '' then
   local at = redis.call('ZSCORE', KEYS[2], ARGV[1])
   if at and tonumber(at) >= tonumber(ARGV[5]) then return false end
 end
-restate(KEYS[3], cur[2], 'ready', 'suspending')
+restate(KEYS[3], cur[2], 'ready', 'suspending', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], 's', 'suspending', 'l', ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return view(KEYS[1], KEYS[2], ARGV[1])
@@ -339,10 +373,10 @@ return view(KEYS[1], KEYS[2], ARGV[1])
 EXTEND_LEASE = """
 -- KEYS[1] sandbox hash
 -- ARGV[1] the lease deadline the caller holds  ARGV[2] the new deadline
--- returns 1 when the record is creating, suspending or resuming under that very deadline (now ARGV[2]);
+-- returns 1 when the record is creating, suspending, resuming or deleting under that very deadline (now ARGV[2]);
 -- 0 when the caller holds it no more (settled, released, or taken over: a takeover writes a new deadline)
 local cur = redis.call('HMGET', KEYS[1], 's', 'l')
-if cur[1] ~= 'creating' and cur[1] ~= 'suspending' and cur[1] ~= 'resuming' then return 0 end
+if cur[1] ~= 'creating' and cur[1] ~= 'suspending' and cur[1] ~= 'resuming' and cur[1] ~= 'deleting' then return 0 end
 if tonumber(cur[2] or '0') ~= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'l', ARGV[2])
 return 1
@@ -356,84 +390,12 @@ MARK_SUSPENDED = _HELPERS + """
 -- returns the suspended record's view; false (nil) unless it was suspending or resuming (nothing changed)
 local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'o', 'g')
 if cur[1] ~= 'suspending' and cur[1] ~= 'resuming' then return false end
-if cur[2] then uncount(KEYS[3], cur[2]) end
-if cur[3] then uncount(KEYS[4], cur[3]) end
-restate(KEYS[5], cur[2], cur[1], 'suspended')
-redis.call('HSET', KEYS[1], 's', 'suspended', 'l', '0')
-redis.call('HDEL', KEYS[1], 'e')
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+to_suspended(cur, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2])
 redis.call('PUBLISH', ARGV[4], cjson.encode({id = ARGV[1], gen = cur[4] or '', state = 'suspended', error = ARGV[3]}))
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return view(KEYS[1], KEYS[2], ARGV[1])
 """
 
-INDEX_PAGE = """
--- KEYS[1] sandboxes zset (sandbox id -> last_active)
--- ARGV[1] the cursor's last_active ('' = from the start)  ARGV[2] the cursor's sandbox id
--- ARGV[3] before (exclusive upper bound on last_active)  ARGV[4] how many entries at most
--- returns {id, score, id, score, ...}: the entries after the cursor in (score, id) order with
--- score < before, at most ARGV[4] of them plus one more (which tells the caller whether more follow).
--- Bounded whatever the index size: ZSCORE/ZRANK/ZCOUNT and one ZRANGE by rank, all O(log n + count).
-local start = 0
-if ARGV[1] ~= '' then
-  local at = tonumber(ARGV[1])
-  local score = redis.call('ZSCORE', KEYS[1], ARGV[2])
-  if score and tonumber(score) == at then
-    start = redis.call('ZRANK', KEYS[1], ARGV[2]) + 1
-  else
-    -- the cursor's entry moved or went: start at its score, after the ties ordered before its id
-    start = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[1])
-    while true do
-      local tie = redis.call('ZRANGE', KEYS[1], start, start, 'WITHSCORES')
-      if #tie == 0 or tonumber(tie[2]) ~= at or tie[1] > ARGV[2] then break end
-      start = start + 1
-    end
-  end
-end
-local entries = redis.call('ZRANGE', KEYS[1], start, start + tonumber(ARGV[4]), 'WITHSCORES')
-local before = tonumber(ARGV[3])
-local out = {}
-for i = 1, #entries, 2 do
-  if tonumber(entries[i + 1]) >= before then break end
-  out[#out + 1] = entries[i]
-  out[#out + 1] = entries[i + 1]
-end
-return out
-"""
-
-READ_RECORDS = """
--- KEYS[1..n] sandbox hashes
--- returns, per key, its record fields {s, p, o, c, e, l, g, u, b, v, m, n} (s nil: no record);
--- one reply for a whole page, where a pipeline would cost a reply (and its parsing) per sandbox
-local out = {}
-for i, key in ipairs(KEYS) do
-  out[i] = redis.call('HMGET', key, 's', 'p', 'o', 'c', 'e', 'l', 'g', 'u', 'b', 'v', 'm', 'n')
-end
-return out
-"""
-
-READ_MATCHING = """
--- KEYS[1..n] sandbox hashes, in index order
--- ARGV[1] state ('' = any)  ARGV[2] pool ('' = any)  ARGV[3] org ('' = any)  ARGV[4] how many matches at most
--- returns {examined, i1, fields1, i2, fields2, ...}: the matching records (fields as READ_RECORDS gives them,
--- i their position in KEYS) and how many keys were examined (all of them, or up to the last match kept):
--- a filtered listing decodes only what it returns, not every record it looked at
-local want_state, want_pool, want_org, limit = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local out = {0}
-local found = 0
-for i, key in ipairs(KEYS) do
-  out[1] = i
-  local h = redis.call('HMGET', key, 's', 'p', 'o')
-  if h[1] and (want_state == '' or h[1] == want_state) and (want_pool == '' or h[2] == want_pool)
-      and (want_org == '' or h[3] == want_org) then
-    out[#out + 1] = i
-    out[#out + 1] = redis.call('HMGET', key, 's', 'p', 'o', 'c', 'e', 'l', 'g', 'u', 'b', 'v', 'm', 'n')
-    found = found + 1
-    if found >= limit then break end
-  end
-end
-return out
-"""
 
 RELEASE_LEASE = """
 -- KEYS[1] lease hash {holder, until}
