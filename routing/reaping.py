@@ -8,7 +8,6 @@ policy is never reaped on a guess.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -57,13 +56,6 @@ def reap_verdict(state: str, last_active: float, pool: PoolSpec | None, now: flo
             return KEEP
         return Verdict(Act.DELETE, "retention", kept_before)
     return KEEP
-
-
-def reap_cutoff(pools: Iterable[PoolSpec], now: float, *, activity_grace: float) -> float | None:
-    """The activity before which a sandbox may be due in one of ``pools``: what the reaper reads of
-    the activity index (older entries only). None when there are no pools: nothing is due."""
-    waits = [wait for pool in pools for wait in (max(pool.idle_timeout, activity_grace), pool.retention)]
-    return now - min(waits) if waits else None
 
 
 def orphaned(known: bool, created_at: float, now: float, grace: float) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from routing import PoolSpec
-from routing.reaping import KEEP, Act, Verdict, orphaned, reap_cutoff, reap_verdict
+from routing.reaping import KEEP, Act, Verdict, orphaned, reap_verdict
 
 NOW = 1_000_000.0
 GRACE = 20.0  # RouterTuning.activity_grace
@@ -43,16 +43,6 @@ SHORT = PoolSpec(idle_timeout=5, on_idle="suspend", retention=3600)  # shorter t
 def test_reap_verdict(state: str, idle_for: float, pool: PoolSpec | None, can_suspend: bool,
                       verdict: Verdict) -> None:
     assert reap_verdict(state, NOW - idle_for, pool, NOW, activity_grace=GRACE, can_suspend=can_suspend) == verdict
-
-
-@pytest.mark.parametrize(("pools", "cutoff"), [
-    pytest.param([DELETES], NOW - 600, id="one pool: its idle_timeout"),
-    pytest.param([DELETES, SHORT], NOW - GRACE, id="the soonest due, the grace at least"),
-    pytest.param([PoolSpec(idle_timeout=7200, retention=900)], NOW - 900, id="a retention shorter than the idle"),
-    pytest.param([], None, id="no pools: nothing is due"),
-])
-def test_the_pass_reads_only_what_may_be_due(pools: list[PoolSpec], cutoff: float | None) -> None:
-    assert reap_cutoff(pools, NOW, activity_grace=GRACE) == cutoff
 
 
 @pytest.mark.parametrize(("known", "age", "swept"), [
