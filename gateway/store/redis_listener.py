@@ -172,41 +172,51 @@ class RedisListener:
     def _on_message(self, message: dict[str, Any]) -> None:
         kind, channel, data = message["type"], message["channel"], message["data"]
         if kind == "subscribe":
-            if data == _CHANNELS:  # (re)subscribed to both: wake every waiter to re-read its record
-                if self._was_subscribed:
-                    # Invalidations published while we were away are lost: drop every cached route.
-                    for callback in list(self._callbacks):
-                        callback(INVALIDATE_ALL)
-                self._was_subscribed = True
-                self._subscribed.set()
-                for waiters in self._waiters.values():
-                    for future in waiters:
-                        if not future.done():
-                            future.set_result(None)
+            if data == _CHANNELS:
+                self._on_subscribed()
             return
         if kind != "message":
             return
         try:
             payload = json.loads(data)
             if channel == self._keys.settled:
-                # One sandbox ("id"), or a reaper's batch ("ids": one message for many, same gen and state)
-                for sandbox_id in payload["ids"] if "ids" in payload else (payload["id"],):
-                    for future in self._waiters.get(sandbox_id, ()):
-                        if not future.done():
-                            future.set_result({**payload, "id": sandbox_id})
+                self._on_settled(payload)
             elif channel == self._keys.invalidate:
-                origin, what, key, *more = payload
-                if origin == self._origin:
-                    return  # delivered synchronously when this instance made it
-                if what == "sandboxes":  # a reaper's batch: [origin, "sandboxes", [sandbox IDs], [session IDs]]
-                    for sandbox_id in key:
-                        self._on_remote_release(sandbox_id)
-                        self.notify(sandbox_id)
-                    for session_id in more[0] if more else ():
-                        self.notify(session_id)
-                    return
-                if what == "sandbox":
-                    self._on_remote_release(key)
-                self.notify(key)
+                self._on_invalidate(payload)
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring a malformed message on %s", channel)
+
+    def _on_subscribed(self) -> None:
+        """(Re)subscribed to both channels: wake every waiter to re-read its record."""
+        if self._was_subscribed:
+            # Invalidations published while we were away are lost: drop every cached route.
+            for callback in list(self._callbacks):
+                callback(INVALIDATE_ALL)
+        self._was_subscribed = True
+        self._subscribed.set()
+        for waiters in self._waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
+    def _on_settled(self, payload: dict[str, Any]) -> None:
+        """One sandbox ("id"), or a reaper's batch ("ids": one message for many, same gen and state)."""
+        for sandbox_id in payload["ids"] if "ids" in payload else (payload["id"],):
+            for future in self._waiters.get(sandbox_id, ()):
+                if not future.done():
+                    future.set_result({**payload, "id": sandbox_id})
+
+    def _on_invalidate(self, payload: list[Any]) -> None:
+        origin, what, key, *more = payload
+        if origin == self._origin:
+            return  # delivered synchronously when this instance made it
+        if what == "sandboxes":  # a reaper's batch: [origin, "sandboxes", [sandbox IDs], [session IDs]]
+            for sandbox_id in key:
+                self._on_remote_release(sandbox_id)
+                self.notify(sandbox_id)
+            for session_id in more[0] if more else ():
+                self.notify(session_id)
+            return
+        if what == "sandbox":
+            self._on_remote_release(key)
+        self.notify(key)
