@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gateway.errors import CapacityExceeded
-from gateway.limit_leases import SharedOrgLimits
+from gateway.limit_leases import LimitLedger, SharedOrgLimits
 from gateway.store.redis import RedisStore
 from tests.redis_server import RedisServer
 
@@ -64,6 +64,40 @@ async def test_the_rate_holds_for_the_installation(redis_server: RedisServer, sp
     assert 90 <= rate <= 110, rate  # 100/s +-10% in total (per replica, three replicas admitted ~300/s)
 
 
+class SlowLedger:
+    """A replica's real Redis ledger, answering ``delay`` seconds late: its event loop starved by the
+    traffic it carries, or a Redis far away."""
+
+    def __init__(self, ledger: LimitLedger, delay: float) -> None:
+        self._ledger = ledger
+        self._delay = delay
+
+    async def take_tokens(self, key: str, rate: float, burst: float, want: int) -> tuple[int, float]:
+        await asyncio.sleep(self._delay)  # the latency itself is what is under test
+        return await self._ledger.take_tokens(key, rate, burst, want)
+
+    async def hold_slots(self, key: str, want: int, used: int, cap: int, lease: float) -> tuple[int, int, int]:
+        return await self._ledger.hold_slots(key, want, used, cap, lease)
+
+
+async def test_the_rate_holds_when_each_round_trip_is_slower_than_a_batch(redis_server: RedisServer):
+    """Three replicas whose batches (5 tokens at 100/s) take 500 ms to come back: taking a batch and
+    its credit per round trip admitted 48/s while the bucket overflowed; each takes what the bucket held
+    as well."""
+    stores = [RedisStore(redis_server.url, "slow", f"replica-{i}") for i in range(3)]
+    limiters = [SharedOrgLimits(SlowLedger(s.limit_ledger(), 0.5), rate=100.0, burst=50) for s in stores]
+    try:
+        admitted, offered = await offer(limiters, "org-a", 4.0)
+    finally:
+        for limiter in limiters:
+            await limiter.close()
+        for store in stores:
+            await store.close()
+    rate = len([t for t in admitted if t >= 1.0]) / 3.0
+    assert offered / 4.0 > 200, offered
+    assert 90 <= rate <= 110, rate
+
+
 async def test_per_replica_scope_admits_per_replica(redis_server: RedisServer):
     """The old meaning, still there for installations without Redis: each replica its own rate."""
     from gateway.limits import OrgLimits
@@ -109,7 +143,7 @@ async def test_streams_hold_for_the_installation(redis_server: RedisServer):
 
 HOLDER = textwrap.dedent("""
     import asyncio, sys
-    from gateway.limit_leases import SharedOrgLimits
+    from gateway.limit_leases import LimitLedger, SharedOrgLimits
     from gateway.store.redis import RedisStore
 
     async def main():
