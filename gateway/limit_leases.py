@@ -8,10 +8,10 @@ one round trip per batch, not per request.
 
 Tokens: the installation has one bucket per org (refilled at the rate, up to the burst, by the
 Redis server's clock). A replica takes a batch (``BATCH_SECONDS`` of the rate) when it runs below
-half a batch, plus
-what the bucket still held after its last batch (so round trips slower than the refill do not let the
-bucket overflow); a leased token unspent after ``TOKEN_LEASE`` is dropped (a replica cannot hoard a
-past second's tokens), so a replica that dies takes at most one batch with it. A replica that holds
+half a batch, and with it what the bucket still held after its last batch (round trips slower than
+the refill must not let the bucket fill to its burst and drop the rest); a leased token unspent after
+``TOKEN_LEASE`` is dropped (a replica cannot hoard a past second's tokens), so a replica that dies
+takes at most its last batch with it (never more than the burst). A replica that holds
 none yet (a new org, or one just refilled) admits up to one batch on credit while the bucket last
 had tokens, and repays the credit from its next batches: the bucket never goes below empty, so
 over any window the installation admits at most the burst plus the rate times the window plus one
