@@ -8,10 +8,11 @@ one round trip per batch, not per request.
 
 Tokens: the installation has one bucket per org (refilled at the rate, up to the burst, by the
 Redis server's clock). A replica takes a batch (``BATCH_SECONDS`` of the rate) when it runs below
-half a batch, and with it what the bucket still held after its last batch (round trips slower than
-the refill must not let the bucket fill to its burst and drop the rest); a leased token unspent after
-``TOKEN_LEASE`` is dropped (a replica cannot hoard a past second's tokens), so a replica that dies
-takes at most its last batch with it (never more than the burst). A replica that holds
+half a batch; the batch doubles while the bucket still holds tokens after one (round trips slower
+than the refill must not let the bucket fill to its burst and drop the rest) and halves back when one
+comes back short; a leased token unspent after ``TOKEN_LEASE`` is dropped (a replica cannot hoard a
+past second's tokens), so a replica that dies takes at most its last batch with it (never more than
+the burst). A replica that holds
 none yet (a new org, or one just refilled) admits up to one batch on credit while the bucket last
 had tokens, and repays the credit from its next batches: the bucket never goes below empty, so
 over any window the installation admits at most the burst plus the rate times the window plus one
@@ -62,7 +63,7 @@ class LimitLedger(Protocol):
 
 
 class _Tokens:
-    __slots__ = ("tokens", "expires", "fetching", "scarce", "not_before", "backlog")
+    __slots__ = ("tokens", "expires", "fetching", "scarce", "not_before", "size")
 
     def __init__(self) -> None:
         self.tokens = 0.0       # held here; below zero: admitted on credit, repaid by the next batches
@@ -70,7 +71,7 @@ class _Tokens:
         self.fetching = False
         self.scarce = False     # the last batch came back short: no credit until one does not
         self.not_before = 0.0   # after a short batch, when the bucket has refilled what was missing
-        self.backlog = 0        # whole tokens the installation's bucket still held after the last batch
+        self.size = 0           # this replica's batch: doubled while the bucket keeps a backlog, halved when short
 
 
 class _Slots:
@@ -157,12 +158,13 @@ class SharedOrgLimits:
 
     async def _take(self, key: str, bucket: _Tokens) -> None:
         assert self._rate is not None
-        # A batch, the credit to repay, and what the bucket still held last time: a replica whose round
-        # trips are slower than its share of the refill (a starved loop, a far Redis) would otherwise
-        # take a batch per round trip while the bucket fills to its burst and drops the rest, and the
-        # installation admit less than its rate. Whatever a replica takes came out of the one bucket, so
-        # the bound in the module's docstring holds.
-        want = self._batch + max(0, math.ceil(-bucket.tokens)) + bucket.backlog
+        # A batch and the credit to repay. The batch adapts: a replica whose round trips are slower than
+        # its share of the refill (a starved loop, a far Redis) would otherwise take one small batch per
+        # round trip while the bucket fills to its burst and drops the rest, and the installation admit
+        # less than its rate. Whatever a replica takes came out of the one bucket, so the bound in the
+        # module's docstring holds.
+        size = max(self._batch, bucket.size)
+        want = size + max(0, math.ceil(-bucket.tokens))
         try:
             granted, left = await self._ledger.take_tokens(key, self._rate, self._burst, want)
         except StoreUnavailable as exc:
@@ -174,7 +176,10 @@ class SharedOrgLimits:
         if bucket.tokens > 0 and now > bucket.expires:
             bucket.tokens = 0.0
         bucket.tokens += granted
-        bucket.backlog = int(left)
+        if left >= 1:
+            bucket.size = min(int(self._burst), size * 2)  # the bucket outpaces this replica's batches
+        elif granted < want:
+            bucket.size = max(self._batch, size // 2)
         bucket.expires = now + self._token_lease
         bucket.scarce = granted < want
         bucket.not_before = now + (want - granted) / self._rate if bucket.scarce else 0.0

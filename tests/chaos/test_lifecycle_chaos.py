@@ -28,9 +28,11 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(240)]
 BURST = 1000
 WAKE_SANDBOXES = 100
 WAKE_REQUESTS_EACH = 10
-# The default creation_lease: a shorter one lapses under a replica whose event loop a hundred resumes on
-# two loaded cores starve for seconds (seen at 6 s: a live waker's wake taken over, 146 resumes for 100).
-TAKEOVER_LEASE = 10.0
+# Twice the default creation_lease. A hundred local runtimes starting at once on two cores starve the
+# three replicas' event loops for seconds; a lease renewed that late lapses and a live waker's wake is
+# taken over: 146 resumes for 100 at a 6 s lease, 104 at 10 s in a quiet CI run. That is the documented
+# trade-off of short leases (docs/deployment.md), not what the storm tests.
+TAKEOVER_LEASE = 20.0
 
 
 def headers(session: str, user: str = "u") -> dict[str, str]:
