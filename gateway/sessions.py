@@ -40,7 +40,7 @@ from gateway.providers.base import Probe, SandboxProvider
 from gateway.route_cache import CachedRoute, RouteCache, RouteLookup, SandboxRoutes
 from gateway.router_base import NoEvents, RouterEvents, RouterTuning
 from gateway.store.base import (
-    Caps, FleetCounts, Released, Reserved, SandboxPage, SessionStore, Settled, Settlement, SettleTimeout,
+    Caps, FleetCounts, LeaseLost, Released, Reserved, SandboxPage, SessionStore, Settled, Settlement, SettleTimeout,
 )
 from routing import Identity, Isolation, Placement, Policy, place
 
@@ -330,12 +330,17 @@ class SessionRouter:
             except CapacityExceeded as exc:
                 self.events.capacity_rejected(exc.scope)
                 raise
-            if reservation.created:
-                with tracing.phase("sandbox.provision", binding.sandbox_id, binding.pool):
-                    return await self._create(reservation.record, binding, timeout)
-            if reservation.outcome is Reserved.RESUME:
-                with tracing.phase("sandbox.wake", binding.sandbox_id, binding.pool):
-                    return await self.lifecycle.resume(reservation.record, binding, timeout)
+            try:
+                if reservation.created:
+                    with tracing.phase("sandbox.provision", binding.sandbox_id, binding.pool):
+                        return await self._create(reservation.record, binding, timeout)
+                if reservation.outcome is Reserved.RESUME:
+                    with tracing.phase("sandbox.wake", binding.sandbox_id, binding.pool):
+                        return await self.lifecycle.resume(reservation.record, binding, timeout)
+            except LeaseLost:
+                # Taken over while ours ran late: reserving again finds the new holder's reservation (or
+                # its ready record), and this task's callers, held requests included, share its outcome.
+                continue
             if reservation.record.state is SandboxState.READY:
                 return reservation.record
             settlement = await self._settled(binding.sandbox_id, timeout)
@@ -352,7 +357,7 @@ class SessionRouter:
         return await self.lifecycle.provision(record, binding, timeout, Provisioning(
             self.provider.ensure, self.store.release_sandbox,
             lambda outcome: self.events.provisioned(pool, time.perf_counter() - started, outcome),
-            "creating", "created", "sandbox creation was interrupted", ready_when_provided=True))
+            "creating", "created", "sandbox creation was interrupted"))
 
     def _caps(self, binding: Binding) -> Caps:
         pool = self.view.pool(binding.pool)
