@@ -230,8 +230,8 @@ class SessionStore(Protocol):
     async def backfill_indexes(self, limit: int) -> bool:
         """List records written by a version before the state-and-pool indexes in them, up to ``limit``
         per call (the reaper's lease holder, every pass); True once every record was listed. Until then,
-        filtered listings read the whole index, and the reaper sees only what the indexes hold; after,
-        each call sweeps on (a record a replica of that version wrote during a rolling upgrade)."""
+        filtered listings read the whole index, and the reaper sees only what the indexes hold; after, a
+        call sweeps on only while a replica of that version still writes (a rolling upgrade)."""
     async def claim_due(self, due: Sequence[Due], lease_until: float, token: str) -> list[Claim]:
         """The reaper's batch compare-and-set (one round trip): each ``Due`` still as its verdict saw it
         moves to its ``to`` state (``suspending``, or ``deleting``: not live, not counted by the caps)

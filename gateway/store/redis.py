@@ -32,6 +32,10 @@ is cluster-safe)::
     {P}:ix:<state>:<pool>      zset    none           sandbox_id -> last_active, the records in that state
                                                       of that pool: filtered listings and the reaper
                                                       (gateway.store.redis_fleet)
+    {P}:indexed                string  none           "p <cursor>" while records of a version before ix: are
+                                                      listed in them, then "d" ("d <cursor>": a sweep round)
+    {P}:sweep                  hash    none           sig, added: when the sweep runs again (the drift of the
+                                                      counts from ix: that an older replica's writes cause)
     {P}:count:pool             hash    none           pool -> live (all but suspended) records (caps)
     {P}:count:org              hash    none           org_id -> live (all but suspended) records (caps)
     {P}:count:state            hash    none           "<state>:<pool>" -> live records (the gauges)

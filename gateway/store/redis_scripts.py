@@ -40,12 +40,12 @@ class RedisKeys:
     """Every key and channel name of one installation (the table is in ``gateway.store.redis``)."""
 
     __slots__ = ("_base", "session_seen", "sandboxes", "count_pool", "count_org", "count_state", "count_sessions",
-                 "settled", "invalidate", "epoch", "indexed")
+                 "settled", "invalidate", "epoch", "indexed", "sweep")
 
     # Fixed parts of the variable keys; kept prefix-free (tests check it). Short on purpose:
     # a key name is paid for once per session or sandbox.
     VARIABLE = ("b:", "s:", "streams:", "replica:", "lease:", "ix:")
-    FIXED = ("seen", "idx", "count:pool", "count:org", "count:state", "count:sessions", "epoch", "indexed")
+    FIXED = ("seen", "idx", "count:pool", "count:org", "count:state", "count:sessions", "epoch", "indexed", "sweep")
 
     def __init__(self, prefix: str) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
@@ -61,6 +61,7 @@ class RedisKeys:
         self.invalidate = self._base + "invalidate"
         self.epoch = self._base + "epoch"
         self.indexed = self._base + "indexed"
+        self.sweep = self._base + "sweep"
 
     def binding(self, session_id: str) -> str:
         return self._base + "b:" + session_id
