@@ -301,7 +301,7 @@ class Lifecycle:
         log.info("suspending sandbox %s (pool %s): %s", record.sandbox_id, record.pool, reason)
         outcome = "suspended"
         try:
-            async with self.renewing(suspending, lease):
+            async with self.renewing(suspending, lease) as held:
                 await self.provider.suspend(record.sandbox_id, record.pool)
         except BaseException as exc:
             outcome = outcome_of(exc)
@@ -311,11 +311,12 @@ class Lifecycle:
                         record.sandbox_id, exc)
             if not isinstance(exc, Exception):
                 with contextlib.suppress(GatewayError):
-                    await store.mark_suspended(record.sandbox_id)
+                    await store.mark_suspended(record.sandbox_id, held=held.deadlines)
                 raise
         finally:
             self.events.suspended(record.pool, outcome)
-        return await store.mark_suspended(record.sandbox_id)
+        # Fenced: a suspend whose lease lapsed and was taken over by a wake leaves the wake's record alone.
+        return await store.mark_suspended(record.sandbox_id, held=held.deadlines)
 
     async def suspend_when_quiet(self, record: SandboxRecord, grace: float,
                                  flush_activity: Callable[[], Awaitable[None]]) -> SandboxRecord | None:
