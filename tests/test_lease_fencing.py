@@ -147,6 +147,34 @@ async def test_a_waker_whose_lease_was_taken_over_marks_nothing_ready(stores: St
     assert slow.suspended == [route.sandbox_id] and slow.deleted == []  # the loser undid nothing at the provider
 
 
+async def test_a_creator_whose_lease_was_taken_over_marks_nothing_ready(stores: StoreFactory,
+                                                                         clock: FakeClock) -> None:
+    """The same for a creation: the late creator counts ``lease_lost`` in sgw_provisions_total, and
+    its callers get the sandbox the new creator made ready."""
+    slow, fast = CountingProvider(), CountingProvider(WINNER)
+    creator_metrics, other_metrics = Metrics(), Metrics()
+    creator_store = stores("r0")
+    assert isinstance(creator_store, StallingRenewals)
+    creator = _router(creator_store, slow, "r0", clock, creator_metrics)
+    other = _router(stores("r1"), fast, "r1", clock, other_metrics)
+    slow.gate, creator_store.stall = asyncio.Event(), asyncio.Event()
+    creating = asyncio.create_task(creator.resolve(ALICE))
+    await slow.wait_started(1)
+    clock.advance(creator.lifecycle.lease_for("shared") + 1)
+    taken = await other.resolve(ALICE)
+    slow.gate.set()
+    assert (await creating).sandbox_id == taken.sandbox_id
+    creator_store.stall.set()
+    record = await other.store.get_sandbox(taken.sandbox_id)
+    assert record is not None and record.state is SandboxState.READY and record.endpoint == WINNER
+
+    def provisions(metrics: Metrics, outcome: str) -> float:
+        return metrics.registry.get_sample_value("sgw_provisions_total", {"pool": "shared", "outcome": outcome}) or 0
+
+    assert provisions(other_metrics, "ready") == 1 and provisions(creator_metrics, "ready") == 0
+    assert provisions(creator_metrics, "lease_lost") == 1
+
+
 async def test_a_fenced_write_is_refused_after_a_takeover(stores: StoreFactory, clock: FakeClock) -> None:
     """At the store: the first holder's ready and undo both refuse once its lapsed lease is taken over;
     with the deadline it holds, the new holder's ready goes through."""
