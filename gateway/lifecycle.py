@@ -85,7 +85,7 @@ class Provisioning:
     """What differs between creating a sandbox and waking one (:meth:`Lifecycle.provision`)."""
 
     run: Callable[[SandboxRequest], Awaitable[Endpoint]]  # the provider's ensure or resume
-    undo: Callable[..., Awaitable[object]]  # (sandbox_id, error=..., held=...): release the record, or back to suspended
+    undo: Callable[..., Awaitable[object]]  # (sandbox_id, error=..., held=...): release the record, or suspend it
     report: Callable[[str], None]  # an outcome, for the metrics: "ready" once marked ready, never before
     doing: str  # "creating", "resuming"
     done: str  # "created", "resumed"

@@ -112,11 +112,6 @@ def _resumes(metrics: Metrics, outcome: str) -> float:
     return metrics.registry.get_sample_value("sgw_resumes_total", {"pool": "shared", "outcome": outcome}) or 0.0
 
 
-async def _started_resuming(provider: CountingProvider, count: int = 1) -> None:
-    while len(provider.resumed) < count:
-        await asyncio.sleep(0)
-
-
 async def test_a_waker_whose_lease_was_taken_over_marks_nothing_ready(stores: StoreFactory, clock: FakeClock) -> None:
     """The waker's renewals stall while its provider resumes; its lease lapses and another replica
     takes the wake over and finishes it. The waker's ready is refused: one ``ready`` in all, the winner's
@@ -131,7 +126,7 @@ async def test_a_waker_whose_lease_was_taken_over_marks_nothing_ready(stores: St
     assert isinstance(waker_store, StallingRenewals)
     slow.gate, waker_store.stall = asyncio.Event(), asyncio.Event()
     waking = asyncio.create_task(waker.resolve(ALICE))
-    await _started_resuming(slow)
+    await slow.wait_resumed(1)
     held = asyncio.create_task(waker.resolve(ALICE))  # another request on the waker's replica: held by its wake
     clock.advance(waker.lifecycle.lease_for("shared") + 1)  # no renewal came: the lease lapsed
     taken = await other.resolve(ALICE)  # takes the wake over, resumes, marks it ready
