@@ -321,7 +321,9 @@ class SessionRouter:
     async def _ensure_once(self, binding: Binding) -> SandboxRecord:
         pool = self.view.pool(binding.pool)
         timeout = pool.provisioning_timeout if pool is not None else 120.0
-        for _attempt in range(3):
+        attempts = 3  # a record that keeps disappearing; a lease taken over is no such attempt (it took a lease's time)
+        while attempts:
+            attempts -= 1
             template = SandboxRecord(binding.sandbox_id, binding.pool, binding.owner.org_id,
                                      SandboxState.CREATING, created_at=self.clock(), owner=binding.owner)
             try:
@@ -340,6 +342,7 @@ class SessionRouter:
             except LeaseLost:
                 # Taken over while ours ran late: reserving again finds the new holder's reservation (or
                 # its ready record), and this task's callers, held requests included, share its outcome.
+                attempts += 1
                 continue
             if reservation.record.state is SandboxState.READY:
                 return reservation.record
