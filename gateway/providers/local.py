@@ -59,6 +59,8 @@ from gateway.runtime.config import LISTEN_BACKLOG
 log = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 5.0
+#: How long a running runtime that does not answer its health check is waited for before it is replaced.
+SLOW_START_GRACE = 10.0
 #: sun_path holds 108 bytes with its NUL.
 MAX_SOCKET_PATH = 107
 
@@ -160,14 +162,11 @@ class LocalProvider:
         async with _FileLock(box / "lock"):
             state = _read_state(box)
             _check_owner(request, state)
-            if state is not None and _alive(state["pid"], request.sandbox_id) and await self._healthy(state["socket"]):
+            if state is not None and await self._running(state, request.sandbox_id):
                 self._watch(request.sandbox_id, state["pid"])
                 return _endpoint(request.sandbox_id, state["socket"])
             if state is not None:
-                _terminate(state["pid"], request.sandbox_id)
-                await asyncio.to_thread(self._confinement.release, state.get("cgroups", []))
-                _unlink(state["socket"])
-                await _stop_helper(state)
+                await self._replace(state, request.sandbox_id)
             self._check_room(request.sandbox_id, new=state is None)
             self._starting.add(request.sandbox_id)  # counted from here: concurrent starts cannot all pass the cap
             try:
@@ -194,6 +193,29 @@ class LocalProvider:
                                   f"(see {box / 'runtime.log'})", sandbox_id=request.sandbox_id)
         self._watch(request.sandbox_id, pid, spawned=True)
         return _endpoint(request.sandbox_id, path)
+
+    async def _running(self, state: dict[str, Any], sandbox_id: str) -> bool:
+        """True when the registry's runtime answers, given ``SLOW_START_GRACE`` while it runs: one that
+        does not answer at once is most often one another replica just started (a wake it lost the
+        lease of) on a host too busy to answer in time. One sandbox, one runtime: never replaced then."""
+        if not _alive(state["pid"], sandbox_id):
+            return False
+        if await self._healthy(state["socket"]):
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SLOW_START_GRACE):
+                return await self._answers(state["socket"], state["pid"], sandbox_id)
+        return False
+
+    async def _replace(self, state: dict[str, Any], sandbox_id: str) -> None:
+        """Stop the registry's runtime (dead, or not answering) until it exits, before another starts
+        (never two of one sandbox); a deliberate stop, not a death to report."""
+        self._deleting.add(sandbox_id)
+        try:
+            await self._stop(state, sandbox_id)
+        finally:
+            self._unwatch(sandbox_id)
+            self._deleting.discard(sandbox_id)
 
     def _check_room(self, sandbox_id: str, *, new: bool) -> None:
         """A sandbox that starts (created, woken or restarted) needs a place under the host's cap (suspended
@@ -573,12 +595,6 @@ async def _stop_helper(state: dict[str, Any]) -> None:
     helper = state.get("helper")
     if isinstance(helper, list) and len(helper) == 2 and all(isinstance(n, int) for n in helper):
         await outbound.stop_helper(helper)
-
-
-def _terminate(pid: int, sandbox_id: str) -> None:
-    if _alive(pid, sandbox_id):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
 
 
 async def _stop(pid: int, sandbox_id: str) -> None:
