@@ -52,6 +52,7 @@ from gateway.errors import CapacityExceeded, InsufficientStorage, ProvisionFaile
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from gateway.providers import outbound
 from gateway.providers._exits import exit_or_kill
+from gateway.providers._pipes import read_until
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.confine import GRPC_FD, LISTEN_FD, Bubblewrap, Launch
 from gateway.runtime.config import LISTEN_BACKLOG
@@ -61,6 +62,8 @@ log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 5.0
 #: How long a running runtime that does not answer its health check is waited for before it is replaced.
 SLOW_START_GRACE = 10.0
+#: How often a sandbox's lock held by another replica is tried again (_FileLock): from 5 ms, doubling to 100 ms.
+LOCK_POLL_FIRST, LOCK_POLL_MAX = 0.005, 0.1
 #: sun_path holds 108 bytes with its NUL.
 MAX_SOCKET_PATH = 107
 
@@ -308,7 +311,7 @@ class LocalProvider:
                 failure = f"got no outbound network ({exc})"
             finally:
                 network.close()  # a sandbox still blocked reads EOF: without tap0 its first step exits (125)
-        line = await _read_line(read_fd)
+        line, _, _ = (await read_until(read_fd, lambda data: b"\n" in data)).partition(b"\n")
         parts = line.decode(errors="replace").split()
         if len(parts) != 3 or parts[0] != "LISTENING":
             await _stop(pid, request.sandbox_id)
@@ -482,7 +485,14 @@ def _check_owner(request: SandboxRequest, state: dict[str, Any] | None) -> None:
 
 
 class _FileLock:
-    """An exclusive ``flock`` on a file, taken in a thread so the loop never blocks."""
+    """An exclusive ``flock`` on a file, tried without blocking and again after a growing pause.
+
+    Not a blocking ``flock`` in a worker thread: a wait for a lock another replica holds (through
+    its whole start, seconds) would hold one of the loop's few default-executor threads, which
+    ``prepare``, ``rmtree`` and name resolution need, and two replicas each waiting on the other's
+    lock could run both executors dry; and a cancelled wait left its thread blocked, to lock
+    whatever file took the descriptor's number once it was closed. There is no event for a lock
+    coming free, so it is polled: every LOCK_POLL_FIRST seconds at first, at most every LOCK_POLL_MAX."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -500,7 +510,7 @@ class _FileLock:
             except FileNotFoundError:
                 continue
             try:
-                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+                await _flock(fd)
                 if _same_file(fd, self._path):
                     self._fd = fd
                     return
@@ -512,6 +522,17 @@ class _FileLock:
     async def __aexit__(self, *exc: object) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
+
+
+async def _flock(fd: int) -> None:
+    pause = LOCK_POLL_FIRST
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, LOCK_POLL_MAX)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -535,18 +556,6 @@ def _write_state(box: Path, state: dict[str, Any]) -> None:
     tmp = box / "state.json.tmp"
     tmp.write_text(json.dumps(state))
     tmp.replace(box / "state.json")  # atomic: readers never see half a file
-
-
-async def _read_line(fd: int) -> bytes:
-    """Read one line from a pipe without blocking the loop; closes the pipe."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
-    try:
-        return await reader.readline()
-    finally:
-        transport.close()
 
 
 # The runtime's environment: nothing of the gateway's (REDIS_URL and the like may carry secrets).
