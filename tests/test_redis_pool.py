@@ -27,11 +27,10 @@ async def store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:
     await store.close()
 
 
-async def test_busy_callers_cannot_keep_the_connections_from_one_that_waits(store: RedisStore) -> None:
-    """Four callers send one command after another on two connections; a lease taken meanwhile is served
-    within a few of their commands, and every caller gets its turn, not the two that hold a connection."""
-    assert await store.acquire_lease("warm-up", "me", 10.0)  # the script loaded: one command, not three
-    counts = [0, 0, 0, 0]
+@contextlib.asynccontextmanager
+async def busy_callers(store: RedisStore, counts: list[int]) -> AsyncIterator[None]:
+    """``len(counts)`` callers sending one command after another on the pool's two connections, each
+    counting what it was served; entered once every one was served (both connections busy, others queued)."""
     stop = asyncio.Event()
 
     async def busy(i: int) -> None:
@@ -41,18 +40,39 @@ async def test_busy_callers_cannot_keep_the_connections_from_one_that_waits(stor
 
     tasks = [asyncio.create_task(busy(i)) for i in range(len(counts))]
     try:
-        while min(counts) == 0 and sum(counts) < 200:  # both connections busy, callers queued
+        while min(counts) == 0 and sum(counts) < 200:
             await asyncio.sleep(0)
-        loop = asyncio.get_running_loop()
-        began, before = loop.time(), sum(counts)
-        assert await store.acquire_lease("reaper", "me", 10.0)
-        waited, served_meanwhile = loop.time() - began, sum(counts) - before
-        assert waited < POOL_TIMEOUT / 2, f"the lease waited {waited:.2f}s for a connection"
-        assert served_meanwhile <= 2 * len(counts), f"{served_meanwhile} commands went ahead of it"
-        assert min(counts) > 0, f"a caller never got a connection: {counts}"
+        yield
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_busy_callers_cannot_keep_the_connections_from_one_that_waits(store: RedisStore) -> None:
+    """A caller that queues behind four busy ones is served within a round of theirs, and every busy one
+    gets its turn, not only the two that hold a connection."""
+    counts = [0, 0, 0, 0]
+    async with busy_callers(store, counts):
+        loop = asyncio.get_running_loop()
+        began, before = loop.time(), sum(counts)
+        await store.ping()
+        waited, served_meanwhile = loop.time() - began, sum(counts) - before
+    assert waited < POOL_TIMEOUT / 2, f"it waited {waited:.2f}s for a connection"
+    assert served_meanwhile <= 2 * len(counts), f"{served_meanwhile} commands went ahead of it"
+    assert min(counts) > 0, f"a caller never got a connection: {counts}"
+
+
+async def test_lease_renewals_go_ahead_of_the_queue(store: RedisStore) -> None:
+    """The reaper's lease and a wake's renewal wait only for the commands already in flight (two)."""
+    assert await store.acquire_lease("warm-up", "me", 10.0)  # the scripts loaded: one command each, not three
+    assert not await store.extend_lease("ses-none", [1.0], 2.0)
+    counts = [0] * 8
+    async with busy_callers(store, counts):
+        for renew in (lambda: store.acquire_lease("reaper", "me", 10.0),
+                      lambda: store.extend_lease("ses-none", [1.0], 2.0)):
+            before = sum(counts)
+            await renew()
+            assert sum(counts) - before <= 2, f"{sum(counts) - before} commands went ahead of a renewal"
 
 
 async def test_a_waiter_cancelled_as_it_is_handed_a_connection_passes_it_on(store: RedisStore) -> None:

@@ -10,7 +10,9 @@ lease renewal among them (the lease is lost). On Python 3.11 a waiter cancelled 
 notified also drops the notification: a connection stays free while others sleep.
 
 Here a released connection goes to the longest waiter directly (no barging: nobody takes a connection
-while someone waits), and a waiter that gives up after it was handed one passes it on.
+while someone waits), and a waiter that gives up after it was handed one passes it on. Calls made
+``with first():`` (lease renewals: a late one loses the lease, and a takeover means a second resume)
+go to the front of the queue: they never wait behind request traffic, only for the next release.
 """
 
 from __future__ import annotations
@@ -18,13 +20,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import ConnectionError  # noqa: A004  (redis-py's, not the builtin)
 
-__all__ = ["FairWaits", "FairBlockingPool"]
+__all__ = ["FairWaits", "FairBlockingPool", "first"]
+
+_FIRST: ContextVar[bool] = ContextVar("redis_pool_first", default=False)
+
+
+@contextlib.contextmanager
+def first() -> Iterator[None]:
+    """The store calls made inside (in this task) take the next free connection, ahead of every waiter."""
+    token = _FIRST.set(True)
+    try:
+        yield
+    finally:
+        _FIRST.reset(token)
 
 
 class FairWaits:
@@ -61,7 +77,10 @@ class FairWaits:
         if not waiting and self.can_get_connection():  # type: ignore[attr-defined]
             return self.get_available_connection()  # type: ignore[attr-defined,no-any-return]
         fut: asyncio.Future[AbstractConnection] = asyncio.get_running_loop().create_future()
-        waiting.append(fut)
+        if _FIRST.get():
+            waiting.appendleft(fut)
+        else:
+            waiting.append(fut)
         try:
             async with asyncio.timeout(self.timeout):  # type: ignore[attr-defined]
                 return await fut
