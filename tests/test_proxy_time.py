@@ -245,16 +245,19 @@ async def test_heads_past_their_deadline_together_are_closed_and_counted_in_one_
     SLICE a loop turn), counted, and logged in one line, not one line each."""
     from gateway.proxy._plane import SLICE
 
-    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)), header_read_timeout=0.4)
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)), header_read_timeout=2.0)
     n = SLICE + 20  # more than one slice
-    conns = [await asyncio.open_connection("127.0.0.1", gw.port) for _ in range(n)]
-    for i, (_, writer) in enumerate(conns):
+    conns = []
+    for i in range(n):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
         if i % 2:
             writer.write(b"GET /slow HTTP/1.1\r\nHost: gateway.test\r\n")  # half a head; the others say nothing
+        conns.append((reader, writer))
     with caplog.at_level(logging.INFO, logger="gateway.proxy"):
         closed = await asyncio.wait_for(asyncio.gather(*(reader.read() for reader, _ in conns)), 10)
     assert closed == [b""] * n and gw.plane.heads_overdue == n and not gw.plane.clients
     lines = [r.getMessage() for r in caplog.records if "no complete request head" in r.getMessage()]
-    assert 1 <= len(lines) <= 3 and sum(int(line.split()[1]) for line in lines) == n, lines
+    # Opened within a tick or two (0.5 s apart here): a line per tick, not one per connection.
+    assert 1 <= len(lines) <= 4 and sum(int(line.split()[1]) for line in lines) == n, lines
     for _, writer in conns:
         writer.close()

@@ -137,6 +137,7 @@ class DataPlane(PlaneState):
                  compat: RouterHeaders = NoRouterHeaders(),
                  keys: PreviewKeys | None = None,
                  gate: ConnectionGate | None = None,
+                 on_heads_overdue: Callable[[int], None] | None = None,
                  hosts: AllowedHosts = AllowedHosts(["*"]),
                  tracer: Any = None,
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
@@ -166,7 +167,8 @@ class DataPlane(PlaneState):
         self.request_timeouts: dict[str, float] = {}
         self.clients: set[DownstreamConnection] = set()
         self.slow_heads: dict[DownstreamConnection, None] = {}
-        self.heads_overdue = 0  # connections closed for no complete head within header_read_timeout (a metric's)
+        self.heads_overdue = 0  # connections closed for no complete head within header_read_timeout
+        self.on_heads_overdue = on_heads_overdue  # told each tick's count (the metric)
         self.gate = gate if gate is not None else ConnectionGate("data")  # unbounded unless given one
         self.inflight = 0
         self.pools: dict[tuple[str, int], UpstreamPool] = {}
@@ -373,6 +375,8 @@ class DataPlane(PlaneState):
                 self.stream_began(ex)
         if overdue:
             self.heads_overdue += len(overdue)
+            if self.on_heads_overdue is not None:
+                self.on_heads_overdue(len(overdue))
             log.info("closing %d client connection(s): no complete request head within %gs", len(overdue),
                      self.options.header_read_timeout)
             self.close_slices(overdue)
