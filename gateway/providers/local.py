@@ -52,6 +52,7 @@ from gateway.errors import CapacityExceeded, InsufficientStorage, ProvisionFaile
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from gateway.providers import outbound
 from gateway.providers._exits import exit_or_kill
+from gateway.providers._pipes import read_until
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.confine import GRPC_FD, LISTEN_FD, Bubblewrap, Launch
 from gateway.runtime.config import LISTEN_BACKLOG
@@ -59,6 +60,10 @@ from gateway.runtime.config import LISTEN_BACKLOG
 log = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 5.0
+#: How long a running runtime that does not answer its health check is waited for before it is replaced.
+SLOW_START_GRACE = 10.0
+#: How often a sandbox's lock held by another replica is tried again (_FileLock): from 5 ms, doubling to 100 ms.
+LOCK_POLL_FIRST, LOCK_POLL_MAX = 0.005, 0.1
 #: sun_path holds 108 bytes with its NUL.
 MAX_SOCKET_PATH = 107
 
@@ -160,14 +165,11 @@ class LocalProvider:
         async with _FileLock(box / "lock"):
             state = _read_state(box)
             _check_owner(request, state)
-            if state is not None and _alive(state["pid"], request.sandbox_id) and await self._healthy(state["socket"]):
+            if state is not None and await self._running(state, request.sandbox_id):
                 self._watch(request.sandbox_id, state["pid"])
                 return _endpoint(request.sandbox_id, state["socket"])
             if state is not None:
-                _terminate(state["pid"], request.sandbox_id)
-                await asyncio.to_thread(self._confinement.release, state.get("cgroups", []))
-                _unlink(state["socket"])
-                await _stop_helper(state)
+                await self._replace(state, request.sandbox_id)
             self._check_room(request.sandbox_id, new=state is None)
             self._starting.add(request.sandbox_id)  # counted from here: concurrent starts cannot all pass the cap
             try:
@@ -194,6 +196,29 @@ class LocalProvider:
                                   f"(see {box / 'runtime.log'})", sandbox_id=request.sandbox_id)
         self._watch(request.sandbox_id, pid, spawned=True)
         return _endpoint(request.sandbox_id, path)
+
+    async def _running(self, state: dict[str, Any], sandbox_id: str) -> bool:
+        """True when the registry's runtime answers, given ``SLOW_START_GRACE`` while it runs: one that
+        does not answer at once is most often one another replica just started (a wake it lost the
+        lease of) on a host too busy to answer in time. One sandbox, one runtime: never replaced then."""
+        if not _alive(state["pid"], sandbox_id):
+            return False
+        if await self._healthy(state["socket"]):
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SLOW_START_GRACE):
+                return await self._answers(state["socket"], state["pid"], sandbox_id)
+        return False
+
+    async def _replace(self, state: dict[str, Any], sandbox_id: str) -> None:
+        """Stop the registry's runtime (dead, or not answering) until it exits, before another starts
+        (never two of one sandbox); a deliberate stop, not a death to report."""
+        self._deleting.add(sandbox_id)
+        try:
+            await self._stop(state, sandbox_id)
+        finally:
+            self._unwatch(sandbox_id)
+            self._deleting.discard(sandbox_id)
 
     def _check_room(self, sandbox_id: str, *, new: bool) -> None:
         """A sandbox that starts (created, woken or restarted) needs a place under the host's cap (suspended
@@ -286,7 +311,7 @@ class LocalProvider:
                 failure = f"got no outbound network ({exc})"
             finally:
                 network.close()  # a sandbox still blocked reads EOF: without tap0 its first step exits (125)
-        line = await _read_line(read_fd)
+        line, _, _ = (await read_until(read_fd, lambda data: b"\n" in data)).partition(b"\n")
         parts = line.decode(errors="replace").split()
         if len(parts) != 3 or parts[0] != "LISTENING":
             await _stop(pid, request.sandbox_id)
@@ -460,7 +485,14 @@ def _check_owner(request: SandboxRequest, state: dict[str, Any] | None) -> None:
 
 
 class _FileLock:
-    """An exclusive ``flock`` on a file, taken in a thread so the loop never blocks."""
+    """An exclusive ``flock`` on a file, tried without blocking and again after a growing pause.
+
+    Not a blocking ``flock`` in a worker thread: a wait for a lock another replica holds (through
+    its whole start, seconds) would hold one of the loop's few default-executor threads, which
+    ``prepare``, ``rmtree`` and name resolution need, and two replicas each waiting on the other's
+    lock could run both executors dry; and a cancelled wait left its thread blocked, to lock
+    whatever file took the descriptor's number once it was closed. There is no event for a lock
+    coming free, so it is polled: every LOCK_POLL_FIRST seconds at first, at most every LOCK_POLL_MAX."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -478,7 +510,7 @@ class _FileLock:
             except FileNotFoundError:
                 continue
             try:
-                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+                await _flock(fd)
                 if _same_file(fd, self._path):
                     self._fd = fd
                     return
@@ -490,6 +522,17 @@ class _FileLock:
     async def __aexit__(self, *exc: object) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
+
+
+async def _flock(fd: int) -> None:
+    pause = LOCK_POLL_FIRST
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, LOCK_POLL_MAX)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -513,18 +556,6 @@ def _write_state(box: Path, state: dict[str, Any]) -> None:
     tmp = box / "state.json.tmp"
     tmp.write_text(json.dumps(state))
     tmp.replace(box / "state.json")  # atomic: readers never see half a file
-
-
-async def _read_line(fd: int) -> bytes:
-    """Read one line from a pipe without blocking the loop; closes the pipe."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
-    try:
-        return await reader.readline()
-    finally:
-        transport.close()
 
 
 # The runtime's environment: nothing of the gateway's (REDIS_URL and the like may carry secrets).
@@ -573,12 +604,6 @@ async def _stop_helper(state: dict[str, Any]) -> None:
     helper = state.get("helper")
     if isinstance(helper, list) and len(helper) == 2 and all(isinstance(n, int) for n in helper):
         await outbound.stop_helper(helper)
-
-
-def _terminate(pid: int, sandbox_id: str) -> None:
-    if _alive(pid, sandbox_id):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
 
 
 async def _stop(pid: int, sandbox_id: str) -> None:
