@@ -621,6 +621,7 @@ class DownstreamConnection(RequestReader):
             self.head_at = self.idle_since if key is self else now
         if now - self.head_at > timeout and not self.mode & M_CLOSING:
             self.mode |= M_CLOSING
+            self.plane.gate.release(self.peer, self)  # its slot is free now, not when its slice closes it
             return True
         return False
 
