@@ -29,7 +29,7 @@ from grpclib.metadata import decode_timeout, encode_grpc_message
 
 from gateway.errors import BadRequest, GatewayError, Unauthorized, UnsupportedMediaType, UpstreamError, error_body
 from gateway.grpcfront.frames import CANCEL, ENHANCE_YOUR_CALM, ERROR_NAMES, INADEQUATE_SECURITY, NO_ERROR
-from gateway.grpcfront.relay import CHUNK, Truncated, relay
+from gateway.grpcfront.relay import CHUNK, Truncated, relay, relay_now
 from gateway.grpcfront.stream import Stream, StreamClosed
 from gateway.grpcfront.upstream import Target, grpc_target
 from gateway.proxy._admission import (R_AUTH, R_BOT, R_CL, R_COOKIE, R_EXPECT, R_ORG, R_REQUEST_ID, REQUEST_HEADERS,
@@ -364,7 +364,7 @@ class Call:
         up = self.up = connection.open_stream(head, _Side(self, "sandbox"))
         if self._request_fits(up):
             self.request = self.down.buffer.peek()  # kept until the sandbox answers: see _response_head
-            await self._send_request(up)  # nothing in it can wait: no task needed (a unary call, typically)
+            self._send_request_now(up)  # nothing in it can wait: no task needed (a unary call, typically)
             self._flush_alone(up.conn)
         else:
             self.pump = self.down.conn.loop.create_task(self._send_request(up))
@@ -383,7 +383,8 @@ class Call:
                                 sandbox_id=route.sandbox_id)
         self.down.send_headers(forwardable(response, head=True))
         self.head_sent = True
-        self.to_client = await relay(up, self.down)
+        relayed = relay_now(up, self.down)  # the sandbox's whole answer is here (a unary one, typically)
+        self.to_client = relayed if relayed is not None else await relay(up, self.down)
         trailers = up.trailers
         if trailers is None:
             raise UpstreamError("the sandbox ended its response without a gRPC status", sandbox_id=route.sandbox_id)
@@ -433,16 +434,20 @@ class Call:
         return up.refused and self.request is not None and not self.resent and self.side is None
 
     def _request_fits(self, up: Stream) -> bool:
-        """The client's whole request is here and the sandbox's windows and our write buffer take it now.
+        """The client's whole request is here and the sandbox's stream takes it now (``relay_now``).
 
         Then relaying it cannot wait (not for the client, not for a window, not for the transport), so
         it is sent before the response is awaited, without a task of its own; otherwise a task sends it
         while the response is relayed (a sandbox may answer before it has read the request).
         """
         buffer = self.down.buffer
-        if not buffer.complete or up.conn.write_paused:
-            return False
-        return buffer.size <= min(up.send_window, up.conn.send_window, CHUNK)
+        return buffer.complete and buffer.size <= CHUNK and up.takes_now(buffer.size)
+
+    def _send_request_now(self, up: Stream) -> None:
+        try:
+            self.to_sandbox = relay_now(self.down, up, end_stream=True)  # type: ignore[assignment]  # it fits
+        except Truncated:
+            self.terminated("client")
 
     async def _send_request(self, up: Stream) -> None:
         try:
