@@ -1,4 +1,4 @@
-"""The lock on a local sandbox's directory (gateway/providers/local.py ``_FileLock``) is waited for
+"""The lock on a local sandbox's directory (gateway/providers/_locks.py) is waited for
 on the loop, not in a worker thread: another replica holds it through a whole start (seconds),
 and the loop's default executor (a few threads) is what ``prepare``, ``rmtree`` and name
 resolution run in. A blocking ``flock`` in a thread held one per waiter, so two replicas waiting
@@ -12,7 +12,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gateway.providers.local import _FileLock
+from gateway.providers._locks import FileLock
 
 
 async def test_a_lock_held_elsewhere_is_waited_for_with_the_executor_free(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ async def test_a_lock_held_elsewhere_is_waited_for_with_the_executor_free(tmp_pa
     acquired = asyncio.Event()
 
     async def take() -> None:
-        async with _FileLock(path):
+        async with FileLock(path):
             acquired.set()
 
     waiter = asyncio.create_task(take())
@@ -47,7 +47,7 @@ async def test_a_cancelled_wait_gives_up_its_descriptor(tmp_path: Path) -> None:
     holder = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(holder, fcntl.LOCK_EX)
     before = len(os.listdir("/proc/self/fd"))
-    lock = _FileLock(path)
+    lock = FileLock(path)
     waiter = asyncio.create_task(lock.__aenter__())
     await asyncio.sleep(0)  # one turn: it has opened the file and tried the lock
     assert len(os.listdir("/proc/self/fd")) == before + 1

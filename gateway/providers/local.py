@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -52,6 +51,7 @@ from gateway.errors import CapacityExceeded, InsufficientStorage, ProvisionFaile
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from gateway.providers import outbound
 from gateway.providers._exits import exit_or_kill
+from gateway.providers._locks import FileLock
 from gateway.providers._pipes import read_until
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.confine import GRPC_FD, LISTEN_FD, Bubblewrap, Launch
@@ -62,8 +62,6 @@ log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 5.0
 #: How long a running runtime that does not answer its health check is waited for before it is replaced.
 SLOW_START_GRACE = 10.0
-#: How often a sandbox's lock held by another replica is tried again (_FileLock): from 5 ms, doubling to 100 ms.
-LOCK_POLL_FIRST, LOCK_POLL_MAX = 0.005, 0.1
 #: sun_path holds 108 bytes with its NUL.
 MAX_SOCKET_PATH = 107
 
@@ -162,7 +160,7 @@ class LocalProvider:
 
     async def _ensure(self, request: SandboxRequest) -> Endpoint:
         box = self._dir / request.sandbox_id
-        async with _FileLock(box / "lock"):
+        async with FileLock(box / "lock"):
             state = _read_state(box)
             _check_owner(request, state)
             if state is not None and await self._running(state, request.sandbox_id):
@@ -337,7 +335,7 @@ class LocalProvider:
             return
         self._deleting.add(sandbox_id)
         try:
-            async with _FileLock(box / "lock"):
+            async with FileLock(box / "lock"):
                 state = _read_state(box)
                 if state is not None:
                     await self._stop(state, sandbox_id)
@@ -353,7 +351,7 @@ class LocalProvider:
             return
         self._deleting.add(sandbox_id)  # a deliberate stop: not a death to report
         try:
-            async with _FileLock(box / "lock"):
+            async with FileLock(box / "lock"):
                 state = _read_state(box)
                 if state is not None:
                     await self._stop(state, sandbox_id)
@@ -482,66 +480,6 @@ def _check_owner(request: SandboxRequest, state: dict[str, Any] | None) -> None:
     recorded = Owner.from_compact(state.get("owner"))
     if not request.may_claim(recorded, float(state.get("created_at", 0.0))):
         raise ForeignSandbox(request.sandbox_id)
-
-
-class _FileLock:
-    """An exclusive ``flock`` on a file, tried without blocking and again after a growing pause.
-
-    Not a blocking ``flock`` in a worker thread: a wait for a lock another replica holds (through
-    its whole start, seconds) would hold one of the loop's few default-executor threads, which
-    ``prepare``, ``rmtree`` and name resolution need, and two replicas each waiting on the other's
-    lock could run both executors dry; and a cancelled wait left its thread blocked, to lock
-    whatever file took the descriptor's number once it was closed. There is no event for a lock
-    coming free, so it is polled: every LOCK_POLL_FIRST seconds at first, at most every LOCK_POLL_MAX."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._fd = -1
-
-    async def __aenter__(self) -> None:
-        # A delete removes the sandbox's directory, lock file included, while it holds the lock: a waiter
-        # then holds a lock on a file no one else can open, and the next caller locks a new one beside it.
-        # So the lock counts only once it is on the file at the path; else (or when the directory vanished
-        # between the mkdir and the open) it is taken again.
-        while True:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-            except FileNotFoundError:
-                continue
-            try:
-                await _flock(fd)
-                if _same_file(fd, self._path):
-                    self._fd = fd
-                    return
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
-
-    async def __aexit__(self, *exc: object) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
-
-
-async def _flock(fd: int) -> None:
-    pause = LOCK_POLL_FIRST
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, LOCK_POLL_MAX)
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        here = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino)
 
 
 def _read_state(box: Path) -> dict[str, Any] | None:
