@@ -83,6 +83,9 @@ class Metrics:
         self.connections_shed = Counter(
             "sgw_connections_shed_total", "Idle connections closed at a full listener to admit a connection from an "
             "address holding fewer (gateway/gate.py), by listener (data, grpc)", ["listener"], registry=r)
+        self.head_timeouts = Counter(
+            "sgw_head_timeouts_total", "Data-plane client connections closed for no complete request head within "
+            "header_read_timeout (a slowloris, or a connection that never sent one)", registry=r)
         self.reaps = Counter("sgw_reaps_total", "Sandboxes destroyed by reason", ["reason"], registry=r)
         self.sweeps = Counter("sgw_orphan_sweeps_total", "Orphaned provider objects deleted", ["reason"], registry=r)
         self.reap_rate = Gauge("sgw_reap_rate", "Sandboxes the last reaper pass that found work acted on (destroyed or "
@@ -185,6 +188,9 @@ class Metrics:
 
     def connection_shed(self, listener: str) -> None:
         self.connections_shed.labels(listener).inc()
+
+    def heads_overdue(self, count: int) -> None:
+        self.head_timeouts.inc(count)
 
     def reaped(self, reason: str) -> None:
         if reason == "orphan":
