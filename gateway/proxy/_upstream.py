@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
+from gateway._compiled import COMPILED
 from gateway.errors import UpstreamError
 from gateway.proxy._browser import PATH_MODE_HEADERS, private_to_caches, without_clear_site_data
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
 from gateway.proxy._wire import (
     CHUNK_END, CODING_CHUNKED, CODING_NONE, CODING_OTHER, CONN_CLOSE, CONN_KEEP_ALIVE, CRLF, HOP_BY_HOP,
-    IDEMPOTENT_METHODS, TE_CHUNKED, WS_UPGRADE, host_line, host_only_cookies, is_event_stream, rewrite_under_prefix,
-    strip_hop_by_hop, without_transfer_encoding,
+    IDEMPOTENT_METHODS, TE_CHUNKED, WS_UPGRADE, host_line, host_only_cookies, is_event_stream, plain_head,
+    rewrite_under_prefix, strip_hop_by_hop, without_transfer_encoding,
 )
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -394,6 +395,15 @@ class UpstreamConnection:
         raw = self.raw
         assert ex is not None and raw is not None
         pos = self.raw_pos
+        if COMPILED and ex.keyed is None:
+            status = self.parser.get_status_code()
+            if status >= 200 and self._passes_through(ex, status):
+                plain = plain_head(raw, pos)
+                if plain is not None:  # the common head, scanned in C: the general rewrite would only drop Connection
+                    start, end, cut, resume = plain
+                    self._pass(ex, status, end + 4, (raw[start:cut], raw[resume:end], b"\r\nX-Request-Id: ",
+                                                     ex.request_id, b"\r\n\r\n"))
+                    return
         while raw.startswith(b"\r\n", pos):
             pos += 2
         end = raw.find(b"\r\n\r\n", pos)
@@ -426,6 +436,16 @@ class UpstreamConnection:
                 self.plane.stream_began(ex)
         else:
             self._frame(ex, status, head, low, coding)
+        ex.state = BODY
+
+    def _pass(self, ex: Exchange, status: int, body_at: int, head: tuple[bytes, ...]) -> None:
+        """A plain head (``plain_head``) passed through: what the general rewrite makes of it, without
+        lower-casing or searching it again."""
+        self.raw_pos = body_at
+        ex.status = status
+        ex.upstream_time = perf_counter() - ex.sent_at
+        self.framing = F_PASS
+        self.head_out = b"".join(head)
         ex.state = BODY
 
     def _not_final(self, ex: Exchange, status: int) -> bool:

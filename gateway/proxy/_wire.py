@@ -81,6 +81,104 @@ def strip_hop_by_hop(head: bytes, low: bytes, match: re.Match[bytes]) -> tuple[b
     return head, coding
 
 
+def plain_head(raw: bytes, pos: int) -> tuple[int, int, int, int] | None:
+    """The common response head in one pass over its bytes, for the compiled build (C indexing; as Python
+    it is correct but slow, so the pure build keeps the general rewrite): ``(start, end, cut, resume)`` when
+    the head is one the rewrite would only take a single ``Connection`` option line out of, else None.
+
+    The head is ``raw[start:end]`` (leading CRLFs skipped, ``end`` at its CRLF CRLF); without its
+    Connection line it is ``raw[start:cut] + raw[resume:end]`` (``cut == resume`` when there is none).
+    None, and so the general rewrite (``strip_hop_by_hop``, which this must agree with), for anything
+    else: a status line other than ``HTTP/1.1``, any other hop-by-hop line but Transfer-Encoding (kept,
+    as the rewrite keeps it), a second Connection line or one naming headers, the sandbox's own
+    X-Request-Id, an event stream, a line that is not CRLF-ended."""
+    s = raw  # compiled: a char pointer
+    n = len(raw)
+    while pos + 1 < n and s[pos] == 13 and s[pos + 1] == 10:
+        pos += 2
+    if not _is(s, n, pos, b"HTTP/1.1 ", False):
+        return None
+    cut = resume = -1
+    line = pos  # the start of the line being read; the status line first
+    while True:
+        i = line
+        colon = -1
+        c = 0
+        while i < n:
+            c = s[i]
+            if c == 13 or c == 10:
+                break
+            if c == 58 and colon < 0:
+                colon = i
+            i += 1
+        if c != 13 or i + 1 >= n or s[i + 1] != 10:
+            return None  # a bare LF or no CRLF (llhttp refuses them; the general rewrite decides anyway)
+        if i == line:  # the empty line: the head ends before it
+            return (pos, line - 2, line - 2, line - 2) if cut < 0 else (pos, line - 2, cut, resume)
+        if line != pos:
+            verdict = _plain_line(s, n, line, colon, i)
+            if verdict < 0 or (verdict == 1 and cut >= 0):  # ... or a second Connection line
+                return None
+            if verdict == 1:
+                cut, resume = line - 2, i
+        line = i + 2
+
+
+def _plain_line(s: bytes, n: int, start: int, colon: int, end: int) -> int:
+    """One header line (``s[start:end]``, name up to ``colon``) to :func:`plain_head`: 0 kept as it is,
+    1 a Connection line with only an option (taken out), -1 one the general rewrite must see."""
+    size = colon - start
+    if colon < 0:
+        return -1
+    if size == 10:
+        if _is(s, n, start, b"connection", True):
+            value = colon + 1
+            while value < end and (s[value] == 32 or s[value] == 9):
+                value += 1
+            last = end
+            while last > value and (s[last - 1] == 32 or s[last - 1] == 9):
+                last -= 1
+            size = last - value
+            if ((size == 10 and _is(s, n, value, b"keep-alive", True)) or (size == 5 and _is(s, n, value, b"close", True))
+                    or (size == 7 and _is(s, n, value, b"upgrade", True))):
+                return 1
+            return -1
+        return -1 if _is(s, n, start, b"keep-alive", True) else 0
+    if size == 2:
+        return -1 if _is(s, n, start, b"te", True) else 0
+    if size == 7:
+        return -1 if _is(s, n, start, b"upgrade", True) else 0
+    if size == 12:
+        if _is(s, n, start, b"x-request-id", True):
+            return -1
+        if _is(s, n, start, b"content-type", True):
+            i = colon + 1
+            while i + 12 <= end:  # "event-stream" anywhere in the value: the general rewrite's SSE check decides
+                if _is(s, n, i, b"event-stream", True):
+                    return -1
+                i += 1
+        return 0
+    if size == 16:
+        return -1 if _is(s, n, start, b"proxy-connection", True) else 0
+    return 0  # Transfer-Encoding (17) among them: kept, as the general rewrite keeps it
+
+
+def _is(s: bytes, n: int, at: int, word: bytes, fold: bool) -> bool:
+    """``s[at:]`` (``n`` bytes long) starts with ``word`` (lower-case letters, digits, punctuation), ASCII
+    letters folded to lower case when ``fold``."""
+    size = len(word)
+    w = word  # compiled: a char pointer
+    if at + size > n:
+        return False
+    for k in range(size):
+        c = s[at + k]
+        if fold and 65 <= c <= 90:
+            c += 32
+        if c != w[k]:
+            return False
+    return True
+
+
 def is_event_stream(low: bytes) -> bool:
     """Content-Type: text/event-stream, in a lower-cased head."""
     return low.find(b"event-stream") >= 0 and _SSE_CONTENT_TYPE.search(low) is not None
