@@ -1,4 +1,5 @@
 # The compiled build's declarations for logs.py (gateway/_compiled.py).
+cimport cython
 from gateway.proxy._exchange cimport RequestLog
 
 cdef class AccessLog:
@@ -11,3 +12,6 @@ cdef class AccessLog:
     cdef public str _stamp, _ts
     cpdef log(self, RequestLog entry)
     cpdef flush(self)
+
+@cython.locals(hundredths=cython.longlong)
+cdef str _ms(double seconds)

@@ -13,6 +13,7 @@ import logging
 import re
 import sys
 import time
+from time import time as _time
 from typing import Any
 
 from aiohttp.http_exceptions import HttpProcessingError
@@ -124,7 +125,7 @@ class AccessLog:
 
     def log(self, entry: Any) -> None:
         """``entry`` is a ``gateway.proxy.RequestLog`` (the gRPC front's calls are logged as one too)."""
-        now = time.time()
+        now = _time()
         path = entry.target
         if not self.keep_query:
             path = path.partition("?")[0]
@@ -137,12 +138,12 @@ class AccessLog:
             milli = int(now * 1000)
             if milli != self._milli:  # many lines share a millisecond under load: format its stamp once
                 self._milli, self._ts = milli, f"{now:.3f}"
-            up = "null" if upstream is None else f"{upstream * 1000:.2f}"
+            up = "null" if upstream is None else _ms(upstream)
             error = "null" if code is None else f'"{code}"'
             line = (f'{{"ts":{self._ts},"level":"info","logger":"{ACCESS_LOGGER}","msg":"{entry.method} '
                     f'{path[1:-1]} {entry.status}","method":"{entry.method}",'
                     f'"path":{path},"status":{entry.status},"bytes_in":{entry.bytes_in},'
-                    f'"bytes_out":{entry.bytes_out},"duration_ms":{entry.duration * 1000:.2f},"upstream_ms":{up},'
+                    f'"bytes_out":{entry.bytes_out},"duration_ms":{_ms(entry.duration)},"upstream_ms":{up},'
                     f'"request_id":"{entry.request_id}",{who},"protocol":"{entry.protocol}","error":{error}}}')
             if entry.trace_id is not None:
                 line = f'{line[:-1]},"trace_id":"{entry.trace_id}"}}'
@@ -151,9 +152,9 @@ class AccessLog:
             second = int(now)
             if second != self._second:
                 self._second, self._stamp = second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
-            up = "-" if upstream is None else f"{upstream * 1000:.2f}"
+            up = "-" if upstream is None else _ms(upstream)
             line = (f"{self._stamp} INFO    {ACCESS_LOGGER}: {entry.method} {path} {entry.status} "
-                    f"bytes_in={entry.bytes_in} bytes_out={entry.bytes_out} duration_ms={entry.duration * 1000:.2f} "
+                    f"bytes_in={entry.bytes_in} bytes_out={entry.bytes_out} duration_ms={_ms(entry.duration)} "
                     f"upstream_ms={up} request_id={entry.request_id} {who} protocol={entry.protocol} "
                     f"error={code or '-'}")
             if entry.trace_id is not None:
@@ -171,6 +172,13 @@ class AccessLog:
                 self._stream.flush()
             except (OSError, ValueError):  # stderr closed or gone: access lines are not worth a crash
                 pass
+
+
+def _ms(seconds: float) -> str:
+    """Seconds as milliseconds with two decimals (``1.23``): ``f"{seconds * 1000:.2f}"`` with halves
+    rounded up, and no float formatting (compiled: C integers, about a tenth of the cost)."""
+    hundredths = int(seconds * 100000.0 + 0.5) if seconds > 0.0 else 0
+    return f"{hundredths // 100}.{hundredths % 100:02d}"
 
 
 # Written without escaping: printable ASCII but space, quote and backslash.
