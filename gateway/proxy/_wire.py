@@ -104,15 +104,20 @@ def plain_head(raw: bytes, pos: int) -> tuple[int, int, int, int] | None:
         i = line
         colon = -1
         c = 0
-        while i < n:
+        while i < n:  # the name (or the status line), to the colon
             c = s[i]
-            if c == 13 or c == 10:
+            if c == 58 or c <= 13:
                 break
-            if c == 58 and colon < 0:
-                colon = i
+            i += 1
+        if c == 58:
+            colon = i
+        while i < n:  # the value: one comparison a byte (letters and most punctuation are above CR)
+            c = s[i]
+            if c <= 13 and c != 9:
+                break
             i += 1
         if c != 13 or i + 1 >= n or s[i + 1] != 10:
-            return None  # a bare LF or no CRLF (llhttp refuses them; the general rewrite decides anyway)
+            return None  # a bare LF, another control byte, no CRLF: the general rewrite decides
         if i == line:  # the empty line: the head ends before it
             return (pos, line - 2, line - 2, line - 2) if cut < 0 else (pos, line - 2, cut, resume)
         if line != pos:
