@@ -7,7 +7,7 @@ cdef class AccessLog:
     cdef public bint _json, keep_query
     cdef public list _pending
     cdef public Py_ssize_t _max_pending
-    cdef public dict _quoted, _whos
+    cdef public dict _quoted, _whos, _whats
     cdef public long long _second, _milli
     cdef public str _stamp, _ts
     cpdef log(self, RequestLog entry)
