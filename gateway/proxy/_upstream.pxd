@@ -30,7 +30,6 @@ cdef class UpstreamConnection:
     cpdef _detach(self, Exchange ex)
     cpdef abort(self)
     cpdef _body(self, Exchange ex, object data, object head)
-    cpdef _pass(self, Exchange ex, int status, Py_ssize_t body_at, tuple head)
     cpdef bint _not_final(self, Exchange ex, int status)
     cpdef bint _passes_through(self, Exchange ex, int status)
     cpdef _complete(self, Exchange ex)

@@ -395,15 +395,14 @@ class UpstreamConnection:
         raw = self.raw
         assert ex is not None and raw is not None
         pos = self.raw_pos
-        if COMPILED and ex.keyed is None:
+        if COMPILED and ex.keyed is None:  # the common head, rewritten in one C scan (_wire.plain_head)
             status = self.parser.get_status_code()
-            if status >= 200 and self._passes_through(ex, status):
-                plain = plain_head(raw, pos)
-                if plain is not None:  # the common head, scanned in C: the general rewrite would only drop Connection
-                    start, end, cut, resume = plain
-                    self._pass(ex, status, end + 4, (raw[start:cut], raw[resume:end], b"\r\nX-Request-Id: ",
-                                                     ex.request_id, b"\r\n\r\n"))
-                    return
+            plain = plain_head(raw, pos, ex.request_id) if status >= 200 and self._passes_through(ex, status) else None
+            if plain is not None:
+                self.head_out, self.raw_pos = plain
+                self.framing, ex.state, ex.status = F_PASS, BODY, status
+                ex.upstream_time = perf_counter() - ex.sent_at
+                return
         while raw.startswith(b"\r\n", pos):
             pos += 2
         end = raw.find(b"\r\n\r\n", pos)
@@ -436,16 +435,6 @@ class UpstreamConnection:
                 self.plane.stream_began(ex)
         else:
             self._frame(ex, status, head, low, coding)
-        ex.state = BODY
-
-    def _pass(self, ex: Exchange, status: int, body_at: int, head: tuple[bytes, ...]) -> None:
-        """A plain head (``plain_head``) passed through: what the general rewrite makes of it, without
-        lower-casing or searching it again."""
-        self.raw_pos = body_at
-        ex.status = status
-        ex.upstream_time = perf_counter() - ex.sent_at
-        self.framing = F_PASS
-        self.head_out = b"".join(head)
         ex.state = BODY
 
     def _not_final(self, ex: Exchange, status: int) -> bool:
