@@ -43,7 +43,7 @@ from gateway.policy import PolicyView
 from gateway.providers.base import ForeignSandbox, SandboxProvider
 from gateway.reaper import ReapPass
 from gateway.router_base import RouterEvents, RouterTuning
-from gateway.store.base import NotReserved, SessionStore
+from gateway.store.base import LeaseLost, NotReserved, SessionStore
 from routing.reaping import orphaned
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ STORE_RETRY = 0.2  # the pause before a request held by a wake tries again after
 QUIET_POLL = 0.25  # how often an operator's suspend looks again for the sandbox's exchanges to end
 MIN_LEASE = 0.5  # a lease renewed every quarter of it: shorter would be all renewals
 RENEWALS_PER_LEASE = 4  # a holder renews its lease this often per lease: one late renewal does not lose it
+LEASE_LOST = "lease_lost"  # the outcome of a creation or wake whose lease was taken over: not ready by its caller
 WAKING_STATES = frozenset({SandboxState.SUSPENDING, SandboxState.SUSPENDED, SandboxState.RESUMING})
 """A request for a sandbox in one of these is held for a wake (bounded by ``wake_timeout``)."""
 
@@ -84,14 +85,32 @@ class Provisioning:
     """What differs between creating a sandbox and waking one (:meth:`Lifecycle.provision`)."""
 
     run: Callable[[SandboxRequest], Awaitable[Endpoint]]  # the provider's ensure or resume
-    undo: Callable[..., Awaitable[object]]  # (sandbox_id, error=...): release the record, or back to suspended
-    report: Callable[[str], None]  # an outcome, for the metrics
+    undo: Callable[..., Awaitable[object]]  # (sandbox_id, error=..., held=...): release the record, or suspend it
+    report: Callable[[str], None]  # an outcome, for the metrics: "ready" once marked ready, never before
     doing: str  # "creating", "resuming"
     done: str  # "created", "resumed"
     interrupted: str  # the error recorded when the caller was cancelled
-    # Report "ready" as the provider answers (a creation's sgw_provisions_total has always counted so,
-    # a removal meanwhile included), else once marked ready, and "removed" when it was not (a resume's).
-    ready_when_provided: bool
+
+
+class HeldLease:
+    """The lease deadlines a holder may hold its reservation under, while :meth:`Lifecycle.renewing` renews
+    it: the last one the store confirmed, and those of renewals sent since whose answer has not come (a
+    reply lost to a socket timeout after the script ran included). While nobody took the reservation over,
+    the record's lease is one of them; what the holder writes (renewals, ready, undo) is fenced by them."""
+
+    __slots__ = ("deadlines",)
+
+    def __init__(self, until: float) -> None:
+        self.deadlines: frozenset[float] = frozenset((until,))
+
+    def sent(self, until: float) -> float:
+        """A renewal to ``until`` is being sent: held from now (it may run even if its reply never comes)."""
+        self.deadlines |= {until}
+        return until
+
+    def confirmed(self, until: float) -> None:
+        """The store renewed the lease to ``until``: the earlier deadlines are not the record's any more."""
+        self.deadlines = frozenset((until,))
 
 
 class Lifecycle:
@@ -160,25 +179,28 @@ class Lifecycle:
         return max(MIN_LEASE, min(self.tuning.lease_seconds, wake_timeout / 2))
 
     @contextlib.asynccontextmanager
-    async def renewing(self, record: SandboxRecord, lease_seconds: float) -> AsyncIterator[None]:
+    async def renewing(self, record: SandboxRecord, lease_seconds: float) -> AsyncIterator[HeldLease]:
         """Renew the lease of the reservation ``record`` (as reserved: its ``lease_until``) every
         quarter of ``lease_seconds`` (sooner after a failed renewal) while the body runs: a live
         holder keeps it however long the provider takes, a dead one loses it within ``lease_seconds``.
+        Yields the deadlines the holder may hold it under (:class:`HeldLease`), the fence of what it
+        writes when the body is done.
 
         Stopped by a flag as well as cancelled, and not awaited: a cancellation that lands on a
         store call can be swallowed by the Redis client (asyncio.wait_for on Python 3.11), and the
         body's outcome must never wait for a renewal."""
         done = asyncio.Event()
-        renewal = asyncio.create_task(self._renew(record.sandbox_id, record.lease_until, lease_seconds, done),
+        lease = HeldLease(record.lease_until)
+        renewal = asyncio.create_task(self._renew(record.sandbox_id, lease, lease_seconds, done),
                                       name=f"lease-{record.sandbox_id}")
         renewal.add_done_callback(_renewal_ended)
         try:
-            yield
+            yield lease
         finally:
             done.set()
             renewal.cancel()
 
-    async def _renew(self, sandbox_id: str, held_until: float, lease_seconds: float, done: asyncio.Event) -> None:
+    async def _renew(self, sandbox_id: str, lease: HeldLease, lease_seconds: float, done: asyncio.Event) -> None:
         store = self.store
         pause = lease_seconds / RENEWALS_PER_LEASE
         while not done.is_set():
@@ -187,59 +209,70 @@ class Lifecycle:
                     await done.wait()
             if done.is_set():
                 return
+            until = lease.sent(self.clock() + lease_seconds)
             try:
-                renewed = await store.extend_lease(sandbox_id, held_until, lease_seconds)
+                renewed = await store.extend_lease(sandbox_id, lease.deadlines, until)
             except GatewayError as exc:
                 # One slow store call must not cost the lease (a takeover while we live: two resumes):
-                # try again soon; a store away past the lease lets it lapse, and it is taken over.
+                # try again soon (the deadline sent stays held: its reply may be what was lost); a store
+                # away past the lease lets it lapse, and it is taken over.
                 log.warning("could not renew the lease on sandbox %s: %s", sandbox_id, exc.message)
                 pause = min(STORE_RETRY, lease_seconds / RENEWALS_PER_LEASE)
                 continue
             pause = lease_seconds / RENEWALS_PER_LEASE
-            if renewed is None:
+            if not renewed:
                 if not done.is_set():
                     log.warning("the lease on sandbox %s was lost (it lapsed and was taken over)", sandbox_id)
                 return
-            held_until = renewed
+            lease.confirmed(until)
 
     async def provision(self, record: SandboxRecord, binding: Binding, timeout: float,
                         step: Provisioning) -> SandboxRecord:
         """Create or wake the sandbox this caller reserved (``record``), under its renewed lease, and
         mark it ready. On failure the reservation is undone with the error, which every waiter
         shares; a sandbox the provider says is another identity's is undone without one (a waiter,
-        the owner perhaps, reserves again) and answered as an unknown session."""
+        the owner perhaps, reserves again) and answered as an unknown session.
+
+        Everything it writes is fenced by its lease: when the lease lapsed and another caller took the
+        reservation over, its ready (or undo) is refused and ``LeaseLost`` raised: the caller joins the
+        new holder's outcome. What the provider did is left as it is: creating or resuming one sandbox
+        is idempotent at the provider (the new holder's call finds or replaces the same runtime), so
+        undoing it would take the new holder's sandbox away."""
         request = SandboxRequest(record.sandbox_id, record.pool, binding.isolation, binding.owner,
                                  binding.session_id, timeout, bound_at=binding.created_at)
         try:
-            async with self.renewing(record, self.lease_for(record.pool)):
+            async with self.renewing(record, self.lease_for(record.pool)) as lease:
                 endpoint = await step.run(request)
         except ForeignSandbox:
             step.report("not_found")
             with contextlib.suppress(GatewayError):
-                await step.undo(record.sandbox_id)
+                await step.undo(record.sandbox_id, held=lease.deadlines)
             raise foreign(self.events, binding) from None
         except BaseException as exc:
             step.report(outcome_of(exc))
             message = exc.message if isinstance(exc, GatewayError) else step.interrupted
             with contextlib.suppress(GatewayError):
-                await step.undo(record.sandbox_id, error=message)
+                await step.undo(record.sandbox_id, error=message, held=lease.deadlines)
             if isinstance(exc, GatewayError | asyncio.CancelledError):
                 raise
             log.exception("provider failed %s %s", step.doing, record.sandbox_id)
             raise ProvisionFailed(f"{step.doing} sandbox {record.sandbox_id} failed",
                                   sandbox_id=record.sandbox_id) from exc
-        if step.ready_when_provided:
-            step.report("ready")
         try:
-            ready = await self.store.mark_ready(record.sandbox_id, endpoint)
+            ready = await self.store.mark_ready(record.sandbox_id, endpoint, held=lease.deadlines)
+        except LeaseLost:
+            # Its renewals came too late (a starved loop): another caller took the reservation over and
+            # provisions the same sandbox. Not ready by us: counted apart, joined by the caller.
+            step.report(LEASE_LOST)
+            log.warning("the lease on sandbox %s was taken over while it was being %s; joining its new holder",
+                        record.sandbox_id, step.done)
+            raise
         except NotReserved:
             # Destroyed (reaped, session deleted) while it was being provisioned.
-            if not step.ready_when_provided:
-                step.report("removed")
+            step.report("removed")
             raise ProvisionFailed(f"sandbox {record.sandbox_id} was removed while it was being {step.done}; retry",
                                   sandbox_id=record.sandbox_id) from None
-        if not step.ready_when_provided:
-            step.report("ready")
+        step.report("ready")
         return ready
 
     async def resume(self, record: SandboxRecord, binding: Binding, timeout: float) -> SandboxRecord:
@@ -248,7 +281,7 @@ class Lifecycle:
         pool = record.pool
         ready = await self.provision(record, binding, timeout, Provisioning(
             self.provider.resume, self.store.mark_suspended, lambda outcome: self.events.resumed(pool, outcome),
-            "resuming", "resumed", "resuming the sandbox was interrupted", ready_when_provided=False))
+            "resuming", "resumed", "resuming the sandbox was interrupted"))
         log.info("resumed sandbox %s (pool %s)", record.sandbox_id, record.pool)
         return ready
 
@@ -268,7 +301,7 @@ class Lifecycle:
         log.info("suspending sandbox %s (pool %s): %s", record.sandbox_id, record.pool, reason)
         outcome = "suspended"
         try:
-            async with self.renewing(suspending, lease):
+            async with self.renewing(suspending, lease) as held:
                 await self.provider.suspend(record.sandbox_id, record.pool)
         except BaseException as exc:
             outcome = outcome_of(exc)
@@ -278,11 +311,12 @@ class Lifecycle:
                         record.sandbox_id, exc)
             if not isinstance(exc, Exception):
                 with contextlib.suppress(GatewayError):
-                    await store.mark_suspended(record.sandbox_id)
+                    await store.mark_suspended(record.sandbox_id, held=held.deadlines)
                 raise
         finally:
             self.events.suspended(record.pool, outcome)
-        return await store.mark_suspended(record.sandbox_id)
+        # Fenced: a suspend whose lease lapsed and was taken over by a wake leaves the wake's record alone.
+        return await store.mark_suspended(record.sandbox_id, held=held.deadlines)
 
     async def suspend_when_quiet(self, record: SandboxRecord, grace: float,
                                  flush_activity: Callable[[], Awaitable[None]]) -> SandboxRecord | None:

@@ -45,9 +45,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Index entries one backfill call lists: each call holds Redis for ~6 us an entry. Until every record
-# of an earlier version is indexed, 2,000 at a time; after, 500 a pass (1,000,000 in ~8 hours at 15 s).
+# of an earlier version is indexed, 2,000 at a time, calls after calls within the pass's budget; after,
+# a page a pass, only while a replica of that version writes around the indexes (a rolling upgrade: the
+# store sees it), else none (the store's check is one digest of its counts).
 BACKFILL_BATCH = 2_000
-SWEEP_BATCH = 500
 
 Renewing = Callable[[SandboxRecord, float], contextlib.AbstractAsyncContextManager[None]]
 
@@ -82,8 +83,9 @@ class ReapPass:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deleted: list[str] = []
-        # Records of an earlier version: all of them before a pass reads the indexes, then a short page a pass.
-        indexed = await self.store.backfill_indexes(SWEEP_BATCH)
+        # Records of an earlier version: all of them before a pass reads the indexes, then a page a pass
+        # while such a version still writes.
+        indexed = await self.store.backfill_indexes(BACKFILL_BATCH)
         while not indexed:
             if loop.time() - started >= self.tuning.reap_budget:
                 return deleted

@@ -40,7 +40,7 @@ from gateway.providers.base import Probe, SandboxProvider
 from gateway.route_cache import CachedRoute, RouteCache, RouteLookup, SandboxRoutes
 from gateway.router_base import NoEvents, RouterEvents, RouterTuning
 from gateway.store.base import (
-    Caps, FleetCounts, Released, Reserved, SandboxPage, SessionStore, Settled, Settlement, SettleTimeout,
+    Caps, FleetCounts, LeaseLost, Released, Reserved, SandboxPage, SessionStore, Settled, Settlement, SettleTimeout,
 )
 from routing import Identity, Isolation, Placement, Policy, place
 
@@ -321,7 +321,9 @@ class SessionRouter:
     async def _ensure_once(self, binding: Binding) -> SandboxRecord:
         pool = self.view.pool(binding.pool)
         timeout = pool.provisioning_timeout if pool is not None else 120.0
-        for _attempt in range(3):
+        attempts = 3  # a record that keeps disappearing; a lease taken over is no such attempt (it took a lease's time)
+        while attempts:
+            attempts -= 1
             template = SandboxRecord(binding.sandbox_id, binding.pool, binding.owner.org_id,
                                      SandboxState.CREATING, created_at=self.clock(), owner=binding.owner)
             try:
@@ -330,12 +332,18 @@ class SessionRouter:
             except CapacityExceeded as exc:
                 self.events.capacity_rejected(exc.scope)
                 raise
-            if reservation.created:
-                with tracing.phase("sandbox.provision", binding.sandbox_id, binding.pool):
-                    return await self._create(reservation.record, binding, timeout)
-            if reservation.outcome is Reserved.RESUME:
-                with tracing.phase("sandbox.wake", binding.sandbox_id, binding.pool):
-                    return await self.lifecycle.resume(reservation.record, binding, timeout)
+            try:
+                if reservation.created:
+                    with tracing.phase("sandbox.provision", binding.sandbox_id, binding.pool):
+                        return await self._create(reservation.record, binding, timeout)
+                if reservation.outcome is Reserved.RESUME:
+                    with tracing.phase("sandbox.wake", binding.sandbox_id, binding.pool):
+                        return await self.lifecycle.resume(reservation.record, binding, timeout)
+            except LeaseLost:
+                # Taken over while ours ran late: reserving again finds the new holder's reservation (or
+                # its ready record), and this task's callers, held requests included, share its outcome.
+                attempts += 1
+                continue
             if reservation.record.state is SandboxState.READY:
                 return reservation.record
             settlement = await self._settled(binding.sandbox_id, timeout)
@@ -352,7 +360,7 @@ class SessionRouter:
         return await self.lifecycle.provision(record, binding, timeout, Provisioning(
             self.provider.ensure, self.store.release_sandbox,
             lambda outcome: self.events.provisioned(pool, time.perf_counter() - started, outcome),
-            "creating", "created", "sandbox creation was interrupted", ready_when_provided=True))
+            "creating", "created", "sandbox creation was interrupted"))
 
     def _caps(self, binding: Binding) -> Caps:
         pool = self.view.pool(binding.pool)

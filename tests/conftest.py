@@ -54,6 +54,11 @@ class CountingProvider:
         async with self._started:
             await self._started.wait_for(lambda: sum(self.created.values()) >= count)
 
+    async def wait_resumed(self, count: int) -> None:
+        """Until ``count`` resumes have started (e.g. are held at the gate)."""
+        async with self._started:
+            await self._started.wait_for(lambda: len(self.resumed) >= count)
+
     async def delete(self, sandbox_id: str, pool: str) -> None:
         self.deleted.append(sandbox_id)
 
@@ -62,6 +67,8 @@ class CountingProvider:
 
     async def resume(self, request: SandboxRequest) -> Endpoint:
         self.resumed.append(request.sandbox_id)
+        async with self._started:
+            self._started.notify_all()
         if self.gate is not None:
             await self.gate.wait()
         if self.fail_with is not None:

@@ -19,8 +19,8 @@ import pytest
 from gateway.errors import CapacityExceeded
 from gateway.model import Binding, Endpoint, Owner, SandboxRecord, SandboxState
 from gateway.store.base import (
-    Caps, CapScope, FleetCounts, NotReserved, Position, Released, Reserved, SandboxFilter, SessionStore, Settled,
-    Settlement, SettleTimeout,
+    Caps, CapScope, FleetCounts, LeaseLost, NotReserved, Position, Released, Reserved, SandboxFilter, SessionStore,
+    Settled, Settlement, SettleTimeout,
 )
 from routing import Isolation, per_session_sandbox_id, shared_sandbox_id
 from tests.clock import T0, FakeClock
@@ -542,21 +542,44 @@ class StoreContract:
         it lapsed and someone took the work over, or the work settled, a renewal changes nothing."""
         held = (await store.reserve_sandbox(record("org-1"), Caps(), 10)).record.lease_until
         clock.advance(8)
-        renewed = await store.extend_lease("org-1", held, 10)
-        assert renewed == clock() + 10
+        renewed = clock() + 10
+        assert await store.extend_lease("org-1", {held}, renewed)
         assert (await store.get_sandbox("org-1")).lease_until == renewed  # type: ignore[union-attr]
-        assert await store.extend_lease("org-1", held, 10) is None  # an old deadline proves nothing
-        clock.advance(11)  # the holder died: its lease lapsed
+        assert not await store.extend_lease("org-1", {held}, clock() + 10)  # an old deadline proves nothing
+        # ... but among those the caller holds (a renewal whose reply was lost ran): still its lease
+        assert await store.extend_lease("org-1", {held, renewed}, renewed + 1)
+        renewed += 1
+        clock.advance(12)  # the holder died: its lease lapsed
         taken = await store.reserve_sandbox(record("org-1"), Caps(), 10)
         assert taken.outcome is Reserved.TAKEN_OVER
-        assert await store.extend_lease("org-1", renewed, 10) is None  # the dead holder's renewal: refused
-        assert await store.extend_lease("org-1", taken.record.lease_until, 10) is not None  # the new holder's
-        await store.mark_ready("org-1", ENDPOINT)
-        assert await store.extend_lease("org-1", taken.record.lease_until, 10) is None  # settled: nothing to renew
+        assert not await store.extend_lease("org-1", {held, renewed}, clock() + 10)  # the dead holder's: refused
+        with pytest.raises(LeaseLost):  # and so is its ready, and its undo
+            await store.mark_ready("org-1", ENDPOINT, held={held, renewed})
+        assert await store.release_sandbox("org-1", error="late", held={renewed}) is None
+        ours = clock() + 10
+        assert await store.extend_lease("org-1", {taken.record.lease_until}, ours)  # the new holder's
+        await store.mark_ready("org-1", ENDPOINT, held={ours})
+        assert not await store.extend_lease("org-1", {ours}, clock() + 20)  # settled: nothing to renew
         suspending = await store.begin_suspend("org-1", 10)
         assert suspending is not None
-        assert await store.extend_lease("org-1", suspending.lease_until, 10) == clock() + 10  # a suspend too
-        assert await store.extend_lease("ses-none", 0.0, 10) is None
+        assert await store.extend_lease("org-1", {suspending.lease_until}, clock() + 10)  # a suspend too
+        assert not await store.extend_lease("ses-none", {0.0}, clock() + 10)
+
+    async def test_a_resumer_undoes_only_its_own_wake(self, store: SessionStore, clock: FakeClock) -> None:
+        """A failed resume whose lease was taken over leaves the new holder's wake alone."""
+        await store.reserve_sandbox(record("org-1"), Caps(), 10)
+        await store.mark_ready("org-1", ENDPOINT)
+        await store.begin_suspend("org-1", 10)
+        suspended = await store.mark_suspended("org-1")
+        assert suspended is not None
+        first = (await store.reserve_sandbox(suspended, Caps(), 10)).record.lease_until
+        clock.advance(11)
+        second = await store.reserve_sandbox(suspended, Caps(), 10)
+        assert second.outcome is Reserved.RESUME
+        assert await store.mark_suspended("org-1", error="late", held={first}) is None
+        current = await store.get_sandbox("org-1")
+        assert current is not None and current.state is SandboxState.RESUMING
+        assert await store.mark_suspended("org-1", error="failed", held={second.record.lease_until}) is not None
 
     async def test_a_filtered_listing_pages_through_every_match_once(self, store: SessionStore) -> None:
         """Filtered pages are short and may be empty, but paging by their cursor returns each match once."""

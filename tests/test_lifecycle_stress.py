@@ -11,6 +11,7 @@ import asyncio
 import math
 import time
 import uuid
+from collections.abc import Collection
 
 import pytest
 
@@ -356,12 +357,12 @@ class OneSlowRenewalStore(MemoryStore):
         super().__init__()
         self.renewals: list[str] = []
 
-    async def extend_lease(self, sandbox_id: str, held_until: float, lease_seconds: float) -> float | None:
+    async def extend_lease(self, sandbox_id: str, held: Collection[float], until: float) -> bool:
         if not self.renewals:
             self.renewals.append("failed")
             raise StoreUnavailable("the session store (redis) could not renew a lease: it did not answer in time")
         self.renewals.append("renewed")
-        return await super().extend_lease(sandbox_id, held_until, lease_seconds)
+        return await super().extend_lease(sandbox_id, held, until)
 
 
 async def test_a_failed_renewal_is_tried_again_before_the_lease_lapses(counting_provider: CountingProvider) -> None:

@@ -459,6 +459,53 @@ async def test_records_of_an_earlier_version_are_backfilled_into_the_state_index
     assert [r.sandbox_id for r in small.records] == [r.sandbox_id for r in expected if r.pool == "small"]
 
 
+async def _sweep_idle(store: RedisStore) -> bool:
+    """No sweep round under way ("d", no cursor), and none due next (the drift it stopped at is kept)."""
+    return await store._redis.get(store.keys.indexed) == "d" and bool(await store._redis.hget(store.keys.sweep, "sig"))
+
+
+async def _sweep_until_idle(store: RedisStore, limit: int) -> int:
+    """Call the backfill until its sweep is idle; how many calls it took."""
+    for calls in range(1, 100):
+        assert await store.backfill_indexes(limit)
+        if await _sweep_idle(store):
+            return calls
+    raise AssertionError("the index sweep never went idle")
+
+
+async def test_the_index_sweep_runs_only_while_an_earlier_version_writes(
+        replicas: Callable[..., RedisStore]) -> None:
+    """Once every record is indexed, the sweep stops (it walked the whole fleet, 500 a pass, forever:
+    a million sandboxes every 8 hours). A replica of the version before the indexes, writing during a
+    rolling upgrade, moves the state counts off the indexes: a round lists what it wrote, and the
+    sweep stops again."""
+    clock = FakeClock()
+    store = replicas("replica-a", clock=clock)
+    await every_transition(store, clock)
+    for i in range(20):
+        await store.reserve_sandbox(record(f"new-{i}", pool="small"), Caps(), 30)
+    assert await _sweep_until_idle(store, 7) <= 5  # one round at most, of 4 pages: nothing to list
+    for _ in range(5):  # idle: no page is read, no cursor moves
+        assert await store.backfill_indexes(7)
+        assert await _sweep_idle(store)
+    # ... until an earlier version's replica suspends a sandbox: its script moves the counts, not the indexes
+    ready = next(r for r in await all_sandboxes(store) if r.state is SandboxState.READY)
+    async with store._redis.pipeline(transaction=True) as pipe:
+        pipe.hset(store.keys.sandbox(ready.sandbox_id), "s", "suspended")
+        pipe.hincrby(store.keys.count_state, f"ready:{ready.pool}", -1)
+        pipe.hincrby(store.keys.count_state, f"suspended:{ready.pool}", 1)
+        await pipe.execute()
+    suspended = store.keys.state_index("suspended", ready.pool)
+    assert await store._redis.zscore(suspended, ready.sandbox_id) is None  # the reaper would not see it
+    assert await store.backfill_indexes(7)
+    assert not await _sweep_idle(store)  # a round is under way
+    assert await _sweep_until_idle(store, 7) <= 10  # that round, and one that finds nothing more to list
+    assert await store._redis.zscore(suspended, ready.sandbox_id) is not None
+    for _ in range(3):
+        assert await store.backfill_indexes(7)
+        assert await _sweep_idle(store)
+
+
 async def test_a_reaper_batch_reaches_other_replicas_in_a_few_messages(replicas: Callable[..., RedisStore]) -> None:
     """Claims and settlements of a batch are one message per kind, not one per sandbox (every replica
     reads each); another replica still drops every route and session, and its waiters wake at once."""

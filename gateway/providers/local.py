@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -52,6 +51,8 @@ from gateway.errors import CapacityExceeded, InsufficientStorage, ProvisionFaile
 from gateway.model import Endpoint, ManagedSandbox, Owner, SandboxRequest
 from gateway.providers import outbound
 from gateway.providers._exits import exit_or_kill
+from gateway.providers._locks import FileLock
+from gateway.providers._pipes import read_until
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.confine import GRPC_FD, LISTEN_FD, Bubblewrap, Launch
 from gateway.runtime.config import LISTEN_BACKLOG
@@ -59,6 +60,8 @@ from gateway.runtime.config import LISTEN_BACKLOG
 log = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 5.0
+#: How long a running runtime that does not answer its health check is waited for before it is replaced.
+SLOW_START_GRACE = 10.0
 #: sun_path holds 108 bytes with its NUL.
 MAX_SOCKET_PATH = 107
 
@@ -157,17 +160,14 @@ class LocalProvider:
 
     async def _ensure(self, request: SandboxRequest) -> Endpoint:
         box = self._dir / request.sandbox_id
-        async with _FileLock(box / "lock"):
+        async with FileLock(box / "lock"):
             state = _read_state(box)
             _check_owner(request, state)
-            if state is not None and _alive(state["pid"], request.sandbox_id) and await self._healthy(state["socket"]):
+            if state is not None and await self._running(state, request.sandbox_id):
                 self._watch(request.sandbox_id, state["pid"])
                 return _endpoint(request.sandbox_id, state["socket"])
             if state is not None:
-                _terminate(state["pid"], request.sandbox_id)
-                await asyncio.to_thread(self._confinement.release, state.get("cgroups", []))
-                _unlink(state["socket"])
-                await _stop_helper(state)
+                await self._replace(state, request.sandbox_id)
             self._check_room(request.sandbox_id, new=state is None)
             self._starting.add(request.sandbox_id)  # counted from here: concurrent starts cannot all pass the cap
             try:
@@ -194,6 +194,29 @@ class LocalProvider:
                                   f"(see {box / 'runtime.log'})", sandbox_id=request.sandbox_id)
         self._watch(request.sandbox_id, pid, spawned=True)
         return _endpoint(request.sandbox_id, path)
+
+    async def _running(self, state: dict[str, Any], sandbox_id: str) -> bool:
+        """True when the registry's runtime answers, given ``SLOW_START_GRACE`` while it runs: one that
+        does not answer at once is most often one another replica just started (a wake it lost the
+        lease of) on a host too busy to answer in time. One sandbox, one runtime: never replaced then."""
+        if not _alive(state["pid"], sandbox_id):
+            return False
+        if await self._healthy(state["socket"]):
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SLOW_START_GRACE):
+                return await self._answers(state["socket"], state["pid"], sandbox_id)
+        return False
+
+    async def _replace(self, state: dict[str, Any], sandbox_id: str) -> None:
+        """Stop the registry's runtime (dead, or not answering) until it exits, before another starts
+        (never two of one sandbox); a deliberate stop, not a death to report."""
+        self._deleting.add(sandbox_id)
+        try:
+            await self._stop(state, sandbox_id)
+        finally:
+            self._unwatch(sandbox_id)
+            self._deleting.discard(sandbox_id)
 
     def _check_room(self, sandbox_id: str, *, new: bool) -> None:
         """A sandbox that starts (created, woken or restarted) needs a place under the host's cap (suspended
@@ -286,7 +309,7 @@ class LocalProvider:
                 failure = f"got no outbound network ({exc})"
             finally:
                 network.close()  # a sandbox still blocked reads EOF: without tap0 its first step exits (125)
-        line = await _read_line(read_fd)
+        line, _, _ = (await read_until(read_fd, lambda data: b"\n" in data)).partition(b"\n")
         parts = line.decode(errors="replace").split()
         if len(parts) != 3 or parts[0] != "LISTENING":
             await _stop(pid, request.sandbox_id)
@@ -312,7 +335,7 @@ class LocalProvider:
             return
         self._deleting.add(sandbox_id)
         try:
-            async with _FileLock(box / "lock"):
+            async with FileLock(box / "lock"):
                 state = _read_state(box)
                 if state is not None:
                     await self._stop(state, sandbox_id)
@@ -328,7 +351,7 @@ class LocalProvider:
             return
         self._deleting.add(sandbox_id)  # a deliberate stop: not a death to report
         try:
-            async with _FileLock(box / "lock"):
+            async with FileLock(box / "lock"):
                 state = _read_state(box)
                 if state is not None:
                     await self._stop(state, sandbox_id)
@@ -459,48 +482,6 @@ def _check_owner(request: SandboxRequest, state: dict[str, Any] | None) -> None:
         raise ForeignSandbox(request.sandbox_id)
 
 
-class _FileLock:
-    """An exclusive ``flock`` on a file, taken in a thread so the loop never blocks."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._fd = -1
-
-    async def __aenter__(self) -> None:
-        # A delete removes the sandbox's directory, lock file included, while it holds the lock: a waiter
-        # then holds a lock on a file no one else can open, and the next caller locks a new one beside it.
-        # So the lock counts only once it is on the file at the path; else (or when the directory vanished
-        # between the mkdir and the open) it is taken again.
-        while True:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-            except FileNotFoundError:
-                continue
-            try:
-                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
-                if _same_file(fd, self._path):
-                    self._fd = fd
-                    return
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
-
-    async def __aexit__(self, *exc: object) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        here = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino)
-
-
 def _read_state(box: Path) -> dict[str, Any] | None:
     try:
         state = json.loads((box / "state.json").read_text())
@@ -513,18 +494,6 @@ def _write_state(box: Path, state: dict[str, Any]) -> None:
     tmp = box / "state.json.tmp"
     tmp.write_text(json.dumps(state))
     tmp.replace(box / "state.json")  # atomic: readers never see half a file
-
-
-async def _read_line(fd: int) -> bytes:
-    """Read one line from a pipe without blocking the loop; closes the pipe."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
-    try:
-        return await reader.readline()
-    finally:
-        transport.close()
 
 
 # The runtime's environment: nothing of the gateway's (REDIS_URL and the like may carry secrets).
@@ -573,12 +542,6 @@ async def _stop_helper(state: dict[str, Any]) -> None:
     helper = state.get("helper")
     if isinstance(helper, list) and len(helper) == 2 and all(isinstance(n, int) for n in helper):
         await outbound.stop_helper(helper)
-
-
-def _terminate(pid: int, sandbox_id: str) -> None:
-    if _alive(pid, sandbox_id):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
 
 
 async def _stop(pid: int, sandbox_id: str) -> None:

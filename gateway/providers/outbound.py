@@ -34,7 +34,6 @@ attach to a sandbox started by root.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ipaddress
 import json
@@ -42,10 +41,11 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.providers._exits import exit_or_kill
+from gateway.providers._pipes import read_until
 
 SLIRP = "slirp4netns"
 TAP = "tap0"
@@ -113,8 +113,8 @@ class Attachment:
     async def connect(self, log_path: Path) -> list[int]:
         """Start slirp4netns on the sandbox's namespace, wait until it is ready, release the
         sandbox; return the helper's identity (:func:`identify`). ``RuntimeError`` when bubblewrap or the helper fail."""
-        self._open.discard(self._info[0])  # _read_until closes it
-        info = await _read_until(self._info[0], lambda data: data.rstrip().endswith(b"}"))
+        self._open.discard(self._info[0])  # read_until closes it
+        info = await read_until(self._info[0], lambda data: data.rstrip().endswith(b"}"))
         try:
             child = int(json.loads(info)["child-pid"])
         except (ValueError, KeyError, TypeError):
@@ -137,7 +137,7 @@ class Attachment:
         finally:
             os.close(ready_w)
         self._close(self._sync[0])  # the helper's now: it sees EOF when bubblewrap's end closes
-        if not await _read_until(ready_r, bool):
+        if not await read_until(ready_r, bool):
             if (identity := identify(helper)) is not None:  # our child: a zombie until stop_helper reaps it
                 await stop_helper(identity)
             raise RuntimeError(f"{SLIRP} exited before the sandbox's network was ready (see {log_path})")
@@ -211,21 +211,3 @@ async def stop_helper(helper: Sequence[int], grace: float = 2.0) -> None:
             os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)  # exactly this process, if it is our child
     finally:
         os.close(fd)
-
-
-async def _read_until(fd: int, done: Callable[[bytes], bool]) -> bytes:
-    """Read from a pipe without blocking the loop until ``done(data)`` or EOF; closes the pipe."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
-    data = b""
-    try:
-        while not done(data):
-            chunk = await reader.read(4096)
-            if not chunk:
-                break
-            data += chunk
-        return data
-    finally:
-        transport.close()

@@ -1,9 +1,9 @@
 """Session stores: where bindings and sandbox records live."""
 
 from gateway.store.base import (
-    Caps, CapScope, Invalidation, NotReserved, Reservation, Reserved, SessionStore, Settled, Settlement,
+    Caps, CapScope, Invalidation, LeaseLost, NotReserved, Reservation, Reserved, SessionStore, Settled, Settlement,
     SettleTimeout, StoreSignal,
 )
 
-__all__ = ["CapScope", "Caps", "Invalidation", "NotReserved", "Reservation", "Reserved", "SessionStore",
+__all__ = ["CapScope", "Caps", "Invalidation", "LeaseLost", "NotReserved", "Reservation", "Reserved", "SessionStore",
            "SettleTimeout", "Settled", "Settlement", "StoreSignal"]

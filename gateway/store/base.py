@@ -35,7 +35,7 @@ was suspended, from which ``retention`` counts).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -65,6 +65,16 @@ class NotReserved(StoreSignal):
 
     def __init__(self, sandbox_id: str) -> None:
         super().__init__(f"sandbox {sandbox_id} has no reservation")
+        self.sandbox_id = sandbox_id
+
+
+class LeaseLost(StoreSignal):
+    """``mark_ready`` found the record no longer reserved under a lease the caller holds: its lease lapsed
+    and another caller took the reservation over (or has completed it since). The caller made nothing
+    ready: it joins the holder's outcome as any waiter does."""
+
+    def __init__(self, sandbox_id: str) -> None:
+        super().__init__(f"the lease on sandbox {sandbox_id} was taken over")
         self.sandbox_id = sandbox_id
 
 
@@ -220,8 +230,8 @@ class SessionStore(Protocol):
     async def backfill_indexes(self, limit: int) -> bool:
         """List records written by a version before the state-and-pool indexes in them, up to ``limit``
         per call (the reaper's lease holder, every pass); True once every record was listed. Until then,
-        filtered listings read the whole index, and the reaper sees only what the indexes hold; after,
-        each call sweeps on (a record a replica of that version wrote during a rolling upgrade)."""
+        filtered listings read the whole index, and the reaper sees only what the indexes hold; after, a
+        call sweeps on only while a replica of that version still writes (a rolling upgrade)."""
     async def claim_due(self, due: Sequence[Due], lease_until: float, token: str) -> list[Claim]:
         """The reaper's batch compare-and-set (one round trip): each ``Due`` still as its verdict saw it
         moves to its ``to`` state (``suspending``, or ``deleting``: not live, not counted by the caps)
@@ -235,11 +245,21 @@ class SessionStore(Protocol):
     async def reserve_sandbox(self, record: SandboxRecord, caps: Caps, lease_seconds: float) -> Reservation:
         """Raise ``caps.exceeded(...)`` (``CapacityExceeded``) when a cap is reached (a creation, or
         the wake of a suspended record)."""
-    async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
+    async def mark_ready(self, sandbox_id: str, endpoint: Endpoint,
+                         held: Collection[float] | None = None) -> SandboxRecord:
         """Raise ``NotReserved`` when there is no creating, resuming (or ready) record to complete.
-        Becoming ready is activity: the record's last activity moves to now."""
-    async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
-        """Remove the record (freeing capacity) and wake waiters: FAILED with ``error``, else REMOVED."""
+        Becoming ready is activity: the record's last activity moves to now.
+
+        ``held``: the lease deadlines the caller may hold its reservation under (the last one confirmed,
+        and those of renewals sent whose answer did not come): it completes the record only while it is
+        creating or resuming under one of them, else raises ``LeaseLost`` (the lease lapsed and was
+        taken over; the record may be the new holder's, or ready by now); ``NotReserved`` when there is
+        no record. None: no lease to check (a loader that reserves and completes in one go)."""
+    async def release_sandbox(self, sandbox_id: str, error: str | None = None,
+                              held: Collection[float] | None = None) -> SandboxRecord | None:
+        """Remove the record (freeing capacity) and wake waiters: FAILED with ``error``, else REMOVED.
+        ``held``: a creator undoing its own creation (the lease deadlines it may hold, as ``mark_ready``):
+        only a record creating under one of them goes; else None, nothing changed, nobody woken."""
     async def begin_suspend(self, sandbox_id: str, lease_seconds: float,
                             idle_before: float = math.inf) -> SandboxRecord | None:
         """``ready`` -> ``suspending`` under a lease, dropping every replica's cached route; None
@@ -247,15 +267,18 @@ class SessionStore(Protocol):
 
         The idle check is part of the compare-and-set: the reaper's page of the index may be older
         than the record (a sandbox woken, or used, since), and only the store sees both at once."""
-    async def extend_lease(self, sandbox_id: str, held_until: float, lease_seconds: float) -> float | None:
+    async def extend_lease(self, sandbox_id: str, held: Collection[float], until: float) -> bool:
         """Renew the lease of a creation, suspend or wake the caller holds (its record is unsettled
-        and its lease still ends at ``held_until``, the deadline the caller was given): the new
-        deadline, now + ``lease_seconds``. None when the caller holds it no more (settled, released,
-        or taken over after it lapsed): it must stop renewing."""
-    async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
+        and its lease ends at one of ``held``: the deadline the caller was given or last confirmed, and
+        those of renewals whose answer was lost, which may have run) to ``until``, which the caller
+        computed (so a renewal whose reply is lost is still known to it). False when the caller holds
+        it no more (settled, released, or taken over after it lapsed): it must stop renewing."""
+    async def mark_suspended(self, sandbox_id: str, error: str | None = None,
+                             held: Collection[float] | None = None) -> SandboxRecord | None:
         """``suspending`` or ``resuming`` -> ``suspended`` (endpoint gone, not counted by the caps,
         last activity = now), waking waiters: FAILED with ``error`` (a resume that failed), else
-        SUSPENDED. None (nothing changed) in any other state."""
+        SUSPENDED. None (nothing changed) in any other state, or when ``held`` (the lease deadlines
+        the caller may hold, as ``mark_ready``) does not hold the record's lease."""
     async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint) -> Released:
         """``release_sandbox``, but only while the record is ready at ``endpoint``: of many replicas
         that found the same incarnation dead, exactly one releases it (the rest get CHANGED/ABSENT)."""

@@ -12,12 +12,12 @@ import math
 import time
 from collections import Counter, defaultdict
 import bisect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store.base import (
-    ANY_SANDBOX, LIVE_STATES, UNSETTLED_STATES, Caps, Claim, Due, FleetCounts, Invalidation, NotReserved, Position,
-    Released, Reservation, Reserved, SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
+    ANY_SANDBOX, LIVE_STATES, UNSETTLED_STATES, Caps, Claim, Due, FleetCounts, Invalidation, LeaseLost, NotReserved,
+    Position, Released, Reservation, Reserved, SandboxFilter, SandboxPage, Settled, Settlement, SettleTimeout,
 )
 from routing import Isolation, per_session_sandbox_id
 
@@ -160,17 +160,19 @@ class MemoryStore:
         self._publish(sandbox_id)
         return self._with_sessions(suspending)
 
-    async def extend_lease(self, sandbox_id: str, held_until: float, lease_seconds: float) -> float | None:
+    async def extend_lease(self, sandbox_id: str, held: Collection[float], until: float) -> bool:
         current = self._sandboxes.get(sandbox_id)
-        if current is None or current.state not in UNSETTLED_STATES or current.lease_until != held_until:
-            return None
-        until = self._clock() + lease_seconds
+        if current is None or current.state not in UNSETTLED_STATES or current.lease_until not in held:
+            return False
         self._sandboxes[sandbox_id] = current.with_(lease_until=until)
-        return until
+        return True
 
-    async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
+    async def mark_suspended(self, sandbox_id: str, error: str | None = None,
+                             held: Collection[float] | None = None) -> SandboxRecord | None:
         current = self._sandboxes.get(sandbox_id)
         if current is None or current.state not in (SandboxState.SUSPENDING, SandboxState.RESUMING):
+            return None
+        if held is not None and current.lease_until not in held:
             return None
         suspended = current.with_(state=SandboxState.SUSPENDED, endpoint=None, lease_until=0.0,
                                   last_active=self._clock())
@@ -181,9 +183,15 @@ class MemoryStore:
         self._publish(sandbox_id)
         return suspended
 
-    async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
+    async def mark_ready(self, sandbox_id: str, endpoint: Endpoint,
+                         held: Collection[float] | None = None) -> SandboxRecord:
         current = self._sandboxes.get(sandbox_id)
-        if current is None or current.state in (SandboxState.SUSPENDING, SandboxState.SUSPENDED, SandboxState.DELETING):
+        if current is None:
+            raise NotReserved(sandbox_id)
+        if held is not None:
+            if current.state not in (SandboxState.CREATING, SandboxState.RESUMING) or current.lease_until not in held:
+                raise LeaseLost(sandbox_id)
+        elif current.state in (SandboxState.SUSPENDING, SandboxState.SUSPENDED, SandboxState.DELETING):
             raise NotReserved(sandbox_id)
         # Becoming ready is activity: a creation or wake slower than an idle timeout is not idle at once.
         ready = current.with_(state=SandboxState.READY, endpoint=endpoint, lease_until=0.0,
@@ -197,7 +205,12 @@ class MemoryStore:
             self._publish(sandbox_id)  # a resumed sandbox may answer at a new endpoint
         return ready
 
-    async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
+    async def release_sandbox(self, sandbox_id: str, error: str | None = None,
+                              held: Collection[float] | None = None) -> SandboxRecord | None:
+        if held is not None:
+            current = self._sandboxes.get(sandbox_id)
+            if current is None or current.state is not SandboxState.CREATING or current.lease_until not in held:
+                return None  # not this caller's reservation (any more): left alone, nobody woken
         record = self._sandboxes.pop(sandbox_id, None)
         self._streams.pop(sandbox_id, None)
         self._claims.pop(sandbox_id, None)

@@ -32,6 +32,10 @@ is cluster-safe)::
     {P}:ix:<state>:<pool>      zset    none           sandbox_id -> last_active, the records in that state
                                                       of that pool: filtered listings and the reaper
                                                       (gateway.store.redis_fleet)
+    {P}:indexed                string  none           "p <cursor>" while records of a version before ix: are
+                                                      listed in them, then "d" ("d <cursor>": a sweep round)
+    {P}:sweep                  hash    none           sig, added: when the sweep runs again (the drift of the
+                                                      counts from ix: that an older replica's writes cause)
     {P}:count:pool             hash    none           pool -> live (all but suspended) records (caps)
     {P}:count:org              hash    none           org_id -> live (all but suspended) records (caps)
     {P}:count:state            hash    none           "<state>:<pool>" -> live records (the gauges)
@@ -111,7 +115,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
@@ -123,8 +127,8 @@ from gateway.errors import StoreUnavailable
 from gateway.model import Binding, Endpoint, SandboxRecord, SandboxState
 from gateway.store import redis_scripts as lua
 from gateway.store.base import (
-    UNSETTLED_STATES, Caps, CapScope, Invalidation, NotReserved, Released, Reservation, Reserved, Settled, Settlement,
-    SettleTimeout,
+    UNSETTLED_STATES, Caps, CapScope, Invalidation, LeaseLost, NotReserved, Released, Reservation, Reserved, Settled,
+    Settlement, SettleTimeout,
 )
 from gateway.store import redis_codec as codec
 from gateway.store.redis_connect import close_pool, connection_pool, healthy_replicas
@@ -302,10 +306,13 @@ class RedisStore(RedisFleet, RedisStreamCounts):
         return Reservation(codec.record_of(sandbox_id, result[1:])[0], outcome)
 
     @translated("mark a sandbox ready")
-    async def mark_ready(self, sandbox_id: str, endpoint: Endpoint) -> SandboxRecord:
-        view = await self._mark_ready(**self._mark_ready_call(sandbox_id, endpoint))
+    async def mark_ready(self, sandbox_id: str, endpoint: Endpoint,
+                         held: Collection[float] | None = None) -> SandboxRecord:
+        view = await self._mark_ready(**self._mark_ready_call(sandbox_id, endpoint, held))
         if view is None:
             raise NotReserved(sandbox_id)
+        if view == 0:
+            raise LeaseLost(sandbox_id)
         *view, previous = view
         if previous == SandboxState.RESUMING:
             self._listener.notify(sandbox_id)  # a resumed sandbox may answer at a new endpoint (others: by pub/sub)
@@ -325,28 +332,29 @@ class RedisStore(RedisFleet, RedisStreamCounts):
         return codec.record_of(sandbox_id, view)[0]
 
     @translated("renew a lease")
-    async def extend_lease(self, sandbox_id: str, held_until: float, lease_seconds: float) -> float | None:
-        until = self._clock() + lease_seconds
-        held = await self._extend_lease(keys=[self.keys.sandbox(sandbox_id)],
-                                        args=[codec.num(held_until), codec.num(until)])
-        return until if held == 1 else None
+    async def extend_lease(self, sandbox_id: str, held: Collection[float], until: float) -> bool:
+        renewed = await self._extend_lease(keys=[self.keys.sandbox(sandbox_id)],
+                                           args=[codec.num(until), *map(codec.num, held)])
+        return renewed == 1
 
     @translated("suspend a sandbox")
-    async def mark_suspended(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
+    async def mark_suspended(self, sandbox_id: str, error: str | None = None,
+                             held: Collection[float] | None = None) -> SandboxRecord | None:
         view = await self._mark_suspended(
             keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
                   self.keys.count_state],
             args=[sandbox_id, codec.num(self._clock()), error or "", self.keys.settled, self.keys.invalidate,
-                  self._invalidation("sandbox", sandbox_id)])
+                  self._invalidation("sandbox", sandbox_id), *_fence(held)])
         if view is None:
             return None
         self._listener.notify(sandbox_id)
         return codec.record_of(sandbox_id, view)[0]
 
     @translated("release a sandbox")
-    async def release_sandbox(self, sandbox_id: str, error: str | None = None) -> SandboxRecord | None:
-        view = await self._release_record(sandbox_id, error, only_endpoint=None)
-        return None if view is None else codec.record_of(sandbox_id, view)[0]
+    async def release_sandbox(self, sandbox_id: str, error: str | None = None,
+                              held: Collection[float] | None = None) -> SandboxRecord | None:
+        view = await self._release_record(sandbox_id, error, only_endpoint=None, held=held)
+        return codec.record_of(sandbox_id, view)[0] if isinstance(view, list) else None
 
     @translated("release a sandbox")
     async def release_unreachable(self, sandbox_id: str, endpoint: Endpoint) -> Released:
@@ -355,14 +363,16 @@ class RedisStore(RedisFleet, RedisStreamCounts):
             return Released.CHANGED
         return Released.ABSENT if view == -1 else Released.RELEASED
 
-    async def _release_record(self, sandbox_id: str, error: str | None, only_endpoint: Endpoint | None) -> Any:
+    async def _release_record(self, sandbox_id: str, error: str | None, only_endpoint: Endpoint | None,
+                              held: Collection[float] | None = None) -> Any:
         async with self._streams_lock:
             view = await self._release(
                 keys=[self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_pool, self.keys.count_org,
                       self.keys.streams(sandbox_id), self.keys.count_state, self.keys.session_seen],
                 args=[sandbox_id, error or "", self.keys.settled, self.keys.invalidate,
                       self._invalidation("sandbox", sandbox_id),
-                      "" if only_endpoint is None else codec.endpoint_text(only_endpoint), codec.num(self._clock())],
+                      "" if only_endpoint is None else codec.endpoint_text(only_endpoint), codec.num(self._clock()),
+                      *_fence(held)],
             )
             if isinstance(view, list) or view is None:  # released (or nothing to release)
                 self._streams.pop(sandbox_id, None)
@@ -446,10 +456,12 @@ class RedisStore(RedisFleet, RedisStreamCounts):
                          uuid.uuid4().hex[:12], self.keys.invalidate, self._invalidation("sandbox", sandbox_id),
                          *codec.static_fields(record)]}
 
-    def _mark_ready_call(self, sandbox_id: str, endpoint: Endpoint) -> dict[str, list[str]]:
+    def _mark_ready_call(self, sandbox_id: str, endpoint: Endpoint,
+                         held: Collection[float] | None = None) -> dict[str, list[str]]:
         return {"keys": [self.keys.sandbox(sandbox_id), self.keys.sandboxes, self.keys.count_state],
                 "args": [sandbox_id, codec.endpoint_text(endpoint), self.keys.settled, self.keys.invalidate,
-                         self._invalidation("sandbox", sandbox_id), codec.num(self._clock())]}
+                         self._invalidation("sandbox", sandbox_id), codec.num(self._clock()),
+                         *_fence(held)]}
 
     @translated("read when its data began")
     async def epoch(self) -> float:
@@ -567,3 +579,9 @@ class RedisStore(RedisFleet, RedisStreamCounts):
 
     def _invalidation(self, kind: str, key: str) -> str:
         return codec.dumps([self._origin, kind, key])
+
+
+def _fence(held: Collection[float] | None) -> tuple[str, ...]:
+    """The trailing arguments of a script fenced by a lease (``held``: the deadlines the caller may hold):
+    '1' and each deadline; none when there is no lease to check."""
+    return () if held is None else ("1", *map(codec.num, held))

@@ -161,9 +161,10 @@ class RedisFleet:
 
     @translated("index sandboxes")
     async def backfill_indexes(self, limit: int) -> bool:
-        # Once done, each call still sweeps a page (records a replica of the earlier version wrote during
-        # a rolling upgrade are listed within one round of the sweep).
-        self._indexed = bool(await self._backfill(keys=[self.keys.sandboxes, self.keys.indexed], args=["", "", limit]))
+        # Once done, a call sweeps a page only while a replica of the earlier version writes around the
+        # indexes (a rolling upgrade: the script sees the counts drift from the indexes); else one digest.
+        self._indexed = bool(await self._backfill(keys=[self.keys.sandboxes, self.keys.indexed, self.keys.sweep,
+                                                        self.keys.count_state], args=["", "", limit]))
         return self._indexed
 
     # activity --------------------------------------------------------------

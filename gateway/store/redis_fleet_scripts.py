@@ -209,26 +209,59 @@ return out
 
 BACKFILL_INDEXES = _CURSOR + """
 -- KEYS[1] sandboxes index  KEYS[2] the 'indexed' marker: absent (not begun), 'p <score> <id>' (partial: the
--- cursor of the last entry done), 'd' or 'd <score> <id>' (done once; the sweep goes on from there)
+-- cursor of the last entry done), 'd' (done; no sweep under way), 'd <score> <id>' (done; a sweep round under way)
+-- KEYS[3] the sweep's hash: sig, the drift (below) its round began with or it went idle with; added, the
+--         entries its round under way listed  KEYS[4] count:state hash
 -- ARGV[1], ARGV[2] unused (the cursor comes from KEYS[2])  ARGV[3] how many idx entries at most
 -- returns 1 once every record of idx was listed in its state-and-pool index at least once, else 0.
--- Records written before these indexes existed (or by a replica of that version during a rolling upgrade)
--- are listed in them here, page by page, with idx's score; the sweep then keeps going round, a page per
--- call, so such a record is never missed for long. ZADD is idempotent, and entries only move forward
--- (activity is GT), so a (score, id) cursor passes none by.
+-- Records written before these indexes existed are listed in them here, page by page, with idx's score.
+-- After that, a replica of that version still running (a rolling upgrade) writes around the indexes, and only
+-- then is a sweep needed. Every script of this version keeps each count:state field equal to the size of its
+-- index, and their sum equal to idx's size; an earlier version's writes move the counts (or idx) but not the
+-- indexes. So the drift (a digest of those differences) is read on each call, and a sweep round runs from
+-- the start when it moved since the last round; a round after which it moved, or that listed anything, is
+-- followed by another; one that found all as it began leaves the sweep idle, at the cost of one digest a call.
+-- ZADD is idempotent, and entries only move forward (activity is GT), so a (score, id) cursor passes none by.
+-- The index keys are named here, from count:state's fields (same {prefix} hash tag: one slot, as restate).
+local base = string.sub(KEYS[1], 1, -4)  -- KEYS[1] is '<base>idx'
+local function drift()
+  local parts, total = {}, 0
+  local counts = redis.call('HGETALL', KEYS[4])
+  for i = 1, #counts, 2 do
+    local n = tonumber(counts[i + 1])
+    total = total + n
+    local off = n - redis.call('ZCARD', base .. 'ix:' .. counts[i])
+    if off ~= 0 then parts[#parts + 1] = counts[i] .. '=' .. off end
+  end
+  table.sort(parts)
+  parts[#parts + 1] = tostring(redis.call('ZCARD', KEYS[1]) - total)
+  return redis.sha1hex(table.concat(parts, ' '))
+end
 local mark = redis.call('GET', KEYS[2]) or 'p'
 local done = string.sub(mark, 1, 1) == 'd'
+if mark == 'd' then
+  local now = drift()
+  if redis.call('HGET', KEYS[3], 'sig') == now then return 1 end  -- nothing written around the indexes
+  redis.call('HSET', KEYS[3], 'sig', now, 'added', 0)  -- a round, from the start
+end
 local at, id = string.match(mark, '^%a (%S+) (.*)$')
 ARGV[1], ARGV[2] = at or '', id or ''
 local start = start_after(KEYS[1])
 local entries = redis.call('ZRANGE', KEYS[1], start, start + tonumber(ARGV[3]) - 1, 'WITHSCORES')
-local base = string.sub(KEYS[1], 1, -4)  -- KEYS[1] is '<base>idx'
+local added = 0
 for i = 1, #entries, 2 do
   local h = redis.call('HMGET', base .. 's:' .. entries[i], 's', 'p')
-  if h[1] and h[2] then redis.call('ZADD', base .. 'ix:' .. h[1] .. ':' .. h[2], entries[i + 1], entries[i]) end
+  if h[1] and h[2] then
+    added = added + redis.call('ZADD', base .. 'ix:' .. h[1] .. ':' .. h[2], entries[i + 1], entries[i])
+  end
 end
+added = redis.call('HINCRBY', KEYS[3], 'added', added)
 if #entries < 2 * tonumber(ARGV[3]) then
-  redis.call('SET', KEYS[2], 'd')  -- round: from the start again
+  -- the backfill or a round is complete: idle only when it found everything listed and nothing moved meanwhile
+  local now = drift()
+  if not (done and added == 0 and redis.call('HGET', KEYS[3], 'sig') == now) then now = '' end
+  redis.call('HSET', KEYS[3], 'sig', now, 'added', 0)
+  redis.call('SET', KEYS[2], 'd')
   return 1
 end
 local state = 'p'

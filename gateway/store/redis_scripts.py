@@ -40,12 +40,12 @@ class RedisKeys:
     """Every key and channel name of one installation (the table is in ``gateway.store.redis``)."""
 
     __slots__ = ("_base", "session_seen", "sandboxes", "count_pool", "count_org", "count_state", "count_sessions",
-                 "settled", "invalidate", "epoch", "indexed")
+                 "settled", "invalidate", "epoch", "indexed", "sweep")
 
     # Fixed parts of the variable keys; kept prefix-free (tests check it). Short on purpose:
     # a key name is paid for once per session or sandbox.
     VARIABLE = ("b:", "s:", "streams:", "replica:", "lease:", "ix:")
-    FIXED = ("seen", "idx", "count:pool", "count:org", "count:state", "count:sessions", "epoch", "indexed")
+    FIXED = ("seen", "idx", "count:pool", "count:org", "count:state", "count:sessions", "epoch", "indexed", "sweep")
 
     def __init__(self, prefix: str) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
@@ -61,6 +61,7 @@ class RedisKeys:
         self.invalidate = self._base + "invalidate"
         self.epoch = self._base + "epoch"
         self.indexed = self._base + "indexed"
+        self.sweep = self._base + "sweep"
 
     def binding(self, session_id: str) -> str:
         return self._base + "b:" + session_id
@@ -94,6 +95,14 @@ end
 -- forget the record, keep the sessions bound to the sandbox (the key goes with its last field)
 local function drop_record(sandbox_key)
   redis.call('HDEL', sandbox_key, unpack(RECORD))
+end
+-- true when a lease deadline (a record's 'l') is one of ARGV[first..], the deadlines a caller may hold
+local function held(deadline, first)
+  local at = tonumber(deadline or '0')
+  for i = first, #ARGV do
+    if tonumber(ARGV[i]) == at then return true end
+  end
+  return false
 end
 local function uncount(key, field)
   if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
@@ -312,10 +321,20 @@ MARK_READY = _HELPERS + """
 -- ARGV[4] invalidate channel  ARGV[5] invalidate message (published after a resume: the endpoint may be new)
 -- ARGV[6] now: becoming ready is activity (a creation or wake that took longer than an idle timeout, or a
 --         record suspended long ago, is not idle the moment it is ready)
+-- ARGV[7] '1' when the caller holds a lease to check (absent: none), ARGV[8..] the lease deadlines it may hold:
+--         the record must be creating or resuming under one of them (the fence: a holder whose lease was
+--         taken over completes nothing)
 -- returns the ready record's view and then the state it came from; false (nil) when there is no record
--- to complete (none, suspended, or being deleted)
-local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'g')
-if not cur[1] or cur[1] == 'suspending' or cur[1] == 'suspended' or cur[1] == 'deleting' then return false end
+-- to complete (none; without a lease to check also suspending, suspended, or being deleted); 0 when the
+-- record is not reserved under a deadline the caller holds (nothing changed)
+local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'g', 'l')
+if not cur[1] then return false end
+if #ARGV > 6 then
+  if cur[1] ~= 'creating' and cur[1] ~= 'resuming' then return 0 end
+  if not held(cur[4], 8) then return 0 end
+elseif cur[1] == 'suspending' or cur[1] == 'suspended' or cur[1] == 'deleting' then
+  return false
+end
 redis.call('HSET', KEYS[1], 's', 'ready', 'e', ARGV[2], 'l', '0')
 redis.call('ZADD', KEYS[2], 'GT', ARGV[6], ARGV[1])
 restate(KEYS[3], cur[2], cur[1], 'ready', KEYS[2], ARGV[1])
@@ -333,6 +352,8 @@ RELEASE_SANDBOX = _HELPERS + """
 -- ARGV[4] invalidate channel  ARGV[5] invalidate message
 -- ARGV[6] only this endpoint ('' = any): release a ready record only while it still has that endpoint
 -- ARGV[7] now: a binding folded into this hash is listed in seen from now (it outlived its sandbox)
+-- ARGV[8] '1' when the caller undoes its own reservation (absent: any record), ARGV[9..] the lease deadlines
+--         it may hold: only a record creating under one of them is released (else 0, nobody woken)
 -- returns the removed record's view; false (nil) when there was no record (waiters are woken either way);
 --         with ARGV[6] (nothing changed, nobody woken): 0 when the record does not match, -1 when there is none
 local found = view(KEYS[1], KEYS[2], ARGV[1])
@@ -340,6 +361,7 @@ if ARGV[6] ~= '' then
   if not found then return -1 end
   if not (found[1] == 'ready' and found[5] == ARGV[6]) then return 0 end
 end
+if ARGV[8] == '1' and not (found and found[1] == 'creating' and held(found[6], 9)) then return 0 end
 if found then
   release(found, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], ARGV[1])
   local folded = folded_session(KEYS[1])
@@ -370,15 +392,16 @@ redis.call('PUBLISH', ARGV[3], ARGV[4])
 return view(KEYS[1], KEYS[2], ARGV[1])
 """
 
-EXTEND_LEASE = """
+EXTEND_LEASE = _HELPERS + """
 -- KEYS[1] sandbox hash
--- ARGV[1] the lease deadline the caller holds  ARGV[2] the new deadline
--- returns 1 when the record is creating, suspending, resuming or deleting under that very deadline (now ARGV[2]);
+-- ARGV[1] the new deadline  ARGV[2..] the deadlines the caller may hold (its last confirmed one, and those
+--         of renewals whose answer was lost: they may have run)
+-- returns 1 when the record is creating, suspending, resuming or deleting under one of them (now ARGV[1]);
 -- 0 when the caller holds it no more (settled, released, or taken over: a takeover writes a new deadline)
 local cur = redis.call('HMGET', KEYS[1], 's', 'l')
 if cur[1] ~= 'creating' and cur[1] ~= 'suspending' and cur[1] ~= 'resuming' and cur[1] ~= 'deleting' then return 0 end
-if tonumber(cur[2] or '0') ~= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'l', ARGV[2])
+if not held(cur[2], 2) then return 0 end
+redis.call('HSET', KEYS[1], 'l', ARGV[1])
 return 1
 """
 
@@ -387,9 +410,12 @@ MARK_SUSPENDED = _HELPERS + """
 -- KEYS[5] count:state hash
 -- ARGV[1] sandbox id  ARGV[2] now (the new last activity: retention counts from it)  ARGV[3] error ('' = none)
 -- ARGV[4] settled channel  ARGV[5] invalidate channel  ARGV[6] invalidate message
--- returns the suspended record's view; false (nil) unless it was suspending or resuming (nothing changed)
-local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'o', 'g')
+-- ARGV[7] '1' when the caller holds a lease to check (absent: none), ARGV[8..] the lease deadlines it may hold
+-- returns the suspended record's view; false (nil) unless it was suspending or resuming (under one of
+-- those deadlines, when given): nothing changed
+local cur = redis.call('HMGET', KEYS[1], 's', 'p', 'o', 'g', 'l')
 if cur[1] ~= 'suspending' and cur[1] ~= 'resuming' then return false end
+if ARGV[7] == '1' and not held(cur[5], 8) then return false end
 to_suspended(cur, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2])
 redis.call('PUBLISH', ARGV[4], cjson.encode({id = ARGV[1], gen = cur[4] or '', state = 'suspended', error = ARGV[3]}))
 redis.call('PUBLISH', ARGV[5], ARGV[6])

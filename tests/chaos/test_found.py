@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway.model import ManagedSandbox
 from gateway.providers.base import ManagedPage, PoolProviders
-from gateway.providers.local import _FileLock
+from gateway.providers._locks import FileLock
 from gateway.sessions import SessionRouter
 from gateway.store.memory import MemoryStore
 from routing import Identity, parse_policy
@@ -112,11 +112,11 @@ async def test_a_lock_whose_file_a_delete_removed_is_taken_again(tmp_path: Path)
     once. (The chaos run saw the neighbouring race: the directory removed between the waiter's mkdir
     and its open, and the create failing with FileNotFoundError, a 503 for a live session.)"""
     lock = tmp_path / "ses-x" / "lock"
-    deleting = _FileLock(lock)
+    deleting = FileLock(lock)
     await deleting.__aenter__()
-    waiter = _FileLock(lock)
+    waiter = FileLock(lock)
     waiting = asyncio.create_task(waiter.__aenter__())
-    await asyncio.sleep(0)  # the waiter opens the lock file and blocks on it (in a thread)
+    await asyncio.sleep(0)  # the waiter opens the lock file and finds it taken (it tries again later)
     shutil.rmtree(lock.parent)  # what LocalProvider.delete does under the lock
     await deleting.__aexit__()
     await waiting
