@@ -325,8 +325,8 @@ class Gateway:
         if grpc_sock is not None:
             front = self.grpc_front = GrpcFront(
                 self.router, self.settings, authenticator=self.authenticator, limits=plane.limits,
-                metrics=GrpcMetrics(self.metrics.registry), access=self._access, admission=plane.admission,
-                tracer=plane.tracer, gate=gate("grpc"))
+                metrics=GrpcMetrics(self.metrics.registry, batching=self.metrics), access=self._access,
+                admission=plane.admission, tracer=plane.tracer, gate=gate("grpc"))
             await front.start(grpc_sock)
             self.grpc_address = front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,

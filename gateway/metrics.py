@@ -288,15 +288,21 @@ class RequestMetrics:
                 children = self._series[key] = (m.requests.labels(pool, protocol, status_class(status)),
                                                 m.request_duration.labels(pool, protocol))
             children[0].inc(count)
-            histogram = children[1]
-            if hasattr(histogram, "_buckets") and hasattr(histogram, "_sum"):
-                # prometheus-client has no bulk observe: add to the child's bucket and sum values as
-                # observe() does, n at a time (in multiprocess mode these are the mmapped values).
-                histogram._sum.inc(total)
-                for index, n in enumerate(buckets):
-                    if n:
-                        histogram._buckets[index].inc(n)
-            else:  # a prometheus-client without those internals: the buckets stay exact, the sum approximate
-                for bound, n in zip(self._bounds, buckets):
-                    for _ in range(n):
-                        histogram.observe(min(bound, total / count))
+            observe_many(children[1], self._bounds, count, total, buckets)
+
+
+def observe_many(histogram: Any, bounds: tuple[float, ...], count: int, total: float, buckets: list[int]) -> None:
+    """Add ``count`` observations to a histogram child at once: their ``total``, and how many fell in each of
+    ``bounds`` (``buckets[i]``: those whose first bound >= them is ``bounds[i]``, as ``observe`` places them;
+    ``bisect_left(bounds, value)``)."""
+    if hasattr(histogram, "_buckets") and hasattr(histogram, "_sum"):
+        # prometheus-client has no bulk observe: add to the child's bucket and sum values as
+        # observe() does, n at a time (in multiprocess mode these are the mmapped values).
+        histogram._sum.inc(total)
+        for index, n in enumerate(buckets):
+            if n:
+                histogram._buckets[index].inc(n)
+    else:  # a prometheus-client without those internals: the buckets stay exact, the sum approximate
+        for bound, n in zip(bounds, buckets):
+            for _ in range(n):
+                histogram.observe(min(bound, total / count))

@@ -128,6 +128,14 @@ async def test_sandboxes_run_as_distinct_non_root_users(stack):
         assert box_of(stack, (await stack.session("s1"))["sandbox_id"]).joinpath("root").stat().st_uid == alice_uid
 
 
+async def test_a_sandbox_runs_below_the_gateways_cpu_priority_and_cannot_raise_it(stack):
+    """A sandbox's CPU (a hundred runtimes starting in a wake storm, a busy loop) yields to the gateway's
+    loop, which serves every tenant and renews the wakes' leases (nice 10 against the gateway's 0)."""
+    seen = await stack.run("alice", "s1", "nice; nice -n -10 nice")
+    assert seen["stdout"].split() == [str(LIMITS.nice), str(LIMITS.nice)], seen  # the second is refused
+    assert os.nice(0) == 0
+
+
 async def test_a_sandbox_reaches_neither_another_runtime_nor_the_gateway(stack):
     await stack.run("alice", "s1", "true")
     alice_socket = (await stack.session("s1"))["endpoint"].removeprefix("unix:")

@@ -82,6 +82,10 @@ class Limits:
     # 512 x 4096 = 2 million, two sandboxes' worth of a 24 GiB host's file-max of 2.4 million).
     processes: int = 128
     open_files: int = 1024
+    # CPU priority below the gateway's (nice 0): a sandbox's work, or a hundred runtimes starting at once
+    # in a wake storm, never starves the loop that serves every tenant and renews the wakes' leases.
+    # A sandbox cannot raise it back (no CAP_SYS_NICE, RLIMIT_NICE 0).
+    nice: int = 10
 
 
 #: What a running local sandbox is reckoned to take of the host's memory for the default cap: an idle runtime
@@ -126,7 +130,7 @@ class Unconfined:
         root = box / "root"
         root.mkdir(parents=True, exist_ok=True)
         # No RLIMIT_NPROC here: it would count every process of the gateway's user.
-        return Launch(["prlimit", f"--nofile={self._limits.open_files}", "--",
+        return Launch(["nice", "-n", str(self._limits.nice), "prlimit", f"--nofile={self._limits.open_files}", "--",
             self._python, "-m", "gateway.runtime", "--listen-fd", str(LISTEN_FD), "--grpc-fd", str(GRPC_FD),
             "--root", str(root),
             "--sandbox-id", sandbox_id], [])
@@ -402,7 +406,7 @@ class _View:
 
 
 def _prlimit(limits: Limits, *, address_space: bool) -> list[str]:
-    argv = ["prlimit", f"--nproc={limits.processes}", f"--nofile={limits.open_files}"]
+    argv = ["nice", "-n", str(limits.nice), "prlimit", f"--nproc={limits.processes}", f"--nofile={limits.open_files}"]
     if address_space:
         argv.append(f"--as={limits.memory_bytes}")
     return [*argv, "--"]
