@@ -127,13 +127,14 @@ def start_sandbox(kind: str) -> tuple[subprocess.Popen[str], int]:
     return proc, int(proc.stdout.readline())
 
 
-def start_gateway(workdir: Path, sandbox_port: int, checkout: Path | None = None
-                  ) -> tuple[subprocess.Popen[bytes], str, int]:
+def start_gateway(workdir: Path, sandbox_port: int, checkout: Path | None = None, prefix: tuple[str, ...] = (),
+                  wait: float = 60) -> tuple[subprocess.Popen[bytes], str, int]:
     """A whole ``serve`` with its access log on (as served by default), its stderr to a file in ``workdir``.
 
     To a file, not a pipe this process drains: the drain would run in the client's process and count
     as the client's CPU in the gateway's runs. ``checkout``: the gateway package is that directory's
-    (first on the path), else the interpreter's installed one.
+    (first on the path), else the interpreter's installed one. ``prefix``: a command it runs under
+    (valgrind, grpc_instructions.py), ``wait`` seconds at most for it to serve.
     """
     workdir.mkdir(exist_ok=True)
     env = dict(os.environ)
@@ -145,17 +146,19 @@ def start_gateway(workdir: Path, sandbox_port: int, checkout: Path | None = None
                       f"  shared: {{provider: static, upstreams: ['http://127.0.0.1:9'], grpc_port: {sandbox_port}}}\n")
     log = workdir / "serve.log"
     with open(log, "wb") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--data-port", "0", "--control-port",
-                                 "0", "--grpc-port", "0", "--policy", str(policy), "--log-format", "text"],
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "gateway.cli", "serve", "--data-port", "0",
+                                 "--control-port", "0", "--grpc-port", "0", "--policy", str(policy), "--log-format",
+                                 "text"],
                                 cwd=workdir, stderr=stderr, env=env)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + wait
     while proc.poll() is None and time.monotonic() < deadline:
         match = re.search(r"gRPC front \(worker \d+\): h2c://(\S+):(\d+)", log.read_text(errors="replace"))
         if match:
             return proc, match.group(1), int(match.group(2))
         time.sleep(0.05)
     proc.kill()
-    raise RuntimeError(f"the gateway did not serve gRPC within 60 s:\n{log.read_text(errors='replace')[-2000:]}")
+    raise RuntimeError(f"the gateway did not serve gRPC within {wait:g} s:\n"
+                       f"{log.read_text(errors='replace')[-2000:]}")
 
 
 async def unary_calls(host: str, port: int, concurrency: int, duration: float) -> tuple[int, float]:
@@ -184,16 +187,22 @@ async def unary_calls(host: str, port: int, concurrency: int, duration: float) -
     return done, elapsed
 
 
+def h2load_command(workdir: Path, host: str, port: int, concurrency: int) -> list[str]:
+    """h2load on one connection, ``concurrency`` unary calls in flight; its options for how many go after the
+    first two words."""
+    request = workdir / "unary.bin"
+    request.write_bytes(b"\0" + len(PAYLOAD).to_bytes(4, "big") + PAYLOAD)
+    return [H2LOAD or "h2load", "-c1", f"-m{concurrency}", "-d", str(request), "-H", "content-type: application/grpc",
+            "-H", "te: trailers", *(arg for name, value in IDENT.items() for arg in ("-H", f"{name}: {value}")),
+            f"http://{host}:{port}/test.Echo/Unary"]
+
+
 def h2load_calls(workdir: Path, host: str, port: int, concurrency: int, duration: float) -> tuple[int, float, float]:
     """h2load, one connection with ``concurrency`` streams, for ``duration`` seconds: calls done, the seconds
     they took and their median latency (ms, from h2load's per-request log). 200 calls before, unmetered
     by h2load's own clock (the meter around this sees them: a few ms of CPU in seconds)."""
-    request = workdir / "unary.bin"
-    request.write_bytes(b"\0" + len(PAYLOAD).to_bytes(4, "big") + PAYLOAD)
     log = workdir / "h2load.log"
-    command = [H2LOAD or "h2load", "-c1", f"-m{concurrency}", "-d", str(request), "-H", "content-type: application/grpc",
-               "-H", "te: trailers", *(arg for name, value in IDENT.items() for arg in ("-H", f"{name}: {value}")),
-               f"http://{host}:{port}/test.Echo/Unary"]
+    command = h2load_command(workdir, host, port, concurrency)
     subprocess.run([*command[:2], "-n200", *command[2:]], check=True, capture_output=True)
     done = subprocess.run([*command[:2], "-D", f"{duration:g}", "--log-file", str(log), *command[2:]],
                           check=True, capture_output=True, text=True)

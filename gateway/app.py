@@ -317,7 +317,8 @@ class Gateway:
         plane = self.data_plane = DataPlane(
             self.router, options, on_request=self._on_request, authenticator=self.authenticator,
             limits=self._org_limits(undo), compat=self.compat if self.compat is not None else NoRouterHeaders(),
-            keys=self._preview_keys(), hosts=self.allowed_hosts, gate=gate("data"), tracer=self._tracer(undo))
+            keys=self._preview_keys(), hosts=self.allowed_hosts, gate=gate("data"), tracer=self._tracer(undo),
+            on_heads_overdue=self.metrics.heads_overdue)
         self.router.view.subscribe(plane.policy_replaced)  # its request timeouts, now and at every reload
         self.metrics.add_fold(self._live_gauges)  # exact at a scrape, not up to 5 s behind
         await plane.start(data_sock)
@@ -325,8 +326,8 @@ class Gateway:
         if grpc_sock is not None:
             front = self.grpc_front = GrpcFront(
                 self.router, self.settings, authenticator=self.authenticator, limits=plane.limits,
-                metrics=GrpcMetrics(self.metrics.registry), access=self._access, admission=plane.admission,
-                tracer=plane.tracer, gate=gate("grpc"))
+                metrics=GrpcMetrics(self.metrics.registry, batching=self.metrics), access=self._access,
+                admission=plane.admission, tracer=plane.tracer, gate=gate("grpc"))
             await front.start(grpc_sock)
             self.grpc_address = front.address
         control = create_control_app(self.router, self.readiness, self.metrics, self.admin,

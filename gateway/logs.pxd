@@ -1,4 +1,5 @@
 # The compiled build's declarations for logs.py (gateway/_compiled.py).
+cimport cython
 from gateway.proxy._exchange cimport RequestLog
 
 cdef class AccessLog:
@@ -6,8 +7,11 @@ cdef class AccessLog:
     cdef public bint _json, keep_query
     cdef public list _pending
     cdef public Py_ssize_t _max_pending
-    cdef public dict _quoted, _whos
+    cdef public dict _quoted, _whos, _whats
     cdef public long long _second, _milli
     cdef public str _stamp, _ts
     cpdef log(self, RequestLog entry)
     cpdef flush(self)
+
+@cython.locals(hundredths=cython.longlong)
+cdef str _ms(double seconds)

@@ -13,6 +13,7 @@ import logging
 import re
 import sys
 import time
+from time import time as _time
 from typing import Any
 
 from aiohttp.http_exceptions import HttpProcessingError
@@ -91,6 +92,7 @@ class AccessLog:
         self._max_pending = max_pending
         self._quoted: dict[str | None, str] = {None: "null" if json_lines else "-"}
         self._whos: dict[tuple[str | None, ...], str] = {}  # (session, org, sandbox, pool) -> their fields
+        self._whats: dict[tuple[str, str, int], str] = {}  # (method, target, status) -> their fields
         self._second = -1
         self._stamp = ""
         self._milli = -1
@@ -122,13 +124,26 @@ class AccessLog:
         self._whos[key] = who
         return who
 
-    def log(self, entry: Any) -> None:
-        """``entry`` is a ``gateway.proxy.RequestLog`` (the gRPC front's calls are logged as one too)."""
-        now = time.time()
-        path = entry.target
+    def _what(self, key: tuple[str, str, int]) -> str:
+        """The method, path and status fields of a line (they repeat too: formatted once each)."""
+        if len(self._whats) > 4096:
+            self._whats = {}
+        method, path, status = key
         if not self.keep_query:
             path = path.partition("?")[0]
-        path = self._quoted.get(path) or self._quote(path)
+        path = self._quote(path)
+        if self._json:
+            what = f'"msg":"{method} {path[1:-1]} {status}","method":"{method}","path":{path},"status":{status}'
+        else:
+            what = f"{method} {path} {status}"
+        self._whats[key] = what
+        return what
+
+    def log(self, entry: Any) -> None:
+        """``entry`` is a ``gateway.proxy.RequestLog`` (the gRPC front's calls are logged as one too)."""
+        now = _time()
+        key = (entry.method, entry.target, entry.status)
+        what = self._whats.get(key) or self._what(key)
         key = (entry.session_id, entry.org_id, entry.sandbox_id, entry.pool)
         who = self._whos.get(key) or self._who(key)
         upstream = entry.upstream
@@ -137,12 +152,10 @@ class AccessLog:
             milli = int(now * 1000)
             if milli != self._milli:  # many lines share a millisecond under load: format its stamp once
                 self._milli, self._ts = milli, f"{now:.3f}"
-            up = "null" if upstream is None else f"{upstream * 1000:.2f}"
+            up = "null" if upstream is None else _ms(upstream)
             error = "null" if code is None else f'"{code}"'
-            line = (f'{{"ts":{self._ts},"level":"info","logger":"{ACCESS_LOGGER}","msg":"{entry.method} '
-                    f'{path[1:-1]} {entry.status}","method":"{entry.method}",'
-                    f'"path":{path},"status":{entry.status},"bytes_in":{entry.bytes_in},'
-                    f'"bytes_out":{entry.bytes_out},"duration_ms":{entry.duration * 1000:.2f},"upstream_ms":{up},'
+            line = (f'{{"ts":{self._ts},"level":"info","logger":"{ACCESS_LOGGER}",{what},"bytes_in":{entry.bytes_in},'
+                    f'"bytes_out":{entry.bytes_out},"duration_ms":{_ms(entry.duration)},"upstream_ms":{up},'
                     f'"request_id":"{entry.request_id}",{who},"protocol":"{entry.protocol}","error":{error}}}')
             if entry.trace_id is not None:
                 line = f'{line[:-1]},"trace_id":"{entry.trace_id}"}}'
@@ -151,11 +164,10 @@ class AccessLog:
             second = int(now)
             if second != self._second:
                 self._second, self._stamp = second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
-            up = "-" if upstream is None else f"{upstream * 1000:.2f}"
-            line = (f"{self._stamp} INFO    {ACCESS_LOGGER}: {entry.method} {path} {entry.status} "
-                    f"bytes_in={entry.bytes_in} bytes_out={entry.bytes_out} duration_ms={entry.duration * 1000:.2f} "
-                    f"upstream_ms={up} request_id={entry.request_id} {who} protocol={entry.protocol} "
-                    f"error={code or '-'}")
+            up = "-" if upstream is None else _ms(upstream)
+            line = (f"{self._stamp} INFO    {ACCESS_LOGGER}: {what} bytes_in={entry.bytes_in} "
+                    f"bytes_out={entry.bytes_out} duration_ms={_ms(entry.duration)} upstream_ms={up} "
+                    f"request_id={entry.request_id} {who} protocol={entry.protocol} error={code or '-'}")
             if entry.trace_id is not None:
                 line = f"{line} trace_id={entry.trace_id}"
         pending = self._pending
@@ -171,6 +183,13 @@ class AccessLog:
                 self._stream.flush()
             except (OSError, ValueError):  # stderr closed or gone: access lines are not worth a crash
                 pass
+
+
+def _ms(seconds: float) -> str:
+    """Seconds as milliseconds with two decimals (``1.23``): ``f"{seconds * 1000:.2f}"`` with halves
+    rounded up, and no float formatting (compiled: C integers, about a tenth of the cost)."""
+    hundredths = int(seconds * 100000.0 + 0.5) if seconds > 0.0 else 0
+    return f"{hundredths // 100}.{hundredths % 100:02d}"
 
 
 # Written without escaping: printable ASCII but space, quote and backslash.

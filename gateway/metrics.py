@@ -83,6 +83,9 @@ class Metrics:
         self.connections_shed = Counter(
             "sgw_connections_shed_total", "Idle connections closed at a full listener to admit a connection from an "
             "address holding fewer (gateway/gate.py), by listener (data, grpc)", ["listener"], registry=r)
+        self.head_timeouts = Counter(
+            "sgw_head_timeouts_total", "Data-plane client connections closed for no complete request head within "
+            "header_read_timeout (a slowloris, or a connection that never sent one)", registry=r)
         self.reaps = Counter("sgw_reaps_total", "Sandboxes destroyed by reason", ["reason"], registry=r)
         self.sweeps = Counter("sgw_orphan_sweeps_total", "Orphaned provider objects deleted", ["reason"], registry=r)
         self.reap_rate = Gauge("sgw_reap_rate", "Sandboxes the last reaper pass that found work acted on (destroyed or "
@@ -186,6 +189,9 @@ class Metrics:
     def connection_shed(self, listener: str) -> None:
         self.connections_shed.labels(listener).inc()
 
+    def heads_overdue(self, count: int) -> None:
+        self.head_timeouts.inc(count)
+
     def reaped(self, reason: str) -> None:
         if reason == "orphan":
             self.sweeps.labels("no_store_record").inc()
@@ -288,15 +294,21 @@ class RequestMetrics:
                 children = self._series[key] = (m.requests.labels(pool, protocol, status_class(status)),
                                                 m.request_duration.labels(pool, protocol))
             children[0].inc(count)
-            histogram = children[1]
-            if hasattr(histogram, "_buckets") and hasattr(histogram, "_sum"):
-                # prometheus-client has no bulk observe: add to the child's bucket and sum values as
-                # observe() does, n at a time (in multiprocess mode these are the mmapped values).
-                histogram._sum.inc(total)
-                for index, n in enumerate(buckets):
-                    if n:
-                        histogram._buckets[index].inc(n)
-            else:  # a prometheus-client without those internals: the buckets stay exact, the sum approximate
-                for bound, n in zip(self._bounds, buckets):
-                    for _ in range(n):
-                        histogram.observe(min(bound, total / count))
+            observe_many(children[1], self._bounds, count, total, buckets)
+
+
+def observe_many(histogram: Any, bounds: tuple[float, ...], count: int, total: float, buckets: list[int]) -> None:
+    """Add ``count`` observations to a histogram child at once: their ``total``, and how many fell in each of
+    ``bounds`` (``buckets[i]``: those whose first bound >= them is ``bounds[i]``, as ``observe`` places them;
+    ``bisect_left(bounds, value)``)."""
+    if hasattr(histogram, "_buckets") and hasattr(histogram, "_sum"):
+        # prometheus-client has no bulk observe: add to the child's bucket and sum values as
+        # observe() does, n at a time (in multiprocess mode these are the mmapped values).
+        histogram._sum.inc(total)
+        for index, n in enumerate(buckets):
+            if n:
+                histogram._buckets[index].inc(n)
+    else:  # a prometheus-client without those internals: the buckets stay exact, the sum approximate
+        for bound, n in zip(bounds, buckets):
+            for _ in range(n):
+                histogram.observe(min(bound, total / count))

@@ -185,6 +185,18 @@ async def test_another_owner_gets_not_found(channels):
     assert got["status"] is Status.NOT_FOUND
 
 
+async def test_a_repeated_head_is_admitted_as_the_first(channels):
+    """Request heads are remembered per connection (Call._admit_headers): sent again on the same connection, a
+    head is read as the first time, an identity never taken for another's, a refused head refused again."""
+    _, front = channels
+    for _ in range(3):
+        alice = await run_call(front, "/test.Echo/Unary", UNARY, [b"x"], metadata=ident("s8", "alice"))
+        mallory = await run_call(front, "/test.Echo/Unary", UNARY, [b"x"], metadata=ident("s8", "mallory"))
+        nobody = await run_call(front, "/test.Echo/Unary", UNARY, [b"x"], metadata={"x-custom": "1"})
+        assert (alice["status"], mallory["status"], nobody["status"]) == (Status.OK, Status.NOT_FOUND,
+                                                                          Status.UNAUTHENTICATED)
+
+
 async def test_two_sessions_never_cross(tmp_path):
     """Two sandboxes on two hosts: every call reaches its own session's sandbox, told its own ID."""
     async with echo_server("127.0.0.1", name="a") as (a, port):

@@ -10,6 +10,8 @@ the setting that fired and how to raise it.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from tests.proxy_helpers import (
     FakeResolver,
     backend,
     echo_headers,
+    eventually,
     identity_headers,
     listening_socket,
     raw_client,
@@ -212,3 +215,49 @@ async def test_the_data_plane_follows_the_policy_and_its_reloads(tmp_path: Path)
         assert app.lifecycle.view is app.router.view  # one view: the reaper reads the reloaded pools too
     finally:
         await app.stop()
+
+
+# -- slow heads (slowloris): held between ticks, read a slice per loop turn, closed in slices -----------------
+
+async def test_a_slow_head_is_held_between_ticks_and_still_served(aiohttp_server, start_gateway) -> None:
+    """A head still incomplete SLOW_HEAD_AFTER after it began is not read at once any more: the connection
+    is paused (a slowloris's thousands of lines sent together would otherwise all be read in one loop turn)
+    and the tick wakes it each pass. A slow but honest client still gets its answer."""
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)), header_read_timeout=4.0)
+    async with raw_client(gw.port) as (reader, writer):
+        writer.write(b"GET /slow HTTP/1.1\r\nHost: gateway.test\r\nX-User-Id: u1\r\n")
+        await eventually(lambda: len(gw.plane.slow_heads) == 1)  # held by the tick, before its next line
+        client = next(iter(gw.plane.slow_heads))
+        seen = client.head_seen
+        writer.write(b"X-Session-Id: s1\r\n")
+        # Woken by the tick for a loop turn: the line is read, and the head, still slow, held again.
+        await eventually(lambda: client.head_seen > seen and client in gw.plane.slow_heads)
+        writer.write(b"\r\n")
+        response = await asyncio.wait_for(read_response(reader), 5)
+    assert response.status == 200 and json.loads(response.body)["raw_path"] == "/slow"
+    await eventually(lambda: not gw.plane.slow_heads)
+    assert gw.plane.heads_overdue == 0
+
+
+async def test_heads_past_their_deadline_together_are_closed_and_counted_in_one_line(
+        aiohttp_server, start_gateway, caplog) -> None:
+    """Connections opened together reach header_read_timeout in the same tick: all are closed (in slices of
+    SLICE a loop turn), counted, and logged in one line, not one line each."""
+    from gateway.proxy._plane import SLICE
+
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)), header_read_timeout=2.0)
+    n = SLICE + 20  # more than one slice
+    conns = []
+    for i in range(n):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        if i % 2:
+            writer.write(b"GET /slow HTTP/1.1\r\nHost: gateway.test\r\n")  # half a head; the others say nothing
+        conns.append((reader, writer))
+    with caplog.at_level(logging.INFO, logger="gateway.proxy"):
+        closed = await asyncio.wait_for(asyncio.gather(*(reader.read() for reader, _ in conns)), 10)
+    assert closed == [b""] * n and gw.plane.heads_overdue == n and not gw.plane.clients
+    lines = [r.getMessage() for r in caplog.records if "no complete request head" in r.getMessage()]
+    # Opened within a tick or two (0.5 s apart here): a line per tick, not one per connection.
+    assert 1 <= len(lines) <= 4 and sum(int(line.split()[1]) for line in lines) == n, lines
+    for _, writer in conns:
+        writer.close()

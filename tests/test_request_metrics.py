@@ -74,3 +74,39 @@ async def test_one_process_folds_at_the_scrape():
     metrics.route_cache(True)
     await asyncio.sleep(0)
     assert 'sgw_route_cache_total{result="hit"} 1.0' in metrics.exposition()[0].decode()
+
+
+async def test_grpc_calls_batched_equal_one_by_one_observation(tmp_path):
+    """The gRPC front's calls are batched as the data plane's requests are: per loop iteration with workers,
+    at the scrape alone; the open-calls gauge follows the calls begun and ended."""
+    from gateway.grpcfront.metrics import GrpcMetrics
+
+    metrics = Metrics(multiprocess_dir=str(tmp_path))
+    grpc = GrpcMetrics(metrics.registry, batching=metrics)
+    calls = [("/a.B/C", code, d) for code in (0, 5) for d in DURATIONS]
+    for _ in calls:
+        grpc.started()
+    for path, code, seconds in calls[:3]:
+        grpc.observe(path, code, seconds, 1, 2)
+    ok = {"method": "/a.B/C", "code": "OK"}
+    assert metrics.registry.get_sample_value("sgw_grpc_calls_total", ok) is None
+    await asyncio.sleep(0)  # one loop iteration: folded without a scrape
+    assert metrics.registry.get_sample_value("sgw_grpc_calls_total", ok) == 3.0
+    assert metrics.registry.get_sample_value("sgw_grpc_open_calls") == len(calls) - 3
+    metrics._multiprocess_dir = None  # the rest as one process: folded at the scrape
+    for path, code, seconds in calls[3:]:
+        grpc.observe(path, code, seconds, 1, 2)
+    got = metrics.exposition()[0].decode()
+    r = CollectorRegistry()
+    direct = GrpcMetrics(r)  # no batching: each call folded as it ends
+    for path, code, seconds in calls:
+        direct.started()
+        direct.observe(path, code, seconds, 1, 2)
+    want = generate_latest(r).decode()
+    for prefix in ("sgw_grpc_calls_total", "sgw_grpc_call_duration_seconds", "sgw_grpc_messages_total",
+                   "sgw_grpc_open_calls"):
+        got_samples, want_samples = samples(got, prefix), samples(want, prefix)
+        assert got_samples.keys() == want_samples.keys() and want_samples, prefix
+        for key, value in want_samples.items():
+            assert got_samples[key] == (pytest.approx(value, rel=1e-12) if "_sum{" in key else value), key
+    assert 'sgw_grpc_messages_total{direction="to_client"} 40.0' in got and "sgw_grpc_open_calls 0.0" in got

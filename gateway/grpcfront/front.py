@@ -57,6 +57,7 @@ class _ServerSide:
         self.connection: Connection | None = None
         self.ident_key: Credentials | None = None
         self.ident: Identity | None = None
+        self.heads: dict[tuple[tuple[bytes, bytes], ...], Any] = {}  # heads as read (Call._admit_headers)
 
     def connection_made(self, connection: Connection) -> None:
         front = self.front
@@ -163,7 +164,7 @@ class GrpcFront:
             call.side = "stopping"
         self.calls.add(call)
         if self.metrics is not None:
-            self.metrics.open_calls.inc()
+            self.metrics.started()
         call.task = call.down.conn.loop.create_task(call.run())
 
     def connection_failed(self, peer: str, code: int) -> None:
@@ -180,7 +181,6 @@ class GrpcFront:
         metrics = self.metrics
         duration = time.perf_counter() - call.t0
         if metrics is not None:
-            metrics.open_calls.dec()
             metrics.observe(call.path, call.status, duration, call.to_sandbox, call.to_client)
         if self.access is not None:
             self.access.log(call_log(call, f"{self._id_prefix}{next(self._ids):x}"))

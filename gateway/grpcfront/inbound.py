@@ -104,24 +104,23 @@ class FrameReader:
 
     def _read_frames(self) -> None:
         inbox = self._inbox
+        read_head = f.read_head
         pos = 0
         end = len(inbox)
         try:
             while end - pos >= 9 and not self.closed:
-                size = inbox[pos] << 16 | inbox[pos + 1] << 8 | inbox[pos + 2]
+                high, low, kind, flags, stream_id = read_head(inbox, pos)
+                size = high << 8 | low
                 if size > f.DEFAULT_FRAME_SIZE:
                     raise ConnectionFailure(f.FRAME_SIZE_ERROR, f"a frame of {size} bytes is over our "
                                                                 f"SETTINGS_MAX_FRAME_SIZE ({f.DEFAULT_FRAME_SIZE})")
                 stop = pos + 9 + size
                 if stop > end:
                     break
-                kind = inbox[pos + 3]
-                flags = inbox[pos + 4]
-                stream_id = int.from_bytes(inbox[pos + 5:pos + 9], "big") & f.STREAM_ID_MASK
                 payload = bytes(inbox[pos + 9:stop])
                 pos = stop
                 try:
-                    self._frame(kind, flags, stream_id, payload)
+                    self._frame(kind, flags, stream_id & f.STREAM_ID_MASK, payload)
                 except StreamFailure as failure:
                     self._stream_failed(failure)
         finally:

@@ -88,13 +88,25 @@ class Stream:
                 await self._wait_window()
                 continue
             last = offset + count == size
-            piece = data if count == size else data[offset:offset + count]
-            conn.write(f.frame(f.DATA, f.END_STREAM if end_stream and last else 0, self.id, piece))
-            self.send_window -= count
-            conn.send_window -= count
+            self.send_now(data if count == size else data[offset:offset + count], end_stream and last)
             offset += count
             if last:
-                break
+                return
+
+    def takes_now(self, size: int) -> bool:
+        """``size`` bytes can be sent at once, in one DATA frame (:meth:`send_now`)."""
+        conn = self.conn
+        return (not self.gone and not self.local_closed and not conn.write_paused
+                and size <= min(self.send_window, conn.send_window, conn.peer_max_frame))
+
+    def send_now(self, piece: bytes, end_stream: bool = False) -> None:
+        """Send ``piece`` as one DATA frame: where the windows and frame size take it (``send_data``'s pieces,
+        or what :meth:`takes_now` said fits)."""
+        conn = self.conn
+        conn.write(f.frame(f.DATA, f.END_STREAM if end_stream else 0, self.id, piece))
+        size = len(piece)
+        self.send_window -= size
+        conn.send_window -= size
         if end_stream:
             self._end_local()
 

@@ -29,7 +29,8 @@ from gateway.hosts import host_not_allowed
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
 from gateway.proxy._request import RequestReader, _BodyTooLarge, _HeadTooLarge
 from gateway.proxy._state import (
-    M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED, PAUSE_PIPELINE, PAUSE_WAIT,
+    M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED, PAUSE_PIPELINE, PAUSE_SLOW_HEAD,
+    PAUSE_WAIT, SLOW_HEAD_AFTER,
 )
 from gateway.proxy._wire import (
     CONTINUE_100, CRLF, H2_PREFACE, HTTP11_CRLF, SP, TE_CHUNKED, WS_UPGRADE, XFP_HTTP, body_length, declares_stream,
@@ -115,8 +116,16 @@ class DownstreamConnection(RequestReader):
                 except RuntimeError:  # uvloop: the upstream's transport closed; its connection_lost settles it
                     pass
             out.clear()
-        if self.mode & M_IN_HEAD and not self.head_seen:
+        if self.mode & M_IN_HEAD:
+            self._head_pending(data)
+
+    def _head_pending(self, data: bytes) -> None:
+        """A head is still incomplete after this read: count it from its first read; a slow one (a
+        slowloris) is paused until the tick wakes it (DataPlane.wake_slow_heads)."""
+        if not self.head_seen:
             self._head_begun(data)
+        elif self.slow_head():
+            self.hold_slow_head()
 
     def _unparsable(self, exc: HttpParserError, data: bytes) -> None:
         """The parser stopped in ``data``: a bound our callbacks enforce, or a malformed request."""
@@ -199,6 +208,8 @@ class DownstreamConnection(RequestReader):
     def connection_lost(self, exc: Exception | None) -> None:
         self.mode |= M_CLOSING
         plane = self.plane
+        if self.rpause & PAUSE_SLOW_HEAD:
+            plane.slow_heads.pop(self, None)
         if self not in plane.clients:
             return  # refused at connection_made: never counted
         plane.clients.discard(self)
@@ -601,15 +612,29 @@ class DownstreamConnection(RequestReader):
             self.rpause = 0
             transport.resume_reading()
 
-    def check_head_deadline(self, now: float, timeout: float) -> None:
-        """Called by the tick while a request head is awaited: close a connection that dawdles (slowloris)."""
+    def head_overdue(self, now: float, timeout: float) -> bool:
+        """Called by the tick while a request head is awaited: True when it dawdled past ``timeout``
+        (slowloris). The connection is then marked closing; the tick closes it (in slices, one log line)."""
         key = self.parsing if self.parsing is not None else self
         if self.head_key is not key:
             self.head_key = key
             self.head_at = self.idle_since if key is self else now
         if now - self.head_at > timeout and not self.mode & M_CLOSING:
-            log.info("closing a client connection: no complete request head within %gs", timeout)
-            self.close()
+            self.mode |= M_CLOSING
+            self.plane.gate.release(self.peer, self)  # its slot is free now, not when its slice closes it
+            return True
+        return False
+
+    def slow_head(self) -> bool:
+        """A head the tick has timed for more than SLOW_HEAD_AFTER, still incomplete, not yet held."""
+        return (self.mode & (M_IN_HEAD | M_CLOSING) == M_IN_HEAD and not self.rpause & PAUSE_SLOW_HEAD
+                and self.head_key is self.parsing and self.plane.now - self.head_at > SLOW_HEAD_AFTER)
+
+    def hold_slow_head(self) -> None:
+        """Stop reading a slow head until the tick wakes it: a slowloris's thousands of connections,
+        each sending a line at the same moment, are then read a slice per loop turn, not all in one."""
+        self.pause(PAUSE_SLOW_HEAD)
+        self.plane.slow_heads[self] = None
 
     def abort_connection(self) -> None:
         self.mode |= M_CLOSING

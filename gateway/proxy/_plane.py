@@ -23,7 +23,7 @@ from gateway.proxy._admission import Admission
 from gateway.proxy._downstream import DownstreamConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
 from gateway.proxy._keys import PreviewKeys
-from gateway.proxy._state import PAUSE_UPSTREAM, PlaneState, ignore_requests
+from gateway.proxy._state import PAUSE_SLOW_HEAD, PAUSE_UPSTREAM, PlaneState, ignore_requests
 from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
 from gateway.proxy._wire import RequestIds, declares_stream
 from routing import Identity
@@ -36,6 +36,7 @@ log = logging.getLogger("gateway.proxy")
 CLIENT_KEEPALIVE_TIMEOUT = 75.0   # an idle client connection is closed after this long (nginx's default)
 LONG_REQUEST_AFTER = 10.0         # an exchange open this long counts as a stream for the reaper
 WRITE_BUFFER_HIGH = 256 * 1024    # per transport; reading from the other side pauses above this
+SLICE = 128                       # client connections the tick closes or wakes per loop turn (<1 ms)
 EAGAIN_BACKOFF_CAP = 0.1          # the longest pause between connects to a Unix socket whose backlog is full
 
 
@@ -136,6 +137,7 @@ class DataPlane(PlaneState):
                  compat: RouterHeaders = NoRouterHeaders(),
                  keys: PreviewKeys | None = None,
                  gate: ConnectionGate | None = None,
+                 on_heads_overdue: Callable[[int], None] | None = None,
                  hosts: AllowedHosts = AllowedHosts(["*"]),
                  tracer: Any = None,
                  client_keepalive_timeout: float = CLIENT_KEEPALIVE_TIMEOUT,
@@ -164,6 +166,9 @@ class DataPlane(PlaneState):
         # kept in step with the policy by policy_replaced. Empty: no pool caps a request.
         self.request_timeouts: dict[str, float] = {}
         self.clients: set[DownstreamConnection] = set()
+        self.slow_heads: dict[DownstreamConnection, None] = {}
+        self.heads_overdue = 0  # connections closed for no complete head within header_read_timeout
+        self.on_heads_overdue = on_heads_overdue  # told each tick's count (the metric)
         self.gate = gate if gate is not None else ConnectionGate("data")  # unbounded unless given one
         self.inflight = 0
         self.pools: dict[tuple[str, int], UpstreamPool] = {}
@@ -346,6 +351,8 @@ class DataPlane(PlaneState):
         self.now = self.loop.time()
         try:
             self._check_deadlines(self.now)
+            if self.slow_heads:  # from the next loop turn on (uvloop runs timers before I/O, ready callbacks after)
+                self.loop.call_soon(self.wake_slow_heads, list(self.slow_heads), [], [])
         except Exception:
             log.exception("data plane housekeeping failed")
         finally:
@@ -359,27 +366,66 @@ class DataPlane(PlaneState):
         began_before = perf_counter() - self.long_request_after  # Exchange.t0 is on the perf_counter clock
         # Idle keep-alive clients are looked at one tick in eight.
         idle_before = now - self.client_keepalive_timeout if self._ticks % 8 == 0 else None
+        overdue: list[DownstreamConnection] = []
         for client in list(self.clients):
             ex = client.current
             if ex is None:
-                self._check_waiting_client(client, now, idle_before)
+                self._check_waiting_client(client, now, idle_before, overdue)
             elif not self._timed_out(client, ex, now) and not ex.stream and ex.state != DONE and began_before > ex.t0:
                 self.stream_began(ex)
+        if overdue:
+            self.heads_overdue += len(overdue)
+            if self.on_heads_overdue is not None:
+                self.on_heads_overdue(len(overdue))
+            log.info("closing %d client connection(s): no complete request head within %gs", len(overdue),
+                     self.options.header_read_timeout)
+            self.close_slices(overdue)
         keepalive = self.options.upstream_keepalive_timeout
         for pool in self.pools.values():
             if pool.idle:
                 pool.expire(now - keepalive)
 
-    def _check_waiting_client(self, client: DownstreamConnection, now: float, idle_before: float | None) -> None:
+    def _check_waiting_client(self, client: DownstreamConnection, now: float, idle_before: float | None,
+                              overdue: list[DownstreamConnection]) -> None:
         """A client with no request being served: a lingering close that is over, a head that dawdles
-        (slowloris), or a keep-alive connection idle past client_keepalive_timeout."""
+        (slowloris: added to ``overdue``), or a keep-alive connection idle past client_keepalive_timeout."""
         if client.linger_until:
             if now > client.linger_until:
                 client.close()
-        elif client.parsing is not None or client.last is None:
-            client.check_head_deadline(now, self.options.header_read_timeout)  # a head on its way (or not yet begun)
+        elif client.parsing is not None or client.last is None:  # a head on its way (or not yet begun)
+            if client.head_overdue(now, self.options.header_read_timeout):
+                overdue.append(client)
+            elif client.slow_head():  # held before its next line: a burst of them is then read in slices
+                client.hold_slow_head()
         elif idle_before is not None and client.idle_since < idle_before:
             client.close_if_idle()
+
+    def close_slices(self, clients: list[DownstreamConnection]) -> None:
+        """Close ``clients``, a slice per loop turn: connections opened together reach their head deadline
+        in the same tick, and thousands of closes in one turn would stall every other connection (and the
+        gRPC front, on the same loop) for tens of milliseconds."""
+        for client in clients[:SLICE]:
+            client.close()
+        if len(clients) > SLICE:
+            self.loop.call_soon(self.close_slices, clients[SLICE:])
+
+    def wake_slow_heads(self, todo: list[DownstreamConnection], woken: list[DownstreamConnection],
+                        before: list[DownstreamConnection]) -> None:
+        """Read each slow head (DownstreamConnection.hold_slow_head) once per tick, a slice per loop turn:
+        wake ``todo[:SLICE]``, and hold again those woken two turns ago (``before``) that read nothing
+        since: one turn is enough for uvloop (ready callbacks run before its poll), asyncio needs two. A
+        head completed meanwhile is not held again."""
+        for client in before:
+            if client.slow_head():
+                client.hold_slow_head()
+        held = self.slow_heads
+        batch = todo[:SLICE]
+        for client in batch:
+            if client in held:
+                del held[client]
+                client.resume(PAUSE_SLOW_HEAD)
+        if batch or woken:
+            self.loop.call_soon(self.wake_slow_heads, todo[SLICE:], batch, woken)
 
     def _timed_out(self, client: DownstreamConnection, ex: Exchange, now: float) -> bool:
         """True when ``ex`` was ended for taking too long: its response head past its deadline or

@@ -11,6 +11,7 @@ cdef class PlaneState:
     cdef public object max_body, ws_max_message
     cdef public dict request_timeouts, pools
     cdef public set clients
+    cdef public dict slow_heads
     cdef public object gate
     cdef public object admission, ids, loop, keys, compat, options, resolver, on_request, drained
     cdef public object hosts, tracer

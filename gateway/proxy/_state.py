@@ -46,6 +46,9 @@ PAUSE_UPSTREAM = 1   # the upstream's write buffer is full
 PAUSE_WAIT = 2       # no upstream attached yet (resolving, connecting, upgrading)
 PAUSE_PIPELINE = 4   # a pipelined request waits behind the current one
 PAUSE_DISCARD = 8    # M_DISCARD: never resumed
+PAUSE_SLOW_HEAD = 16  # a head still incomplete SLOW_HEAD_AFTER after it began: read once per tick (DataPlane)
+
+SLOW_HEAD_AFTER = 1.0  # seconds: a head taking longer is a slow one (a slowloris, or a very slow network)
 
 # ClientState.mode bits: anything set sends data_received down the slow path.
 M_TUNNEL = 1         # spliced to an upstream (WebSocket)
@@ -94,6 +97,7 @@ class PlaneState:
     request_timeouts: dict[str, float]
     pools: dict[tuple[str, int], UpstreamPool]
     clients: set[Any]
+    slow_heads: dict[Any, None]  # client connections paused in a slow head (PAUSE_SLOW_HEAD), woken by the tick
     gate: ConnectionGate        # this listener's connection bounds (gateway/gate.py)
     admission: Admission
     ids: RequestIds

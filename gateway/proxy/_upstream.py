@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
+from gateway._compiled import COMPILED
 from gateway.errors import UpstreamError
 from gateway.proxy._browser import PATH_MODE_HEADERS, private_to_caches, without_clear_site_data
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
 from gateway.proxy._wire import (
     CHUNK_END, CODING_CHUNKED, CODING_NONE, CODING_OTHER, CONN_CLOSE, CONN_KEEP_ALIVE, CRLF, HOP_BY_HOP,
-    IDEMPOTENT_METHODS, TE_CHUNKED, WS_UPGRADE, host_line, host_only_cookies, is_event_stream, rewrite_under_prefix,
-    strip_hop_by_hop, without_transfer_encoding,
+    IDEMPOTENT_METHODS, TE_CHUNKED, WS_UPGRADE, host_line, host_only_cookies, is_event_stream, plain_head,
+    rewrite_under_prefix, strip_hop_by_hop, without_transfer_encoding,
 )
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -394,6 +395,14 @@ class UpstreamConnection:
         raw = self.raw
         assert ex is not None and raw is not None
         pos = self.raw_pos
+        if COMPILED and ex.keyed is None:  # the common head, rewritten in one C scan (_wire.plain_head)
+            status = self.parser.get_status_code()
+            plain = plain_head(raw, pos, ex.request_id) if status >= 200 and self._passes_through(ex, status) else None
+            if plain is not None:
+                self.head_out, self.raw_pos = plain
+                self.framing, ex.state, ex.status = F_PASS, BODY, status
+                ex.upstream_time = perf_counter() - ex.sent_at
+                return
         while raw.startswith(b"\r\n", pos):
             pos += 2
         end = raw.find(b"\r\n\r\n", pos)

@@ -81,6 +81,113 @@ def strip_hop_by_hop(head: bytes, low: bytes, match: re.Match[bytes]) -> tuple[b
     return head, coding
 
 
+def plain_head(raw: bytes, pos: int, request_id: bytes) -> tuple[bytes, int] | None:
+    """A common response head rewritten in one pass over its bytes, for the compiled build (C indexing; as
+    Python it is correct but slow, so the pure build keeps the general rewrite): the head to send (its
+    X-Request-Id added) and where the body starts, when the rewrite would only take a single
+    ``Connection`` option line out of it; else None.
+
+    None, and so the general rewrite (``strip_hop_by_hop``, which this must agree with), for anything
+    else: a status line other than ``HTTP/1.1``, any other hop-by-hop line but Transfer-Encoding (kept,
+    as the rewrite keeps it), a second Connection line or one naming headers, the sandbox's own
+    X-Request-Id, an event stream, a control byte but tab in a line, a line that is not CRLF-ended."""
+    s = raw  # compiled: a char pointer
+    n = len(raw)
+    while pos + 1 < n and s[pos] == 13 and s[pos + 1] == 10:
+        pos += 2
+    if not _is(s, n, pos, b"HTTP/1.1 ", False):
+        return None
+    cut = resume = -1
+    line = pos  # the start of the line being read; the status line first
+    while True:
+        colon = _name_end(s, n, line)
+        end = _line_end(s, n, colon)
+        if end < 0:
+            return None
+        if end == line:  # the empty line: the head ends before it
+            break
+        verdict = _plain_line(s, n, line, colon, end) if line != pos else 0
+        if verdict < 0 or (verdict == 1 and cut >= 0):  # ... or a second Connection line
+            return None
+        if verdict == 1:
+            cut, resume = line - 2, end
+        line = end + 2
+    if cut < 0:
+        cut = resume = line - 2
+    return b"".join((raw[pos:cut], raw[resume:line - 2], b"\r\nX-Request-Id: ", request_id, b"\r\n\r\n")), line + 2
+
+
+def _name_end(s: bytes, n: int, i: int) -> int:
+    """Where a header name starting at ``i`` ends: its colon, or the control byte before one."""
+    while i < n:
+        c = s[i]
+        if c == 58 or c <= 13:
+            break
+        i += 1
+    return i
+
+
+def _line_end(s: bytes, n: int, i: int) -> int:
+    """Where the line containing ``i`` ends (its CR of CRLF), or -1 for a control byte but tab before it
+    or a CR without LF. One comparison a byte: letters and most punctuation are above CR."""
+    c = 0
+    while i < n:
+        c = s[i]
+        if c <= 13 and c != 9:
+            break
+        i += 1
+    return i if c == 13 and i + 1 < n and s[i + 1] == 10 else -1
+
+
+def _plain_line(s: bytes, n: int, start: int, colon: int, end: int) -> int:
+    """One header line (``s[start:end]``, name up to ``colon``) to :func:`plain_head`: 0 kept as it is,
+    1 a Connection line with only an option (taken out), -1 one the general rewrite must see."""
+    if colon >= end or s[colon] != 58:
+        return -1
+    size = colon - start
+    if size == 10 and _is(s, n, start, b"connection", True):
+        return _connection_option(s, n, colon + 1, end)
+    if size == 12 and _is(s, n, start, b"content-type", True):
+        i = colon + 1
+        while i + 12 <= end:  # "event-stream" anywhere in the value: the general rewrite's SSE check decides
+            if _is(s, n, i, b"event-stream", True):
+                return -1
+            i += 1
+        return 0
+    word = (b"te" if size == 2 else b"upgrade" if size == 7 else b"keep-alive" if size == 10
+            else b"x-request-id" if size == 12 else b"proxy-connection" if size == 16 else None)
+    return -1 if word is not None and _is(s, n, start, word, True) else 0  # Transfer-Encoding is kept
+
+
+def _connection_option(s: bytes, n: int, value: int, end: int) -> int:
+    """1 when the Connection value ``s[value:end]`` is one option (close, keep-alive, upgrade), else -1."""
+    while value < end and (s[value] == 32 or s[value] == 9):
+        value += 1
+    while end > value and (s[end - 1] == 32 or s[end - 1] == 9):
+        end -= 1
+    size = end - value
+    if ((size == 10 and _is(s, n, value, b"keep-alive", True)) or (size == 5 and _is(s, n, value, b"close", True))
+            or (size == 7 and _is(s, n, value, b"upgrade", True))):
+        return 1
+    return -1
+
+
+def _is(s: bytes, n: int, at: int, word: bytes, fold: bool) -> bool:
+    """``s[at:]`` (``n`` bytes long) starts with ``word`` (lower-case letters, digits, punctuation), ASCII
+    letters folded to lower case when ``fold``."""
+    size = len(word)
+    w = word  # compiled: a char pointer
+    if at + size > n:
+        return False
+    for k in range(size):
+        c = s[at + k]
+        if fold and 65 <= c <= 90:
+            c += 32
+        if c != w[k]:
+            return False
+    return True
+
+
 def is_event_stream(low: bytes) -> bool:
     """Content-Type: text/event-stream, in a lower-cased head."""
     return low.find(b"event-stream") >= 0 and _SSE_CONTENT_TYPE.search(low) is not None

@@ -1,0 +1,23 @@
+# The compiled build's declarations for _wire.py (gateway/_compiled.py): plain_head's scan as C indexing.
+cimport cython
+
+ctypedef const unsigned char *chars
+
+@cython.locals(s=chars, n=Py_ssize_t, cut=Py_ssize_t, resume=Py_ssize_t, line=Py_ssize_t, colon=Py_ssize_t,
+               end=Py_ssize_t, verdict=int)
+cpdef object plain_head(bytes raw, Py_ssize_t pos, bytes request_id)
+
+@cython.locals(c=int)
+cdef Py_ssize_t _name_end(chars s, Py_ssize_t n, Py_ssize_t i)
+
+@cython.locals(c=int)
+cdef Py_ssize_t _line_end(chars s, Py_ssize_t n, Py_ssize_t i)
+
+@cython.locals(size=Py_ssize_t, i=Py_ssize_t, word=bytes)
+cdef int _plain_line(chars s, Py_ssize_t n, Py_ssize_t start, Py_ssize_t colon, Py_ssize_t end)
+
+@cython.locals(size=Py_ssize_t)
+cdef int _connection_option(chars s, Py_ssize_t n, Py_ssize_t value, Py_ssize_t end)
+
+@cython.locals(size=Py_ssize_t, k=Py_ssize_t, c=int, w=chars)
+cdef bint _is(chars s, Py_ssize_t n, Py_ssize_t at, bytes word, bint fold)
