@@ -63,16 +63,17 @@ async def test_busy_callers_cannot_keep_the_connections_from_one_that_waits(stor
 
 
 async def test_lease_renewals_go_ahead_of_the_queue(store: RedisStore) -> None:
-    """The reaper's lease and a wake's renewal wait only for the commands already in flight (two)."""
+    """The reaper's lease and a wake's renewal wait for the commands in flight (two), not the fourteen queued
+    (the other connection may serve a few more while the renewal's own round trip runs)."""
     assert await store.acquire_lease("warm-up", "me", 10.0)  # the scripts loaded: one command each, not three
     assert not await store.extend_lease("ses-none", [1.0], 2.0)
-    counts = [0] * 8
+    counts = [0] * 16
     async with busy_callers(store, counts):
         for renew in (lambda: store.acquire_lease("reaper", "me", 10.0),
                       lambda: store.extend_lease("ses-none", [1.0], 2.0)):
             before = sum(counts)
             await renew()
-            assert sum(counts) - before <= 2, f"{sum(counts) - before} commands went ahead of a renewal"
+            assert sum(counts) - before <= 6, f"{sum(counts) - before} commands went ahead of a renewal"
 
 
 async def test_a_waiter_cancelled_as_it_is_handed_a_connection_passes_it_on(store: RedisStore) -> None:
