@@ -53,6 +53,7 @@ from gateway.providers import outbound
 from gateway.providers._exits import exit_or_kill
 from gateway.providers._locks import FileLock
 from gateway.providers._pipes import read_until
+from gateway.providers._spawn import spawn
 from gateway.providers.base import ForeignSandbox, LostHandler, ManagedPage, Probe
 from gateway.providers.confine import GRPC_FD, LISTEN_FD, Bubblewrap, Launch
 from gateway.runtime.config import LISTEN_BACKLOG
@@ -280,7 +281,7 @@ class LocalProvider:
             listener.listen(LISTEN_BACKLOG)
             grpc_listener.bind(grpc_path)
             grpc_listener.listen(LISTEN_BACKLOG)
-            pid = os.posix_spawnp(launch.argv[0], launch.argv, _ENV, setsid=True, file_actions=[
+            pid = await _spawned(launch.argv, [
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, write_fd, 1),
                 (os.POSIX_SPAWN_OPEN, 2, str(box / "runtime.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
@@ -498,6 +499,20 @@ def _write_state(box: Path, state: dict[str, Any]) -> None:
 
 # The runtime's environment: nothing of the gateway's (REDIS_URL and the like may carry secrets).
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+async def _spawned(argv: list[str], file_actions: list[tuple[Any, ...]]) -> int:
+    """The runtime started in its own session, off the loop (``_spawn``); a caller cancelled meanwhile
+    waits for the spawn (its thread still uses the descriptors the caller closes) and stops the child."""
+    spawning = asyncio.ensure_future(spawn(argv[0], argv, _ENV, file_actions))
+    try:
+        return await asyncio.shield(spawning)
+    except asyncio.CancelledError:
+        with contextlib.suppress(OSError):
+            pid = await spawning
+            os.kill(pid, signal.SIGKILL)
+            await asyncio.to_thread(os.waitpid, pid, 0)
+        raise
 
 
 def _socket_dir(data_dir: Path) -> Path | None:

@@ -133,6 +133,7 @@ from gateway.store.base import (
 from gateway.store import redis_codec as codec
 from gateway.store.redis_connect import close_pool, connection_pool, healthy_replicas
 from gateway.store.redis_errors import translated
+from gateway.store.redis_pool import first
 from gateway.store.redis_fleet import RedisFleet
 from gateway.store.redis_streams import RedisStreamCounts
 from gateway.store.redis_limits import RedisLimitLedger
@@ -333,8 +334,9 @@ class RedisStore(RedisFleet, RedisStreamCounts):
 
     @translated("renew a lease")
     async def extend_lease(self, sandbox_id: str, held: Collection[float], until: float) -> bool:
-        renewed = await self._extend_lease(keys=[self.keys.sandbox(sandbox_id)],
-                                           args=[codec.num(until), *map(codec.num, held)])
+        with first():  # ahead of request traffic: a renewal late by a lease loses it
+            renewed = await self._extend_lease(keys=[self.keys.sandbox(sandbox_id)],
+                                               args=[codec.num(until), *map(codec.num, held)])
         return renewed == 1
 
     @translated("suspend a sandbox")
@@ -475,8 +477,10 @@ class RedisStore(RedisFleet, RedisStreamCounts):
     @translated("take a lease")
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> bool:
         now = self._clock()
-        held = await self._acquire_lease(keys=[self.keys.lease(name)],
-                                         args=[holder, codec.num(now), codec.num(now + ttl), max(1, math.ceil(ttl * 1000))])
+        with first():  # the reaper's lease, renewed: ahead of request traffic as a wake's is
+            held = await self._acquire_lease(keys=[self.keys.lease(name)],
+                                             args=[holder, codec.num(now), codec.num(now + ttl),
+                                                   max(1, math.ceil(ttl * 1000))])
         return held == 1
 
     @translated("give up a lease")

@@ -37,6 +37,8 @@ from redis.backoff import NoBackoff
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.exceptions import ConnectionError, RedisError  # noqa: A004  (redis-py's, not the builtin)
 
+from gateway.store.redis_pool import FairBlockingPool, FairWaits
+
 __all__ = ["SENTINEL_SCHEMES", "PrimaryUnreachable", "SentinelUrl", "close_pool", "connection_pool", "healthy_replicas",
            "is_sentinel_url", "parse_sentinel_url"]
 
@@ -158,16 +160,16 @@ class _SentinelSSLConnection(_SentinelConnection, SSLConnection):
     pass
 
 
-class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+class BlockingSentinelPool(FairWaits, SentinelConnectionPool, BlockingConnectionPool):
     """``SentinelConnectionPool`` that waits for a free connection (``timeout``) instead of
-    refusing past ``max_connections``, as the plain URL's ``BlockingConnectionPool`` does: a
-    burst is served late, not refused, whichever way Redis is reached."""
+    refusing past ``max_connections``, as the plain URL's pool does: a burst is served late, not
+    refused, whichever way Redis is reached (in order: ``gateway.store.redis_pool``)."""
 
 
 def connection_pool(url: str, *, max_connections: int, timeout: float, **kwargs: Any) -> ConnectionPool:
     """The store's pool for ``url``; ``kwargs`` are the connection options (timeouts, retry, decoding)."""
     if not is_sentinel_url(url):
-        return BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=timeout, **kwargs)
+        return FairBlockingPool.from_url(url, max_connections=max_connections, timeout=timeout, **kwargs)
     parsed = parse_sentinel_url(url)
     socket_options = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
     # One try per sentinel per question: the store's own retry repeats the whole question, and
