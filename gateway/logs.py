@@ -18,6 +18,8 @@ from typing import Any
 
 from aiohttp.http_exceptions import HttpProcessingError
 
+from gateway.log_writer import threaded
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -219,7 +221,8 @@ def configure_logging(level: str, fmt: str, *, keep_query: bool = False) -> Acce
     owns it: nothing here keeps it in a global but the root handler, which flushes it before each
     line of its own."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    handler = FlushingHandler(sys.stderr)
+    stderr = threaded(sys.stderr)  # written by a thread: a slow reader of stderr never stops the loop
+    handler = FlushingHandler(stderr)
     handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -231,6 +234,6 @@ def configure_logging(level: str, fmt: str, *, keep_query: bool = False) -> Acce
         server_log.addFilter(MalformedRequestsAreInfo())
     if not logging.getLogger(ACCESS_LOGGER).isEnabledFor(logging.INFO):
         return None
-    access = handler.access = AccessLog(sys.stderr, json_lines=use_json, keep_query=keep_query)
+    access = handler.access = AccessLog(stderr, json_lines=use_json, keep_query=keep_query)
     atexit.register(access.flush)  # lines still pending when the process exits without stopping
     return access
