@@ -23,7 +23,7 @@ import pytest
 from gateway.app import Gateway, load_policy
 from gateway.metrics import Metrics
 from gateway.providers.base import PoolProviders
-from gateway.providers.confine import Bubblewrap, Limits, Unconfined
+from gateway.providers.confine import SANDBOXES_CPU_SHARES, Bubblewrap, Limits, Unconfined
 from gateway.providers.local import LocalProvider
 from gateway.settings import Settings
 from gateway.store.instrumented import InstrumentedStore
@@ -134,6 +134,20 @@ async def test_a_sandbox_runs_below_the_gateways_cpu_priority_and_cannot_raise_i
     seen = await stack.run("alice", "s1", "nice; nice -n -10 nice")
     assert seen["stdout"].split() == [str(LIMITS.nice), str(LIMITS.nice)], seen  # the second is refused
     assert os.nice(0) == 0
+
+
+async def test_sandboxes_share_one_cpu_weight_below_the_gateways(stack, tmp_path):
+    """Each sandbox runs in a cpu cgroup of its own, inside one parent that weighs SANDBOXES_CPU_SHARES
+    against each gateway thread's 1024: a hundred busy sandboxes (a wake storm's starting runtimes) get
+    a fifth of what the gateway's loop gets while it wants the CPU, each an equal part of it."""
+    parents = Bubblewrap(stack.data_dir, limits=LIMITS)._cgroup_parents  # the same data dir: the same parents
+    if "cpu" not in parents:
+        pytest.skip("the cpu cgroup (v1) is not writable here (not root, or no v1 cpu hierarchy): "
+                    "sandboxes are weighed by their nice value only")
+    await stack.run("alice", "s1", "true")
+    sandbox_id = (await stack.session("s1"))["sandbox_id"]
+    assert (parents["cpu"] / "cpu.shares").read_text().strip() == str(SANDBOXES_CPU_SHARES)
+    assert (parents["cpu"] / sandbox_id / "cgroup.procs").read_text().split(), "its runtime is in its cpu cgroup"
 
 
 async def test_a_sandbox_reaches_neither_another_runtime_nor_the_gateway(stack):

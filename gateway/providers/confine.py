@@ -24,10 +24,10 @@ Who the sandbox runs as depends on who the gateway is:
   inside it; outside it is the gateway's own UID, so ``RLIMIT_NPROC`` is shared with the
   gateway and its other sandboxes (pids cgroups, where writable, still bound each one).
 
-Limits: a ``pids`` and a ``memory`` cgroup (v1) per sandbox where the hierarchy is writable,
-joined by the launching shell before it execs anything, so no process of the sandbox starts
-outside them; ``RLIMIT_NPROC`` and ``RLIMIT_NOFILE`` always; ``RLIMIT_AS`` when there is no
-memory cgroup.
+Limits: a ``pids``, a ``memory`` and a ``cpu`` cgroup (v1) per sandbox where the hierarchy is
+writable, joined by the launching shell before it execs anything, so no process of the sandbox
+starts outside them; ``RLIMIT_NPROC`` and ``RLIMIT_NOFILE`` always; ``RLIMIT_AS`` when there is no
+memory cgroup; nice 10.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ UID_RANGE = 1_000_000
 #: like the UIDs recorded in sandbox directories and the files they own.
 UID_REGISTRY = Path("/var/lib/sandbox-gateway/uids")
 CGROUP_V1 = Path("/sys/fs/cgroup")
+#: The CPU weight of all local sandboxes together against one of the gateway's threads (1024): see _cgroup_parents.
+SANDBOXES_CPU_SHARES = 256
 _PASSWD = f"root:x:0:0::/:/bin/sh\nsandbox:x:{{uid}}:{{uid}}::{HOME}:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n"
 _GROUP = "root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n"
 # /etc pieces a shell and Python need; nothing that names the host's users or secrets.
@@ -358,8 +360,9 @@ class Bubblewrap:
                 cgroup.mkdir(parents=True, exist_ok=True)
                 if controller == "pids":
                     (cgroup / "pids.max").write_text(str(self._limits.processes))
-                else:
+                elif controller == "memory":
                     (cgroup / "memory.limit_in_bytes").write_text(str(self._limits.memory_bytes))
+                # cpu: equal shares among the sandboxes, inside their parent's (SANDBOXES_CPU_SHARES)
             except OSError:
                 continue
             made.append(str(cgroup))
@@ -413,9 +416,14 @@ def _prlimit(limits: Limits, *, address_space: bool) -> list[str]:
 
 
 def _cgroup_parents(tag: str) -> dict[str, Path]:
-    """Per controller (pids, memory; cgroup v1), the directory under our own cgroup where
+    """Per controller (pids, memory, cpu; cgroup v1), the directory under our own cgroup where
     sandboxes' cgroups go, when we may create it. Nested under ours: a sandbox never escapes
-    a limit the gateway itself runs under."""
+    a limit the gateway itself runs under. The cpu parent weighs SANDBOXES_CPU_SHARES against each of
+    the gateway's own threads (1024): a nice value is per process, and a hundred sandboxes at nice 10
+    still outweighed the gateway's loop ten to one (a wake storm: the loop ran at 3-8% of a core for
+    seconds, its lease renewals late); as one group, all the sandboxes together get a fifth of what the
+    loop gets when both want the CPU, and each sandbox an equal part of that (one busy sandbox does not
+    take another's). Unused, it is theirs: shares only weigh contention."""
     parents: dict[str, Path] = {}
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -423,11 +431,13 @@ def _cgroup_parents(tag: str) -> dict[str, Path]:
         return parents
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        for controller in ("pids", "memory"):
+        for controller in ("pids", "memory", "cpu"):
             if controller in controllers.split(","):
                 parent = CGROUP_V1 / controller / path.lstrip("/") / tag
                 try:
                     parent.mkdir(exist_ok=True)
+                    if controller == "cpu":
+                        (parent / "cpu.shares").write_text(str(SANDBOXES_CPU_SHARES))
                 except OSError:
                     continue
                 if os.access(parent, os.W_OK):
