@@ -47,8 +47,8 @@ def test_writes_return_while_nobody_reads_and_every_line_arrives_in_order() -> N
 
 def test_past_its_bound_text_is_dropped_and_the_count_said_when_the_reader_catches_up() -> None:
     read_fd, stream = _pipe()
-    writer = LogWriter(stream, max_queued=4)  # type: ignore[arg-type]
-    writer.write("x" * 70_000 + "\n")  # more than the pipe holds: the writer blocks on it
+    writer = LogWriter(stream, max_bytes=70_100)  # type: ignore[arg-type]
+    writer.write("x" * 70_000 + "\n")  # more than the pipe holds: the writer blocks on it, and it still counts
     for i in range(40):
         writer.write(f"line {i}\n")
     assert writer.dropped > 0
