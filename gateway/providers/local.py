@@ -510,7 +510,7 @@ async def _spawned(argv: list[str], file_actions: list[tuple[Any, ...]]) -> int:
     except asyncio.CancelledError:
         with contextlib.suppress(OSError):
             pid = await spawning
-            os.kill(pid, signal.SIGKILL)
+            _killpg(pid)  # its whole session: what it started in the meantime too
             await asyncio.to_thread(os.waitpid, pid, 0)
         raise
 
