@@ -46,8 +46,12 @@ def test_pure_python_build_is_reported_when_forced(monkeypatch: pytest.MonkeyPat
 def test_cpu_meter_puts_each_process_cpu_on_its_role() -> None:
     """A busy process and an idle one measured by PID, the load generator as a child run within."""
     busy = subprocess.Popen([sys.executable, "-c", BUSY + "time.sleep(30)"])
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"],
+                            stdout=subprocess.PIPE)
     try:
+        # Measured from its start-up's end: an interpreter's start-up alone is about 20 ms of CPU on a slow
+        # machine (20 us over 1000 ops, this bound), which is not what "idle" is about.
+        assert idle.stdout is not None and idle.stdout.readline() == b"started\n"
         meter = harness.CpuMeter({"busy": [busy.pid], "idle": [idle.pid]}, harness.LOAD_CHILD, "load")
         with meter:
             subprocess.run([sys.executable, "-c", BUSY], check=True)  # the load generator (wrk's place)
@@ -57,6 +61,8 @@ def test_cpu_meter_puts_each_process_cpu_on_its_role() -> None:
         cpu = meter.per_op(1000)
     finally:
         harness.stop_procs([busy, idle])
+        if idle.stdout is not None:
+            idle.stdout.close()
     assert set(cpu) == {"busy", "idle", "load"}
     # 0.3 s of CPU over 1000 ops: 300 us per op each (the interpreter's start-up adds to both)
     assert cpu["load"].us >= 290
