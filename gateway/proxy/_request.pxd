@@ -8,6 +8,7 @@ cdef dict REQUEST_HEADERS_EXACT
 cdef int R_AUTH, R_BOT, R_CL, R_CONNECTION, R_DROP, R_EXPECT, R_HOST, R_REQUEST_ID, R_TE, R_UPGRADE, R_XFF
 
 cdef class RequestReader(KeyedRequests):
+    cpdef begin(self, Exchange ex, bint batch=*)
     @cython.locals(code=int)
     cpdef on_header(self, bytes name, bytes value)
     # on_header's kinds of header: C calls in the compiled build (one per header that is not forwarded as is)

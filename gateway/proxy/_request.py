@@ -101,6 +101,11 @@ class RequestReader(KeyedRequests):
 
     __slots__ = ()
 
+    def begin(self, ex: Exchange, batch: bool = False) -> None:
+        """Serve ``ex``: :meth:`DownstreamConnection.begin <gateway.proxy._downstream.DownstreamConnection.begin>`
+        (declared here so that on_headers_complete calls it as a C method in the compiled build)."""
+        raise NotImplementedError
+
     def on_message_begin(self) -> None:
         if self.mode & M_DISCARD:
             raise _StopParsing  # a request was refused mid-body: nothing after it is served
