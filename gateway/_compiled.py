@@ -49,6 +49,7 @@ COMPILED_MODULES = (
     "gateway.grpcfront.call",
     "gateway.grpcfront.inbound",
     "gateway.grpcfront.connection",
+    "gateway.grpcfront.headers",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent
