@@ -50,6 +50,7 @@ COMPILED_MODULES = (
     "gateway.grpcfront.inbound",
     "gateway.grpcfront.connection",
     "gateway.grpcfront.headers",
+    "gateway.grpcfront.frames",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent
