@@ -51,6 +51,8 @@ COMPILED_MODULES = (
     "gateway.grpcfront.connection",
     "gateway.grpcfront.headers",
     "gateway.grpcfront.frames",
+    "gateway.grpcfront.front",
+    "gateway.grpcfront.upstream",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent
