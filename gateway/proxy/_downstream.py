@@ -273,8 +273,7 @@ class DownstreamConnection(RequestReader):
         ex.active_at = plane.now
         plane.inflight += 1
         if ex.request_id is None:
-            ids = plane.ids
-            ex.request_id = b"%s%x" % (ids.prefix, next(ids.counter))
+            ex.request_id = plane.ids.next()
         if plane.tracer is not None:
             plane.tracer.begin(ex)  # gateway/tracing.py
         if self._answered_early(ex, batch):
