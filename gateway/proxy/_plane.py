@@ -375,6 +375,17 @@ class DataPlane(PlaneState):
             if not self.closed:
                 self._timer = self.loop.call_later(self.tick_len, self._tick)
 
+    @property
+    def long_request_after(self) -> float:
+        return self._long_request_after
+
+    @long_request_after.setter
+    def long_request_after(self, seconds: float) -> None:
+        """Settable (tests scale it down on a running plane): requests begun from now on are timed by it."""
+        self._long_request_after = seconds
+        if getattr(self, "loop", None) is not None:  # started
+            self.begin_tick = int((self.now + self._horizon()) / self.tick_len) + 1
+
     def _horizon(self) -> float:
         """The soonest a request's own deadlines (not X-Sandbox-Timeout's) can fall after it begins."""
         options = self.options
