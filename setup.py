@@ -46,7 +46,9 @@ def extensions() -> list:
     modules = [Extension(name, [name.replace(".", "/") + ".py"], extra_compile_args=["-g0"])
                for name in compiled.COMPILED_MODULES]
     try:
+        # nthreads: the translation to C runs one module per core too (the C compile already does).
         return cythonize(modules, language_level=3, quiet=True, build_dir="build/cython",
+                         nthreads=os.cpu_count() or 1,
                          compiler_directives={"annotation_typing": False})
     except Exception as exc:  # a Cython compile error: report, install as Python
         warn(f"Cython could not compile the data plane ({exc})")

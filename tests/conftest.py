@@ -125,15 +125,31 @@ def python() -> str:
 
 
 # -- one pass only -----------------------------------------------------------------------------
-# ./scripts/test runs the suite twice, on the compiled data plane and on its pure-Python modules. These
-# files exercise nothing of the data plane that the per-way tests do not (chart rendering, the gRPC
-# front and providers, which are pure Python either way; multi-process scenarios and the browser
-# suites, whose data-plane paths the per-way tests cover), and cost minutes: they run in the first
-# pass only, and the second says so for each.
+# ./scripts/test runs the suite twice, on the compiled data plane and on its pure-Python modules
+# (gateway/_compiled.py). These files exercise nothing of those modules that the per-way tests do not,
+# and cost minutes: they run in the first pass only, and the second says so for each. They are chart
+# rendering, the gRPC front's strict h2 checks, multi-process scenarios and the browser suites (whose
+# data-plane paths the per-way tests cover), and what sits behind the data plane, which is the same
+# Python either way: routing (pure and synchronous), the stores, providers and sandboxes (local,
+# Kubernetes, the fake apiserver, the runtime), the lifecycle and the reaper, the CLI's refusals. Where
+# one of them drives a request through the data plane it is a carrier only: a file that tests what the
+# data plane does with a request (tests/test_proxy_*.py, hostile/, the session layer) runs both ways.
 ONCE = ("tests/chaos/", "tests/helm/", "tests/test_browser_redteam.py", "tests/test_browser_isolation.py",
         "tests/test_h2spec.py", "tests/test_redis_sentinel.py", "tests/test_failover.py",
         "tests/test_replica_limits.py", "tests/test_limit_leases.py", "tests/test_kubernetes_chaos.py",
-        "tests/test_kubernetes_faults.py", "tests/test_fakekube_faults.py", "tests/test_bench_harness.py")
+        "tests/test_kubernetes_faults.py", "tests/test_fakekube_faults.py", "tests/test_bench_harness.py",
+        # behind the data plane (see above)
+        "tests/test_replicas.py", "tests/test_outbound.py", "tests/test_confinement.py",
+        "tests/test_local_bounds.py", "tests/test_local_provider.py", "tests/test_local_spawn.py",
+        "tests/test_local_lock.py", "tests/test_pipes.py", "tests/test_host_uids.py", "tests/test_providers.py",
+        "tests/test_runtime.py", "tests/test_runtime_limits.py", "tests/test_grpc_runtime.py",
+        "tests/test_grpc_local.py", "tests/test_kubernetes.py", "tests/test_kubernetes_suspend.py",
+        "tests/test_kubernetes_options.py", "tests/test_fakekube.py", "tests/test_fakekube_controller.py",
+        "tests/test_store.py", "tests/test_redis_codec.py", "tests/test_redis_pool.py", "tests/test_redis_reads.py",
+        "tests/test_lifecycle_stress.py", "tests/test_lease_fencing.py", "tests/test_reaper_batches.py",
+        "tests/test_reaper_lease.py", "tests/test_rendezvous.py", "tests/test_routing_ids.py",
+        "tests/test_routing_placement.py", "tests/test_routing_policy.py", "tests/test_routing_reaping.py",
+        "tests/test_cli_refusals.py", "tests/test_log_writer.py", "tests/test_settings.py")
 SECOND_PASS = "SANDBOX_GATEWAY_TEST_SECOND_PASS"
 
 
