@@ -1,7 +1,7 @@
 """The gateway's instructions per unary gRPC call, counted by valgrind (callgrind): a figure load cannot move.
 
     .venv/bin/python benchmarks/grpc_instructions.py [--concurrency 1,10,50] [--calls 2000]
-        [--stream-messages 20000] [--baseline /path/to/other/checkout]
+        [--stream-messages 20000] [--baseline /path/to/other/checkout] [--keep DIR]
 
 ``grpc_bench.py``'s set-up (a grpcio echo sandbox, a whole ``serve`` with its access log on, h2load on one
 connection) with the gateway run under ``valgrind --tool=callgrind`` with counting off; for each concurrency,
@@ -35,9 +35,9 @@ from benchmarks.harness import header, stop_procs  # noqa: E402
 
 
 def count(checkout: Path | None, sandbox_port: int, concurrency: list[int], calls: int,
-          stream_messages: int) -> dict[str, float]:
+          stream_messages: int, keep: Path | None = None) -> dict[str, float]:
     """Instructions per call of one ``serve`` (from ``checkout``, else this one), by concurrency (``c=N``), and
-    per streamed message (``stream``)."""
+    per streamed message (``stream``). With ``keep``, its callgrind dumps are moved there (callgrind_annotate)."""
     workdir = Path(tempfile.mkdtemp(prefix="grpc-instructions-"))
     received = 0
     out = workdir / "callgrind.out"
@@ -75,6 +75,9 @@ def count(checkout: Path | None, sandbox_port: int, concurrency: list[int], call
         totals = re.search(r"^totals: (\d+)", text, re.M)
         if trigger and totals:
             figures[trigger.group(1)] = int(totals.group(1)) / (calls if trigger.group(1) != "stream" else received)
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                shutil.move(dump, keep / f"callgrind.{'baseline.' if checkout else ''}{trigger.group(1)}")
     shutil.rmtree(workdir, ignore_errors=True)
     return figures
 
@@ -86,6 +89,8 @@ def main() -> None:
     parser.add_argument("--stream-messages", type=int, default=0,
                         help="also count 4 server streams of this many messages, per message")
     parser.add_argument("--baseline", type=Path, default=None, help="also count a serve from this checkout")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the callgrind dumps in this directory (for callgrind_annotate)")
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control", "h2load"):
         if shutil.which(tool) is None:
@@ -96,7 +101,7 @@ def main() -> None:
     try:
         runs = [("gateway", None)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
         for name, checkout in runs:
-            figures = count(checkout, sandbox_port, concurrency, args.calls, args.stream_messages)
+            figures = count(checkout, sandbox_port, concurrency, args.calls, args.stream_messages, args.keep)
             print(f"{name:9} instructions per unary call: " + "   ".join(
                 f"c={level} {figures.get(f'c{level}', float('nan')):,.0f}" for level in concurrency)
                 + (f"; per streamed message {figures.get('stream', float('nan')):,.0f}" if args.stream_messages

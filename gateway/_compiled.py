@@ -1,7 +1,7 @@
 """The compiled data plane: which modules Cython builds, and whether this process uses them.
 
 The hot path (``gateway.proxy``'s protocols and per-request state, the access log, the request
-metrics, the route cache's hit path) is plain Python that Cython can also compile, with ``.pxd``
+metrics, the route cache's hit path, the gRPC front's connections, calls, streams and relay buffers) is plain Python that Cython can also compile, with ``.pxd``
 files beside the modules declaring the classes as extension types (typed fields, C calls between
 them). The ``.py`` files
 stay the source and the fallback: ``pip install`` (``./scripts/serve``, ``./scripts/test``)
@@ -44,6 +44,15 @@ COMPILED_MODULES = (
     "gateway.logs",
     "gateway.metrics",
     "gateway.route_cache",
+    "gateway.grpcfront.relay",
+    "gateway.grpcfront.stream",
+    "gateway.grpcfront.call",
+    "gateway.grpcfront.inbound",
+    "gateway.grpcfront.connection",
+    "gateway.grpcfront.headers",
+    "gateway.grpcfront.frames",
+    "gateway.grpcfront.front",
+    "gateway.grpcfront.upstream",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     echo "setup: upgrading pip" >&2
     .venv/bin/python -m pip install --quiet --upgrade pip >&2
     echo "setup: installing sandbox-gateway${extra:+[$extra]} and its dependencies into .venv and compiling" \
-         "its data plane (a minute or two the first time; without a C compiler it runs as pure Python)" >&2
+         "its data plane (a few minutes the first time; without a C compiler it runs as pure Python)" >&2
     .venv/bin/python -m pip install --quiet -e ".${extra:+[$extra]}" >&2
     echo "$want" > "$stamp"
     echo "setup: done in $((SECONDS - started)) s; the CLI is .venv/bin/sandbox-gateway" \

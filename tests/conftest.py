@@ -128,14 +128,14 @@ def python() -> str:
 # ./scripts/test runs the suite twice, on the compiled data plane and on its pure-Python modules
 # (gateway/_compiled.py). These files exercise nothing of those modules that the per-way tests do not,
 # and cost minutes: they run in the first pass only, and the second says so for each. They are chart
-# rendering, the gRPC front's strict h2 checks, multi-process scenarios and the browser suites (whose
+# rendering, multi-process scenarios and the browser suites (whose
 # data-plane paths the per-way tests cover), and what sits behind the data plane, which is the same
 # Python either way: routing (pure and synchronous), the stores, providers and sandboxes (local,
 # Kubernetes, the fake apiserver, the runtime), the lifecycle and the reaper, the CLI's refusals. Where
 # one of them drives a request through the data plane it is a carrier only: a file that tests what the
 # data plane does with a request (tests/test_proxy_*.py, hostile/, the session layer) runs both ways.
 ONCE = ("tests/chaos/", "tests/helm/", "tests/test_browser_redteam.py", "tests/test_browser_isolation.py",
-        "tests/test_h2spec.py", "tests/test_redis_sentinel.py", "tests/test_failover.py",
+        "tests/test_redis_sentinel.py", "tests/test_failover.py",
         "tests/test_replica_limits.py", "tests/test_limit_leases.py", "tests/test_kubernetes_chaos.py",
         "tests/test_kubernetes_faults.py", "tests/test_fakekube_faults.py", "tests/test_bench_harness.py",
         # behind the data plane (see above)

@@ -74,7 +74,9 @@ def _unsigned(claims: dict, kid: str) -> str:
     return f"{segment({'alg': 'none', 'typ': 'JWT', 'kid': kid})}.{segment(claims)}."
 
 
-GOOD = {"sub": "alice", "org": "org-a", "aud": "sandbox-gateway", "exp": int(time.time()) + 600}
+# Made at collection: its expiry is a day away, not minutes, so that however long the suite runs before
+# this file, a case that must fail for its audience or its claims does not fail for its expiry instead.
+GOOD = {"sub": "alice", "org": "org-a", "aud": "sandbox-gateway", "exp": int(time.time()) + 86400}
 
 
 @pytest.mark.parametrize(("make", "fragment"), [

@@ -7,6 +7,8 @@ Each scenario runs direct to the sandbox and through the gateway; the answers
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 from typing import Any
 
@@ -197,28 +199,45 @@ async def test_a_repeated_head_is_admitted_as_the_first(channels):
                                                                           Status.UNAUTHENTICATED)
 
 
+async def _sandboxes_on_two_hosts(stack: contextlib.AsyncExitStack) -> int:
+    """Echo sandboxes "a" on 127.0.0.1 and "b" on 127.0.0.2, on one port (a pool has one grpc_port): the port
+    the kernel gave "a" may be in use on 127.0.0.2 (another test's socket), then both are tried again."""
+    for _ in range(20):
+        async with contextlib.AsyncExitStack() as attempt:
+            port = (await attempt.enter_async_context(echo_server("127.0.0.1", name="a")))[1]
+            try:
+                await attempt.enter_async_context(echo_server("127.0.0.2", port, name="b"))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                continue
+            stack.push_async_exit(attempt.pop_all())
+            return port
+    raise AssertionError("no port was free on both 127.0.0.1 and 127.0.0.2 in 20 tries")
+
+
 async def test_two_sessions_never_cross(tmp_path):
     """Two sandboxes on two hosts: every call reaches its own session's sandbox, told its own ID."""
-    async with echo_server("127.0.0.1", name="a") as (a, port):
-        async with echo_server("127.0.0.2", port, name="b") as (b, _):
-            policy = static_policy(tmp_path / "p.yaml", ["127.0.0.1", "127.0.0.2"], port)
-            async with grpc_gateway(tmp_path, policy) as gw:
-                channel = Channel(*gw.grpc_address, codec=RawCodec())
-                sessions = [f"s{i}" for i in range(12)]
+    async with contextlib.AsyncExitStack() as sandboxes:
+        port = await _sandboxes_on_two_hosts(sandboxes)
+        policy = static_policy(tmp_path / "p.yaml", ["127.0.0.1", "127.0.0.2"], port)
+        async with grpc_gateway(tmp_path, policy) as gw:
+            channel = Channel(*gw.grpc_address, codec=RawCodec())
+            sessions = [f"s{i}" for i in range(12)]
 
-                async def call(session: str) -> tuple[str, dict[str, Any]]:
-                    got = await run_call(channel, "/test.Echo/Meta", UNARY, [b"{}"], metadata=ident(session))
-                    return session, json.loads(got["messages"][0])
+            async def call(session: str) -> tuple[str, dict[str, Any]]:
+                got = await run_call(channel, "/test.Echo/Meta", UNARY, [b"{}"], metadata=ident(session))
+                return session, json.loads(got["messages"][0])
 
-                try:
-                    answers = await asyncio.gather(*(call(s) for s in sessions * 3))
-                finally:
-                    channel.close()
-                placed = {}
-                for session, answer in answers:
-                    assert answer["metadata"]["x-sandbox-id"] == per_session_sandbox_id(session)
-                    assert placed.setdefault(session, answer["sandbox"]) == answer["sandbox"]
-                assert set(placed.values()) == {"a", "b"}  # both sandboxes served (12 sessions, two hosts)
+            try:
+                answers = await asyncio.gather(*(call(s) for s in sessions * 3))
+            finally:
+                channel.close()
+            placed = {}
+            for session, answer in answers:
+                assert answer["metadata"]["x-sandbox-id"] == per_session_sandbox_id(session)
+                assert placed.setdefault(session, answer["sandbox"]) == answer["sandbox"]
+            assert set(placed.values()) == {"a", "b"}  # both sandboxes served (12 sessions, two hosts)
 
 
 async def test_capacity_is_resource_exhausted_with_retry_after(sandbox, tmp_path):

@@ -5,6 +5,7 @@ Sandbox a claim holds; readiness by watch; a new pod IP after each resume."""
 from __future__ import annotations
 
 import asyncio
+import errno
 from pathlib import Path
 
 import aiohttp
@@ -27,10 +28,19 @@ SBX = "agents.x-k8s.io"
 @pytest.fixture
 async def runtime_port(aiohttp_server, tmp_path: Path) -> int:
     """The reference runtime at 127.0.0.1 and 127.0.0.2 on one port over one directory: the first pod's
-    IP and the resumed pod's, sharing their files as a Sandbox's PVC outlives its pods."""
-    first = await aiohttp_server(create_app(tmp_path / "pvc", "k8s-pod"), host="127.0.0.1")
-    await aiohttp_server(create_app(tmp_path / "pvc", "k8s-pod"), host="127.0.0.2", port=first.port)
-    return first.port
+    IP and the resumed pod's, sharing their files as a Sandbox's PVC outlives its pods. The port the
+    kernel gave the first may be in use on 127.0.0.2 (another test's socket): then both are tried again."""
+    for _ in range(20):
+        first = await aiohttp_server(create_app(tmp_path / "pvc", "k8s-pod"), host="127.0.0.1")
+        try:
+            await aiohttp_server(create_app(tmp_path / "pvc", "k8s-pod"), host="127.0.0.2", port=first.port)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            await first.close()
+            continue
+        return first.port
+    raise AssertionError("no port was free on both 127.0.0.1 and 127.0.0.2 in 20 tries")
 
 
 async def started(kube: FakeKube, mode: str, api_version: str, port: int) -> KubernetesProvider:

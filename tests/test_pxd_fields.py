@@ -20,6 +20,7 @@ from gateway import _compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 _CLASS = re.compile(r"^cdef class (\w+)")
+_BASE = re.compile(r"^cdef class (\w+)\((\w+)\)", re.M)
 _FIELD = re.compile(r"^\s+cdef (?:public |readonly )?[\w.]+(?: [\w.]+)*? ((?:\w+)(?:, \w+)*)\s*$")
 
 
@@ -33,12 +34,17 @@ def pxd_fields(path: Path) -> dict[str, set[str]]:
         if match:
             current = classes.setdefault(match.group(1), set())
             continue
-        if current is None or not line.strip() or line.strip() == "pass" or "(" in line:
-            continue  # a method (cpdef/cdef with arguments) or nothing
+        if current is None or not line.strip() or line.strip() == "pass" or "(" in line or ")" in line:
+            continue  # a method (cpdef/cdef with arguments), its decorator (@cython.locals, even over lines), or nothing
         field = _FIELD.match(line)
         assert field, f"{path.name}: cannot read {line!r}"
         current.update(name.strip() for name in field.group(1).split(","))
     return classes
+
+
+def pxd_bases(path: Path) -> dict[str, str]:
+    """``{class: the class it extends}`` of the ``cdef class Name(Base)`` blocks in a ``.pxd``."""
+    return dict(_BASE.findall(path.read_text(encoding="utf-8")))
 
 
 def python_fields(path: Path, name: str) -> set[str]:
@@ -72,12 +78,28 @@ def _declared() -> list[tuple[Path, str]]:
     return pairs
 
 
+def _inherited(pxd: Path, name: str) -> set[str]:
+    """The fields ``name`` gets from the compiled class it extends (and that one's), declared in their ``.pxd``."""
+    base = pxd_bases(pxd).get(name)
+    if base is None:
+        return set()
+    for path, declared in _declared():
+        if declared == base:
+            return pxd_fields(path)[base] | _inherited(path, base)
+    raise AssertionError(f"{pxd.name}: {name} extends {base}, which no compiled module's .pxd declares")
+
+
 @pytest.mark.parametrize(("pxd", "name"), [pytest.param(p, n, id=f"{p.stem}.{n}") for p, n in _declared()])
 def test_the_pxd_declares_exactly_the_class_fields(pxd: Path, name: str):
+    """A class that extends another (Connection, FrameReader) declares only its own fields; the ones it sets
+    that its base declares are the base's."""
     declared = pxd_fields(pxd)[name]
+    inherited = _inherited(pxd, name)
     fields = python_fields(pxd.with_suffix(".py"), name)
     assert declared - fields == set(), f"{pxd.name} declares fields {name} does not have"
-    assert fields - declared == set(), f"{name} has fields {pxd.name} does not declare (the compiled build fails)"
+    assert declared & inherited == set(), f"{pxd.name} declares again fields {name} inherits"
+    assert fields - declared - inherited == set(), \
+        f"{name} has fields {pxd.name} does not declare (the compiled build fails)"
 
 
 def test_the_reader_sees_a_drift(tmp_path: Path):
@@ -87,7 +109,11 @@ def test_the_reader_sees_a_drift(tmp_path: Path):
     (tmp_path / "m.py").write_text("class C:\n    __slots__ = ('a', 'b', 'n', 'extra')\n")
     assert pxd_fields(tmp_path / "m.pxd") == {"C": {"a", "b", "n"}}
     assert python_fields(tmp_path / "m.py", "C") - pxd_fields(tmp_path / "m.pxd")["C"] == {"extra"}
+    (tmp_path / "d.pxd").write_text("cdef class D(C):\n    cdef public object own\n"
+                                    "    @cython.locals(i=Py_ssize_t,\n                   j=int)\n    cpdef go(self)\n")
+    assert pxd_fields(tmp_path / "d.pxd") == {"D": {"own"}} and pxd_bases(tmp_path / "d.pxd") == {"D": "C"}
 
 
 def test_every_compiled_class_is_checked():
-    assert {name for _, name in _declared()} >= {"Exchange", "RequestLog", "PlaneState", "ClientState"}
+    assert {name for _, name in _declared()} >= {"Exchange", "RequestLog", "PlaneState", "ClientState", "Stream",
+                                                 "RelayBuffer", "Call", "_Side", "FrameReader", "Connection"}

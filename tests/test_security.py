@@ -48,13 +48,15 @@ async def test_token_claims_win_and_credentials_never_reach_the_sandbox(token_ga
             assert response.status == 404
 
 
+# Made at collection: the tokens that are not the expired one expire a day later, so each is refused for
+# what its case says (forged, unknown kid), not for having expired while the suite ran.
 @pytest.mark.parametrize("authorization", [
     pytest.param(None, id="no token"),
-    pytest.param("Bearer " + jwt.encode({"sub": "u", "aud": "sandbox-gateway", "exp": int(time.time()) + 60},
+    pytest.param("Bearer " + jwt.encode({"sub": "u", "aud": "sandbox-gateway", "exp": int(time.time()) + 86400},
                                         "another-secret-another-secret-another", headers={"kid": "k1"}), id="forged"),
     pytest.param("Bearer " + jwt.encode({"sub": "u", "aud": "sandbox-gateway", "exp": int(time.time()) - 60},
                                         SECRET, headers={"kid": "k1"}), id="expired"),
-    pytest.param("Bearer " + jwt.encode({"sub": "u", "aud": "sandbox-gateway", "exp": int(time.time()) + 60},
+    pytest.param("Bearer " + jwt.encode({"sub": "u", "aud": "sandbox-gateway", "exp": int(time.time()) + 86400},
                                         SECRET, headers={"kid": "k9"}), id="wrong kid"),
 ])
 async def test_bad_tokens_are_401_and_create_nothing(token_gateway, authorization):

@@ -110,13 +110,25 @@ def status_of(headers: Headers) -> int | None:
     return None
 
 
+# Names already found allowed (forwardable), for heads and for trailers: a sandbox sends the same few every
+# call, so each is checked once, not per call. Bounded: a sandbox inventing names starts it over.
+_ALLOWED_NAMES: tuple[set[bytes], set[bytes]] = (set(), set())  # [head]
+_ALLOWED_REMEMBERED = 256
+
+
 def forwardable(headers: Headers, head: bool) -> Headers:
     """The sandbox's response head (``head``) or trailers as the client may get them: without
     connection-specific fields, pseudo-headers other than a head's ``:status``, or upper-case names
     (each makes an HTTP/2 message malformed). The list itself when nothing is dropped, as is usual."""
+    known = _ALLOWED_NAMES[head]
     for name, _ in headers:
+        if name in known:
+            continue
         if not _allowed(name, head):
             return [(name, value) for name, value in headers if _allowed(name, head)]
+        if len(known) >= _ALLOWED_REMEMBERED:
+            known.clear()
+        known.add(name)
     return headers
 
 

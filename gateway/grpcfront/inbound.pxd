@@ -1,0 +1,25 @@
+# The compiled build's declarations for inbound.py (gateway/_compiled.py): the connection's state the reading
+# half uses, as C struct members (Connection, connection.pxd, extends it with the rest).
+cimport cython
+
+cdef class FrameReader:
+    cdef public object handler
+    cdef public bint client_side
+    cdef public dict streams
+    cdef public set blocked
+    cdef public bint closed, draining, goaway_received
+    cdef public Py_ssize_t send_window, peer_initial_window, peer_max_frame, peer_max_streams, active
+    cdef public object keeper, loop, _waiting, _reset_ids, _inbox
+    cdef public bint _preface, _settings_seen
+    cdef public object _settled
+    cdef public Py_ssize_t _recv_window, _next_id, _last_peer_id
+    cdef public list _block
+    cdef public Py_ssize_t _block_stream, _block_size
+    cdef public bint _block_end, _self_dependent
+    cdef public object _hpack
+    @cython.locals(pos=Py_ssize_t, end=Py_ssize_t, size=Py_ssize_t, stop=Py_ssize_t, high=int, low=int, kind=int,
+                   flags=int, stream_id=Py_ssize_t)
+    cpdef _read_frames(self)
+    cpdef _frame(self, int kind, int flags, Py_ssize_t stream_id, bytes payload)
+    @cython.locals(size=Py_ssize_t)
+    cpdef _data(self, int flags, Py_ssize_t stream_id, bytes payload)

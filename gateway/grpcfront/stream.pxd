@@ -1,0 +1,18 @@
+# The compiled build's declarations for stream.py (gateway/_compiled.py): the fields as C struct members.
+from gateway.grpcfront.relay cimport RelayBuffer
+
+cdef class Stream:
+    cdef public object conn
+    cdef public Py_ssize_t id
+    cdef public object headers, trailers
+    cdef public RelayBuffer buffer
+    cdef public Py_ssize_t send_window, recv_window, _unacked
+    cdef public bint local_closed, remote_closed, gone, refused
+    cdef public object owner, _head_waiter, _window_waiter
+    cdef public bint released
+    cdef public object expected, reset_code
+    cpdef bint takes_now(self, Py_ssize_t size)
+    cpdef send_now(self, bytes piece, bint end_stream=*)
+    cpdef received_end(self)
+    cpdef ack(self, Py_ssize_t size)
+    cpdef _end_local(self)
