@@ -10,8 +10,11 @@ cdef class AccessLog:
     cdef public dict _quoted, _whos, _whats
     cdef public long long _second, _milli
     cdef public str _stamp, _ts
+    @cython.locals(now=double, milli=cython.longlong, second=cython.longlong, took=cython.longlong)
     cpdef log(self, RequestLog entry)
     cpdef flush(self)
 
 @cython.locals(hundredths=cython.longlong)
 cdef str _ms(double seconds)
+
+cdef long long _hundredths(double seconds)

@@ -150,14 +150,15 @@ class AccessLog:
         who = self._whos.get(key) or self._who(key)
         upstream = entry.upstream
         code = entry.code or entry.error
+        took = _hundredths(entry.duration)  # formatted in place (compiled: C integers, no str of its own)
         if self._json:
             milli = int(now * 1000)
             if milli != self._milli:  # many lines share a millisecond under load: format its stamp once
-                self._milli, self._ts = milli, f"{now:.3f}"
+                self._milli, self._ts = milli, f"{milli // 1000}.{milli % 1000:03d}"  # integers: no float format
             up = "null" if upstream is None else _ms(upstream)
             error = "null" if code is None else f'"{code}"'
             line = (f'{{"ts":{self._ts},"level":"info","logger":"{ACCESS_LOGGER}",{what},"bytes_in":{entry.bytes_in},'
-                    f'"bytes_out":{entry.bytes_out},"duration_ms":{_ms(entry.duration)},"upstream_ms":{up},'
+                    f'"bytes_out":{entry.bytes_out},"duration_ms":{took // 100}.{took % 100:02d},"upstream_ms":{up},'
                     f'"request_id":"{entry.request_id}",{who},"protocol":"{entry.protocol}","error":{error}}}')
             if entry.trace_id is not None:
                 line = f'{line[:-1]},"trace_id":"{entry.trace_id}"}}'
@@ -168,7 +169,7 @@ class AccessLog:
                 self._second, self._stamp = second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
             up = "-" if upstream is None else _ms(upstream)
             line = (f"{self._stamp} INFO    {ACCESS_LOGGER}: {what} bytes_in={entry.bytes_in} "
-                    f"bytes_out={entry.bytes_out} duration_ms={_ms(entry.duration)} upstream_ms={up} "
+                    f"bytes_out={entry.bytes_out} duration_ms={took // 100}.{took % 100:02d} upstream_ms={up} "
                     f"request_id={entry.request_id} {who} protocol={entry.protocol} error={code or '-'}")
             if entry.trace_id is not None:
                 line = f"{line} trace_id={entry.trace_id}"
@@ -190,8 +191,13 @@ class AccessLog:
 def _ms(seconds: float) -> str:
     """Seconds as milliseconds with two decimals (``1.23``): ``f"{seconds * 1000:.2f}"`` with halves
     rounded up, and no float formatting (compiled: C integers, about a tenth of the cost)."""
-    hundredths = int(seconds * 100000.0 + 0.5) if seconds > 0.0 else 0
+    hundredths = _hundredths(seconds)
     return f"{hundredths // 100}.{hundredths % 100:02d}"
+
+
+def _hundredths(seconds: float) -> int:
+    """Seconds in hundredths of a millisecond, halves rounded up (what ``_ms`` shows)."""
+    return int(seconds * 100000.0 + 0.5) if seconds > 0.0 else 0
 
 
 # Written without escaping: printable ASCII but space, quote and backslash.

@@ -1,8 +1,13 @@
 # The compiled build's declarations for metrics.py (gateway/_compiled.py).
+cimport cython
 from gateway.proxy._exchange cimport RequestLog
 
 cdef class RequestMetrics:
     cdef public object _metrics
     cdef public tuple _bounds
     cdef public dict _series, _batch
+    cdef public bint _per_org
     cpdef record(self, RequestLog entry)
+
+@cython.locals(last=Py_ssize_t, i=Py_ssize_t, bound=double)
+cdef Py_ssize_t _bucket(tuple bounds, double value)

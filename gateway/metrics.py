@@ -14,7 +14,6 @@ exposition aggregates them (prometheus-client's multiprocess mode).
 from __future__ import annotations
 
 import asyncio
-from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
@@ -255,6 +254,7 @@ class RequestMetrics:
         self._bounds = tuple(_LATENCY_BUCKETS) + (float("inf"),)
         self._series: dict[tuple[str | None, str, int], tuple[Any, Any]] = {}
         self._batch: dict[tuple[str | None, str, int], list[Any]] = {}
+        self._per_org = metrics.per_org  # fixed when Metrics is made: read once, not per request
         metrics.add_fold(self.fold)
 
     def record(self, entry: Any) -> None:
@@ -267,8 +267,8 @@ class RequestMetrics:
             self._metrics.fold_soon()
         batch[0] += 1
         batch[1] += duration
-        batch[2][bisect_left(self._bounds, duration)] += 1  # Histogram.observe's bucket: the first bound >= it
-        if entry.error or entry.refused or entry.code in DENIAL_CODES or self._metrics.per_org:
+        batch[2][_bucket(self._bounds, duration)] += 1
+        if entry.error or entry.refused or entry.code in DENIAL_CODES or self._per_org:
             self._rare(entry)
 
     def _rare(self, entry: Any) -> None:
@@ -295,6 +295,20 @@ class RequestMetrics:
                                                 m.request_duration.labels(pool, protocol))
             children[0].inc(count)
             observe_many(children[1], self._bounds, count, total, buckets)
+
+
+def _bucket(bounds: tuple[float, ...], value: float) -> int:
+    """Histogram.observe's bucket for ``value``: the index of the first of ``bounds`` >= it (``bisect_left``;
+    the last bound is +Inf). A scan from the first: a request's duration is in the first few (compiled, a C
+    loop instead of a call)."""
+    last = len(bounds) - 1
+    i = 0
+    while i < last:
+        bound = bounds[i]
+        if value <= bound:
+            break
+        i += 1
+    return i
 
 
 def observe_many(histogram: Any, bounds: tuple[float, ...], count: int, total: float, buckets: list[int]) -> None:

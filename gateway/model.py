@@ -89,7 +89,9 @@ class Owner:
         return cls(identity.org_id, identity.user_id, identity.bot_id)
 
     def matches(self, identity: Identity) -> bool:
-        return (self.org_id, self.user_id, self.bot_id) == (identity.org_id, identity.user_id, identity.bot_id)
+        # Field by field, not as two tuples: every request routed from the cache checks its owner (route_cache.py).
+        return (self.user_id == identity.user_id and self.org_id == identity.org_id
+                and self.bot_id == identity.bot_id)
 
     def compact(self) -> list[str | None]:
         """``[org_id, user_id, bot_id]``: how a sandbox's owner is stored (Redis, registries)."""

@@ -204,8 +204,7 @@ class DownstreamConnection(RequestReader):
         if self.watch_tick > plane.begin_tick:  # its bucket is later than this request's first deadline can be
             plane.enter(self, plane.begin_tick)
         if ex.request_id is None:
-            ids = plane.ids
-            ex.request_id = b"%s%x" % (ids.prefix, next(ids.counter))
+            ex.request_id = plane.ids.next()
         if plane.tracer is not None:
             plane.tracer.begin(ex)  # gateway/tracing.py
         if self._answered_early(ex, batch):

@@ -1,8 +1,16 @@
 # The compiled build's declarations for _request.py (gateway/_compiled.py).
+cimport cython
 from gateway.proxy._exchange cimport Exchange
 from gateway.proxy._keys cimport KeyedRequests
 
+# on_header's table and header codes, typed: its lookup is a C dict get and its tests C comparisons.
+cdef dict REQUEST_HEADERS_EXACT
+cdef int R_AUTH, R_BOT, R_CL, R_CONNECTION, R_DROP, R_EXPECT, R_HOST, R_REQUEST_ID, R_TE, R_UPGRADE, R_XFF
+
 cdef class RequestReader(KeyedRequests):
+    cpdef begin(self, Exchange ex, bint batch=*)
+    @cython.locals(code=int)
+    cpdef on_header(self, bytes name, bytes value)
     # on_header's kinds of header: C calls in the compiled build (one per header that is not forwarded as is)
     cpdef credential_header(self, Exchange ex, int code, bytes value)
     cpdef framing_header(self, Exchange ex, int code, bytes name, bytes value)

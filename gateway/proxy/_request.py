@@ -103,11 +103,6 @@ def _transfer_encoding(ex: Exchange, codings: bytes) -> None:
         ex.body = CODED
 
 
-# The kinds of request header on_header hands to a method of their own (the codes are _admission's).
-_FRAMING = frozenset((R_CL, R_TE, R_EXPECT))
-_HOP_BY_HOP = frozenset((R_CONNECTION, R_UPGRADE))
-_FORWARDING = frozenset((R_HOST, R_XFF, R_REQUEST_ID))
-
 _WS_EXTENSIONS = frozenset({b"sec-websocket-extensions"})  # declined while a message size limit is set
 
 
@@ -115,6 +110,11 @@ class RequestReader(KeyedRequests):
     """The httptools request callbacks; the state they use is :class:`~gateway.proxy._state.ClientState`."""
 
     __slots__ = ()
+
+    def begin(self, ex: Exchange, batch: bool = False) -> None:
+        """Serve ``ex``: :meth:`DownstreamConnection.begin <gateway.proxy._downstream.DownstreamConnection.begin>`
+        (declared here so that on_headers_complete calls it as a C method in the compiled build)."""
+        raise NotImplementedError
 
     def on_message_begin(self) -> None:
         if self.mode & M_DISCARD:
@@ -146,8 +146,8 @@ class RequestReader(KeyedRequests):
         if not self.mode & M_IN_HEAD:
             _trailer(ex, name, value)
             return
-        code = REQUEST_HEADERS_EXACT.get(name)
-        if code is None:
+        code = REQUEST_HEADERS_EXACT.get(name, -1)  # compiled: a C dict lookup, and code a C int (_request.pxd)
+        if code < 0:
             code = header_role(name.lower())  # an unusual spelling; every other X-Sandbox-* is R_DROP
         if not code:
             ex.headers += (name, COLON, value, CRLF)
@@ -155,11 +155,11 @@ class RequestReader(KeyedRequests):
             return  # hop-by-hop, or what only the gateway may set: never forwarded
         elif code <= R_BOT or code == R_AUTH:
             self.credential_header(ex, code, value)
-        elif code in _FRAMING:
+        elif code == R_CL or code == R_TE or code == R_EXPECT:
             self.framing_header(ex, code, name, value)
-        elif code in _HOP_BY_HOP:
+        elif code == R_CONNECTION or code == R_UPGRADE:
             self.hop_by_hop_header(ex, code, value)
-        elif code in _FORWARDING:
+        elif code == R_HOST or code == R_XFF or code == R_REQUEST_ID:
             self.forwarding_header(ex, code, value)
         else:
             self.keys_header(ex, code, name, value)

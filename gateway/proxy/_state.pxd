@@ -1,5 +1,6 @@
 # The compiled build's declarations for _state.py (gateway/_compiled.py): the fields as C struct members.
 from gateway.proxy._exchange cimport Exchange
+from gateway.proxy._wire cimport RequestIds
 
 cdef class RequestHooks:
     cdef public tuple hooks
@@ -15,7 +16,8 @@ cdef class PlaneState:
     cdef public set clients
     cdef public dict slow_heads
     cdef public object gate
-    cdef public object admission, ids, loop, keys, compat, options, resolver, on_request, drained
+    cdef public RequestIds ids
+    cdef public object admission, loop, keys, compat, options, resolver, on_request, drained
     cdef public object hosts, tracer
     cdef public dict wheel
     cdef public double tick_len

@@ -21,3 +21,8 @@ cdef int _connection_option(chars s, Py_ssize_t n, Py_ssize_t value, Py_ssize_t 
 
 @cython.locals(size=Py_ssize_t, k=Py_ssize_t, c=int, w=chars)
 cdef bint _is(chars s, Py_ssize_t n, Py_ssize_t at, bytes word, bint fold)
+
+cdef class RequestIds:
+    cdef public bytes prefix
+    cdef public unsigned long long count
+    cpdef bytes next(self)
