@@ -142,7 +142,8 @@ class Attack:
     """``connections`` slots from ``sources`` addresses against ``target``, over processes of ``per_process``."""
 
     def __init__(self, target: str, mode: str, connections: int, sources: list[str], per_process: int,
-                 reopen: float) -> None:
+                 reopen: float, niceness: int = 0) -> None:
+        self.niceness = niceness  # added to the attacker processes' nice value (neighbours.py: they yield to the victim)
         per_source = connections // len(sources)
         per_process_per_source = max(1, per_process // len(sources))
         self.commands = []
@@ -157,8 +158,9 @@ class Attack:
 
     async def __aenter__(self) -> Attack:
         for command in self.commands:
-            self.procs.append(await asyncio.create_subprocess_exec(*command, stdin=asyncio.subprocess.PIPE,
-                                                                   stdout=asyncio.subprocess.PIPE))
+            self.procs.append(await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                preexec_fn=(lambda: os.nice(self.niceness)) if self.niceness else None))
         for proc in self.procs:
             assert proc.stdout is not None
             line = (await asyncio.wait_for(proc.stdout.readline(), 300)).decode()

@@ -8,7 +8,8 @@ the same read. Anything slower (resolving, creating, connecting) runs in one
 task. Body bytes are then written through as they arrive; reading from the
 client pauses while the upstream's write buffer is full. Pipelined requests
 wait, in order, behind the one in flight. Requests are parsed by the httptools
-callbacks of :class:`~gateway.proxy._request.RequestReader`; the answers the
+callbacks of :class:`~gateway.proxy._request.RequestReader` (which also bounds a head
+that takes several reads, in bytes and time); the answers the
 gateway gives itself when a request ends badly are :class:`~gateway.proxy._refusals.Refusals`.
 
 This module is the hot path: the common case is written out inline rather than
@@ -22,19 +23,19 @@ import logging
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade
+from httptools import HttpParserError, HttpParserUpgrade
 
-from gateway.errors import BadRequest, CapacityExceeded, GatewayError, NotFound, TooManyConnections, UpstreamError
+from gateway.errors import CapacityExceeded, GatewayError, NotFound, TooManyConnections, UpstreamError
 from gateway.hosts import host_not_allowed
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
-from gateway.proxy._request import RequestReader, _BodyTooLarge, _HeadTooLarge
+from gateway.proxy._request import RequestReader
 from gateway.proxy._state import (
-    M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED, PAUSE_PIPELINE, PAUSE_SLOW_HEAD,
-    PAUSE_WAIT, SLOW_HEAD_AFTER,
+    M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD, M_LINGER, M_TUNNEL, M_UPGRADED, NEVER, PAUSE_PIPELINE, PAUSE_SLOW_HEAD,
+    PAUSE_WAIT,
 )
 from gateway.proxy._wire import (
-    CONTINUE_100, CRLF, H2_PREFACE, HTTP11_CRLF, SP, TE_CHUNKED, WS_UPGRADE, XFP_HTTP, body_length, declares_stream,
-    error_response, h2_refusal, last_chunk, navigation,
+    CONTINUE_100, CRLF, HTTP11_CRLF, SP, TE_CHUNKED, WS_UPGRADE, XFP_HTTP, body_length, declares_stream,
+    error_response, last_chunk, navigation,
 )
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -72,6 +73,7 @@ class DownstreamConnection(RequestReader):
             self.refuse_connection(bound)
             return
         self.plane.clients.add(self)
+        self.plane.watch(self, self.idle_since + self.plane.options.header_read_timeout)
 
     def refuse_connection(self, bound: str) -> None:
         """Past a listener bound (gateway/gate.py): a 503 before any request is read, then the close."""
@@ -119,80 +121,6 @@ class DownstreamConnection(RequestReader):
         if self.mode & M_IN_HEAD:
             self._head_pending(data)
 
-    def _head_pending(self, data: bytes) -> None:
-        """A head is still incomplete after this read: count it from its first read; a slow one (a
-        slowloris) is paused until the tick wakes it (DataPlane.wake_slow_heads)."""
-        if not self.head_seen:
-            self._head_begun(data)
-        elif self.slow_head():
-            self.hold_slow_head()
-
-    def _unparsable(self, exc: HttpParserError, data: bytes) -> None:
-        """The parser stopped in ``data``: a bound our callbacks enforce, or a malformed request."""
-        if isinstance(exc, HttpParserCallbackError):
-            reason = exc.__context__
-            if isinstance(reason, _HeadTooLarge):
-                self._head_too_large(data)
-            elif isinstance(reason, _BodyTooLarge):
-                self._body_too_large()
-            else:
-                log.error("proxy callback failed", exc_info=reason or exc)
-                self._malformed(GatewayError("internal error while reading the request"))
-        elif data.startswith(H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
-            self._malformed(h2_refusal(self.plane.options.grpc_port), h2=True)
-        else:
-            self._malformed(BadRequest(f"malformed HTTP request: {exc}", code="bad_request"))
-
-    def _head_begun(self, data: bytes) -> None:
-        """A head began in this read and is not complete. The callbacks only see whole headers, so
-        one split across reads is never counted by them: count this whole read towards the head
-        instead (an upper bound) and every later read in _special."""
-        self.head_seen = len(data)
-        if len(data) > self.plane.max_head:
-            self._head_too_large(data)
-        elif self.plane.keyed:
-            self.head_raw = [data]
-
-    def _special(self, data: bytes) -> bool:
-        """The slow path of data_received; True when ``data`` should still be parsed."""
-        mode = self.mode
-        if mode & M_TUNNEL:
-            ex = self.current
-            up = self.up_conn
-            if ex is not None and up is not None and not up.closed:
-                guard = self.ws_guard
-                if guard is not None and guard.feed(data) is not None:
-                    self._ws_refused(ex, guard.verdict)  # type: ignore[arg-type]
-                    return False
-                ex.bytes_in += len(data)
-                ex.active_at = self.plane.now
-                try:
-                    up.transport.write(data)
-                except RuntimeError:  # uvloop: the upstream's transport closed; its connection_lost settles it
-                    pass
-            return False
-        if mode & (M_CLOSING | M_DISCARD):
-            if self.cookie_scan is not None:
-                self.cookie_bomb_read(data)
-            return False
-        if mode & M_UPGRADED:
-            ex = self.last
-            if ex is not None and ex.state != DONE:
-                if ex.early is None:
-                    ex.early = [data]
-                else:
-                    ex.early.append(data)
-            self.pause(PAUSE_WAIT)
-            return False
-        # M_IN_HEAD: a head spread over several reads; bound its size.
-        self.head_seen += len(data)
-        if self.head_seen > self.plane.max_head:
-            self._head_too_large(data)
-            return False
-        if self.head_raw is not None:
-            self.head_raw.append(data)
-        return True
-
     def eof_received(self) -> bool | None:
         # A client that half-closes after sending its request still gets the response, unless
         # it is an event stream: a client closing one has gone (a half-close looks the same),
@@ -208,6 +136,7 @@ class DownstreamConnection(RequestReader):
     def connection_lost(self, exc: Exception | None) -> None:
         self.mode |= M_CLOSING
         plane = self.plane
+        self.watch_tick = NEVER  # its entry in the deadline wheel is stale now
         if self.rpause & PAUSE_SLOW_HEAD:
             plane.slow_heads.pop(self, None)
         if self not in plane.clients:
@@ -272,6 +201,8 @@ class DownstreamConnection(RequestReader):
         ex.t0 = perf_counter()  # durations need better than uvloop's millisecond loop clock
         ex.active_at = plane.now
         plane.inflight += 1
+        if self.watch_tick > plane.begin_tick:  # its bucket is later than this request's first deadline can be
+            plane.enter(self, plane.begin_tick)
         if ex.request_id is None:
             ex.request_id = plane.ids.next()
         if plane.tracer is not None:
@@ -438,6 +369,7 @@ class DownstreamConnection(RequestReader):
                 limit = pool_limit  # a client may ask for less than its pool allows, never more
         if limit:
             ex.deadline = self.plane.now + limit
+            self.plane.watch(self, ex.deadline)
 
     def _request_head(self, ex: Exchange, route: Route, conn: UpstreamConnection) -> bytes:
         """The head the sandbox gets: the request line, the headers kept, then the ones the gateway sets
@@ -606,34 +538,11 @@ class DownstreamConnection(RequestReader):
             return
         self.mode |= M_DISCARD | M_LINGER
         self.linger_until = self.plane.now + LINGER_TIME
+        self.plane.watch(self, self.linger_until)
         transport.write_eof()
         if self.rpause:
             self.rpause = 0
             transport.resume_reading()
-
-    def head_overdue(self, now: float, timeout: float) -> bool:
-        """Called by the tick while a request head is awaited: True when it dawdled past ``timeout``
-        (slowloris). The connection is then marked closing; the tick closes it (in slices, one log line)."""
-        key = self.parsing if self.parsing is not None else self
-        if self.head_key is not key:
-            self.head_key = key
-            self.head_at = self.idle_since if key is self else now
-        if now - self.head_at > timeout and not self.mode & M_CLOSING:
-            self.mode |= M_CLOSING
-            self.plane.gate.release(self.peer, self)  # its slot is free now, not when its slice closes it
-            return True
-        return False
-
-    def slow_head(self) -> bool:
-        """A head the tick has timed for more than SLOW_HEAD_AFTER, still incomplete, not yet held."""
-        return (self.mode & (M_IN_HEAD | M_CLOSING) == M_IN_HEAD and not self.rpause & PAUSE_SLOW_HEAD
-                and self.head_key is self.parsing and self.plane.now - self.head_at > SLOW_HEAD_AFTER)
-
-    def hold_slow_head(self) -> None:
-        """Stop reading a slow head until the tick wakes it: a slowloris's thousands of connections,
-        each sending a line at the same moment, are then read a slice per loop turn, not all in one."""
-        self.pause(PAUSE_SLOW_HEAD)
-        self.plane.slow_heads[self] = None
 
     def abort_connection(self) -> None:
         self.mode |= M_CLOSING

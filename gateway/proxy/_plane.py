@@ -23,7 +23,9 @@ from gateway.proxy._admission import Admission
 from gateway.proxy._downstream import DownstreamConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
 from gateway.proxy._keys import PreviewKeys
-from gateway.proxy._state import PAUSE_SLOW_HEAD, PAUSE_UPSTREAM, PlaneState, ignore_requests
+from gateway.proxy._state import (
+    M_CLOSING, M_IN_HEAD, NEVER, PAUSE_SLOW_HEAD, PAUSE_UPSTREAM, SLOW_HEAD_AFTER, PlaneState, ignore_requests,
+)
 from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
 from gateway.proxy._wire import RequestIds, declares_stream
 from routing import Identity
@@ -37,6 +39,7 @@ CLIENT_KEEPALIVE_TIMEOUT = 75.0   # an idle client connection is closed after th
 LONG_REQUEST_AFTER = 10.0         # an exchange open this long counts as a stream for the reaper
 WRITE_BUFFER_HIGH = 256 * 1024    # per transport; reading from the other side pauses above this
 SLICE = 128                       # client connections the tick closes or wakes per loop turn (<1 ms)
+_INF = float("inf")
 EAGAIN_BACKOFF_CAP = 0.1          # the longest pause between connects to a Unix socket whose backlog is full
 
 
@@ -180,9 +183,11 @@ class DataPlane(PlaneState):
         self._server: asyncio.Server | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.drained: asyncio.Future[None] | None = None
-        self._ticks = 0
-        self._tick_interval = max(0.01, min(0.5, (options.upstream_read_timeout or 2.0) / 4,
-                                            options.stream_idle_timeout / 4, options.header_read_timeout / 4))
+        self.tick_len = max(0.01, min(0.5, (options.upstream_read_timeout or 2.0) / 4,
+                                      options.stream_idle_timeout / 4, options.header_read_timeout / 4))
+        self.wheel = {}
+        self.wheel_at = 0
+        self.begin_tick = 0
 
     def policy_replaced(self, view: PolicyView) -> None:
         """The policy view's subscriber (``PolicyView.subscribe``): the pools' request timeouts in force."""
@@ -194,9 +199,11 @@ class DataPlane(PlaneState):
         self.loop = asyncio.get_running_loop()
         self.ids = RequestIds()  # the prefix carries this process's ID
         self.now = self.loop.time()
+        self.wheel_at = int(self.now / self.tick_len)
+        self.begin_tick = int((self.now + self._horizon()) / self.tick_len) + 1
         self._server = await self.loop.create_server(
             functools.partial(DownstreamConnection, self), sock=sock, backlog=2048)
-        self._timer = self.loop.call_later(self._tick_interval, self._tick)
+        self._timer = self.loop.call_later(self.tick_len, self._tick)
 
     async def stop(self, drain_timeout: float) -> None:
         """Stop accepting, let in-flight requests finish (up to ``drain_timeout``), close everything."""
@@ -347,6 +354,15 @@ class DataPlane(PlaneState):
             sandbox_id=route.sandbox_id)
 
     # -- the clock ------------------------------------------------------------
+    # Each connection sits in one bucket of a wheel keyed by tick (PlaneState.watch): the earliest moment
+    # any of its deadlines may fall (its request head's, its keep-alive's, its request's). A tick looks only
+    # at the buckets that are due, and each connection there is checked against what it is doing then, and
+    # put back at its next such moment. What moves a deadline later (a byte read, a request finished) only
+    # writes a time: the check finds it later than it was. What makes one sooner puts the connection in an
+    # earlier bucket at once: a connection opened, a head that did not arrive in one read, a request begun
+    # (only when its bucket is later than the request's first deadline could be), a request deadline, a
+    # lingering close. So the tick costs what is due, not a pass over every connection (1.2-2.8 ms per
+    # pass at 4,000 connections, every 0.5 s, before).
     def _tick(self) -> None:
         self.now = self.loop.time()
         try:
@@ -356,23 +372,48 @@ class DataPlane(PlaneState):
         except Exception:
             log.exception("data plane housekeeping failed")
         finally:
-            self._ticks += 1
             if not self.closed:
-                self._timer = self.loop.call_later(self._tick_interval, self._tick)
+                self._timer = self.loop.call_later(self.tick_len, self._tick)
+
+    @property
+    def long_request_after(self) -> float:
+        return self._long_request_after
+
+    @long_request_after.setter
+    def long_request_after(self, seconds: float) -> None:
+        """Settable (tests scale it down on a running plane): requests begun from now on are timed by it."""
+        self._long_request_after = seconds
+        if getattr(self, "loop", None) is not None:  # started
+            self.begin_tick = int((self.now + self._horizon()) / self.tick_len) + 1
+
+    def _horizon(self) -> float:
+        """The soonest a request's own deadlines (not X-Sandbox-Timeout's) can fall after it begins."""
+        options = self.options
+        return min(self.long_request_after, options.stream_idle_timeout, options.upstream_read_timeout or _INF)
 
     def _check_deadlines(self, now: float) -> None:
-        """Timeouts (request heads, upstream answers, idle streams), long-request promotion, idle pools
-        and idle clients; a few times a second."""
-        began_before = perf_counter() - self.long_request_after  # Exchange.t0 is on the perf_counter clock
-        # Idle keep-alive clients are looked at one tick in eight.
-        idle_before = now - self.client_keepalive_timeout if self._ticks % 8 == 0 else None
+        """Timeouts (request heads, upstream answers, idle streams), long-request promotion and idle clients
+        for the connections whose bucket is due; idle pools; a few times a second."""
+        due = int(now / self.tick_len)
+        self.begin_tick = int((now + self._horizon()) / self.tick_len) + 1
+        buckets = []
+        wheel = self.wheel
+        while self.wheel_at < due:
+            self.wheel_at += 1
+            bucket = wheel.pop(self.wheel_at, None)
+            if bucket is not None:
+                buckets.append((self.wheel_at, bucket))
+        perf_now = perf_counter()  # Exchange.t0 is on the perf_counter clock
         overdue: list[DownstreamConnection] = []
-        for client in list(self.clients):
-            ex = client.current
-            if ex is None:
-                self._check_waiting_client(client, now, idle_before, overdue)
-            elif not self._timed_out(client, ex, now) and not ex.stream and ex.state != DONE and began_before > ex.t0:
-                self.stream_began(ex)
+        for tick, bucket in buckets:
+            for client in bucket:
+                if client.watch_tick == tick:  # else a stale entry: it is in another bucket, or gone
+                    client.watch_tick = NEVER
+                    try:
+                        self._check_client(client, now, perf_now, overdue)
+                    except Exception:  # one connection's failure must not leave the others unwatched
+                        log.exception("data plane housekeeping failed for a client connection")
+                        self.watch(client, now)  # looked at again next tick
         if overdue:
             self.heads_overdue += len(overdue)
             if self.on_heads_overdue is not None:
@@ -385,7 +426,41 @@ class DataPlane(PlaneState):
             if pool.idle:
                 pool.expire(now - keepalive)
 
-    def _check_waiting_client(self, client: DownstreamConnection, now: float, idle_before: float | None,
+    def _check_client(self, client: DownstreamConnection, now: float, perf_now: float,
+                      overdue: list[DownstreamConnection]) -> None:
+        """What is due of one connection; then into the bucket of its next deadline (none once closing)."""
+        ex = client.current
+        if ex is None:
+            self._check_waiting_client(client, now, overdue)
+        elif not self._timed_out(client, ex, now) and not ex.stream and ex.state != DONE and (
+                perf_now - ex.t0 > self.long_request_after):
+            self.stream_began(ex)
+        if client.mode & M_CLOSING and not client.linger_until:
+            return
+        self.watch(client, self._next_check(client, now, perf_now))
+
+    def _next_check(self, client: DownstreamConnection, now: float, perf_now: float) -> float:
+        """The earliest any deadline of ``client`` can fall, from what it is doing now (a deadline that may
+        move later is taken at its earliest: the check then finds it moved and puts the client back)."""
+        if client.linger_until:
+            return client.linger_until
+        options = self.options
+        ex = client.current
+        if ex is None:
+            if client.parsing is None and client.last is not None:  # between requests (keep-alive)
+                return client.idle_since + self.client_keepalive_timeout
+            begun = client.idle_since if client.parsing is None else max(client.idle_since, client.head_at)
+            if client.mode & M_IN_HEAD and not client.rpause & PAUSE_SLOW_HEAD and now - begun <= SLOW_HEAD_AFTER:
+                return begun + SLOW_HEAD_AFTER  # to hold it if it is still incomplete then
+            return begun + options.header_read_timeout
+        due = ex.active_at + min(options.stream_idle_timeout, options.upstream_read_timeout or _INF)
+        if ex.deadline:
+            due = min(due, ex.deadline)
+        if not ex.stream:
+            due = min(due, now + self.long_request_after - (perf_now - ex.t0))
+        return due
+
+    def _check_waiting_client(self, client: DownstreamConnection, now: float,
                               overdue: list[DownstreamConnection]) -> None:
         """A client with no request being served: a lingering close that is over, a head that dawdles
         (slowloris: added to ``overdue``), or a keep-alive connection idle past client_keepalive_timeout."""
@@ -397,7 +472,7 @@ class DataPlane(PlaneState):
                 overdue.append(client)
             elif client.slow_head():  # held before its next line: a burst of them is then read in slices
                 client.hold_slow_head()
-        elif idle_before is not None and client.idle_since < idle_before:
+        elif now - client.idle_since > self.client_keepalive_timeout:
             client.close_if_idle()
 
     def close_slices(self, clients: list[DownstreamConnection]) -> None:

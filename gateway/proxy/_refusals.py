@@ -142,6 +142,7 @@ class Refusals(ClientState):
             self.mode |= M_DISCARD
             self.cookie_scan = (names, exc)
             self.linger_until = self.plane.now + self.plane.options.header_read_timeout
+            self.plane.watch(self, self.linger_until)
             return
         self._answer_cookie_bomb(names, exc)
 

@@ -5,7 +5,9 @@ tables in ``_wire`` (identity headers and credentials taken out, hop-by-hop
 headers dropped, everything else kept as raw byte groups), the head size is
 bounded, and a complete head becomes the current request (``begin``) or waits
 behind the one in flight. Body bytes go to the attached upstream connection, or
-are held until one is attached.
+are held until one is attached. A head that does not arrive in one read is bounded
+here in bytes across reads and in time (``header_read_timeout``; a slow one is held
+between the data plane's ticks): ``RequestReader``'s second part.
 
 :class:`RequestReader` is a base of :class:`~gateway.proxy._downstream.DownstreamConnection`
 (httptools calls back into the protocol object itself), kept apart so that the
@@ -17,17 +19,25 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from gateway.errors import BadRequest, NotImplementedByGateway, PayloadTooLarge
+import logging
+
+from httptools import HttpParserCallbackError, HttpParserError
+
+from gateway.errors import BadRequest, GatewayError, NotImplementedByGateway, PayloadTooLarge
 from gateway.proxy._admission import header_role
 from gateway.proxy._exchange import CHUNKED, CODED, DONE, LENGTH, Exchange
 from gateway.proxy._keys import KeyedRequests
-from gateway.proxy._state import M_CLOSING, M_DISCARD, M_IN_HEAD, PAUSE_PIPELINE
+from gateway.proxy._state import (
+    M_CLOSING, M_DISCARD, M_IN_HEAD, M_TUNNEL, M_UPGRADED, PAUSE_PIPELINE, PAUSE_SLOW_HEAD, PAUSE_WAIT, SLOW_HEAD_AFTER,
+)
 from gateway.proxy._wire import (
-    ACCESS_COOKIE, COLON, CRLF, FRAMING_HEADERS, IDENTITY_HEADER_NAMES, R_AUTH, R_BOT, R_CL, R_CONNECTION, R_COOKIE,
+    ACCESS_COOKIE, COLON, CRLF, FRAMING_HEADERS, H2_PREFACE, IDENTITY_HEADER_NAMES, R_AUTH, R_BOT, R_CL, R_CONNECTION, R_COOKIE,
     R_DROP, R_EXPECT, R_HOST, R_ORG, R_REQUEST_ID, R_SANDBOX_ID, R_SESSION, R_TE, R_TIMEOUT, R_UPGRADE, R_USER, R_XFF,
     REQUEST_HEADERS, REQUEST_HEADERS_EXACT, SANDBOX_HEADER_PREFIXES, connection_tokens, cut_access_cookie, last_chunk,
-    sane_request_id, without_headers,
+    h2_refusal, sane_request_id, without_headers,
 )
+
+log = logging.getLogger("gateway.proxy")
 
 _INF = float("inf")
 
@@ -309,6 +319,108 @@ class RequestReader(KeyedRequests):
         ex.req_done = True
         if ex.upstream is not None and ex.body == CHUNKED:
             self.up_out.append(last_chunk(ex.trailers))
+
+    # -- the slow path of a read; a head over several reads: its bytes, its time --------------------------------------------
+    def _head_pending(self, data: bytes) -> None:
+        """A head is still incomplete after this read: count it from its first read; a slow one (a
+        slowloris) is paused until the tick wakes it (DataPlane.wake_slow_heads)."""
+        if not self.head_seen:
+            self._head_begun(data)
+        elif self.slow_head():
+            self.hold_slow_head()
+
+    def _unparsable(self, exc: HttpParserError, data: bytes) -> None:
+        """The parser stopped in ``data``: a bound our callbacks enforce, or a malformed request."""
+        if isinstance(exc, HttpParserCallbackError):
+            reason = exc.__context__
+            if isinstance(reason, _HeadTooLarge):
+                self._head_too_large(data)
+            elif isinstance(reason, _BodyTooLarge):
+                self._body_too_large()
+            else:
+                log.error("proxy callback failed", exc_info=reason or exc)
+                self._malformed(GatewayError("internal error while reading the request"))
+        elif data.startswith(H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
+            self._malformed(h2_refusal(self.plane.options.grpc_port), h2=True)
+        else:
+            self._malformed(BadRequest(f"malformed HTTP request: {exc}", code="bad_request"))
+
+    def _head_begun(self, data: bytes) -> None:
+        """A head began in this read and is not complete. The callbacks only see whole headers, so
+        one split across reads is never counted by them: count this whole read towards the head
+        instead (an upper bound) and every later read in _special. Its time starts now: the data
+        plane's wheel looks at it again when it would be a slow head (DataPlane._next_check)."""
+        plane = self.plane
+        self.head_seen = len(data)
+        self.head_at = plane.now
+        plane.watch(self, plane.now + SLOW_HEAD_AFTER)
+        if len(data) > plane.max_head:
+            self._head_too_large(data)
+        elif plane.keyed:
+            self.head_raw = [data]
+
+    def _special(self, data: bytes) -> bool:
+        """The slow path of data_received; True when ``data`` should still be parsed."""
+        mode = self.mode
+        if mode & M_TUNNEL:
+            ex = self.current
+            up = self.up_conn
+            if ex is not None and up is not None and not up.closed:
+                guard = self.ws_guard
+                if guard is not None and guard.feed(data) is not None:
+                    self._ws_refused(ex, guard.verdict)  # type: ignore[arg-type]
+                    return False
+                ex.bytes_in += len(data)
+                ex.active_at = self.plane.now
+                try:
+                    up.transport.write(data)
+                except RuntimeError:  # uvloop: the upstream's transport closed; its connection_lost settles it
+                    pass
+            return False
+        if mode & (M_CLOSING | M_DISCARD):
+            if self.cookie_scan is not None:
+                self.cookie_bomb_read(data)
+            return False
+        if mode & M_UPGRADED:
+            ex = self.last
+            if ex is not None and ex.state != DONE:
+                if ex.early is None:
+                    ex.early = [data]
+                else:
+                    ex.early.append(data)
+            self.pause(PAUSE_WAIT)
+            return False
+        # M_IN_HEAD: a head spread over several reads; bound its size.
+        self.head_seen += len(data)
+        if self.head_seen > self.plane.max_head:
+            self._head_too_large(data)
+            return False
+        if self.head_raw is not None:
+            self.head_raw.append(data)
+        return True
+
+    def head_overdue(self, now: float, timeout: float) -> bool:
+        """Called by the tick while a request head is awaited: True when it dawdled past ``timeout``
+        (slowloris), counted from the connection's start or its last response, or from the head's first
+        read when that came later. The connection is then marked closing; the tick closes it (in slices,
+        one log line)."""
+        begun = self.idle_since if self.parsing is None else max(self.idle_since, self.head_at)
+        if now - begun > timeout and not self.mode & M_CLOSING:
+            self.mode |= M_CLOSING
+            self.plane.gate.release(self.peer, self)  # its slot is free now, not when its slice closes it
+            return True
+        return False
+
+    def slow_head(self) -> bool:
+        """A head begun more than SLOW_HEAD_AFTER ago, still incomplete, not yet held."""
+        return (self.mode & (M_IN_HEAD | M_CLOSING) == M_IN_HEAD and not self.rpause & PAUSE_SLOW_HEAD
+                and self.plane.now - self.head_at > SLOW_HEAD_AFTER)
+
+    def hold_slow_head(self) -> None:
+        """Stop reading a slow head until the tick wakes it: a slowloris's thousands of connections,
+        each sending a line at the same moment, are then read a slice per loop turn, not all in one."""
+        self.pause(PAUSE_SLOW_HEAD)
+        self.plane.slow_heads[self] = None
 
 
 

@@ -5,6 +5,8 @@ from gateway.proxy._wire cimport RequestIds
 cdef class RequestHooks:
     cdef public tuple hooks
 
+cdef class ClientState
+
 cdef class PlaneState:
     cdef public double now
     cdef public bint draining, closed, trust_xff, keyed
@@ -17,6 +19,11 @@ cdef class PlaneState:
     cdef public RequestIds ids
     cdef public object admission, loop, keys, compat, options, resolver, on_request, drained
     cdef public object hosts, tracer
+    cdef public dict wheel
+    cdef public double tick_len
+    cdef public Py_ssize_t wheel_at, begin_tick
+    cpdef watch(self, ClientState client, double when)
+    cpdef enter(self, ClientState client, Py_ssize_t tick)
     cpdef stream_began(self, Exchange ex)
     cpdef finished(self, Exchange ex)
 
@@ -25,7 +32,6 @@ cdef class ClientState:
     cdef public bytes conn_line
     cdef public Exchange current
     cdef public double head_at
-    cdef public object head_key
     cdef public Py_ssize_t head_seen
     cdef public list head_raw
     cdef public object host_ok
@@ -46,5 +52,6 @@ cdef class ClientState:
     cdef public object transport
     cdef public object up_conn
     cdef public list up_out
+    cdef public Py_ssize_t watch_tick
     cdef public bint wpaused
     cdef public object ws_guard

@@ -14,6 +14,7 @@ type, and an extension type has one base whose fields it extends.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,7 @@ PAUSE_DISCARD = 8    # M_DISCARD: never resumed
 PAUSE_SLOW_HEAD = 16  # a head still incomplete SLOW_HEAD_AFTER after it began: read once per tick (DataPlane)
 
 SLOW_HEAD_AFTER = 1.0  # seconds: a head taking longer is a slow one (a slowloris, or a very slow network)
+NEVER = sys.maxsize    # ClientState.watch_tick of a connection in no bucket of the deadline wheel
 
 # ClientState.mode bits: anything set sends data_received down the slow path.
 M_TUNNEL = 1         # spliced to an upstream (WebSocket)
@@ -109,6 +111,30 @@ class PlaneState:
     resolver: RouteResolver
     on_request: Callable[[RequestLog], None]  # called with a RequestLog for every finished request (settable)
     drained: asyncio.Future[None] | None      # set while stop() waits for the requests in flight
+    # The deadline wheel (DataPlane's clock, gateway/proxy/_plane.py): tick number -> the connections to
+    # look at then. Each connection is in the bucket of the earliest moment something of it may be due.
+    wheel: dict[int, list[Any]]
+    tick_len: float             # seconds per tick
+    wheel_at: int               # the last tick whose bucket was taken
+    begin_tick: int             # the bucket a request begun now must be looked at by (see DownstreamConnection.begin)
+
+    def watch(self, client: ClientState, when: float) -> None:
+        """Look at ``client`` at the first tick at or after ``when`` (not before the next one), unless it is
+        due to be looked at sooner already. Its entries in later buckets go stale: a bucket skips a client
+        whose ``watch_tick`` is not its own (lazy invalidation), so nothing is ever searched or removed."""
+        self.enter(client, int(when / self.tick_len) + 1)
+
+    def enter(self, client: ClientState, tick: int) -> None:
+        """``watch`` by tick number."""
+        if tick <= self.wheel_at:
+            tick = self.wheel_at + 1
+        if tick < client.watch_tick:
+            client.watch_tick = tick
+            bucket = self.wheel.get(tick)
+            if bucket is None:
+                self.wheel[tick] = [client]
+            else:
+                bucket.append(client)
 
     # -- exchange bookkeeping -------------------------------------------------
     def stream_began(self, ex: Exchange) -> None:
@@ -164,10 +190,10 @@ class ClientState:
     """One client connection's fields (see the module docstring for who uses them)."""
 
     __slots__ = (
-        "big", "conn_line", "cookie_scan", "current", "head_at", "head_key", "head_raw", "head_seen", "host_ok",
+        "big", "conn_line", "cookie_scan", "current", "head_at", "head_raw", "head_seen", "host_ok",
         "ident", "ident_key", "idle_since",
         "last", "linger_until", "mode", "parser", "parsing", "peer", "plane", "queue", "route_key", "route_line",
-        "route_pool", "rpause", "transport", "up_conn", "up_out", "wpaused", "ws_guard",
+        "route_pool", "rpause", "transport", "up_conn", "up_out", "watch_tick", "wpaused", "ws_guard",
     )
 
     def __init__(self, plane: DataPlane) -> None:
@@ -196,9 +222,9 @@ class ClientState:
         self.route_pool: UpstreamPool | None = None
         self.route_line = b""                  # Host + X-Sandbox-Id for route_key
         self.idle_since = 0.0
-        self.head_key: object = None           # the head the tick is timing (header_read_timeout)
-        self.head_at = 0.0
+        self.head_at = 0.0                     # when the head being read began (its first incomplete read)
         self.linger_until = 0.0                # set by linger(): the tick closes the connection then
+        self.watch_tick = NEVER                # the bucket of the deadline wheel it is in (PlaneState.watch)
         self.ws_guard: MessageSizeGuard | None = None  # watches client frames in a tunnel (ws_max_message_bytes)
 
 
