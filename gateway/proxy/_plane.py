@@ -200,7 +200,7 @@ class DataPlane(PlaneState):
         self.ids = RequestIds()  # the prefix carries this process's ID
         self.now = self.loop.time()
         self.wheel_at = int(self.now / self.tick_len)
-        self.begin_tick = int((self.now + self._horizon()) / self.tick_len) + 1
+        self._move_begin_tick(self.now)
         self._server = await self.loop.create_server(
             functools.partial(DownstreamConnection, self), sock=sock, backlog=2048)
         self._timer = self.loop.call_later(self.tick_len, self._tick)
@@ -384,18 +384,20 @@ class DataPlane(PlaneState):
         """Settable (tests scale it down on a running plane): requests begun from now on are timed by it."""
         self._long_request_after = seconds
         if getattr(self, "loop", None) is not None:  # started
-            self.begin_tick = int((self.now + self._horizon()) / self.tick_len) + 1
+            self._move_begin_tick(self.now)
 
-    def _horizon(self) -> float:
-        """The soonest a request's own deadlines (not X-Sandbox-Timeout's) can fall after it begins."""
+    def _move_begin_tick(self, now: float) -> None:
+        """``begin_tick``: the bucket by which a request begun from ``now`` on must be looked at, the soonest
+        its own deadlines (not X-Sandbox-Timeout's) can fall after it begins."""
         options = self.options
-        return min(self.long_request_after, options.stream_idle_timeout, options.upstream_read_timeout or _INF)
+        horizon = min(self.long_request_after, options.stream_idle_timeout, options.upstream_read_timeout or _INF)
+        self.begin_tick = int((now + horizon) / self.tick_len) + 1
 
     def _check_deadlines(self, now: float) -> None:
         """Timeouts (request heads, upstream answers, idle streams), long-request promotion and idle clients
         for the connections whose bucket is due; idle pools; a few times a second."""
         due = int(now / self.tick_len)
-        self.begin_tick = int((now + self._horizon()) / self.tick_len) + 1
+        self._move_begin_tick(now)
         buckets = []
         wheel = self.wheel
         while self.wheel_at < due:
@@ -449,7 +451,7 @@ class DataPlane(PlaneState):
         if ex is None:
             if client.parsing is None and client.last is not None:  # between requests (keep-alive)
                 return client.idle_since + self.client_keepalive_timeout
-            begun = client.idle_since if client.parsing is None else max(client.idle_since, client.head_at)
+            begun = client.head_began()
             if client.mode & M_IN_HEAD and not client.rpause & PAUSE_SLOW_HEAD and now - begun <= SLOW_HEAD_AFTER:
                 return begun + SLOW_HEAD_AFTER  # to hold it if it is still incomplete then
             return begun + options.header_read_timeout

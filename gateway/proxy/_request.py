@@ -404,12 +404,16 @@ class RequestReader(KeyedRequests):
         (slowloris), counted from the connection's start or its last response, or from the head's first
         read when that came later. The connection is then marked closing; the tick closes it (in slices,
         one log line)."""
-        begun = self.idle_since if self.parsing is None else max(self.idle_since, self.head_at)
-        if now - begun > timeout and not self.mode & M_CLOSING:
+        if now - self.head_began() > timeout and not self.mode & M_CLOSING:
             self.mode |= M_CLOSING
             self.plane.gate.release(self.peer, self)  # its slot is free now, not when its slice closes it
             return True
         return False
+
+    def head_began(self) -> float:
+        """When the awaited head's time began: the connection's start or its last response, or the head's
+        first read when that came later (the one rule for header_read_timeout, here and in the wheel)."""
+        return self.idle_since if self.parsing is None else max(self.idle_since, self.head_at)
 
     def slow_head(self) -> bool:
         """A head begun more than SLOW_HEAD_AFTER ago, still incomplete, not yet held."""
