@@ -168,6 +168,19 @@ SERIAL = ("tests/chaos/", "tests/test_connection_bounds.py", "tests/test_redis_s
 PART = "SANDBOX_GATEWAY_TEST_PART"  # "serial" or "parallel": only those tests (unset: all)
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under xdist, a worker takes a whole file at a time, so each file runs as in a serial run (its
+    module-scoped fixtures once, its tests in order), and tests/hostile/ whole: its gateway is
+    package-scoped and its last file (test_zz_afterwards.py) checks what the whole table left behind."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WholeFiles(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/hostile/" if nodeid.startswith("tests/hostile/") else nodeid.split("::", 1)[0]
+
+    return WholeFiles(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import os
 
