@@ -211,7 +211,7 @@ class Connection(FrameReader):
     def hold(self) -> None:
         """Until :meth:`flush` (which the caller must reach, in a ``finally``): what is written waits for it, with
         no flush of its own queued. A call alone on the front writes its frames and flushes them at once
-        (``Call._hold_alone``); a flush queued and then cancelled would still cost the loop one more turn (a
+        (``Call._alone``); a flush queued and then cancelled would still cost the loop one more turn (a
         poll that waits for nothing, one ``epoll_pwait`` a call more than nginx)."""
         self._holding = True
 
