@@ -173,6 +173,9 @@ class Connection(FrameReader):
         self._wake(self._drain_waiters)
         self.handler.connection_lost(self)
         self._lost.set_result(None)
+        # The keeper names this connection: a cycle, left to the cyclic GC's full collections, which with
+        # thousands of connections closing together took tens of ms in one loop turn (data plane: _downstream).
+        self.keeper = NO_KEEPER
 
     @property
     def peer_host(self) -> str:

@@ -132,10 +132,9 @@ class UpstreamChannels:
         host, port = target
         where = _where(target)
         loop = asyncio.get_running_loop()
-
-        def protocol_factory() -> Connection:
-            return Connection(_ClientSide(self, target), client_side=True)
-
+        # A partial, not a nested function: compiled, a nested function holds this coroutine's locals, which
+        # hold it: a cycle per connection made, left to the cyclic GC (tests/test_no_cycles.py).
+        protocol_factory = functools.partial(self._protocol, target)
         connection: Connection | None = None
         try:
             async with asyncio.timeout(self._connect_timeout):
@@ -158,6 +157,9 @@ class UpstreamChannels:
                     f"the sandbox's gRPC server at {where} is unreachable: {exc.strerror or exc}") from None
             raise
         return connection
+
+    def _protocol(self, target: Target) -> Connection:
+        return Connection(_ClientSide(self, target), client_side=True)
 
     def close(self) -> None:
         for attempt in list(self._connecting.values()):

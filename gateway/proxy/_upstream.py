@@ -356,6 +356,7 @@ class UpstreamConnection:
         ex = self.ex
         if ex is None:
             self.pool.forget(self)
+            self.parser = None  # it holds our bound callbacks: a cycle (see DownstreamConnection.connection_lost)
             return
         if exc is not None and self.tunneled:
             last = unread(self.transport)  # the sandbox's close frame, ahead of its reset
@@ -382,6 +383,7 @@ class UpstreamConnection:
                 sandbox_id = ex.route.sandbox_id if ex.route else None
                 client.fail(ex, UpstreamError(f"sandbox {sandbox_id} closed the connection before responding",
                                               sandbox_id=sandbox_id))
+        self.parser = None
 
     # -- httptools callbacks ------------------------------------------------
     # No on_header and no on_body: the head is rewritten from the raw bytes in one
