@@ -202,6 +202,7 @@ def h2load_calls(workdir: Path, host: str, port: int, concurrency: int, duration
     they took and their median latency (ms, from h2load's per-request log). 200 calls before, unmetered
     by h2load's own clock (the meter around this sees them: a few ms of CPU in seconds)."""
     log = workdir / "h2load.log"
+    log.unlink(missing_ok=True)  # h2load appends to its --log-file: else the p50 would be of every run so far
     command = h2load_command(workdir, host, port, concurrency)
     subprocess.run([*command[:2], "-n200", *command[2:]], check=True, capture_output=True)
     done = subprocess.run([*command[:2], "-D", f"{duration:g}", "--log-file", str(log), *command[2:]],

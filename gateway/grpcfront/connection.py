@@ -36,8 +36,11 @@ from collections import deque
 from typing import Any, Protocol
 
 from gateway.errors import BadRequest, error_body
-from gateway.grpcfront import frames as f
-from gateway.grpcfront.frames import ConnectionFailure
+from gateway.grpcfront.frames import (
+    DEFAULT_FRAME_SIZE, DEFAULT_WINDOW, ENABLE_PUSH, ENHANCE_YOUR_CALM, ERROR_NAMES, HTTP_1_1_REQUIRED,
+    INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE, NO_ERROR, PREFACE, ConnectionFailure, goaway,
+    header_frames, rst_stream, settings_frame, window_update
+)
 from gateway.grpcfront.headers import HeaderCodec
 from gateway.grpcfront.inbound import MAX_HEADER_BLOCK, MAX_STREAMS, FrameReader
 from gateway.grpcfront.keeper import NO_KEEPER, Keeper, NoKeeper
@@ -80,9 +83,9 @@ class Connection(FrameReader):
         self.draining = False               # server side: we sent GOAWAY; new streams are refused
         self.goaway_received = False
         self.write_paused = False
-        self.send_window = f.DEFAULT_WINDOW
-        self.peer_initial_window = f.DEFAULT_WINDOW
-        self.peer_max_frame = f.DEFAULT_FRAME_SIZE
+        self.send_window = DEFAULT_WINDOW
+        self.peer_initial_window = DEFAULT_WINDOW
+        self.peer_max_frame = DEFAULT_FRAME_SIZE
         self.peer_max_streams = 2**31 - 1
         self.active = 0                     # server side: streams whose users have not released them
         self._waiting: deque[Stream] = deque()  # server side: opened while ``active`` was at the limit
@@ -92,6 +95,7 @@ class Connection(FrameReader):
         self.loop = asyncio.get_running_loop()  # kept: asyncio.get_running_loop() costs a getpid() syscall on 3.11
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
+        self._holding = False               # hold() until flush(): the caller writes, then flushes itself
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._inbox = bytearray()
         self._preface = not client_side     # server side: the client's preface is still to come
@@ -119,15 +123,15 @@ class Connection(FrameReader):
         if tls is not None and not self.client_side and tls.selected_alpn_protocol() != "h2":
             self._refuse_without_h2(transport)
             return
-        settings = {f.INITIAL_WINDOW_SIZE: STREAM_WINDOW, f.MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK}
+        settings = {INITIAL_WINDOW_SIZE: STREAM_WINDOW, MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK}
         if self.client_side:
-            settings[f.ENABLE_PUSH] = 0
-            settings[f.MAX_CONCURRENT_STREAMS] = 0
-            self.write(f.PREFACE)
+            settings[ENABLE_PUSH] = 0
+            settings[MAX_CONCURRENT_STREAMS] = 0
+            self.write(PREFACE)
         else:
-            settings[f.MAX_CONCURRENT_STREAMS] = MAX_STREAMS
-        self.write(f.settings_frame(settings))
-        self.write(f.window_update(0, self._window - f.DEFAULT_WINDOW))
+            settings[MAX_CONCURRENT_STREAMS] = MAX_STREAMS
+        self.write(settings_frame(settings))
+        self.write(window_update(0, self._window - DEFAULT_WINDOW))
         self.handler.connection_made(self)
 
     def _refuse_without_h2(self, transport: Any) -> None:
@@ -140,7 +144,7 @@ class Connection(FrameReader):
         transport.write(b"HTTP/1.1 505 HTTP Version Not Supported\r\nContent-Type: application/json\r\n"
                         b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
         transport.close()
-        self.handler.connection_failed(f.HTTP_1_1_REQUIRED)
+        self.handler.connection_failed(HTTP_1_1_REQUIRED)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -203,15 +207,23 @@ class Connection(FrameReader):
         sandbox, reading smaller pieces, spent a fifth more CPU per call; one more turn of the loop costs no
         waiting (the loop polls without blocking while callbacks are ready)."""
         self._out.append(data)
-        if self._flush_handle is None:
+        if self._flush_handle is None and not self._holding:
             self._flush_handle = self.loop.call_soon(self._flush_queued if len(self.streams) <= 1
                                                      else self._flush_next_step)
 
+    def hold(self) -> None:
+        """Until :meth:`flush` (which the caller must reach, in a ``finally``): what is written waits for it, with
+        no flush of its own queued. A call alone on the front writes its frames and flushes them at once
+        (``Call._alone``); a flush queued and then cancelled would still cost the loop one more turn (a
+        poll that waits for nothing, one ``epoll_pwait`` a call more than nginx)."""
+        self._holding = True
+
     def flush(self) -> None:
+        self._holding = False
         handle = self._flush_handle
         if handle is not None:
             self._flush_handle = None
-            handle.cancel()  # called directly (Call._flush_alone, close): the queued call has nothing left to do
+            handle.cancel()  # called directly (close, or after a hold): the queued call has nothing left to do
         self._send()
 
     def _flush_next_step(self) -> None:
@@ -231,12 +243,12 @@ class Connection(FrameReader):
         if transport is not None and not transport.is_closing():
             transport.write(data)
             if self.write_paused and not self.closed and transport.get_write_buffer_size() > MAX_BACKLOG:
-                self.fail(f.ENHANCE_YOUR_CALM, f"over {MAX_BACKLOG} bytes waiting to be written to a peer "
+                self.fail(ENHANCE_YOUR_CALM, f"over {MAX_BACKLOG} bytes waiting to be written to a peer "
                                                "that reads nothing (a flood of frames we must answer?)")
 
     def write_headers(self, stream_id: int, headers: Any, end_stream: bool) -> None:
         block = self._hpack.encode(headers)
-        self.write(f.header_frames(stream_id, block, end_stream, self.peer_max_frame))
+        self.write(header_frames(stream_id, block, end_stream, self.peer_max_frame))
 
     async def drained(self) -> None:
         if self.closed:
@@ -312,7 +324,7 @@ class Connection(FrameReader):
             stream.ack(size)
 
     def reset_sent(self, stream_id: int, code: int) -> None:
-        self.write(f.rst_stream(stream_id, code))
+        self.write(rst_stream(stream_id, code))
         self._reset_ids.append(stream_id)
 
     def _hold(self, stream_id: int, size: int) -> None:
@@ -325,17 +337,17 @@ class Connection(FrameReader):
         """Reopen the connection's window by ``size``, a quarter of the window at a time."""
         self._unacked += size
         if self._unacked >= self._window // 4:
-            self.write(f.window_update(0, self._unacked))
+            self.write(window_update(0, self._unacked))
             self._recv_window += self._unacked
             self._unacked = 0
 
-    def close(self, code: int = f.NO_ERROR, message: str = "") -> None:
+    def close(self, code: int = NO_ERROR, message: str = "") -> None:
         """GOAWAY, then close once what is queued is written (at once if the peer reads nothing)."""
         transport = self._transport
         if transport is None or self.closed:
             return
         self.closed = True
-        self.write(f.goaway(self._last_peer_id, code, message.encode()[:200]))
+        self.write(goaway(self._last_peer_id, code, message.encode()[:200]))
         self.flush()
         if transport.get_write_buffer_size() > MAX_BACKLOG:
             transport.abort()  # it would never drain
@@ -348,14 +360,14 @@ class Connection(FrameReader):
         if self._transport is None or self.closed or self.draining:
             return
         self.draining = True
-        self.write(f.goaway(self._last_peer_id, f.NO_ERROR, message.encode()[:200]))
+        self.write(goaway(self._last_peer_id, NO_ERROR, message.encode()[:200]))
 
     def fail(self, code: int, message: str) -> None:
         """A connection error: what the peer did is named in the GOAWAY's debug data, and logged."""
         self._inbox.clear()
         peer = self._transport.get_extra_info("peername") if self._transport is not None else None
         log.info("HTTP/2 connection %s %s ended, %s: %s", "to" if self.client_side else "from",
-                 peer, f.ERROR_NAMES.get(code, hex(code)), message)
+                 peer, ERROR_NAMES.get(code, hex(code)), message)
         self.handler.connection_failed(code)
         self.close(code, message)
 

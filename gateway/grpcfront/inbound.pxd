@@ -1,6 +1,7 @@
 # The compiled build's declarations for inbound.py (gateway/_compiled.py): the connection's state the reading
 # half uses, as C struct members (Connection, connection.pxd, extends it with the rest).
 cimport cython
+from gateway.grpcfront.stream cimport Stream
 
 cdef class FrameReader:
     cdef public object handler
@@ -21,5 +22,5 @@ cdef class FrameReader:
                    flags=int, stream_id=Py_ssize_t)
     cpdef _read_frames(self)
     cpdef _frame(self, int kind, int flags, Py_ssize_t stream_id, bytes payload)
-    @cython.locals(size=Py_ssize_t)
+    @cython.locals(size=Py_ssize_t, stream=Stream)
     cpdef _data(self, int flags, Py_ssize_t stream_id, bytes payload)

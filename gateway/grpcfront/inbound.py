@@ -37,8 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from hpack.exceptions import HPACKError, OversizedHeaderListError
 
-from gateway.grpcfront import frames as f
-from gateway.grpcfront.frames import ConnectionFailure, StreamFailure
+from gateway.grpcfront.frames import (
+    ACK, COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_SIZE, ENABLE_PUSH, END_HEADERS, END_STREAM,
+    ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, GOAWAY, HEADERS, HEADER_TABLE_SIZE,
+    INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS, MAX_FRAME_SIZE, MAX_FRAME_SIZE_LIMIT, MAX_WINDOW, PING, PREFACE,
+    PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, STREAM_CLOSED,
+    STREAM_ID_MASK, WINDOW_UPDATE, ConnectionFailure, StreamFailure, frame, parse_settings, read_head, u32, unpad
+)
 from gateway.grpcfront.stream import Headers, Stream
 
 if TYPE_CHECKING:
@@ -93,10 +98,10 @@ class FrameReader:
 
     def _take_preface(self) -> bool:
         inbox = self._inbox
-        size = min(len(inbox), len(f.PREFACE))
-        if inbox[:size] != f.PREFACE[:size]:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface (this port speaks gRPC)")
-        if size < len(f.PREFACE):
+        size = min(len(inbox), len(PREFACE))
+        if inbox[:size] != PREFACE[:size]:
+            raise ConnectionFailure(PROTOCOL_ERROR, "not an HTTP/2 connection preface (this port speaks gRPC)")
+        if size < len(PREFACE):
             return False
         del inbox[:size]
         self._preface = False
@@ -104,23 +109,22 @@ class FrameReader:
 
     def _read_frames(self) -> None:
         inbox = self._inbox
-        read_head = f.read_head
         pos = 0
         end = len(inbox)
         try:
             while end - pos >= 9 and not self.closed:
                 high, low, kind, flags, stream_id = read_head(inbox, pos)
                 size = high << 8 | low
-                if size > f.DEFAULT_FRAME_SIZE:
-                    raise ConnectionFailure(f.FRAME_SIZE_ERROR, f"a frame of {size} bytes is over our "
-                                                                f"SETTINGS_MAX_FRAME_SIZE ({f.DEFAULT_FRAME_SIZE})")
+                if size > DEFAULT_FRAME_SIZE:
+                    raise ConnectionFailure(FRAME_SIZE_ERROR, f"a frame of {size} bytes is over our "
+                                                                f"SETTINGS_MAX_FRAME_SIZE ({DEFAULT_FRAME_SIZE})")
                 stop = pos + 9 + size
                 if stop > end:
                     break
                 payload = bytes(inbox[pos + 9:stop])
                 pos = stop
                 try:
-                    self._frame(kind, flags, stream_id & f.STREAM_ID_MASK, payload)
+                    self._frame(kind, flags, stream_id & STREAM_ID_MASK, payload)
                 except StreamFailure as failure:
                     self._stream_failed(failure)
         finally:
@@ -128,45 +132,45 @@ class FrameReader:
                 del inbox[:pos]
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._block_stream and kind != f.CONTINUATION:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "a header block was interrupted by another frame")
+        if self._block_stream and kind != CONTINUATION:
+            raise ConnectionFailure(PROTOCOL_ERROR, "a header block was interrupted by another frame")
         if not self._settings_seen:
-            if kind != f.SETTINGS or flags & f.ACK:
-                raise ConnectionFailure(f.PROTOCOL_ERROR, "the first frame must be SETTINGS")
+            if kind != SETTINGS or flags & ACK:
+                raise ConnectionFailure(PROTOCOL_ERROR, "the first frame must be SETTINGS")
             self._settings_seen = True
             self.keeper.handshaken()
             self.loop.call_soon(self._settle)  # once this frame's settings are applied
-        if kind == f.DATA:
+        if kind == DATA:
             self._data(flags, stream_id, payload)
-        elif kind == f.HEADERS:
+        elif kind == HEADERS:
             self._headers(flags, stream_id, payload)
-        elif kind == f.CONTINUATION:
+        elif kind == CONTINUATION:
             self._continuation(flags, stream_id, payload)
-        elif kind == f.WINDOW_UPDATE:
+        elif kind == WINDOW_UPDATE:
             self._window_update(stream_id, payload)
-        elif kind == f.RST_STREAM:
+        elif kind == RST_STREAM:
             self._rst_stream(stream_id, payload)
-        elif kind == f.SETTINGS:
+        elif kind == SETTINGS:
             self._settings(flags, stream_id, payload)
-        elif kind == f.PING:
+        elif kind == PING:
             self._ping(flags, stream_id, payload)
-        elif kind == f.GOAWAY:
+        elif kind == GOAWAY:
             self._goaway(stream_id, payload)
-        elif kind == f.PRIORITY:
+        elif kind == PRIORITY:
             self._priority(stream_id, payload)
-        elif kind == f.PUSH_PROMISE:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "PUSH_PROMISE is not allowed (push is disabled)")
+        elif kind == PUSH_PROMISE:
+            raise ConnectionFailure(PROTOCOL_ERROR, "PUSH_PROMISE is not allowed (push is disabled)")
         # other frame types are extensions: ignored (RFC 9113 5.5)
 
     def _priority(self, stream_id: int, payload: bytes) -> None:
         """PRIORITY is otherwise ignored (RFC 9113 5.3.2), but its rules hold: never on stream 0, 5 bytes,
         and a stream never depends on itself (a stream error: it may name an idle stream, 5.1)."""
         if stream_id == 0:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "PRIORITY on stream 0")
+            raise ConnectionFailure(PROTOCOL_ERROR, "PRIORITY on stream 0")
         if len(payload) != 5:
-            raise StreamFailure(stream_id, f.FRAME_SIZE_ERROR, "a PRIORITY frame must be 5 bytes")
-        if f.u32(payload) & f.STREAM_ID_MASK == stream_id:
-            raise StreamFailure(stream_id, f.PROTOCOL_ERROR, "a stream cannot depend on itself")
+            raise StreamFailure(stream_id, FRAME_SIZE_ERROR, "a PRIORITY frame must be 5 bytes")
+        if u32(payload) & STREAM_ID_MASK == stream_id:
+            raise StreamFailure(stream_id, PROTOCOL_ERROR, "a stream cannot depend on itself")
 
     def _idle(self, stream_id: int) -> bool:
         """Never opened: by us (client side) or by the peer (server side)."""
@@ -176,57 +180,57 @@ class FrameReader:
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "DATA on stream 0")
+            raise ConnectionFailure(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
         self._recv_window -= size
         if self._recv_window < 0:
-            raise ConnectionFailure(f.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
+            raise ConnectionFailure(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_closed:
             if self._idle(stream_id):
-                raise ConnectionFailure(f.PROTOCOL_ERROR, f"DATA on stream {stream_id}, which was never opened")
+                raise ConnectionFailure(PROTOCOL_ERROR, f"DATA on stream {stream_id}, which was never opened")
             # A stream we reset: what the peer sent before it knew is dropped (the connection's window reopens at
             # once). One the peer ended (END_STREAM, RST_STREAM) takes no more DATA (RFC 9113 5.1).
             self._credit(size)
             if stream is not None or stream_id not in self._reset_ids:
-                raise StreamFailure(stream_id, f.STREAM_CLOSED, "DATA after the end of the stream")
+                raise StreamFailure(stream_id, STREAM_CLOSED, "DATA after the end of the stream")
             return
         stream.recv_window -= size
         if stream.recv_window < 0:
             self._credit(size)
-            raise StreamFailure(stream_id, f.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
+            raise StreamFailure(stream_id, FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
         self._hold(stream_id, size)
-        data = f.unpad(flags, payload, stream_id)
+        data = unpad(flags, payload, stream_id)
         if stream.expected is not None:
-            stream.counted(len(data), bool(flags & f.END_STREAM))
+            stream.counted(len(data), bool(flags & END_STREAM))
         stream.buffer.add(data, size)
-        if flags & f.END_STREAM:
+        if flags & END_STREAM:
             stream.received_end()
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "HEADERS on stream 0")
-        block = f.unpad(flags, payload, stream_id)
+            raise ConnectionFailure(PROTOCOL_ERROR, "HEADERS on stream 0")
+        block = unpad(flags, payload, stream_id)
         self._self_dependent = False
-        if flags & f.PRIORITY_FLAG:
+        if flags & PRIORITY_FLAG:
             if len(block) < 5:
-                raise ConnectionFailure(f.FRAME_SIZE_ERROR, "HEADERS too short for its priority fields")
-            self._self_dependent = f.u32(block) & f.STREAM_ID_MASK == stream_id
+                raise ConnectionFailure(FRAME_SIZE_ERROR, "HEADERS too short for its priority fields")
+            self._self_dependent = u32(block) & STREAM_ID_MASK == stream_id
             block = block[5:]
-        if flags & f.END_HEADERS:
-            self._header_block(stream_id, bool(flags & f.END_STREAM), block)
+        if flags & END_HEADERS:
+            self._header_block(stream_id, bool(flags & END_STREAM), block)
             return
         self._block, self._block_stream, self._block_size = [block], stream_id, len(block)
-        self._block_end = bool(flags & f.END_STREAM)
+        self._block_end = bool(flags & END_STREAM)
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id != self._block_stream or not stream_id:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "CONTINUATION without the HEADERS it continues")
+            raise ConnectionFailure(PROTOCOL_ERROR, "CONTINUATION without the HEADERS it continues")
         self._block_size += len(payload)
         if self._block_size > MAX_HEADER_BLOCK:
-            raise ConnectionFailure(f.ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
+            raise ConnectionFailure(ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
         self._block.append(payload)
-        if flags & f.END_HEADERS:
+        if flags & END_HEADERS:
             block = b"".join(self._block)
             self._block, self._block_stream = [], 0
             self._header_block(stream_id, self._block_end, block)
@@ -235,17 +239,17 @@ class FrameReader:
         try:  # decoded whatever the stream: the HPACK state is the connection's
             headers = self._hpack.decode(block)
         except OversizedHeaderListError:
-            raise ConnectionFailure(f.ENHANCE_YOUR_CALM, f"a header list over {MAX_HEADER_BLOCK} bytes") from None
+            raise ConnectionFailure(ENHANCE_YOUR_CALM, f"a header list over {MAX_HEADER_BLOCK} bytes") from None
         except HPACKError as exc:
-            raise ConnectionFailure(f.COMPRESSION_ERROR, f"the header block is not valid HPACK: {exc}") from None
+            raise ConnectionFailure(COMPRESSION_ERROR, f"the header block is not valid HPACK: {exc}") from None
         stream = self.streams.get(stream_id)
         if stream is not None:
             if self._self_dependent:
-                raise StreamFailure(stream_id, f.PROTOCOL_ERROR, "a stream cannot depend on itself")
+                raise StreamFailure(stream_id, PROTOCOL_ERROR, "a stream cannot depend on itself")
             stream.received_headers(headers, end_stream)
         elif self.client_side or stream_id <= self._last_peer_id or stream_id % 2 == 0:
             if self._idle(stream_id) or stream_id not in self._reset_ids:
-                raise ConnectionFailure(f.PROTOCOL_ERROR, f"HEADERS on stream {stream_id}: not a new stream "
+                raise ConnectionFailure(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}: not a new stream "
                                                           "(client streams are odd and increasing)")
             # a stream we reset: what the peer sent before it knew is dropped (RFC 9113 5.1, closed)
         else:
@@ -260,10 +264,10 @@ class FrameReader:
             problem = f"content-length {length}, and no DATA"
         if problem is not None:  # malformed (RFC 9113 8.1.1): no call begins, nothing reaches the sandbox
             self.handler.malformed(problem)
-            self.reset_sent(stream_id, f.PROTOCOL_ERROR)
+            self.reset_sent(stream_id, PROTOCOL_ERROR)
             return
         if self.closed or self.draining or len(self.streams) >= MAX_STREAMS:
-            self.reset_sent(stream_id, f.REFUSED_STREAM)
+            self.reset_sent(stream_id, REFUSED_STREAM)
             return
         stream = Stream(self, stream_id)
         stream.headers = headers
@@ -278,7 +282,7 @@ class FrameReader:
         if len(waiting) >= MAX_STREAMS:
             self._waiting = waiting = deque(queued for queued in waiting if not queued.gone)  # reset meanwhile
             if len(waiting) >= MAX_STREAMS:
-                raise ConnectionFailure(f.ENHANCE_YOUR_CALM, "too many streams opened while calls still end")
+                raise ConnectionFailure(ENHANCE_YOUR_CALM, "too many streams opened while calls still end")
         waiting.append(stream)
 
     def _start(self, stream: Stream) -> None:
@@ -290,95 +294,95 @@ class FrameReader:
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame must be 4 bytes")
-        increment = f.u32(payload) & f.STREAM_ID_MASK
+            raise ConnectionFailure(FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame must be 4 bytes")
+        increment = u32(payload) & STREAM_ID_MASK
         if stream_id == 0:
             if not increment:
-                raise ConnectionFailure(f.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0 on the connection")
+                raise ConnectionFailure(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0 on the connection")
             self.send_window += increment
-            if self.send_window > f.MAX_WINDOW:
-                raise ConnectionFailure(f.FLOW_CONTROL_ERROR, "the connection's window went past 2^31-1")
+            if self.send_window > MAX_WINDOW:
+                raise ConnectionFailure(FLOW_CONTROL_ERROR, "the connection's window went past 2^31-1")
             for stream in list(self.blocked):
                 stream.window_opened()
             return
         if self._idle(stream_id):
-            raise ConnectionFailure(f.PROTOCOL_ERROR, f"WINDOW_UPDATE on stream {stream_id}, never opened")
+            raise ConnectionFailure(PROTOCOL_ERROR, f"WINDOW_UPDATE on stream {stream_id}, never opened")
         stream = self.streams.get(stream_id)
         if stream is None:
             return
         if not increment:
-            raise StreamFailure(stream_id, f.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+            raise StreamFailure(stream_id, PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
         stream.send_window += increment
-        if stream.send_window > f.MAX_WINDOW:
-            raise StreamFailure(stream_id, f.FLOW_CONTROL_ERROR, "the stream's window went past 2^31-1")
+        if stream.send_window > MAX_WINDOW:
+            raise StreamFailure(stream_id, FLOW_CONTROL_ERROR, "the stream's window went past 2^31-1")
         stream.window_opened()
 
     def _rst_stream(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a RST_STREAM frame must be 4 bytes")
+            raise ConnectionFailure(FRAME_SIZE_ERROR, "a RST_STREAM frame must be 4 bytes")
         if stream_id == 0 or self._idle(stream_id):
-            raise ConnectionFailure(f.PROTOCOL_ERROR, f"RST_STREAM on stream {stream_id}, never opened")
+            raise ConnectionFailure(PROTOCOL_ERROR, f"RST_STREAM on stream {stream_id}, never opened")
         stream = self.streams.get(stream_id)
         if stream is not None:
-            stream.reset_code = code = f.u32(payload)
-            stream.refused = code == f.REFUSED_STREAM  # not processed (RFC 9113 8.7)
+            stream.reset_code = code = u32(payload)
+            stream.refused = code == REFUSED_STREAM  # not processed (RFC 9113 8.7)
             stream.ended_early(reset_by_peer=True)
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & f.ACK:
+            raise ConnectionFailure(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
             if payload:
-                raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a SETTINGS ACK must be empty")
+                raise ConnectionFailure(FRAME_SIZE_ERROR, "a SETTINGS ACK must be empty")
             self.keeper.settings_acked()
             return
-        for key, value in f.parse_settings(payload):
-            if key == f.INITIAL_WINDOW_SIZE:
+        for key, value in parse_settings(payload):
+            if key == INITIAL_WINDOW_SIZE:
                 self._initial_window(value)
-            elif key == f.MAX_FRAME_SIZE:
-                if not f.DEFAULT_FRAME_SIZE <= value <= f.MAX_FRAME_SIZE_LIMIT:
-                    raise ConnectionFailure(f.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value} is out of range")
+            elif key == MAX_FRAME_SIZE:
+                if not DEFAULT_FRAME_SIZE <= value <= MAX_FRAME_SIZE_LIMIT:
+                    raise ConnectionFailure(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value} is out of range")
                 self.peer_max_frame = value
-            elif key == f.ENABLE_PUSH:
+            elif key == ENABLE_PUSH:
                 if value > 1:
-                    raise ConnectionFailure(f.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value} is not 0 or 1")
-            elif key == f.MAX_CONCURRENT_STREAMS:
+                    raise ConnectionFailure(PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value} is not 0 or 1")
+            elif key == MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
-            elif key == f.HEADER_TABLE_SIZE:
+            elif key == HEADER_TABLE_SIZE:
                 self._hpack.peer_table_size(min(value, _ENCODER_TABLE))
-        self.write(f.frame(f.SETTINGS, f.ACK, 0))
+        self.write(frame(SETTINGS, ACK, 0))
 
     def _initial_window(self, value: int) -> None:
-        if value > f.MAX_WINDOW:
-            raise ConnectionFailure(f.FLOW_CONTROL_ERROR, f"SETTINGS_INITIAL_WINDOW_SIZE {value} is over 2^31-1")
+        if value > MAX_WINDOW:
+            raise ConnectionFailure(FLOW_CONTROL_ERROR, f"SETTINGS_INITIAL_WINDOW_SIZE {value} is over 2^31-1")
         delta = value - self.peer_initial_window
         self.peer_initial_window = value
         for stream in self.streams.values():
             stream.send_window += delta
-            if stream.send_window > f.MAX_WINDOW:
-                raise ConnectionFailure(f.FLOW_CONTROL_ERROR, "a stream's window went past 2^31-1")
+            if stream.send_window > MAX_WINDOW:
+                raise ConnectionFailure(FLOW_CONTROL_ERROR, "a stream's window went past 2^31-1")
             if delta > 0:
                 stream.window_opened()
 
     def _ping(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "PING on a stream")
+            raise ConnectionFailure(PROTOCOL_ERROR, "PING on a stream")
         if len(payload) != 8:
-            raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a PING frame must be 8 bytes")
-        if not flags & f.ACK and self.keeper.ping():
-            self.write(f.frame(f.PING, f.ACK, 0, payload))
+            raise ConnectionFailure(FRAME_SIZE_ERROR, "a PING frame must be 8 bytes")
+        if not flags & ACK and self.keeper.ping():
+            self.write(frame(PING, ACK, 0, payload))
 
     def _goaway(self, stream_id: int, payload: bytes) -> None:
         if stream_id:
-            raise ConnectionFailure(f.PROTOCOL_ERROR, "GOAWAY on a stream")
+            raise ConnectionFailure(PROTOCOL_ERROR, "GOAWAY on a stream")
         if len(payload) < 8:
-            raise ConnectionFailure(f.FRAME_SIZE_ERROR, "a GOAWAY frame must be at least 8 bytes")
+            raise ConnectionFailure(FRAME_SIZE_ERROR, "a GOAWAY frame must be at least 8 bytes")
         self.goaway_received = True
         if not self.client_side:
             # A client's last_stream_id names the last stream *we* opened (none: no push), not its own:
             # its open calls complete, and it opens no more (RFC 9113 6.8).
             return
-        last = f.u32(payload) & f.STREAM_ID_MASK
+        last = u32(payload) & STREAM_ID_MASK
         for stream in [s for s in self.streams.values() if s.id > last]:
             stream.refused = True  # never processed (RFC 9113 6.8): safe to send again elsewhere
             stream.ended_early(reset_by_peer=False)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.grpcfront import frames as f
-from gateway.grpcfront.frames import StreamFailure
+from gateway.grpcfront.frames import (
+    CANCEL, DATA, END_STREAM, NO_ERROR, PROTOCOL_ERROR, STREAM_CLOSED, StreamFailure, frame, window_update
+)
 from gateway.grpcfront.headers import trailers_problem
 from gateway.grpcfront.relay import RelayBuffer
 
@@ -103,7 +104,7 @@ class Stream:
         """Send ``piece`` as one DATA frame: where the windows and frame size take it (``send_data``'s pieces,
         or what :meth:`takes_now` said fits)."""
         conn = self.conn
-        conn.write(f.frame(f.DATA, f.END_STREAM if end_stream else 0, self.id, piece))
+        conn.write(frame(DATA, END_STREAM if end_stream else 0, self.id, piece))
         size = len(piece)
         self.send_window -= size
         conn.send_window -= size
@@ -113,7 +114,7 @@ class Stream:
     async def end(self) -> None:
         await self.send_data(b"", end_stream=True)
 
-    def reset(self, code: int = f.CANCEL) -> None:
+    def reset(self, code: int = CANCEL) -> None:
         """RST_STREAM: end the stream both ways now."""
         if self.gone:
             return
@@ -137,13 +138,13 @@ class Stream:
         self.released = True
         if not self.gone and not (self.local_closed and self.remote_closed):
             # NO_ERROR: our side is complete and the peer may stop sending (RFC 9113 8.1)
-            self.reset(f.NO_ERROR if self.local_closed else f.CANCEL)
+            self.reset(NO_ERROR if self.local_closed else CANCEL)
         self.conn.released(self)
 
     # -- the connection's side ----------------------------------------------------
     def received_headers(self, headers: Headers, end_stream: bool) -> None:
         if self.remote_closed:
-            raise StreamFailure(self.id, f.STREAM_CLOSED, "HEADERS after the end of the stream")
+            raise StreamFailure(self.id, STREAM_CLOSED, "HEADERS after the end of the stream")
         if self.headers is None:
             if self.conn.client_side and headers and headers[0][1][:1] == b"1" and headers[0][0] == b":status":
                 return  # an informational (1xx) head: gRPC has none to forward
@@ -153,12 +154,12 @@ class Stream:
             if not self.conn.client_side:
                 problem = trailers_problem(headers)
                 if problem is not None:
-                    raise StreamFailure(self.id, f.PROTOCOL_ERROR, f"malformed trailers: {problem}")
+                    raise StreamFailure(self.id, PROTOCOL_ERROR, f"malformed trailers: {problem}")
                 if self.expected:
-                    raise StreamFailure(self.id, f.PROTOCOL_ERROR, f"{self.expected} bytes short of content-length")
+                    raise StreamFailure(self.id, PROTOCOL_ERROR, f"{self.expected} bytes short of content-length")
             self.trailers = headers
         else:
-            raise StreamFailure(self.id, f.PROTOCOL_ERROR, "trailers must end the stream")
+            raise StreamFailure(self.id, PROTOCOL_ERROR, "trailers must end the stream")
         if end_stream:
             self.received_end()
 
@@ -167,7 +168,7 @@ class Stream:
         add up to it (RFC 9113 8.1.1)."""
         left = self.expected = self.expected - size  # type: ignore[operator]
         if left < 0 or (end_stream and left):
-            raise StreamFailure(self.id, f.PROTOCOL_ERROR, "the DATA does not add up to content-length")
+            raise StreamFailure(self.id, PROTOCOL_ERROR, "the DATA does not add up to content-length")
 
     def received_end(self) -> None:
         self.remote_closed = True
@@ -185,7 +186,7 @@ class Stream:
             return
         self._unacked += size
         if self._unacked >= STREAM_WINDOW // 4:
-            self.conn.write(f.window_update(self.id, self._unacked))
+            self.conn.write(window_update(self.id, self._unacked))
             self.recv_window += self._unacked
             self._unacked = 0
 

@@ -38,7 +38,7 @@ log = logging.getLogger("gateway.proxy")
 CLIENT_KEEPALIVE_TIMEOUT = 75.0   # an idle client connection is closed after this long (nginx's default)
 LONG_REQUEST_AFTER = 10.0         # an exchange open this long counts as a stream for the reaper
 WRITE_BUFFER_HIGH = 256 * 1024    # per transport; reading from the other side pauses above this
-SLICE = 128                       # client connections the tick closes or wakes per loop turn (<1 ms)
+SLICE = 32                        # client connections the tick closes or wakes per loop turn (about 1 ms)
 _INF = float("inf")
 EAGAIN_BACKOFF_CAP = 0.1          # the longest pause between connects to a Unix socket whose backlog is full
 
