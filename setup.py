@@ -33,6 +33,19 @@ def warn(message: str) -> None:
     print(f"setup: {message}; the gateway runs its pure-Python modules", file=sys.stderr)
 
 
+def cython_cache() -> str | bool:
+    """Where Cython keeps its translations between builds (a fresh checkout need not translate again):
+    CYTHON_CACHE_DIR or ~/.cython. Each is filed under a digest of the module's source, its .pxd and
+    other dependencies, the directives and Cython's version, so a changed source is translated anew.
+    False (no cache) when the directory cannot be made."""
+    path = Path(os.environ.get("CYTHON_CACHE_DIR") or Path.home() / ".cython") / "compiler"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return str(path)
+
+
 def extensions() -> list:
     if os.environ.get(compiled.PURE_PYTHON_ENV, "") not in ("", "0"):
         return []
@@ -45,11 +58,17 @@ def extensions() -> list:
     # -g0: no debug sections (they make the installed modules about six times larger).
     modules = [Extension(name, [name.replace(".", "/") + ".py"], extra_compile_args=["-g0"])
                for name in compiled.COMPILED_MODULES]
+    # nthreads: the translation to C runs one module per core too (the C compile already does).
+    options = {"language_level": 3, "quiet": True, "build_dir": "build/cython", "nthreads": os.cpu_count() or 1,
+               "compiler_directives": {"annotation_typing": False}}
+    cache = cython_cache()
+    if cache:
+        try:
+            return cythonize(modules, cache=cache, **options)
+        except Exception:  # a compile error, or another build writing the same cache entry: again without it
+            pass
     try:
-        # nthreads: the translation to C runs one module per core too (the C compile already does).
-        return cythonize(modules, language_level=3, quiet=True, build_dir="build/cython",
-                         nthreads=os.cpu_count() or 1,
-                         compiler_directives={"annotation_typing": False})
+        return cythonize(modules, **options)
     except Exception as exc:  # a Cython compile error: report, install as Python
         warn(f"Cython could not compile the data plane ({exc})")
         return []

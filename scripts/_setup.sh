@@ -19,17 +19,6 @@ module = u.module_from_spec(spec)
 spec.loader.exec_module(module)
 print(module.source_digest())')"
 want="$( { cat pyproject.toml setup.py gateway/_compiled.py; echo "$sources"; } | sha256sum | cut -d' ' -f1)"
-if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-    started=$SECONDS
-    echo "setup: upgrading pip" >&2
-    .venv/bin/python -m pip install --quiet --upgrade pip >&2
-    echo "setup: installing sandbox-gateway${extra:+[$extra]} and its dependencies into .venv and compiling" \
-         "its data plane (a few minutes the first time; without a C compiler it runs as pure Python)" >&2
-    .venv/bin/python -m pip install --quiet -e ".${extra:+[$extra]}" >&2
-    echo "$want" > "$stamp"
-    echo "setup: done in $((SECONDS - started)) s; the CLI is .venv/bin/sandbox-gateway" \
-         "(source .venv/bin/activate to have sandbox-gateway on PATH)" >&2
-fi
 
 # apt_install COMMAND PACKAGE: install PACKAGE with apt when COMMAND is missing (apt-get update once).
 _apt_updated=""
@@ -44,3 +33,21 @@ apt_install() {
     fi
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >&2
 }
+
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+    started=$SECONDS
+    echo "setup: upgrading pip" >&2
+    .venv/bin/python -m pip install --quiet --upgrade pip >&2
+    echo "setup: installing sandbox-gateway${extra:+[$extra]} and its dependencies into .venv and compiling" \
+         "its data plane (a few minutes the first time; without a C compiler it runs as pure Python)" >&2
+    # The C compile goes through ccache when it is installed (the dev setup, so CI, installs it), whose
+    # cache (~/.cache/ccache) outlives the checkout; Cython keeps its translations in ~/.cython (setup.py).
+    # Both are keyed on the sources, the compiler and its options: a changed source is compiled again.
+    [ "$extra" = dev ] && { apt_install ccache ccache || true; }
+    ccache=()
+    [ -d /usr/lib/ccache ] && ccache=(env PATH="/usr/lib/ccache:$PATH" CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1)
+    "${ccache[@]}" .venv/bin/python -m pip install --quiet -e ".${extra:+[$extra]}" >&2
+    echo "$want" > "$stamp"
+    echo "setup: done in $((SECONDS - started)) s; the CLI is .venv/bin/sandbox-gateway" \
+         "(source .venv/bin/activate to have sandbox-gateway on PATH)" >&2
+fi
