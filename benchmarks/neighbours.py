@@ -34,9 +34,13 @@ to the victim's client. The attacker's own CPU is not the gateway's to defend: o
 and a baseline moved 2x between runs. Each attack's victim figures are compared with its baseline measured
 just before and just after it (both pooled: the p99 of twice the calls), and each p99 is given with the
 number of calls it is taken from (at 2,000 calls the p99 is the 20th slowest, not the 5th of 500).
+With ``--rounds N`` each attack runs N times, each time between its own baselines: a row then gives the median
+of the rounds' p50s and p99s, and its ratio is the median of the rounds' own ratios, each listed below the
+table (on a shared VM one round's p99 ratio moves between 0.3x and 3x with nothing changed).
 
     .venv/bin/python benchmarks/neighbours.py [--connections 20000] [--sources 10] [--victim 2000]
     .venv/bin/python benchmarks/neighbours.py --only grpc-idle,slowloris --reopen 5   # a reconnect flood too
+    .venv/bin/python benchmarks/neighbours.py --rounds 3   # each attack three times: medians
 """
 
 from __future__ import annotations
@@ -235,6 +239,7 @@ class Row:
     load: tuple[float, float, float]
     facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the attack did, for a test to assert
     before: dict[str, Result] = dataclasses.field(default_factory=dict)  # the victim's just before and after it
+    ratios: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per round, when there were several
 
 
 @dataclasses.dataclass
@@ -250,6 +255,7 @@ class Options:
     only: tuple[str, ...] = SCENARIOS
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # more gateway settings (the CI test's bounds)
     pin: bool = False  # the gateway on one core, this process and the attackers on another (see pinned)
+    rounds: int = 1    # each attack this many times, each between its own baselines (see rounds_of)
 
 
 def cores() -> tuple[set[int], set[int]] | None:
@@ -328,18 +334,46 @@ async def run(opts: Options) -> list[Row]:
             if scenario.startswith("baseline"):
                 await measured(scenario, "-")
                 continue
-            # The machine is shared: its load moves within a minute, so each attack's baseline is taken just before.
-            paired = await victim(gateway, opts.victim, local)
-            before = await counters(gateway)
-            if scenario in ("grpc-idle", "data-idle", "slowloris"):
-                rows.append(await connection_attack(scenario, gateway, opts, sources, before, local))
-            elif scenario == "undeclared-streams":
-                rows.append(await streams(gateway, sandbox, opts, before, local))
-            elif scenario in LOCAL:
-                rows.append(await local_attack(scenario, gateway, http, opts, local))
-            after = await victim(gateway, opts.victim, local)
-            rows[-1].before = {port: pooled(result, after[port]) for port, result in paired.items()}
+            rounds = [await attacked(scenario, gateway, sandbox, http, opts, sources, local, n)
+                      for n in range(opts.rounds)]
+            rows.append(rounds[0] if len(rounds) == 1 else rounds_of(rounds))
     return rows
+
+
+async def attacked(scenario: str, gateway: Any, sandbox: Sandbox, http: aiohttp.ClientSession, opts: Options,
+                   sources: list[str], local: bool, n: int = 0) -> Row:
+    """Round ``n`` of one attack, between the victim's baselines just before and just after it (the machine is
+    shared: its load moves within a minute)."""
+    paired = await victim(gateway, opts.victim, local)
+    before = await counters(gateway)
+    if scenario in ("grpc-idle", "data-idle", "slowloris"):
+        row = await connection_attack(scenario, gateway, opts, sources, before, local)
+    elif scenario == "undeclared-streams":
+        row = await streams(gateway, sandbox, opts, before, local)
+    else:
+        row = await local_attack(scenario, gateway, http, opts, local, n)
+    after = await victim(gateway, opts.victim, local)
+    row.before = {port: pooled(result, after[port]) for port, result in paired.items()}
+    return row
+
+
+def median_of(results: list[Result]) -> Result:
+    """Several rounds' measurements of one port: the median p50 and p99, every call and error counted."""
+    return Result(statistics.median(r.p50 for r in results), statistics.median(r.p99 for r in results),
+                  sum(r.errors for r in results), sum(r.calls for r in results),
+                  next((r.first_error for r in results if r.first_error), ""))
+
+
+def rounds_of(rounds: list[Row]) -> Row:
+    """One row for several rounds of an attack; its ratio per port is the median of the rounds' own ratios
+    (each against the baselines around it), and each round's ratio is listed with what the attack did."""
+    ports = rounds[0].results
+    ratios = {port: [r.results[port].p99 / r.before[port].p99 for r in rounds] for port in ports}
+    listed = "; ".join(f"{port} {', '.join(f'{x:.2f}' for x in ratios[port])}" for port in ports)
+    return Row(rounds[0].scenario, f"{rounds[-1].attacker}; p99 ratio per round: {listed}",
+               {port: median_of([r.results[port] for r in rounds]) for port in ports}, rounds[-1].load,
+               rounds[-1].facts, {port: median_of([r.before[port] for r in rounds]) for port in ports},
+               ratios)
 
 
 async def connection_attack(scenario: str, gateway: Any, opts: Options, sources: list[str],
@@ -425,10 +459,12 @@ async def streams(gateway: Any, sandbox: Sandbox, opts: Options, before: dict[st
         sandbox.release.clear()
 
 
-async def local_attack(scenario: str, gateway: Any, http: aiohttp.ClientSession, opts: Options, local: bool) -> Row:
+async def local_attack(scenario: str, gateway: Any, http: aiohttp.ClientSession, opts: Options, local: bool,
+                       n: int = 0) -> Row:
     """The attacker's own local sandbox exhausts one of its bounds and holds on; then the victim is measured,
-    and another tenant's NEW sandbox is started (the issue: a full disk failed the next tenant's with 503)."""
-    session = f"a-{scenario}"
+    and another tenant's NEW sandbox is started (the issue: a full disk failed the next tenant's with 503).
+    Each round ``n`` is a new attacker sandbox and a new newcomer."""
+    session = f"a-{scenario}" + (f"-{n}" if n else "")
     facts: dict[str, Any] = {}
     started = time.perf_counter()
     if scenario == "files":
@@ -450,14 +486,15 @@ async def local_attack(scenario: str, gateway: Any, http: aiohttp.ClientSession,
     try:
         results = await victim(gateway, opts.victim, local)
         created = time.perf_counter()
-        newcomer = {"X-Org-Id": "victim-box", "X-User-Id": f"new-{scenario}", "X-Session-Id": f"new-{scenario}"}
+        fresh = f"new-{scenario}" + (f"-{n}" if n else "")
+        newcomer = {"X-Org-Id": "victim-box", "X-User-Id": fresh, "X-Session-Id": fresh}
         async with http.post(f"{gateway.data_url}/execute", headers=newcomer,
                              json={"command": "echo ok > f && cat f", "timeout_seconds": 30}) as response:
             status = response.status
             await response.read()
         detail += f"; another tenant's new sandbox: {status} in {time.perf_counter() - created:.1f} s"
         facts["newcomer"] = status
-        await forget(http, gateway, f"new-{scenario}")
+        await forget(http, gateway, fresh)
         return Row(scenario, detail, results, os.getloadavg(), facts)
     finally:
         await forget(http, gateway, session)
@@ -471,7 +508,10 @@ def table(rows: list[Row]) -> str:
     for row in rows:
         for port, r in row.results.items():
             pre = row.before.get(port)
-            ratio = f"{r.p99 / pre.p99:.2f}" if pre is not None and pre.p99 else "-"
+            if port in row.ratios:
+                ratio = f"{statistics.median(row.ratios[port]):.2f} (median of {len(row.ratios[port])})"
+            else:
+                ratio = f"{r.p99 / pre.p99:.2f}" if pre is not None and pre.p99 else "-"
             errors = f"{r.errors}/{r.calls}" + (f" ({r.first_error})" if r.errors else "")
             if pre is not None:
                 errors += f" (baseline: {pre.errors}/{pre.calls})"
@@ -506,19 +546,21 @@ def main() -> None:
     parser.add_argument("--no-local", action="store_true", help="no local sandboxes (they need root and bubblewrap)")
     parser.add_argument("--no-pin", action="store_true", help="the gateway, the victim and the attackers share cores")
     parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, in order: " + ",".join(SCENARIOS))
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each attack, each between its own baselines")
     args = parser.parse_args()
     local = not args.no_local and os.geteuid() == 0 and shutil.which("bwrap") is not None
     only = tuple(s for s in args.only.split(",") if s and (local or s not in LOCAL))
     env = {f"SANDBOX_GATEWAY_{name.upper()}": str(value) for name, value in (
         ("max_connections", args.max_connections), ("max_connections_per_client", args.per_client)) if value}
     opts = Options(args.connections, args.sources, args.per_process, args.reopen, args.streams, args.victim, local,
-                   args.disk_quota, only, env, not args.no_pin)
+                   args.disk_quota, only, env, not args.no_pin, max(1, args.rounds))
     from benchmarks.harness import footer, header
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     print(header("neighbours", f"descriptors:  {hard} per process (the gateway's raised to it: bounds "
                  f"{hard // 5} per port, {hard // 40} per address)",
-                 f"victim:       {args.victim} calls per port and measurement, each on a new connection",
+                 f"victim:       {args.victim} calls per port and measurement, each on a new connection; "
+                 f"{max(1, args.rounds)} round(s) of each attack",
                  f"cores:        {placement(opts)}",
                  installed=True), flush=True)
     rows = asyncio.run(run(opts))

@@ -126,3 +126,21 @@ def test_profile_breakdown_splits_the_measured_user_cpu_and_leaves_syscalls_out(
     rows = dict(pyspy_profile.breakdown(stacks, user_us=10.0))
     assert rows == {"begin (gateway/proxy/_downstream.py)": 6.0, "finished (gateway/proxy/_plane.py)": 2.0,
                     "[parser: llhttp/httptools]": 2.0}
+
+
+def test_neighbours_rounds_give_the_median_of_each_rounds_own_ratio() -> None:
+    """``neighbours.py --rounds N``: a row's ratio is the median of the rounds' ratios, each against the baseline
+    taken around that round (not the ratio of two medians), and every round's ratio is listed."""
+    from benchmarks.neighbours import Result, Row, rounds_of, table
+
+    def row(p99: float, base: float, errors: int = 0) -> Row:
+        return Row("data-idle", "held", {"data plane": Result(1.0, p99, errors, 100)}, (1.0, 1.0, 1.0),
+                   before={"data plane": Result(1.0, base, 0, 200)})
+
+    combined = rounds_of([row(10.0, 2.0), row(3.0, 3.0, errors=1), row(4.0, 1.0)])  # ratios 5, 1, 4
+    assert combined.ratios == {"data plane": [5.0, 1.0, 4.0]}
+    assert combined.results["data plane"].p99 == 4.0 and combined.before["data plane"].p99 == 2.0
+    assert combined.results["data plane"].errors == 1 and combined.results["data plane"].calls == 300
+    printed = table([combined])
+    assert "| 4.00 (median of 3) |" in printed and "1/300" in printed
+    assert "p99 ratio per round: data plane 5.00, 1.00, 4.00" in printed
