@@ -51,8 +51,9 @@ def cyclic_garbage() -> Iterator[collections.Counter[str]]:
         gc.garbage.clear()
 
 
-def live(name: str) -> list[object]:
-    return [o for o in gc.get_objects() if type(o).__name__ == name]
+def live(name: str, module: str = "gateway.") -> list[object]:
+    """The gateway's live objects of the class ``name``."""
+    return [o for o in gc.get_objects() if type(o).__name__ == name and type(o).__module__.startswith(module)]
 
 
 async def hello(_: web.Request) -> web.Response:
@@ -87,6 +88,8 @@ async def test_data_plane_connections_leave_no_cycles(aiohttp_server, start_gate
             for _, writer in idle[10:]:
                 writer.close()
         assert not found, f"left to the cyclic collector: {dict(found)}"
+        # and not merely still held: freed (else the check above proves nothing)
+        assert not [c for c in live("DownstreamConnection") if c.plane is gw.plane]
         assert len(gw.records) == 20
 
 
@@ -111,3 +114,4 @@ async def test_grpc_connections_leave_no_cycles(tmp_path: Path) -> None:
             for _, writer in silent:
                 writer.close()
         assert not found, f"left to the cyclic collector: {dict(found)}"
+        assert not [c for c in live("Connection", "gateway.grpcfront") if not c.client_side]  # freed, not merely still held
