@@ -194,7 +194,8 @@ async def test_writes_of_one_loop_step_go_out_as_one_in_order():
     transport = _RecordingTransport()
     connection = Connection(_Accepting(), client_side=False)
     connection.connection_made(transport)
-    assert transport.writes == []  # our SETTINGS and window are queued, not yet written
+    connection.data_received(frames.PREFACE)
+    assert transport.writes == []  # our SETTINGS and window, answering the preface, are queued, not yet written
     connection.write(b"one ")
     connection.write(b"two")
     await asyncio.sleep(0)

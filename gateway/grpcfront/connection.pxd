@@ -7,7 +7,7 @@ cdef class Connection(FrameReader):
     cdef public object _transport
     cdef public list _out
     cdef public object _flush_handle
-    cdef public bint _holding
+    cdef public bint _holding, _greeted
     cdef public list _drain_waiters
     cdef public object _lost
     cdef public Py_ssize_t _window

@@ -38,8 +38,8 @@ from typing import Any, Protocol
 from gateway.errors import BadRequest, error_body
 from gateway.grpcfront.frames import (
     DEFAULT_FRAME_SIZE, DEFAULT_WINDOW, ENABLE_PUSH, ENHANCE_YOUR_CALM, ERROR_NAMES, HTTP_1_1_REQUIRED,
-    INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE, NO_ERROR, PREFACE, ConnectionFailure, goaway,
-    header_frames, rst_stream, settings_frame, window_update
+    INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE, NO_ERROR, PREFACE, PROTOCOL_ERROR,
+    ConnectionFailure, goaway, header_frames, rst_stream, settings_frame, window_update
 )
 from gateway.grpcfront.headers import HeaderCodec
 from gateway.grpcfront.inbound import MAX_HEADER_BLOCK, MAX_STREAMS, FrameReader
@@ -113,7 +113,8 @@ class Connection(FrameReader):
         self._block_size = 0
         self._block_end = False
         self._self_dependent = False        # the header block's HEADERS named its own stream as its parent
-        self._hpack = HeaderCodec(max_header_list_size=MAX_HEADER_BLOCK)
+        self._hpack: Any = None             # HeaderCodec, made by _greet: a connection that never speaks costs none
+        self._greeted = False               # our SETTINGS sent (_greet)
         self.keeper: Keeper | NoKeeper = NO_KEEPER  # server side: the front's deadlines (keeper.py)
 
     # -- asyncio protocol --------------------------------------------------------------
@@ -123,16 +124,27 @@ class Connection(FrameReader):
         if tls is not None and not self.client_side and tls.selected_alpn_protocol() != "h2":
             self._refuse_without_h2(transport)
             return
+        if self.client_side:
+            self.write(PREFACE)
+            self._greet()
+        self.handler.connection_made(self)
+
+    def _greet(self) -> None:
+        """Our SETTINGS (and the connection window past the default), and the header codec. A client sends them
+        after its preface; a server once the client's preface has arrived: RFC 9113 3.4 asks only that they be
+        its first frame. A connection that never speaks HTTP/2 (a flood of idle ones, issue 28) then costs no
+        write and no codec: they were half of the front's CPU per such connection."""
+        self._greeted = True
+        self._hpack = HeaderCodec(max_header_list_size=MAX_HEADER_BLOCK)
         settings = {INITIAL_WINDOW_SIZE: STREAM_WINDOW, MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK}
         if self.client_side:
             settings[ENABLE_PUSH] = 0
             settings[MAX_CONCURRENT_STREAMS] = 0
-            self.write(PREFACE)
         else:
             settings[MAX_CONCURRENT_STREAMS] = MAX_STREAMS
         self.write(settings_frame(settings))
         self.write(window_update(0, self._window - DEFAULT_WINDOW))
-        self.handler.connection_made(self)
+        self.keeper.settings_sent()
 
     def _refuse_without_h2(self, transport: Any) -> None:
         """A TLS client that did not negotiate h2 (ALPN offered only http/1.1, or nothing): Python's ssl cannot
@@ -152,8 +164,10 @@ class Connection(FrameReader):
         inbox = self._inbox
         inbox += data
         try:
-            if self._preface and not self._take_preface():
-                return
+            if self._preface:
+                if not self._take_preface():
+                    return
+                self._greet()
             self._read_frames()
         except ConnectionFailure as failure:
             self.fail(failure.code, str(failure))
@@ -347,8 +361,12 @@ class Connection(FrameReader):
         if transport is None or self.closed:
             return
         self.closed = True
-        self.write(goaway(self._last_peer_id, code, message.encode()[:200]))
-        self.flush()
+        # Before the client's preface, a bad or missing one (PROTOCOL_ERROR) is closed without a word: the peer
+        # does not speak HTTP/2 (RFC 9113 3.4: the GOAWAY may be omitted). A refusal or a shed is still told,
+        # after our SETTINGS, which must come first.
+        if self._greeted or code != PROTOCOL_ERROR:
+            self._send_goaway(code, message)
+            self.flush()
         if transport.get_write_buffer_size() > MAX_BACKLOG:
             transport.abort()  # it would never drain
         else:
@@ -360,7 +378,12 @@ class Connection(FrameReader):
         if self._transport is None or self.closed or self.draining:
             return
         self.draining = True
-        self.write(goaway(self._last_peer_id, NO_ERROR, message.encode()[:200]))
+        self._send_goaway(NO_ERROR, message)
+
+    def _send_goaway(self, code: int, message: str) -> None:
+        if not self._greeted:
+            self._greet()
+        self.write(goaway(self._last_peer_id, code, message.encode()[:200]))
 
     def fail(self, code: int, message: str) -> None:
         """A connection error: what the peer did is named in the GOAWAY's debug data, and logged."""

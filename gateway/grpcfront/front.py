@@ -174,7 +174,7 @@ class GrpcFront:
     def closed_by_policy(self, reason: str) -> None:
         """A client connection ended by a time bound (keeper.py) or refused by a count bound."""
         if self.metrics is not None:
-            self.metrics.connections_closed.labels(reason).inc()
+            self.metrics.closed(reason)
 
     def finished(self, call: Call) -> None:
         self.calls.discard(call)

@@ -63,20 +63,21 @@ class Timing:
 class Keeper:
     """The deadlines of one server-side connection; ``on_close(reason)`` counts why the front closed it."""
 
-    __slots__ = ("conn", "timing", "on_close", "_loop", "_handle", "_at", "_start", "_handshaken", "_acked",
+    __slots__ = ("conn", "timing", "on_close", "_loop", "_handle", "_at", "_start", "_handshaken", "_sent", "_acked",
                  "_idle_since", "_last_ping", "_strikes", "_aging", "_spread")
 
     def __init__(self, conn: Connection, timing: Timing, on_close: Callable[[str], None]) -> None:
         self.conn = conn
         self.timing = timing
         self.on_close = on_close
-        self._loop = asyncio.get_running_loop()
+        self._loop = conn.loop  # asyncio.get_running_loop() costs a getpid() on 3.11, per connection
         self._handle: asyncio.TimerHandle | None = None
         self._at = 0.0
         now = self._loop.time()
         self._start = now
         self._spread = 1.0 + DEADLINE_SPREAD * random.random()  # of the handshake and SETTINGS-ACK timeouts
         self._handshaken = False
+        self._sent: float | None = None  # when our SETTINGS went out (after the client's preface): the ACK's time
         self._acked = False
         self._idle_since: float | None = now
         self._last_ping: float | None = None
@@ -88,6 +89,11 @@ class Keeper:
     def handshaken(self) -> None:
         """The preface and the first SETTINGS arrived."""
         self._handshaken = True
+
+    def settings_sent(self) -> None:
+        """Our SETTINGS went out: their ACK is due within settings_ack_timeout from now."""
+        self._sent = self._loop.time()
+        self._arm()
 
     def settings_acked(self) -> None:
         self._acked = True
@@ -132,8 +138,8 @@ class Keeper:
         due: list[float] = []
         if not self._handshaken:
             due.append(self._start + timing.handshake_timeout * self._spread)
-        if not self._acked:
-            due.append(self._start + timing.settings_ack_timeout * self._spread)
+        if not self._acked and self._sent is not None:
+            due.append(self._sent + timing.settings_ack_timeout * self._spread)
         if self._idle_since is not None and timing.idle_timeout is not None:
             due.append(self._idle_since + timing.idle_timeout)
         if timing.max_connection_age is not None:
@@ -160,7 +166,7 @@ class Keeper:
             self._end("handshake_timeout", f.PROTOCOL_ERROR,
                       f"no HTTP/2 preface and SETTINGS within {timing.handshake_timeout:g} s")
             return
-        if not self._acked and now >= self._start + timing.settings_ack_timeout * self._spread:
+        if not self._acked and self._sent is not None and now >= self._sent + timing.settings_ack_timeout * self._spread:
             self._end("settings_timeout", SETTINGS_TIMEOUT,
                       f"our SETTINGS were not acknowledged within {timing.settings_ack_timeout:g} s")
             return
@@ -196,6 +202,9 @@ class NoKeeper:
     __slots__ = ()
 
     def handshaken(self) -> None:
+        pass
+
+    def settings_sent(self) -> None:
         pass
 
     def settings_acked(self) -> None:

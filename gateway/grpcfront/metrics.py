@@ -62,6 +62,7 @@ class GrpcMetrics:
             "(handshake_timeout, settings_timeout, idle, too_many_pings, max_age, max_connections, "
             "max_connections_per_client, shed: idle, closed to admit another at a full port)", ["reason"],
             registry=registry)
+        self._closed: dict[str, Any] = {}  # reason -> its child of connections_closed
         self.malformed_requests = Counter(
             "sgw_grpc_malformed_requests_total", "gRPC front requests whose head broke RFC 9113 8.2-8.3 "
             "(reset PROTOCOL_ERROR before any call began)", registry=registry)
@@ -87,6 +88,14 @@ class GrpcMetrics:
             self._methods.add(path)
             return path
         return "other"
+
+    def closed(self, reason: str) -> None:
+        """A client connection closed or refused by a bound: thousands a second under a flood of idle connections,
+        so each reason's child is looked up once (``labels`` cost a tenth of such a connection's CPU)."""
+        child = self._closed.get(reason)
+        if child is None:
+            child = self._closed[reason] = self.connections_closed.labels(reason)
+        child.inc()
 
     def started(self) -> None:
         """A call began."""
