@@ -38,7 +38,11 @@ log = logging.getLogger("gateway.proxy")
 CLIENT_KEEPALIVE_TIMEOUT = 75.0   # an idle client connection is closed after this long (nginx's default)
 LONG_REQUEST_AFTER = 10.0         # an exchange open this long counts as a stream for the reaper
 WRITE_BUFFER_HIGH = 256 * 1024    # per transport; reading from the other side pauses above this
-SLICE = 32                        # client connections the tick closes or wakes per loop turn (about 1 ms)
+# Client connections the tick closes or wakes per loop turn, about 0.25 ms of work (a close and the accept of
+# its reconnect, about 30 us). A victim's call on a new connection needs 3-4 loop turns, each of which may run
+# one slice of an attack's wave: 32 made that 4 ms on a 2-3 ms p99 (the control API at 2x under connection
+# attacks, issue 28); the turns a slice adds cost 10-20 us each.
+SLICE = 8
 _INF = float("inf")
 EAGAIN_BACKOFF_CAP = 0.1          # the longest pause between connects to a Unix socket whose backlog is full
 
@@ -368,7 +372,7 @@ class DataPlane(PlaneState):
         try:
             self._check_deadlines(self.now)
             if self.slow_heads:  # from the next loop turn on (uvloop runs timers before I/O, ready callbacks after)
-                self.loop.call_soon(self.wake_slow_heads, list(self.slow_heads), [], [])
+                self.loop.call_soon(self.wake_slow_heads, list(self.slow_heads), 0, [], [])
         except Exception:
             log.exception("data plane housekeeping failed")
         finally:
@@ -477,32 +481,33 @@ class DataPlane(PlaneState):
         elif now - client.idle_since > self.client_keepalive_timeout:
             client.close_if_idle()
 
-    def close_slices(self, clients: list[DownstreamConnection]) -> None:
-        """Close ``clients``, a slice per loop turn: connections opened together reach their head deadline
-        in the same tick, and thousands of closes in one turn would stall every other connection (and the
-        gRPC front, on the same loop) for tens of milliseconds."""
-        for client in clients[:SLICE]:
+    def close_slices(self, clients: list[DownstreamConnection], start: int = 0) -> None:
+        """Close ``clients[start:]``, a slice per loop turn: connections opened together reach their head
+        deadline in the same tick, and thousands of closes in one turn would stall every other connection
+        (and the gRPC front, on the same loop) for tens of milliseconds."""
+        end = start + SLICE
+        for client in clients[start:end]:
             client.close()
-        if len(clients) > SLICE:
-            self.loop.call_soon(self.close_slices, clients[SLICE:])
+        if len(clients) > end:
+            self.loop.call_soon(self.close_slices, clients, end)
 
-    def wake_slow_heads(self, todo: list[DownstreamConnection], woken: list[DownstreamConnection],
+    def wake_slow_heads(self, todo: list[DownstreamConnection], start: int, woken: list[DownstreamConnection],
                         before: list[DownstreamConnection]) -> None:
         """Read each slow head (DownstreamConnection.hold_slow_head) once per tick, a slice per loop turn:
-        wake ``todo[:SLICE]``, and hold again those woken two turns ago (``before``) that read nothing
+        wake ``todo[start:start + SLICE]``, and hold again those woken two turns ago (``before``) that read nothing
         since: one turn is enough for uvloop (ready callbacks run before its poll), asyncio needs two. A
         head completed meanwhile is not held again."""
         for client in before:
             if client.slow_head():
                 client.hold_slow_head()
         held = self.slow_heads
-        batch = todo[:SLICE]
+        batch = todo[start:start + SLICE]
         for client in batch:
             if client in held:
                 del held[client]
                 client.resume(PAUSE_SLOW_HEAD)
         if batch or woken:
-            self.loop.call_soon(self.wake_slow_heads, todo[SLICE:], batch, woken)
+            self.loop.call_soon(self.wake_slow_heads, todo, start + SLICE, batch, woken)
 
     def _timed_out(self, client: DownstreamConnection, ex: Exchange, now: float) -> bool:
         """True when ``ex`` was ended for taking too long: its response head past its deadline or
