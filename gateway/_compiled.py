@@ -47,6 +47,7 @@ COMPILED_MODULES = (
     "gateway.grpcfront.relay",
     "gateway.grpcfront.stream",
     "gateway.grpcfront.call",
+    "gateway.grpcfront.head",
     "gateway.grpcfront.inbound",
     "gateway.grpcfront.connection",
     "gateway.grpcfront.headers",

@@ -188,7 +188,7 @@ async def test_another_owner_gets_not_found(channels):
 
 
 async def test_a_repeated_head_is_admitted_as_the_first(channels):
-    """Request heads are remembered per connection (Call._admit_headers): sent again on the same connection, a
+    """Request heads are remembered per connection (Call._admit): sent again on the same connection, a
     head is read as the first time, an identity never taken for another's, a refused head refused again."""
     _, front = channels
     for _ in range(3):

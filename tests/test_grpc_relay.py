@@ -18,7 +18,7 @@ import pytest
 from h2.config import H2Configuration
 
 from gateway.grpcfront import frames
-from gateway.grpcfront.call import forwardable
+from gateway.grpcfront.head import forwardable
 from gateway.grpcfront.connection import Connection
 from gateway.grpcfront.relay import CHUNK, RelayBuffer, scan
 from gateway.grpcfront.stream import Stream
@@ -346,18 +346,18 @@ def test_names_found_forwardable_are_remembered_per_kind_and_bounded():
     """forwardable remembers the names it found allowed (a sandbox sends the same few every call): a head's
     :status, remembered, is still dropped from trailers, a dropped name is never remembered, and a sandbox
     that invents names does not grow what is remembered past its bound."""
-    from gateway.grpcfront import call
+    from gateway.grpcfront import head as module
 
     head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
     for _ in range(2):
         assert forwardable(head, head=True) is head
         assert forwardable([(b":status", b"200"), (b"grpc-status", b"0")], head=False) == [(b"grpc-status", b"0")]
         assert forwardable([(b"X-Upper", b"1"), (b"te", b"trailers")], head=True) == []
-    assert b"X-Upper" not in call._ALLOWED_NAMES[True] and b":status" not in call._ALLOWED_NAMES[False]
-    for n in range(3 * call._ALLOWED_REMEMBERED):
+    assert b"X-Upper" not in module._ALLOWED_NAMES[True] and b":status" not in module._ALLOWED_NAMES[False]
+    for n in range(3 * module._ALLOWED_REMEMBERED):
         names = [(b"x-made-up-%d" % n, b"1")]
         assert forwardable(names, head=False) is names
-    assert len(call._ALLOWED_NAMES[False]) <= call._ALLOWED_REMEMBERED
+    assert len(module._ALLOWED_NAMES[False]) <= module._ALLOWED_REMEMBERED
 
 
 async def test_a_connection_to_a_sandbox_that_went_away_is_forgotten():

@@ -11,16 +11,20 @@ No sleeps: each wait is for a frame, a connection or its end, bounded by ``IO``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import h2.connection
+import h2.events
 import pytest
 from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
+from h2.config import H2Configuration
 from hpack import Decoder, Encoder
 from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, RstStreamFrame, SettingsFrame
 
@@ -331,3 +335,147 @@ async def test_a_sandbox_breaking_the_protocol_costs_its_call_and_is_counted(tmp
             assert status is Status.UNAVAILABLE
             metrics = gw.metrics.exposition()[0].decode()
             assert 'sgw_grpc_connection_errors_total{code="PROTOCOL_ERROR",peer="sandbox"} 1.0' in metrics
+
+
+# -- a call served by callbacks (Call.start: its route cached, its connection ready) keeps every edge ----------
+
+class AfterOne:
+    """One connection: the first call is answered (route and connection then warm); the next request is read,
+    ``held`` is set, and ``then(side, stream)`` does the rest once ``go`` is set. ``reset``: the gateway reset
+    the stream held (its code in ``reset_code``)."""
+
+    def __init__(self, then: Callable[[AfterOne, SandboxSide, int], Awaitable[None]]) -> None:
+        self.then = then
+        self.held = asyncio.Event()
+        self.go = asyncio.Event()
+        self.reset = asyncio.Event()
+        self.reset_code: int | None = None
+        self.gateway: Any = None
+
+    async def __call__(self, side: SandboxSide) -> None:
+        await side.open()
+        await serve_unary(side)
+        stream, _, _ = await side.request()
+        self.held.set()
+        await self.go.wait()
+        await self.then(self, side, stream)
+        while (frame := await side.frame()) is not None:
+            if isinstance(frame, RstStreamFrame) and frame.stream_id == stream:
+                self.reset_code = frame.error_code
+                self.reset.set()
+
+    def served_by_callbacks(self) -> bool:
+        """The calls in flight on the front are served without a task (gateway/grpcfront/call.py, Call.start)."""
+        calls = self.gateway.grpc_front.calls
+        return bool(calls) and all(call.task is None for call in calls)
+
+
+async def refuse(behaviour: AfterOne, side: SandboxSide, stream: int) -> None:
+    await side.send(RstStreamFrame(stream, error_code=0x7))
+    await serve_unary(side)
+
+
+async def head_then_rest(behaviour: AfterOne, side: SandboxSide, stream: int) -> None:
+    """The head alone; once the gateway has handled it (its call then has a task), the message and trailers."""
+    await side.send(HeadersFrame(stream, side.encoder.encode([(":status", "200"), ("content-type", "application/grpc")]),
+                                 flags=["END_HEADERS"]))
+    async with asyncio.timeout(IO):
+        while behaviour.served_by_callbacks():  # no event to wait for: the loop's next turns (not a timed sleep)
+            await asyncio.sleep(0)
+    await side.send(DataFrame(stream, grpc_message(b"later")),
+                    HeadersFrame(stream, side.encoder.encode([("grpc-status", "0")]), flags=["END_HEADERS", "END_STREAM"]))
+
+
+async def hold(behaviour: AfterOne, side: SandboxSide, stream: int) -> None:
+    """Never answers the call held."""
+
+
+@asynccontextmanager
+async def warm_call(tmp_path: Path, then: Callable[[AfterOne, SandboxSide, int], Awaitable[None]],
+                    call: Callable[[Any], Awaitable[Any]]) -> AsyncIterator[tuple[AfterOne, asyncio.Task[Any]]]:
+    """A gateway to a sandbox behaving as ``AfterOne(then)``, a warm call, then ``call(gateway)`` in flight (its
+    task), checked to be served by callbacks while the sandbox holds it."""
+    behaviour = AfterOne(then)
+    async with fake_sandbox(behaviour) as (_, port):
+        async with grpc_gateway(tmp_path, static_policy(tmp_path / "policy.yaml", ["127.0.0.1"], port)) as gw:
+            behaviour.gateway = gw
+            channel = Channel(*gw.grpc_address, codec=RawCodec())
+            try:
+                assert await unary(channel, b"warm") == (Status.OK, b"warm")
+                task = asyncio.create_task(call(gw))
+                await asyncio.wait_for(behaviour.held.wait(), IO)
+                assert behaviour.served_by_callbacks()
+                behaviour.go.set()
+                yield behaviour, task
+            finally:
+                channel.close()
+
+
+async def _unary_call(gateway: Any, message: bytes = b"held") -> tuple[Status | None, bytes | str | None]:
+    channel = Channel(*gateway.grpc_address, codec=RawCodec())
+    try:
+        return await unary(channel, message)
+    finally:
+        channel.close()
+
+
+async def _raw_call(gateway: Any, *extra: tuple[bytes, bytes]) -> dict[bytes, bytes]:
+    """One unary call written with h2 (its head may carry grpc-timeout, which grpclib's metadata may not) and read
+    frame by frame (h2 and grpclib give up a connection's calls at its GOAWAY): the response's head and trailers."""
+    reader, writer = await asyncio.open_connection(*gateway.grpc_address)
+    client = h2.connection.H2Connection(H2Configuration(client_side=True, header_encoding=None))
+    client.initiate_connection()
+    client.send_headers(1, [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/test.Echo/Unary"),
+                            (b":authority", b"gw"), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+                            (b"x-user-id", b"u1"), (b"x-session-id", b"s1"), *extra])
+    client.send_data(1, grpc_message(b"held"), end_stream=True)
+    writer.write(client.data_to_send())
+    side = SandboxSide(reader, writer)  # its frame reader and HPACK decoder serve a client as well
+    heads: dict[bytes, bytes] = {}
+    try:
+        while (frame := await side.frame()) is not None:
+            if isinstance(frame, HeadersFrame) and frame.stream_id == 1:
+                heads.update(side.decoder.decode(frame.data, raw=True))
+                if "END_STREAM" in frame.flags:
+                    return heads
+        raise AssertionError("the gateway closed the connection before the call's end")
+    finally:
+        writer.close()
+
+
+async def test_a_call_served_by_callbacks_and_refused_unprocessed_is_sent_again(tmp_path):
+    async with warm_call(tmp_path, refuse, _unary_call) as (_, call):
+        assert await asyncio.wait_for(call, IO) == (Status.OK, b"held")
+
+
+async def test_a_call_served_by_callbacks_whose_answer_comes_in_pieces_is_relayed_whole(tmp_path):
+    async with warm_call(tmp_path, head_then_rest, _unary_call) as (_, call):
+        assert await asyncio.wait_for(call, IO) == (Status.OK, b"later")
+
+
+async def test_a_call_served_by_callbacks_ends_at_its_deadline_and_resets_the_sandbox_stream(tmp_path):
+    """The gateway's own timer for the client's grpc-timeout: DEADLINE_EXCEEDED, the sandbox's stream CANCELled."""
+    async with warm_call(tmp_path, hold, lambda gw: _raw_call(gw, (b"grpc-timeout", b"200m"))) as (behaviour, call):
+        assert (await asyncio.wait_for(call, IO))[b"grpc-status"] == b"4"
+        await asyncio.wait_for(behaviour.reset.wait(), IO)
+        assert behaviour.reset_code == 0x8 and not behaviour.gateway.grpc_front.calls
+
+
+async def test_a_call_served_by_callbacks_cancelled_by_its_client_resets_the_sandbox_stream(tmp_path):
+    async with warm_call(tmp_path, hold, _unary_call) as (behaviour, call):
+        call.cancel()  # grpclib's client resets its stream (RST_STREAM CANCEL) as the request is left
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        await asyncio.wait_for(behaviour.reset.wait(), IO)
+        assert behaviour.reset_code == 0x8 and not behaviour.gateway.grpc_front.calls
+
+
+async def test_a_call_served_by_callbacks_ends_unavailable_when_the_drain_time_is_over(tmp_path):
+    """The front's stop waits for it (it has no task to wait for), then ends it: UNAVAILABLE, the sandbox's
+    stream CANCELled. (h2's client: grpclib's gives up its calls at the GOAWAY.)"""
+    async with warm_call(tmp_path, hold, _raw_call) as (behaviour, call):
+        await behaviour.gateway.grpc_front.stop(0.1)
+        answer = await asyncio.wait_for(call, IO)
+        assert answer[b"grpc-status"] == b"14" and b"shutting down" in answer[b"grpc-message"]
+        await asyncio.wait_for(behaviour.reset.wait(), IO)
+        assert behaviour.reset_code == 0x8 and not behaviour.gateway.grpc_front.calls

@@ -21,7 +21,7 @@ import pytest
 from h2.errors import ErrorCodes
 from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, PriorityFrame, RstStreamFrame
 
-from gateway.grpcfront.call import _grpc_content_type, encode_timeout_ms
+from gateway.grpcfront.head import encode_timeout_ms, grpc_content_type
 from tests.grpc_helpers import grpc_gateway, static_policy
 from tests.test_grpc_hostile import (IO, RawConnection, assert_connection_error, assert_stream_error, describe,
                                      frame_bytes, grpc_message, request_head)
@@ -121,9 +121,9 @@ async def test_a_request_that_is_not_grpc_gets_http_415(conn, sandbox, content_t
 
 
 def test_content_type_is_grpcs_own_not_a_prefix():
-    assert [_grpc_content_type(value) for value in (b"application/grpc", b"application/grpc+proto",
+    assert [grpc_content_type(value) for value in (b"application/grpc", b"application/grpc+proto",
                                                    b"application/grpc;charset=utf-8")] == [True] * 3
-    assert [_grpc_content_type(value) for value in (b"application/grpcfoo", b"application/grp", b"text/plain",
+    assert [grpc_content_type(value) for value in (b"application/grpcfoo", b"application/grp", b"text/plain",
                                                    b"", None)] == [False] * 5
 
 

@@ -18,6 +18,8 @@ cdef class Call:
     cdef public object error, code
     cdef public double sent_at
     cdef public object upstream, timeout, trace
+    cdef public bint fast
+    cdef public object timer, target, sandbox_head
 
 cdef class _Side:
     cdef public Call call

@@ -12,29 +12,27 @@ relayed piece by piece and is never held whole.
 Termination is reported through a stream's ``owner``: the call gives each of
 its two streams a :class:`_Side`, which records which side
 ended (the client reset or left, the sandbox reset or its connection dropped)
-and cancels the call's task; the task then settles the other side.
+and ends the call: at once when it is served by callbacks (``Call.start``),
+else by cancelling its task, which then settles the other side.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from grpclib.metadata import decode_timeout, encode_grpc_message
+from grpclib.metadata import encode_grpc_message
 
-from gateway.errors import BadRequest, GatewayError, Unauthorized, UnsupportedMediaType, UpstreamError, error_body
+from gateway.errors import GatewayError, UnsupportedMediaType, UpstreamError, error_body
 from gateway.grpcfront.frames import CANCEL, ENHANCE_YOUR_CALM, ERROR_NAMES, INADEQUATE_SECURITY, NO_ERROR
+from gateway.grpcfront.head import Headers, encode_timeout_ms, forwardable, header_text, read_head, status_of
 from gateway.grpcfront.relay import CHUNK, Truncated, relay, relay_now
 from gateway.grpcfront.stream import Stream, StreamClosed
 from gateway.grpcfront.upstream import Target, grpc_target
-from gateway.proxy._admission import (R_AUTH, R_BOT, R_CL, R_COOKIE, R_EXPECT, R_ORG, R_REQUEST_ID, REQUEST_HEADERS,
-                                      SANDBOX_HEADER_PREFIXES, SANDBOX_ID_HEADER, Credentials)
-from gateway.proxy._wire import ACCESS_COOKIE, HOST_ACCESS_COOKIE, cut_access_cookie
+from gateway.proxy._admission import SANDBOX_ID_HEADER
 
 if TYPE_CHECKING:
     from gateway.grpcfront.connection import Connection
@@ -43,18 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.grpc")
 
-# Header names and values are bytes as HPACK decoded them: forwarded as received,
-# with no per-header decoding; only what the gateway reads itself is decoded (ASCII, else INVALID_ARGUMENT).
-# Which are read, dropped or forwarded is the admission's rules (gateway/proxy/_admission.py), the data
-# plane's too: of the names they know, these roles are forwarded (the rest are identity, credentials,
-# hop-by-hop, X-Forwarded-* or the router's X-Sandbox-* vocabulary); grpc-timeout is re-sent by the gateway.
-_FORWARDED_ROLES = frozenset((R_CL, R_REQUEST_ID, R_EXPECT, R_COOKIE))
-# Never in an HTTP/2 message (RFC 9113 8.2.2): dropped from what the sandbox answers, so that a sandbox
-# sending them cannot make the gateway send the client a malformed response.
-_CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
-                                  b"upgrade", b"te"))
-# A proto service and method name: also what keeps the access log and metric labels free of odd bytes.
-_METHOD_PATH = re.compile(rb"/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+").fullmatch
 _CANCELLED = 1
 _UNKNOWN = 2
 _DEADLINE_EXCEEDED = 4
@@ -65,12 +51,6 @@ _UNAVAILABLE = 14
 # A sandbox's RST_STREAM as the client's gRPC status (gRPC over HTTP/2, "Errors"): CANCEL is passed on as
 # CANCEL, REFUSED_STREAM is retried or answered UNAVAILABLE (_ended_early); every other code is INTERNAL.
 _RESET_STATUS = {ENHANCE_YOUR_CALM: _RESOURCE_EXHAUSTED, INADEQUATE_SECURITY: _PERMISSION_DENIED}
-
-
-def _grpc_content_type(value: bytes | None) -> bool:
-    """application/grpc, or application/grpc+codec, or with parameters (;): not merely its prefix."""
-    return value is not None and (value == b"application/grpc" or value[16:17] in (b"+", b";")
-                                  and value.startswith(b"application/grpc"))
 
 
 class _Side:
@@ -91,100 +71,19 @@ class _Side:
         call.terminated(self.name)
 
 
-Headers = list[tuple[bytes, bytes]]
-# A request head as read (Call._read_head): forwarded headers, method path, grpc-timeout and seconds, credentials.
-_Head = tuple[tuple[tuple[bytes, bytes], ...], str, tuple[bytes, float] | None, Credentials]
 _HEADS_REMEMBERED = 16  # distinct request heads per client connection; more and the memo starts over
 _HEAD_REMEMBERED_SIZE = 8192  # bytes of names and values: a larger head is read every time (the memo holds 128 KiB)
 
 
-def _text(value: bytes) -> str:
-    """A header value the gateway reads; shown in an error message, so never raises."""
-    return value.decode("ascii", "backslashreplace")
-
-
-def status_of(headers: Headers) -> int | None:
-    for name, value in headers:
-        if name == b"grpc-status":
-            return int(value) if value.isdigit() else _INTERNAL
-    return None
-
-
-# Names already found allowed (forwardable), for heads and for trailers: a sandbox sends the same few every
-# call, so each is checked once, not per call. Bounded: a sandbox inventing names starts it over.
-_ALLOWED_NAMES: tuple[set[bytes], set[bytes]] = (set(), set())  # [head]
-_ALLOWED_REMEMBERED = 256
-
-
-def forwardable(headers: Headers, head: bool) -> Headers:
-    """The sandbox's response head (``head``) or trailers as the client may get them: without
-    connection-specific fields, pseudo-headers other than a head's ``:status``, or upper-case names
-    (each makes an HTTP/2 message malformed). The list itself when nothing is dropped, as is usual."""
-    known = _ALLOWED_NAMES[head]
-    for name, _ in headers:
-        if name in known:
-            continue
-        if not _allowed(name, head):
-            return [(name, value) for name, value in headers if _allowed(name, head)]
-        if len(known) >= _ALLOWED_REMEMBERED:
-            known.clear()
-        known.add(name)
-    return headers
-
-
-def _allowed(name: bytes, head: bool) -> bool:
-    if name[:1] == b":":
-        return head and name == b":status"
-    return name not in _CONNECTION_SPECIFIC and name == name.lower()
-
-
-def encode_timeout_ms(seconds: float) -> str:
-    """A grpc-timeout value (at most 8 digits) for ``seconds``, rounded up so it never shortens to 0."""
-    # rounded to the microsecond first: a float's last bits must not turn 701 ms into 702
-    millis = max(1, math.ceil(round(seconds * 1000, 3)))
-    return f"{millis}m" if millis < 100_000_000 else f"{min(99_999_999, math.ceil(seconds))}S"
-
-
-def _take_credential(credentials: list[bytes | None], role: int, name: bytes, value: bytes) -> None:
-    """Identity and credentials (``x-org-id`` .. ``x-bot-id``, ``authorization``) are read, never forwarded;
-    each may be given once, in ASCII. The admission's other roles that are not forwarded are dropped."""
-    if not (R_ORG <= role <= R_BOT or role == R_AUTH):
-        return
-    index = 4 if role == R_AUTH else role - R_ORG
-    if credentials[index] is not None:
-        raise BadRequest(f"{name.decode()}: must be given once", code="invalid_identity")
-    if not value.isascii():
-        raise BadRequest(f"{name.decode()}: must be ASCII", code="invalid_identity")
-    credentials[index] = value
-
-
-def _checked_path(content_type: bytes | None, method: bytes | None, path: bytes | None) -> str:
-    """The call's method path, once the head is a gRPC request: else UnsupportedMediaType or BadRequest."""
-    if not _grpc_content_type(content_type):  # first: whatever its method, an HTTP request gets HTTP 415
-        shown = repr(_text(content_type)) if content_type is not None else None
-        raise UnsupportedMediaType(f"content-type must be application/grpc[+codec], got {shown}")
-    if method != b"POST":
-        raise BadRequest(f":method must be POST for gRPC, got {_text(method) if method else method!r}")
-    if path is None or len(path) > 512 or not _METHOD_PATH(path):
-        raise BadRequest(f":path must be /package.Service/Method, got {_text(path[:100]) if path else path!r}")
-    return path.decode()
-
-
-def _timeout_seconds(timeout: bytes) -> float:
-    """A grpc-timeout value in seconds; BadRequest when it is not one."""
-    try:
-        if len(timeout) > 9:  # TimeoutValue is at most 8 digits
-            raise ValueError(timeout)
-        return float(decode_timeout(timeout.decode("ascii")))
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest(f"grpc-timeout: {_text(timeout)!r} is not a gRPC timeout (such as 100m or 5S)") from None
-
-
 class Call:
+    """One call: begun by :meth:`start`, and served by callbacks where it can (a unary call to a sandbox that is
+    ready, typically), else by a task (:meth:`run`) that takes it from where the callbacks left it."""
+
     __slots__ = ("front", "conn", "down", "headers", "task", "up", "pump", "side",
                  "sandbox_reset", "head_sent", "done", "status", "path", "t0", "route", "deadline", "stream_key",
                  "to_sandbox", "to_client", "org_id", "refused", "running", "identity", "request", "resent",
-                 "error", "code", "sent_at", "upstream", "timeout", "trace")
+                 "error", "code", "sent_at", "upstream", "timeout", "trace", "fast", "timer", "target",
+                 "sandbox_head")
 
     def __init__(self, front: GrpcFront, conn: _ServerSide, down: Stream) -> None:
         self.front = front
@@ -218,6 +117,10 @@ class Call:
         self.sent_at = 0.0                  # perf_counter() when the head went to the sandbox
         self.upstream: float | None = None  # from then to the sandbox's response head
         self.trace: Any = None              # a gateway.tracing.RequestTrace when tracing is on
+        self.fast = False                   # served by callbacks (start), no task: until it ends or a task takes it
+        self.timer: asyncio.TimerHandle | None = None  # the client's deadline, while served by callbacks
+        self.target: Target | None = None   # where the sandbox answers, and the head sent it (kept to resend)
+        self.sandbox_head: Headers | None = None
         down.owner = _Side(self, "client")
 
     # -- termination reported by the streams ----------------------------------------
@@ -227,7 +130,19 @@ class Call:
         if side == "sandbox" and self._sandbox_answered():
             return  # the sandbox reset after its final status: the call is complete as far as it goes
         self.side = side
-        if self.running and self.task is not None:
+        if self.fast:
+            self._ended_early()
+            self._finish()
+        elif self.running and self.task is not None:
+            self.task.cancel()
+
+    def stop(self) -> None:
+        """The gateway is stopping: the call ends UNAVAILABLE now (one whose task has not begun does as it begins;
+        a task cancelled before it starts would never run, nor its cleanup)."""
+        if self.fast:
+            self.terminated("stopping")
+        elif self.task is not None and self.running and not self.task.done():
+            self.side = "stopping"
             self.task.cancel()
 
     def _sandbox_answered(self) -> bool:
@@ -235,8 +150,85 @@ class Call:
         return up is not None and (up.trailers is not None or (up.headers is not None and
                                                                  status_of(up.headers) is not None))
 
-    # -- the call -----------------------------------------------------------------
-    async def run(self) -> None:
+    # -- served by callbacks ------------------------------------------------------------
+    def start(self) -> None:
+        """Begin the call (scheduled by the front as the client's stream is accepted). A call whose route is cached
+        and whose sandbox has a connection with a free stream is sent from here, and answered from
+        :meth:`_head_in`, with no task: a task's creation, steps and futures were about a seventh of a unary call's
+        instructions. Anything else (a route to resolve: the sandbox may be created or woken; a connection to make;
+        tracing; an answer that does not come whole) goes on in :meth:`run`, a task, from where this left it."""
+        if self.side is not None or self.front.tracer is not None:
+            self._spawn()
+            return
+        self.fast = True
+        try:
+            out = self._admit()
+            route = self.front.router.cached_route(self.identity)  # type: ignore[arg-type]
+            if route is None:
+                self._spawn(out)
+                return
+            self._routed(route)
+            connection = self.front.channels.ready(self.target)  # type: ignore[arg-type]
+            if connection is None:
+                self._spawn(out)
+                return
+            if self.deadline is not None:
+                self.timer = self.down.conn.loop.call_at(self.deadline, self._expired)
+            self._send_head(connection, out)
+        except UnsupportedMediaType:  # answered in plain HTTP once the request is read: by the task
+            self._spawn()
+        except Exception as exc:
+            if self.fast:  # else it ended meanwhile (the client's request ended inside a message)
+                self._failed(exc)
+                self._finish()
+
+    def _head_in(self) -> None:
+        """The sandbox's stream has its head, or has ended (``Stream.on_head``, called once the frames that came
+        with it are read). When its whole answer is here and the client's stream takes it now (a unary answer,
+        typically), it is given from here; else the task relays it, or sends a request refused unprocessed again."""
+        if not self.fast:
+            return  # ended meanwhile
+        up: Stream = self.up  # type: ignore[assignment]
+        buffer = up.buffer
+        if up.headers is None or not buffer.complete or buffer.size > CHUNK or not self.down.takes_now(buffer.size):
+            self._spawn()
+            return
+        try:
+            self.upstream = time.perf_counter() - self.sent_at
+            self.request = None  # answered: processed, never to be sent again
+            self._settled(self._alone(self.down.conn, self._answer_now, up.headers, self.route.sandbox_id))
+        except Exception as exc:
+            self._failed(exc)
+        self._finish()
+
+    def _expired(self) -> None:
+        """The client's deadline, while the call is served by callbacks (the task's is ``asyncio.timeout_at``)."""
+        self.timer = None
+        self._failed(TimeoutError())
+        self._finish()
+
+    def _spawn(self, out: Sequence[tuple[bytes, bytes]] | None = None) -> None:
+        """The rest of the call in a task (:meth:`run`); ``out``: the head is read and the call admitted."""
+        self._leave_callbacks()
+        self.task = self.down.conn.loop.create_task(self.run(out))
+
+    def _finish(self) -> None:
+        self._leave_callbacks()
+        self._cleanup()
+
+    def _leave_callbacks(self) -> None:
+        self.fast = False
+        timer = self.timer
+        if timer is not None:
+            self.timer = None
+            timer.cancel()
+        if self.up is not None:
+            self.up.on_head = None
+
+    # -- served by a task ------------------------------------------------------------------
+    async def run(self, out: Sequence[tuple[bytes, bytes]] | None = None) -> None:
+        """The call, or what :meth:`start` left of it: all of it; the rest after the head is read and the call
+        admitted (``out``, the headers to forward); the answer, once the sandbox's stream is open."""
         self.running = True
         if self.front.tracer is not None:
             self.trace = self.front.tracer.begin_call(self)  # gateway/tracing.py
@@ -244,49 +236,61 @@ class Call:
             if self.side is not None:  # ended before it began (the client reset at once, or we are draining)
                 self._ended_early()
                 return
-            out = self._admit_headers()
+            if self.up is None and out is None:
+                out = self._admit()
             if self.deadline is None:
-                await self._forward(out)
+                if self.up is None:
+                    await self._forward(out)  # type: ignore[arg-type]
+                await self._relay_back()
             else:
                 async with asyncio.timeout_at(self.deadline):
-                    await self._forward(out)
+                    if self.up is None:
+                        await self._forward(out)  # type: ignore[arg-type]
+                    await self._relay_back()
         except asyncio.CancelledError:
             if self.side is None:
                 self.side = "stopping"
             self.task.uncancel()  # type: ignore[union-attr]
             self._ended_early()
-        except TimeoutError:
-            self._reset_up()
-            self.code = "deadline_exceeded"
-            self._answer(_DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
         except UnsupportedMediaType as exc:
             self.code = exc.code
             await self._answer_http(exc)
-        except GatewayError as exc:
+        except Exception as exc:
+            self._failed(exc)
+        finally:
+            self._cleanup()
+
+    def _failed(self, exc: Exception) -> None:
+        """What ended the call, as the client's answer (the task's and the callbacks' one mapping); the sandbox's
+        stream, if open, is reset."""
+        if isinstance(exc, TimeoutError):
+            self._reset_up()
+            self.code = "deadline_exceeded"
+            self._answer(_DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
+        elif isinstance(exc, GatewayError):
             self._reset_up()
             self.refused = getattr(exc, "scope", None)
             self.code = exc.code
             if isinstance(exc, UpstreamError):
                 self.error = exc.code
             self._refuse(exc)
-        except Truncated:
+        elif isinstance(exc, Truncated):
             self._reset_up()
             self.error = "upstream_protocol_error"
             self._answer(_INTERNAL, "the sandbox's stream ended in the middle of a message")
-        except ConnectionError as exc:
+        elif isinstance(exc, ConnectionError):
             self._reset_up()
             log.info("gRPC call %s: %s", self.path, exc)
             self.error = "upstream_closed"
             self._answer(_UNAVAILABLE, "the connection to the sandbox failed")
-        except Exception:
-            log.exception("gRPC call %s failed", self.path)
+        else:
+            log.error("gRPC call %s failed", self.path, exc_info=exc)
             self._reset_up()
             self._answer(_INTERNAL, "internal error in the gateway")
-        finally:
-            self._cleanup()
 
-    def _admit_headers(self) -> Headers:
-        """Validate the request head; take the identity metadata out; returns the headers to forward.
+    def _admit(self) -> Sequence[tuple[bytes, bytes]]:
+        """Validate the request head, take the identity metadata out, admit the call (the org's limits); returns
+        the headers to forward.
 
         A client sends the same head call after call: what a head of up to 8 KiB reads as is remembered per
         connection (``_ServerSide.heads``, keyed by the head itself), so a repeated one is validated and sorted
@@ -296,7 +300,7 @@ class Call:
         key = tuple(self.headers)
         head = heads.get(key)
         if head is None:
-            head = self._read_head()
+            head = read_head(self.headers, self)
             if sum(len(name) + len(value) for name, value in key) <= _HEAD_REMEMBERED_SIZE:
                 if len(heads) >= _HEADS_REMEMBERED:
                     heads.clear()
@@ -305,64 +309,33 @@ class Call:
         if timeout is not None:
             self.deadline = self.down.conn.loop.time() + timeout[1]
             self.timeout = timeout
-        self.identity = self.front.admission.identify(self.conn, credentials)
-        self.org_id = self.identity.org_id
+        admission = self.front.admission
+        identity = self.identity = admission.identify(self.conn, credentials)
+        self.org_id = identity.org_id
+        if admission.limited:  # every call is a stream (it holds a slot for as long as it runs)
+            self.stream_key = admission.admit(identity, True)
         return out
 
-    def _read_head(self) -> _Head:
-        """What the request head reads as: the headers to forward, the method path, grpc-timeout (as sent and
-        in seconds) and the credentials; raises the client's error for a head that is not admissible."""
-        method = path = content_type = timeout = None
-        credentials: list[bytes | None] = [None, None, None, None, None]  # the order of admission's Credentials
-        out: Headers = []
-        roles = REQUEST_HEADERS  # the admission's rules, by lower-case name (HTTP/2 names are: headers.py)
-        for name, value in self.headers:
-            if name.startswith(b":"):
-                if name == b":path":
-                    path = value
-                elif name == b":method":
-                    method = value
-                continue
-            role = roles.get(name)
-            if role is None:
-                if name == b"grpc-timeout":
-                    timeout = value  # re-sent by the gateway (_timeout_left)
-                    continue
-                if name.startswith(SANDBOX_HEADER_PREFIXES):
-                    continue  # the router's vocabulary: never a client's word
-                if name == b"content-type":
-                    content_type = value
-            elif role not in _FORWARDED_ROLES:
-                _take_credential(credentials, role, name, value)  # else hop-by-hop, X-Forwarded-*, the router's
-                continue                                          # headers: dropped, as on the HTTP data plane
-            elif role == R_COOKIE and (ACCESS_COOKIE in value or HOST_ACCESS_COOKIE in value):
-                value = cut_access_cookie(value)[0]  # the access token stays with the gateway
-                if not value:
-                    continue
-            if not value.isascii():  # gRPC metadata values are ASCII (-bin ones base64): refused here, per call,
-                raise BadRequest(f"{_text(name)}: a metadata value must be ASCII (binary ones base64, in -bin keys)")
-            out.append((name, value))  # rather than killing the sandbox's connection, shared by other calls
-        self.path = _checked_path(content_type, method, path)
-        timeout_read = (timeout, _timeout_seconds(timeout)) if timeout is not None else None
-        if credentials[1] is None and credentials[4] is None:
-            raise Unauthorized("no identity: send x-user-id and x-session-id metadata (x-org-id, x-bot-id "
-                               "optional), or authorization: Bearer <token> with x-session-id")
-        return tuple(out), self.path, timeout_read, tuple(credentials)  # type: ignore[return-value]
+    def _routed(self, route: Any) -> None:
+        front = self.front
+        self.route = route
+        front.router.stream_opened(route.sandbox_id)
+        self.target = grpc_target(route, front.router.view.pool(route.pool))
 
     async def _forward(self, out: Sequence[tuple[bytes, bytes]]) -> None:
-        front = self.front
-        identity = self.identity
-        admission = front.admission
-        if admission.limited:  # every call is a stream (it holds a slot for as long as it runs)
-            self.stream_key = admission.admit(identity, True)  # type: ignore[arg-type]
-        if self.trace is None:
-            route = self.route = await front.router.resolve(identity)
-        else:
-            with self.trace.resolving():
-                route = self.route = await front.router.resolve(identity)
-        front.router.stream_opened(route.sandbox_id)
-        host, port = target = grpc_target(route, front.router.view.pool(route.pool))
-        connection = await front.channels.connection(target)
+        """Resolve the route (the sandbox may be created or woken), connect to it, send the request."""
+        if self.route is None:
+            if self.trace is None:
+                self._routed(await self.front.router.resolve(self.identity))  # type: ignore[arg-type]
+            else:
+                with self.trace.resolving():
+                    self._routed(await self.front.router.resolve(self.identity))  # type: ignore[arg-type]
+        connection = await self.front.channels.connection(self.target)  # type: ignore[arg-type]
+        self._send_head(connection, out)
+
+    def _send_head(self, connection: Connection, out: Sequence[tuple[bytes, bytes]]) -> None:
+        route = self.route
+        host, port = self.target  # type: ignore[misc]
         authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", self.path.encode()),
                 (b":authority", authority.encode()), (b"te", b"trailers"), *out,
@@ -371,22 +344,29 @@ class Call:
             head.append((b"grpc-timeout", self._timeout_left()))
         if self.trace is not None:
             head = self.trace.grpc_head(head, route)  # the sandbox continues the trace (traceparent)
+        self.sandbox_head = head
         self.sent_at = time.perf_counter()
         self._alone(connection, self._open_up, connection, head)
-        response = await self._response_head(target, head)
+
+    async def _relay_back(self) -> None:
+        """The sandbox's answer to the client, as it comes."""
+        response = await self._response_head()
         self.upstream = time.perf_counter() - self.sent_at
         down = self.down
-        status = self._alone(down.conn, self._answer_now, response, route.sandbox_id)
+        sandbox_id = self.route.sandbox_id
+        status = self._alone(down.conn, self._answer_now, response, sandbox_id)
         if status is None:  # the rest of the answer is still to come (a stream, typically): relayed as it comes
             self.to_client = await relay(self.up, down)  # type: ignore[arg-type]
-            status = self._alone(down.conn, self._send_trailers, route.sandbox_id)
+            status = self._alone(down.conn, self._send_trailers, sandbox_id)
         self._settled(status)
 
     def _open_up(self, connection: Connection, head: Headers) -> None:
         """The sandbox's stream, with the request sent at once where it fits (else by a task of its own)."""
         up = self.up = connection.open_stream(head, _Side(self, "sandbox"))
+        if self.fast:
+            up.on_head = self._head_in
         if self._request_fits(up):
-            self.request = self.down.buffer.peek()  # kept until the sandbox answers: see _response_head
+            self.request = self.down.buffer.peek()  # kept until the sandbox answers: see _response_head, _head_in
             self._send_request_now(up)  # nothing in it can wait: no task needed (a unary call, typically)
         else:
             self.pump = self.down.conn.loop.create_task(self._send_request(up))
@@ -402,7 +382,7 @@ class Call:
             return status
         code = next((value for name, value in response if name == b":status"), b"")
         if code != b"200":
-            raise UpstreamError(f"the sandbox answered HTTP {_text(code) or '?'} without a gRPC status",
+            raise UpstreamError(f"the sandbox answered HTTP {header_text(code) or '?'} without a gRPC status",
                                 sandbox_id=sandbox_id)
         down.send_headers(forwardable(response, head=True))
         self.head_sent = True
@@ -441,7 +421,7 @@ class Call:
             return value
         return encode_timeout_ms(left).encode()
 
-    async def _response_head(self, target: Target, head: Headers) -> Headers:
+    async def _response_head(self) -> Headers:
         """The sandbox's response head. A request it ended unprocessed (REFUSED_STREAM, or a GOAWAY below
         the stream: it is restarting or shedding load) is sent once more, on a connection that takes it,
         when the gateway has the whole of it (RFC 9113 8.7); the client never learns of the first try."""
@@ -453,8 +433,8 @@ class Call:
                 raise
             self.resent = True
             up.release()
-            connection = await self.front.channels.connection(target)
-            up = self.up = connection.open_stream(head, _Side(self, "sandbox"))
+            connection = await self.front.channels.connection(self.target)  # type: ignore[arg-type]
+            up = self.up = connection.open_stream(self.sandbox_head, _Side(self, "sandbox"))  # type: ignore[arg-type]
             await up.send_data(self.request, end_stream=True)  # type: ignore[arg-type]
             response = await up.recv_headers()
         self.request = None  # answered: processed, never to be sent again

@@ -57,7 +57,7 @@ class _ServerSide:
         self.connection: Connection | None = None
         self.ident_key: Credentials | None = None
         self.ident: Identity | None = None
-        self.heads: dict[tuple[tuple[bytes, bytes], ...], Any] = {}  # heads as read (Call._admit_headers)
+        self.heads: dict[tuple[tuple[bytes, bytes], ...], Any] = {}  # heads as read (Call._admit)
 
     def connection_made(self, connection: Connection) -> None:
         front = self.front
@@ -132,6 +132,7 @@ class GrpcFront:
         self.address: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None
         self._draining = False
+        self._idle: asyncio.Future[None] | None = None  # while stopping: resolved as the last call ends
         self._ids = itertools.count(1)
         self._id_prefix = f"g{secrets.token_hex(4)}{os.getpid():x}-"
 
@@ -165,7 +166,13 @@ class GrpcFront:
         self.calls.add(call)
         if self.metrics is not None:
             self.metrics.started()
-        call.task = call.down.conn.loop.create_task(call.run())
+        call.down.conn.loop.call_soon(call.start)  # once the frames read with the head are handled (its DATA)
+
+    async def _calls_ended(self, timeout: float) -> None:
+        """Until no call is left (each ends in ``finished``), or ``timeout``."""
+        if self.calls:
+            self._idle = asyncio.get_running_loop().create_future()
+            await asyncio.wait([self._idle], timeout=timeout)
 
     def connection_failed(self, peer: str, code: int) -> None:
         if self.metrics is not None:
@@ -177,7 +184,10 @@ class GrpcFront:
             self.metrics.closed(reason)
 
     def finished(self, call: Call) -> None:
-        self.calls.discard(call)
+        calls = self.calls
+        calls.discard(call)
+        if not calls and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
         metrics = self.metrics
         duration = time.perf_counter() - call.t0
         if metrics is not None:
@@ -194,18 +204,10 @@ class GrpcFront:
         self._server.close()
         for connection in list(self.connections):
             connection.shut_down("gateway stopping")
-        tasks = [call.task for call in self.calls if call.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=drain_timeout)
+        await self._calls_ended(drain_timeout)
         for call in list(self.calls):
-            # A call whose task has not run yet is not cancelled: cancelled before it starts, run() would
-            # never run, nor its cleanup; begun while draining, it answers UNAVAILABLE when it runs.
-            if call.task is not None and not call.task.done() and call.running:
-                call.side = "stopping"
-                call.task.cancel()
-        left = [call.task for call in self.calls if call.task is not None and not call.task.done()]
-        if left:
-            await asyncio.wait(left, timeout=2.0)
+            call.stop()
+        await self._calls_ended(2.0)
         for connection in list(self.connections):
             connection.close(message="gateway stopping")
         self.channels.close()

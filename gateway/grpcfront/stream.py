@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.grpcfront.frames import (
@@ -34,7 +35,7 @@ class Stream:
 
     __slots__ = ("conn", "id", "headers", "trailers", "buffer", "send_window", "recv_window", "_unacked",
                  "local_closed", "remote_closed", "gone", "refused", "owner", "_head_waiter", "_window_waiter",
-                 "released", "expected", "reset_code")
+                 "released", "expected", "reset_code", "on_head")
 
     def __init__(self, conn: Connection, stream_id: int) -> None:
         self.conn = conn
@@ -57,6 +58,9 @@ class Stream:
         self.released = False
         self.expected: int | None = None  # server side: what content-length says is still to come, if it was sent
         self.reset_code: int | None = None  # the peer's RST_STREAM error code, if it reset the stream
+        # Called soon (once the frames read with it are handled) when the head comes or the stream ends before it:
+        # a call served by callbacks rather than a task waiting in recv_headers (Call.start)
+        self.on_head: Callable[[], None] | None = None
 
     @property
     def closable(self) -> bool:
@@ -212,6 +216,10 @@ class Stream:
     def _wake_head(self) -> None:
         waiter, self._head_waiter = self._head_waiter, None
         _resolve(waiter)
+        hook = self.on_head
+        if hook is not None:
+            self.on_head = None
+            self.conn.loop.call_soon(hook)
 
     async def _wait_window(self) -> None:
         waiter = self._window_waiter = self.conn.loop.create_future()

@@ -87,11 +87,9 @@ class UpstreamChannels:
         """A connection to ``target`` with a free stream slot (returned without yielding once it is found:
         the caller's ``open_stream`` takes the slot before any other call can)."""
         while True:
-            connections = self._connections.get(target)
-            if connections:
-                for connection in connections:
-                    if connection.has_slot:
-                        return connection
+            ready = self.ready(target)
+            if ready is not None:
+                return ready
             attempt = self._connecting.get(target)
             if attempt is None:  # calls that find no slot meanwhile share one connection attempt, a task of
                 # its own: a caller cancelled while it connects (its client left) does not fail the others
@@ -108,6 +106,15 @@ class UpstreamChannels:
             connection.close(message="no stream allowed")
             raise UpstreamConnectError(f"the sandbox's gRPC server at {_where(target)} takes no new streams ("
                                        f"{_refusal(connection)})")
+
+    def ready(self, target: Target) -> Connection | None:
+        """A connection to ``target`` with a free stream slot now, or None (then :meth:`connection` makes one)."""
+        connections = self._connections.get(target)
+        if connections:
+            for connection in connections:
+                if connection.has_slot:
+                    return connection
+        return None
 
     async def _add(self, target: Target) -> Connection:
         connection = await self._connect(target)
