@@ -13,8 +13,11 @@ loop iteration and reconnect together, thousands of closes and accepts in one st
 
 What a client gets past each bound:
 
-- no preface and first SETTINGS within ``handshake_timeout``: closed (GOAWAY PROTOCOL_ERROR);
-- no ACK of our SETTINGS within ``settings_ack_timeout``: GOAWAY SETTINGS_TIMEOUT (RFC 9113 6.5.3);
+- no preface and first SETTINGS within ``handshake_timeout``: closed; without a word when the preface is
+  missing (our SETTINGS, sent once it arrives, were never sent: connection.py ``_greet``), else GOAWAY
+  PROTOCOL_ERROR;
+- no ACK of our SETTINGS within ``settings_ack_timeout`` of sending them: GOAWAY SETTINGS_TIMEOUT (RFC 9113
+  6.5.3);
 - no call for ``idle_timeout``: GOAWAY NO_ERROR, then the close (a client reconnects when it needs to);
 - PINGs while no call runs, more often than ``keepalive_min_time`` (or at all, unless
   ``keepalive_permit_without_calls``): each is a strike; past ``MAX_PING_STRIKES`` GOAWAY
