@@ -100,7 +100,9 @@ class Connection(FrameReader):
         self._inbox = bytearray()
         self._preface = not client_side     # server side: the client's preface is still to come
         self._settings_seen = False
-        self._settled: asyncio.Future[None] = self.loop.create_future()  # the peer's first SETTINGS applied
+        # Client side: the peer's first SETTINGS applied (settled()); a server never waits for them, and a flood of
+        # connections closed before any would each make and fail the future.
+        self._settled: asyncio.Future[None] | None = self.loop.create_future() if client_side else None
         self._lost: asyncio.Future[None] = self.loop.create_future()
         self._window = window               # the connection's receive window: what its streams hold in all
         self._recv_window = window
@@ -179,9 +181,10 @@ class Connection(FrameReader):
         self.closed = True
         self.keeper.stop()
         self._transport = None
-        if not self._settled.done():
-            self._settled.set_exception(ConnectionResetError("the connection closed before its SETTINGS"))
-            self._settled.exception()  # retrieved: nobody may be waiting
+        settled = self._settled
+        if settled is not None and not settled.done():
+            settled.set_exception(ConnectionResetError("the connection closed before its SETTINGS"))
+            settled.exception()  # retrieved: nobody may be waiting
         for stream in list(self.streams.values()):
             stream.ended_early(reset_by_peer=False)
         self._wake(self._drain_waiters)
@@ -295,9 +298,11 @@ class Connection(FrameReader):
         return len(self.streams) < self.peer_max_streams and self.usable
 
     async def settled(self) -> None:
-        """Wait for the peer's first SETTINGS (its stream limit and windows are known then)."""
-        if not self._settled.done():
-            await asyncio.shield(self._settled)
+        """Client side: wait for the peer's first SETTINGS (its stream limit and windows are known then)."""
+        settled = self._settled
+        assert settled is not None, "a server does not wait for its client's SETTINGS"
+        if not settled.done():
+            await asyncio.shield(settled)
 
     def forget(self, stream: Stream) -> None:
         """``stream`` is closed both ways: it no longer counts against the peer's limit, nor what its buffer

@@ -78,7 +78,7 @@ class FrameReader:
     _inbox: bytearray
     _preface: bool
     _settings_seen: bool
-    _settled: asyncio.Future[None]
+    _settled: asyncio.Future[None] | None
     _recv_window: int
     _next_id: int
     _last_peer_id: int
@@ -395,5 +395,6 @@ class FrameReader:
             stream.ended_early(reset_by_peer=True)
 
     def _settle(self) -> None:
-        if not self._settled.done():
-            self._settled.set_result(None)
+        settled = self._settled
+        if settled is not None and not settled.done():
+            settled.set_result(None)
