@@ -53,6 +53,7 @@ COMPILED_MODULES = (
     "gateway.grpcfront.headers",
     "gateway.grpcfront.frames",
     "gateway.grpcfront.front",
+    "gateway.grpcfront.keeper",
     "gateway.grpcfront.upstream",
 )
 

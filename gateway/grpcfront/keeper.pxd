@@ -1,0 +1,8 @@
+# The compiled build's declarations for keeper.py (gateway/_compiled.py): each client connection's deadlines as
+# an extension type. Made and armed once per connection, and told of every call's start and end: interpreted,
+# it was half of the front's CPU per connection under a flood of idle ones (issue 28).
+cdef class Keeper:
+    cdef public object conn, timing, on_close, _loop, _handle, _sent, _idle_since, _last_ping
+    cdef public double _at, _start, _spread
+    cdef public bint _handshaken, _acked, _aging
+    cdef public Py_ssize_t _strikes
