@@ -137,7 +137,8 @@ class Connection(FrameReader):
         its first frame. A connection that never speaks HTTP/2 (a flood of idle ones, issue 28) then costs no
         write and no codec: they were half of the front's CPU per such connection."""
         self._greeted = True
-        self._hpack = HeaderCodec(max_header_list_size=MAX_HEADER_BLOCK)
+        if not self.closed:  # a refusal or shed greets only to say GOAWAY: it reads no header block
+            self._hpack = HeaderCodec(max_header_list_size=MAX_HEADER_BLOCK)
         settings = {INITIAL_WINDOW_SIZE: STREAM_WINDOW, MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK}
         if self.client_side:
             settings[ENABLE_PUSH] = 0
