@@ -351,6 +351,26 @@ async def test_a_tls_client_offering_only_http_1_1_is_refused_in_http_1_1(sandbo
     assert 'sgw_grpc_connection_errors_total{code="HTTP_1_1_REQUIRED",peer="client"} 1.0' in metrics
 
 
+async def test_an_http_1_1_request_in_the_clear_gets_505_and_other_bytes_a_silent_close(sandbox, tmp_path):
+    """curl on the gRPC port: a request line where the preface should be gets a 505 with the JSON error, which it
+    reads, counted as HTTP_1_1_REQUIRED. Bytes that are neither (a TLS hello on the h2c port) get the close and
+    not a frame: the front speaks only once a preface has arrived."""
+    policy = static_policy(tmp_path / "p.yaml", ["127.0.0.1"], sandbox[1])
+    async with grpc_gateway(tmp_path, policy) as gw:
+        answers = {}
+        for name, sent in (("http/1.1", b"GET /test.Echo/Unary HTTP/1.1\r\nHost: x\r\n\r\n"),
+                           ("tls", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")):
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(*gw.grpc_address), IO)
+            writer.write(sent)
+            answers[name] = await asyncio.wait_for(reader.read(), IO)  # up to the close
+            writer.close()
+        metrics = gw.metrics.exposition()[0].decode()
+    assert answers["http/1.1"].startswith(b"HTTP/1.1 505 ") and b'"http2_required"' in answers["http/1.1"]
+    assert b"HTTP/1.1 goes to the data plane" in answers["http/1.1"]
+    assert answers["tls"] == b""
+    assert 'sgw_grpc_connection_errors_total{code="HTTP_1_1_REQUIRED",peer="client"} 1.0' in metrics
+
+
 async def test_a_malformed_head_repeated_on_a_connection_is_refused_each_time(conn, sandbox):
     """The second time, its header block is indexed fields only, and its check is remembered with it
     (headers.HeaderCodec.check_request): remembered as malformed, not skipped."""

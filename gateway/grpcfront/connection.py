@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
 from typing import Any, Protocol
 
@@ -47,6 +48,9 @@ from gateway.grpcfront.keeper import NO_KEEPER, Keeper, NoKeeper
 from gateway.grpcfront.stream import STREAM_WINDOW, Headers, Stream, StreamClosed, StreamOwner
 
 log = logging.getLogger("gateway.grpc")
+# An HTTP/1.x request line, whole (curl sends its head in one write): answered 505 in HTTP/1.1. Anything else that
+# is not the preface (h2spec's "INVALID CONNECTION PREFACE", a TLS hello on the h2c port) gets the close.
+_HTTP1_REQUEST_LINE = re.compile(rb"[A-Z]{3,10} [^ \r\n]+ HTTP/1\.[01]\r?\n").match
 
 CONNECTION_WINDOW = 4 * 1024 * 1024  # what all of a connection's streams may have in flight towards us
 # What may wait unwritten for a peer that reads nothing: one loop step's DATA for every stream (256 x 64 KiB)
@@ -124,7 +128,7 @@ class Connection(FrameReader):
         self._transport = transport
         tls = transport.get_extra_info("ssl_object")
         if tls is not None and not self.client_side and tls.selected_alpn_protocol() != "h2":
-            self._refuse_without_h2(transport)
+            self._refuse_http1(transport, "HTTP/2 over TLS, negotiated with ALPN h2 (the client offered no h2)")
             return
         if self.client_side:
             self.write(PREFACE)
@@ -149,13 +153,14 @@ class Connection(FrameReader):
         self.write(settings_frame(settings))
         self.write(window_update(0, self._window - DEFAULT_WINDOW))
 
-    def _refuse_without_h2(self, transport: Any) -> None:
-        """A TLS client that did not negotiate h2 (ALPN offered only http/1.1, or nothing): Python's ssl cannot
-        fail the handshake with no_application_protocol, so it gets what an HTTP/1.1 client reads, a 505 with
-        the JSON error, and the close (RFC 9113 3.2: HTTP/2 over TLS is negotiated with ALPN h2)."""
+    def _refuse_http1(self, transport: Any, speaks: str) -> None:
+        """An HTTP/1.x client: a 505 with the JSON error, which it reads, and the close. Over TLS, one that did not
+        negotiate h2 (ALPN offered only http/1.1, or nothing: RFC 9113 3.2), which Python's ssl cannot refuse in
+        the handshake (no_application_protocol); in the clear, a request line where the preface should be
+        (curl on the wrong port), which would otherwise get a silent close."""
         self.closed = True
-        body = error_body(BadRequest("this is the gRPC front: HTTP/2 over TLS, negotiated with ALPN h2 (the client "
-                                     "offered no h2); HTTP/1.1 goes to the data plane", code="http2_required"))
+        body = error_body(BadRequest(f"this is the gRPC front: {speaks}; HTTP/1.1 goes to the data plane",
+                                     code="http2_required"))
         transport.write(b"HTTP/1.1 505 HTTP Version Not Supported\r\nContent-Type: application/json\r\n"
                         b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
         transport.close()
@@ -173,7 +178,10 @@ class Connection(FrameReader):
                 self._greet()
             self._read_frames()
         except ConnectionFailure as failure:
-            self.fail(failure.code, str(failure))
+            if not self._greeted and _HTTP1_REQUEST_LINE(inbox):  # where the preface should be
+                self._refuse_http1(self._transport, "HTTP/2 only (gRPC, with prior knowledge, or TLS with ALPN h2)")
+            else:
+                self.fail(failure.code, str(failure))
 
     def eof_received(self) -> None:
         return None
