@@ -108,6 +108,12 @@ def loadavg() -> str:
     return "not readable"
 
 
+# The build each header named, by ``installed``: the footer asks again. A compiled module edited during a run
+# makes every gateway process started after that run pure Python (gateway/_compiled.py), under a header that
+# still says compiled.
+_BUILD_AT_START: dict[bool, str] = {}
+
+
 def header(name: str, *extra: str, installed: bool = False) -> str:
     """The lines a reader needs to trust the figures below them; print before the run starts.
 
@@ -115,6 +121,7 @@ def header(name: str, *extra: str, installed: bool = False) -> str:
     ``gateway_build``.
     """
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    build = _BUILD_AT_START[installed] = gateway_build(installed=installed)
     lines = [
         f"== {name}",
         f"cpu:          {cpu_model()}",
@@ -122,7 +129,7 @@ def header(name: str, *extra: str, installed: bool = False) -> str:
         f"frequency:    {_frequency(_cpuinfo())}",
         f"kernel:       {platform.system()} {platform.release()}",
         f"python:       {platform.python_implementation()} {platform.python_version()}",
-        f"build:        {gateway_build(installed=installed)}",
+        f"build:        {build}",
         f"nginx:        {nginx_version()}",
         f"load average: {loadavg()} (1/5/15 min, before the run)",
         *extra,
@@ -131,7 +138,15 @@ def header(name: str, *extra: str, installed: bool = False) -> str:
 
 
 def footer() -> str:
-    return f"load average: {loadavg()} (1/5/15 min, after the run)"
+    """The load average after the run; and, if the build changed since the header, a warning not to use the
+    figures (processes started before and after the change ran different code)."""
+    lines = [f"load average: {loadavg()} (1/5/15 min, after the run)"]
+    for installed, before in _BUILD_AT_START.items():
+        now = gateway_build(installed=installed)
+        if now != before:
+            lines.append(f"build:        CHANGED during the run, from {before!r} to {now!r}: the figures may mix "
+                         "both; run again")
+    return "\n".join(lines)
 
 
 @contextlib.contextmanager

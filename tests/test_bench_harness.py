@@ -27,7 +27,8 @@ from tests.redis_server import redis_server_path
 BUSY = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
 
 
-def test_header_names_the_machine_the_build_and_the_load() -> None:
+def test_header_names_the_machine_the_build_and_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "_BUILD_AT_START", {})
     lines = harness.header("bench").splitlines()
     fields = dict(line.split(":", 1) for line in lines[1:])
     assert set(fields) >= {"cpu", "cores", "frequency", "kernel", "python", "build", "load average"}
@@ -36,6 +37,20 @@ def test_header_names_the_machine_the_build_and_the_load() -> None:
     assert str(harness.ROOT / "gateway") in fields["build"]
     assert "before the run" in fields["load average"]
     assert "after the run" in harness.footer()
+
+
+def test_footer_warns_when_the_build_changed_during_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled module edited mid-run makes later gateway processes pure Python under a header that said
+    compiled: the footer asks again and says so. Here the change is the switch that forces pure Python."""
+    monkeypatch.setattr(harness, "_BUILD_AT_START", {})
+    monkeypatch.setenv(gateway._compiled.PURE_PYTHON_ENV, "0")
+    harness.header("bench")
+    if harness._BUILD_AT_START[False].startswith("pure Python"):
+        pytest.skip(f"no compiled build to change from: {harness._BUILD_AT_START[False]}")
+    assert "CHANGED" not in harness.footer()
+    monkeypatch.setenv(gateway._compiled.PURE_PYTHON_ENV, "1")
+    footer = harness.footer()
+    assert "build:        CHANGED during the run" in footer and "run again" in footer, footer
 
 
 def test_pure_python_build_is_reported_when_forced(monkeypatch: pytest.MonkeyPatch) -> None:
