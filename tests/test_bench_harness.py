@@ -159,3 +159,15 @@ def test_neighbours_rounds_give_the_median_of_each_rounds_own_ratio() -> None:
     printed = table([combined])
     assert "| 4.00 (median of 3) |" in printed and "1/300" in printed
     assert "p99 ratio per round: data plane 5.00, 1.00, 4.00" in printed
+
+
+def test_idle_churn_reports_cpu_per_idle_connection_on_both_ports() -> None:
+    """benchmarks/idle_churn.py against a real serve and real attackers, small: both ports close idle connections
+    at their deadline, and each line says what one cost the gateway."""
+    done = subprocess.run([sys.executable, "benchmarks/idle_churn.py", "--connections", "40", "--sources", "2",
+                           "--deadline", "0.3", "--seconds", "1.5"], cwd=harness.ROOT, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if "closed at their deadline" in line]
+    assert [line.split()[0] for line in lines] == ["grpc", "data"], done.stdout
+    assert all(line.endswith(" us per connection") for line in lines), done.stdout
