@@ -152,7 +152,16 @@ class Call:
 
     # -- served by callbacks ------------------------------------------------------------
     def start(self) -> None:
-        """Begin the call (scheduled by the front as the client's stream is accepted). A call whose route is cached
+        """Begin the call (scheduled by the front as the client's stream is accepted): :meth:`_start`; then the
+        metrics and access lines of the calls that ended before (``GrpcFront.finished``), once this one's request
+        is on its way to the sandbox: off the path from a client's request to its answer."""
+        self._start()
+        front = self.front
+        if front.unaccounted:
+            front.account()
+
+    def _start(self) -> None:
+        """A call whose route is cached
         and whose sandbox has a connection with a free stream is sent from here, and answered from
         :meth:`_head_in`, with no task: a task's creation, steps and futures were about a seventh of a unary call's
         instructions. Anything else (a route to resolve: the sandbox may be created or woken; a connection to make;
