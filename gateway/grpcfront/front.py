@@ -173,9 +173,9 @@ class GrpcFront:
         if self._draining:
             call.side = "stopping"
         self.calls.add(call)
-        if self.metrics is not None:
-            self.metrics.started()
         call.down.conn.loop.call_soon(call.start)  # once the frames read with the head are handled (its DATA)
+        if self.metrics is not None:  # after: with workers, the fold it queues (which accounts) runs after start
+            self.metrics.started()
 
     async def _calls_ended(self, timeout: float) -> None:
         """Until no call is left (each ends in ``finished``), or ``timeout``."""
