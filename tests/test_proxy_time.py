@@ -239,6 +239,29 @@ async def test_a_slow_head_is_held_between_ticks_and_still_served(aiohttp_server
     assert gw.plane.heads_overdue == 0
 
 
+async def test_a_held_slow_head_is_woken_only_once_it_has_sent_something(aiohttp_server, start_gateway) -> None:
+    """The tick wakes a held head only when bytes wait on its socket (gateway/proxy/_ready.py): a slowloris
+    that sends a line every few seconds costs nothing in the ticks between, where waking every held head
+    each tick cost a resume, a read and a pause each (an eighth of a core at 4,000 heads)."""
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)), header_read_timeout=4.0)
+    plane = gw.plane
+    async with raw_client(gw.port) as (reader, writer):
+        writer.write(b"GET /quiet HTTP/1.1\r\nHost: gateway.test\r\n")
+        await eventually(lambda: len(plane.slow_heads) == 1)
+        client = next(iter(plane.slow_heads))
+        seen, tick = client.head_seen, plane.wheel_at
+        await eventually(lambda: plane.wheel_at >= tick + 2)  # two ticks with nothing sent
+        assert plane.heads_woken == 0 and client in plane.slow_heads and client.head_seen == seen
+        writer.write(b"X-User-Id: u1\r\n")
+        await eventually(lambda: client.head_seen > seen and client in plane.slow_heads)
+        assert plane.heads_woken == 1
+        writer.write(b"X-Session-Id: s1\r\n\r\n")
+        response = await asyncio.wait_for(read_response(reader), 5)
+        assert plane.heads_woken == 2 and len(plane.ready_heads) == 1  # still open: still in the set
+    assert response.status == 200 and json.loads(response.body)["raw_path"] == "/quiet"
+    await eventually(lambda: len(plane.ready_heads) == 0)  # closed: out of it
+
+
 async def test_heads_past_their_deadline_together_are_closed_and_counted_in_one_line(
         aiohttp_server, start_gateway, caplog) -> None:
     """Connections opened together reach header_read_timeout in the same tick: all are closed (in slices of

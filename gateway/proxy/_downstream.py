@@ -144,6 +144,7 @@ class DownstreamConnection(RequestReader):
         self.parser = self.last = self.parsing = None
         if self.rpause & PAUSE_SLOW_HEAD:
             plane.slow_heads.pop(self, None)
+        plane.ready_heads.forget(self)
         if self not in plane.clients:
             return  # refused at connection_made: never counted
         plane.clients.discard(self)

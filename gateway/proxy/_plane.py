@@ -23,6 +23,7 @@ from gateway.proxy._admission import Admission
 from gateway.proxy._downstream import DownstreamConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
 from gateway.proxy._keys import PreviewKeys
+from gateway.proxy._ready import ReadyHeads
 from gateway.proxy._state import (
     M_CLOSING, M_IN_HEAD, NEVER, PAUSE_SLOW_HEAD, PAUSE_UPSTREAM, SLOW_HEAD_AFTER, PlaneState, ignore_requests,
 )
@@ -174,6 +175,8 @@ class DataPlane(PlaneState):
         self.request_timeouts: dict[str, float] = {}
         self.clients: set[DownstreamConnection] = set()
         self.slow_heads: dict[DownstreamConnection, None] = {}
+        self.ready_heads = ReadyHeads()
+        self.heads_woken = 0  # held slow heads woken by a tick (bytes were waiting on them)
         self.heads_overdue = 0  # connections closed for no complete head within header_read_timeout
         self.on_heads_overdue = on_heads_overdue  # told each tick's count (the metric)
         self.gate = gate if gate is not None else ConnectionGate("data")  # unbounded unless given one
@@ -231,6 +234,7 @@ class DataPlane(PlaneState):
             self._timer.cancel()
         await self._server.wait_closed()
         self._server = None
+        self.ready_heads.close()
         for _ in range(3):  # let the transports' connection_lost callbacks (and those they cause) run
             await asyncio.sleep(0)
 
@@ -371,8 +375,10 @@ class DataPlane(PlaneState):
         self.now = self.loop.time()
         try:
             self._check_deadlines(self.now)
-            if self.slow_heads:  # from the next loop turn on (uvloop runs timers before I/O, ready callbacks after)
-                self.loop.call_soon(self.wake_slow_heads, list(self.slow_heads), 0, [], [])
+            if self.slow_heads:
+                ready = self.ready_heads.ready(self.slow_heads)
+                if ready:  # from the next loop turn on (uvloop runs timers before I/O, ready callbacks after)
+                    self.loop.call_soon(self.wake_slow_heads, ready, 0, [], [])
         except Exception:
             log.exception("data plane housekeeping failed")
         finally:
@@ -493,10 +499,10 @@ class DataPlane(PlaneState):
 
     def wake_slow_heads(self, todo: list[DownstreamConnection], start: int, woken: list[DownstreamConnection],
                         before: list[DownstreamConnection]) -> None:
-        """Read each slow head (DownstreamConnection.hold_slow_head) once per tick, a slice per loop turn:
-        wake ``todo[start:start + SLICE]``, and hold again those woken two turns ago (``before``) that read nothing
-        since: one turn is enough for uvloop (ready callbacks run before its poll), asyncio needs two. A
-        head completed meanwhile is not held again."""
+        """Read the slow heads a tick found bytes waiting on (DownstreamConnection.hold_slow_head), a slice
+        per loop turn: wake ``todo[start:start + SLICE]``, and hold again those woken two turns ago
+        (``before``) that read nothing since: one turn is enough for uvloop (ready callbacks run before its
+        poll), asyncio needs two. A head completed meanwhile is not held again."""
         for client in before:
             if client.slow_head():
                 client.hold_slow_head()
@@ -505,6 +511,7 @@ class DataPlane(PlaneState):
         for client in batch:
             if client in held:
                 del held[client]
+                self.heads_woken += 1
                 client.resume(PAUSE_SLOW_HEAD)
         if batch or woken:
             self.loop.call_soon(self.wake_slow_heads, todo, start + SLICE, batch, woken)

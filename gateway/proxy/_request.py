@@ -421,10 +421,13 @@ class RequestReader(KeyedRequests):
                 and self.plane.now - self.head_at > SLOW_HEAD_AFTER)
 
     def hold_slow_head(self) -> None:
-        """Stop reading a slow head until the tick wakes it: a slowloris's thousands of connections,
-        each sending a line at the same moment, are then read a slice per loop turn, not all in one."""
-        self.pause(PAUSE_SLOW_HEAD)
-        self.plane.slow_heads[self] = None
+        """Stop reading a slow head until a tick finds bytes waiting on it (gateway/proxy/_ready.py) and wakes
+        it: a slowloris's thousands of connections, each sending a line at the same moment, are then read a
+        slice per loop turn, not all in one."""
+        plane = self.plane
+        if plane.ready_heads.watch(self):  # else nothing would wake it: read as it comes
+            self.pause(PAUSE_SLOW_HEAD)
+            plane.slow_heads[self] = None
 
 
 

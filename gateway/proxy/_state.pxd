@@ -15,6 +15,7 @@ cdef class PlaneState:
     cdef public dict request_timeouts, pools
     cdef public set clients
     cdef public dict slow_heads
+    cdef public object ready_heads
     cdef public object gate
     cdef public RequestIds ids
     cdef public object admission, loop, keys, compat, options, resolver, on_request, drained

@@ -27,6 +27,7 @@ from gateway.proxy._exchange import DONE, Exchange, RequestLog
 
 if TYPE_CHECKING:
     from gateway.hosts import AllowedHosts
+    from gateway.proxy._ready import ReadyHeads
     import asyncio
     from collections import deque
 
@@ -100,6 +101,7 @@ class PlaneState:
     pools: dict[tuple[str, int], UpstreamPool]
     clients: set[Any]
     slow_heads: dict[Any, None]  # client connections paused in a slow head (PAUSE_SLOW_HEAD), woken by the tick
+    ready_heads: ReadyHeads      # which of slow_heads have bytes waiting (asked by the tick)
     gate: ConnectionGate        # this listener's connection bounds (gateway/gate.py)
     admission: Admission
     ids: RequestIds
