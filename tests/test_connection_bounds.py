@@ -27,7 +27,9 @@ from aiohttp import web
 from h2.errors import ErrorCodes
 from hyperframe.frame import DataFrame, GoAwayFrame
 
+from gateway.errors import TooManyConnections
 from gateway.gate import SHED_SCAN, ConnectionGate, connection_bounds
+from gateway.proxy._wire import error_response, refusal_response
 from tests.grpc_helpers import echo_server, grpc_gateway
 from tests.test_grpc_hostile import RawConnection, describe, grpc_message
 
@@ -404,3 +406,13 @@ async def test_thousands_of_idle_connections_cost_a_victim_nothing(gateway):
     finally:
         for sock in held:
             drop(sock)
+
+
+def test_a_refusal_is_the_documented_error_rendered_once_with_each_connections_own_request_id() -> None:
+    """A refused connection's answer is made once per message (a flood is refused thousands of times a second)
+    but is byte for byte the error every other refusal path renders, with that connection's own request ID."""
+    message = "too many connections: this port may hold 10 (max_connections, SANDBOX_GATEWAY_MAX_CONNECTIONS)"
+    first, second = refusal_response(message, b"r-1"), refusal_response(message, b"r-22")
+    assert first == error_response(TooManyConnections(message), b"r-1", close=True)
+    assert second == error_response(TooManyConnections(message), b"r-22", close=True)
+    assert b"X-Request-Id: r-22\r\n" in second and b"r-1" not in second

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserError, HttpParserUpgrade
 
-from gateway.errors import CapacityExceeded, GatewayError, NotFound, TooManyConnections, UpstreamError
+from gateway.errors import CapacityExceeded, GatewayError, NotFound, UpstreamError
 from gateway.hosts import host_not_allowed
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
 from gateway.proxy._request import RequestReader
@@ -35,7 +35,7 @@ from gateway.proxy._state import (
 )
 from gateway.proxy._wire import (
     CONTINUE_100, CRLF, HTTP11_CRLF, SP, TE_CHUNKED, WS_UPGRADE, XFP_HTTP, body_length, declares_stream,
-    error_response, last_chunk, navigation,
+    error_response, last_chunk, navigation, refusal_response,
 )
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -78,8 +78,7 @@ class DownstreamConnection(RequestReader):
     def refuse_connection(self, bound: str) -> None:
         """Past a listener bound (gateway/gate.py): a 503 before any request is read, then the close."""
         self.mode |= M_CLOSING
-        refusal = TooManyConnections(self.plane.gate.refusal(bound))
-        self.transport.write(error_response(refusal, self.plane.ids.next(), close=True))
+        self.transport.write(refusal_response(self.plane.gate.refusal(bound), self.plane.ids.next()))
         self.transport.close()
 
     def pause_writing(self) -> None:
