@@ -39,11 +39,15 @@ log = logging.getLogger("gateway.proxy")
 CLIENT_KEEPALIVE_TIMEOUT = 75.0   # an idle client connection is closed after this long (nginx's default)
 LONG_REQUEST_AFTER = 10.0         # an exchange open this long counts as a stream for the reaper
 WRITE_BUFFER_HIGH = 256 * 1024    # per transport; reading from the other side pauses above this
-# Client connections the tick closes or wakes per loop turn, about 0.25 ms of work (a close and the accept of
-# its reconnect, about 30 us). A victim's call on a new connection needs 3-4 loop turns, each of which may run
-# one slice of an attack's wave: 32 made that 4 ms on a 2-3 ms p99 (the control API at 2x under connection
-# attacks, issue 28); the turns a slice adds cost 10-20 us each.
+# Client connections the tick closes or wakes at a time, about 0.25 ms of work (a close and the accept of its
+# reconnect, about 30 us), and one such slice every SLICE_EVERY seconds. A victim's call on a new connection
+# needs 3-4 loop turns; when every turn ran a slice of an attack's wave (4,000 heads overdue together, closed
+# and reconnected), each of those turns grew by the slice and its reconnects' accepts, and the calls that
+# overlapped the wave, a second of every ten, doubled the victim's p99 (issue 28). Paced, a wave of 4,000 takes
+# a second, the spread the gRPC front gives its own deadlines (keeper.DEADLINE_SPREAD), and the loop turns
+# between slices are the other connections' own.
 SLICE = 8
+SLICE_EVERY = 0.002
 _INF = float("inf")
 EAGAIN_BACKOFF_CAP = 0.1          # the longest pause between connects to a Unix socket whose backlog is full
 
@@ -177,6 +181,7 @@ class DataPlane(PlaneState):
         self.slow_heads: dict[DownstreamConnection, None] = {}
         self.ready_heads = ReadyHeads()
         self.heads_woken = 0  # held slow heads woken by a tick (bytes were waiting on them)
+        self.waking = False  # a pass of wake_slow_heads is under way
         self.heads_overdue = 0  # connections closed for no complete head within header_read_timeout
         self.on_heads_overdue = on_heads_overdue  # told each tick's count (the metric)
         self.gate = gate if gate is not None else ConnectionGate("data")  # unbounded unless given one
@@ -375,9 +380,10 @@ class DataPlane(PlaneState):
         self.now = self.loop.time()
         try:
             self._check_deadlines(self.now)
-            if self.slow_heads:
+            if self.slow_heads and not self.waking:
                 ready = self.ready_heads.ready(self.slow_heads)
                 if ready:  # from the next loop turn on (uvloop runs timers before I/O, ready callbacks after)
+                    self.waking = True
                     self.loop.call_soon(self.wake_slow_heads, ready, 0, [], [])
         except Exception:
             log.exception("data plane housekeeping failed")
@@ -488,21 +494,23 @@ class DataPlane(PlaneState):
             client.close_if_idle()
 
     def close_slices(self, clients: list[DownstreamConnection], start: int = 0) -> None:
-        """Close ``clients[start:]``, a slice per loop turn: connections opened together reach their head
+        """Close ``clients[start:]``, a slice every SLICE_EVERY: connections opened together reach their head
         deadline in the same tick, and thousands of closes in one turn would stall every other connection
         (and the gRPC front, on the same loop) for tens of milliseconds."""
         end = start + SLICE
         for client in clients[start:end]:
             client.close()
         if len(clients) > end:
-            self.loop.call_soon(self.close_slices, clients, end)
+            self.loop.call_later(SLICE_EVERY, self.close_slices, clients, end)
 
     def wake_slow_heads(self, todo: list[DownstreamConnection], start: int, woken: list[DownstreamConnection],
                         before: list[DownstreamConnection]) -> None:
         """Read the slow heads a tick found bytes waiting on (DownstreamConnection.hold_slow_head), a slice
-        per loop turn: wake ``todo[start:start + SLICE]``, and hold again those woken two turns ago
-        (``before``) that read nothing since: one turn is enough for uvloop (ready callbacks run before its
-        poll), asyncio needs two. A head completed meanwhile is not held again."""
+        every SLICE_EVERY: wake ``todo[start:start + SLICE]``, and hold again those woken two slices ago
+        (``before``) that read nothing since (a loop turn is enough for uvloop, asyncio needs two). A head
+        completed meanwhile is not held again. One pass at a time: a tick finds the heads still ready when
+        it is over (``waking`` is set again only once this slice has run, so a failure cannot leave it set)."""
+        self.waking = False
         for client in before:
             if client.slow_head():
                 client.hold_slow_head()
@@ -514,7 +522,8 @@ class DataPlane(PlaneState):
                 self.heads_woken += 1
                 client.resume(PAUSE_SLOW_HEAD)
         if batch or woken:
-            self.loop.call_soon(self.wake_slow_heads, todo, start + SLICE, batch, woken)
+            self.waking = True
+            self.loop.call_later(SLICE_EVERY, self.wake_slow_heads, todo, start + SLICE, batch, woken)
 
     def _timed_out(self, client: DownstreamConnection, ex: Exchange, now: float) -> bool:
         """True when ``ex`` was ended for taking too long: its response head past its deadline or
