@@ -1,4 +1,5 @@
 # The compiled build's declarations for _downstream.py (gateway/_compiled.py).
+cimport cython
 from gateway.proxy._exchange cimport Exchange
 from gateway.proxy._request cimport RequestReader
 from gateway.proxy._upstream cimport UpstreamConnection, UpstreamPool
@@ -11,6 +12,7 @@ cdef class DownstreamConnection(RequestReader):
     cpdef begin(self, Exchange ex, bint batch=*)
     cpdef bint _answered_early(self, Exchange ex, bint batch)
     cpdef object _admit(self, Exchange ex)
+    @cython.locals(pool=UpstreamPool, conn=UpstreamConnection)  # pool.take() a C call
     cpdef _carry(self, Exchange ex, object identity, bint batch)
     cpdef attach(self, Exchange ex, object route, UpstreamConnection conn, bint batch)
     cpdef _deadline(self, Exchange ex, object route)

@@ -1,4 +1,5 @@
 # The compiled build's declarations for _upstream.py (gateway/_compiled.py).
+cimport cython
 from gateway.proxy._exchange cimport Exchange
 from gateway.proxy._state cimport PlaneState
 
@@ -8,6 +9,7 @@ cdef class UpstreamPool:
     cdef public bytes host_line
     cdef public list idle
     cdef public Py_ssize_t size
+    @cython.locals(idle=list, conn=UpstreamConnection)
     cpdef UpstreamConnection take(self)
     cpdef release(self, UpstreamConnection conn)
 
