@@ -280,9 +280,11 @@ async def test_x_sandbox_metadata_given_twice_is_dropped_and_the_gateways_own_se
 class Recorded:
     def __init__(self) -> None:
         self.entries: list[Any] = []
+        self.logged = asyncio.Event()
 
     def log(self, entry: Any) -> None:
         self.entries.append(entry)
+        self.logged.set()
 
 
 async def test_the_access_log_names_the_fronts_own_refusal(tmp_path):
@@ -304,8 +306,29 @@ async def test_the_access_log_names_the_fronts_own_refusal(tmp_path):
 async def test_the_access_log_has_the_sandboxs_time_to_answer(conn, gateway):
     gateway.grpc_front.access = recorded = Recorded()
     await conn.unary()
+    await asyncio.wait_for(recorded.logged.wait(), IO)  # within ACCOUNT_WITHIN, with no call after it
     [entry] = recorded.entries
     assert entry.status == 0 and entry.upstream is not None and 0 < entry.upstream < IO and entry.error is None
+
+
+async def test_a_calls_access_line_is_written_once_the_next_call_is_sent(conn, gateway):
+    """The access line (and metrics) of a call that has ended wait for the next call's request to be on its way
+    to the sandbox (GrpcFront.finished): off the path from a client's request to its answer."""
+    front = gateway.grpc_front
+    front.account()  # anything the fixture's calls left
+    front.access = recorded = Recorded()
+    await conn.unary()
+    assert recorded.entries == [] and len(front.unaccounted) == 1  # its answer is written, its line not yet
+    account = front.account
+    seen: list[list[bool]] = []
+
+    def accounted() -> None:  # what the calls in flight have sent the sandbox when the previous call is accounted
+        seen.append([call.up is not None and call.up.local_closed for call in front.calls])
+        account()
+
+    front.account = accounted
+    await conn.unary()
+    assert seen[0] == [True] and [entry.status for entry in recorded.entries] == [0]
 
 
 class socket_port:

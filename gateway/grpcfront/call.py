@@ -28,7 +28,9 @@ from grpclib.metadata import encode_grpc_message
 
 from gateway.errors import GatewayError, UnsupportedMediaType, UpstreamError, error_body
 from gateway.grpcfront.frames import CANCEL, ENHANCE_YOUR_CALM, ERROR_NAMES, INADEQUATE_SECURITY, NO_ERROR
-from gateway.grpcfront.head import Headers, encode_timeout_ms, forwardable, header_text, read_head, status_of
+from gateway.grpcfront.head import (
+    HEAD_REMEMBERED_SIZE, Headers, encode_timeout_ms, forwardable, header_text, read_head, sandbox_head, status_of
+)
 from gateway.grpcfront.relay import CHUNK, Truncated, relay, relay_now
 from gateway.grpcfront.stream import Stream, StreamClosed
 from gateway.grpcfront.upstream import Target, grpc_target
@@ -72,7 +74,6 @@ class _Side:
 
 
 _HEADS_REMEMBERED = 16  # distinct request heads per client connection; more and the memo starts over
-_HEAD_REMEMBERED_SIZE = 8192  # bytes of names and values: a larger head is read every time (the memo holds 128 KiB)
 
 
 class Call:
@@ -152,7 +153,16 @@ class Call:
 
     # -- served by callbacks ------------------------------------------------------------
     def start(self) -> None:
-        """Begin the call (scheduled by the front as the client's stream is accepted). A call whose route is cached
+        """Begin the call (scheduled by the front as the client's stream is accepted): :meth:`_start`; then the
+        metrics and access lines of the calls that ended before (``GrpcFront.finished``), once this one's request
+        is on its way to the sandbox: off the path from a client's request to its answer."""
+        self._start()
+        front = self.front
+        if front.unaccounted:
+            front.account()
+
+    def _start(self) -> None:
+        """A call whose route is cached
         and whose sandbox has a connection with a free stream is sent from here, and answered from
         :meth:`_head_in`, with no task: a task's creation, steps and futures were about a seventh of a unary call's
         instructions. Anything else (a route to resolve: the sandbox may be created or woken; a connection to make;
@@ -301,7 +311,7 @@ class Call:
         head = heads.get(key)
         if head is None:
             head = read_head(self.headers, self)
-            if sum(len(name) + len(value) for name, value in key) <= _HEAD_REMEMBERED_SIZE:
+            if sum(len(name) + len(value) for name, value in key) <= HEAD_REMEMBERED_SIZE:
                 if len(heads) >= _HEADS_REMEMBERED:
                     heads.clear()
                 heads[key] = head
@@ -335,15 +345,11 @@ class Call:
 
     def _send_head(self, connection: Connection, out: Sequence[tuple[bytes, bytes]]) -> None:
         route = self.route
-        host, port = self.target  # type: ignore[misc]
-        authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
-        head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", self.path.encode()),
-                (b":authority", authority.encode()), (b"te", b"trailers"), *out,
-                (SANDBOX_ID_HEADER, route.sandbox_id.encode())]
+        head: Any = sandbox_head(self.front.sandbox_heads, out, self.path, self.target, route.sandbox_id)
         if self.deadline is not None:
-            head.append((b"grpc-timeout", self._timeout_left()))
+            head = [*head, (b"grpc-timeout", self._timeout_left())]
         if self.trace is not None:
-            head = self.trace.grpc_head(head, route)  # the sandbox continues the trace (traceparent)
+            head = self.trace.grpc_head(list(head), route)  # the sandbox continues the trace (traceparent)
         self.sandbox_head = head
         self.sent_at = time.perf_counter()
         self._alone(connection, self._open_up, connection, head)

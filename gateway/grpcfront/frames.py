@@ -57,8 +57,6 @@ MAX_FRAME_SIZE_LIMIT = 2**24 - 1
 STREAM_ID_MASK = 0x7FFF_FFFF
 
 _HEAD = struct.Struct("!HBBBL")      # the 24-bit length as 16 + 8 bits, type, flags, stream id
-# (length >> 8, length & 0xFF, type, flags, stream id with its reserved bit) of the frame header at an offset
-read_head = _HEAD.unpack_from
 _SETTING = struct.Struct("!HL")
 _U32 = struct.Struct("!L")
 _GOAWAY = struct.Struct("!LL")

@@ -32,12 +32,16 @@ from routing import Identity
 log = logging.getLogger("gateway.grpc")
 
 
-def call_log(call: Call, request_id: str) -> RequestLog:
+# How long a finished call's metrics and access line may wait for the next call to be sent (GrpcFront.finished)
+ACCOUNT_WITHIN = 0.1
+
+
+def call_log(call: Call, request_id: str, duration: float) -> RequestLog:
     """The access-log entry for one call (the data plane's record; ``status`` is the gRPC code)."""
     route = call.route
     return RequestLog(
         "POST", route.pool if route is not None else None, route.sandbox_id if route is not None else None,
-        call.status, time.perf_counter() - call.t0, call.to_sandbox, call.to_client, "grpc", request_id, call.error,
+        call.status, duration, call.to_sandbox, call.to_client, "grpc", request_id, call.error,
         org_id=call.org_id, refused=call.refused,
         target=call.path,  # passed Call's check (two slashes, no space); the log escapes it
         session_id=call.identity.session_id if call.identity is not None else None, upstream=call.upstream,
@@ -122,18 +126,23 @@ class GrpcFront:
         self.authenticator = admission.authenticator
         self.limits = admission.limits
         self.metrics = metrics
+        if metrics is not None:
+            metrics.unobserved = self.account  # a scrape counts the calls that have ended (finished)
         self.access = access  # a gateway.logs.AccessLog, or None
         self.timing = Timing.from_settings(settings)
         self.gate = gate if gate is not None else ConnectionGate("grpc")  # unbounded unless given one
         self.channels = UpstreamChannels(connect_timeout=settings.upstream_connect_timeout,
                                          on_failure=functools.partial(self.connection_failed, "sandbox"))
         self.calls: set[Call] = set()
+        self.sandbox_heads: dict[tuple[Any, ...], tuple[tuple[bytes, bytes], ...]] = {}  # Call._sandbox_head
         self.connections: set[Connection] = set()
         self.address: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None
         self._draining = False
         self._idle: asyncio.Future[None] | None = None  # while stopping: resolved as the last call ends
         self._ids = itertools.count(1)
+        self.unaccounted: list[tuple[Call, float]] = []  # finished calls, and their durations: see finished
+        self._account_timer: asyncio.TimerHandle | None = None
         self._id_prefix = f"g{secrets.token_hex(4)}{os.getpid():x}-"
 
     async def start(self, sock: socket.socket) -> None:
@@ -164,9 +173,9 @@ class GrpcFront:
         if self._draining:
             call.side = "stopping"
         self.calls.add(call)
-        if self.metrics is not None:
-            self.metrics.started()
         call.down.conn.loop.call_soon(call.start)  # once the frames read with the head are handled (its DATA)
+        if self.metrics is not None:  # after: with workers, the fold it queues (which accounts) runs after start
+            self.metrics.started()
 
     async def _calls_ended(self, timeout: float) -> None:
         """Until no call is left (each ends in ``finished``), or ``timeout``."""
@@ -184,16 +193,35 @@ class GrpcFront:
             self.metrics.closed(reason)
 
     def finished(self, call: Call) -> None:
+        """``call`` has ended. Its metrics and access line (about a tenth of a unary call's instructions) are
+        left for :meth:`account`, which the next call runs once it has sent its request (``Call.start``), or a
+        timer within ``ACCOUNT_WITHIN``: at one call in flight the client's next request is already waiting when
+        the answer has been written, so whatever runs between that write and the next read adds to every call's
+        latency, while the sandbox's time to answer is idle time for the gateway."""
         calls = self.calls
         calls.discard(call)
         if not calls and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
+        if self.metrics is None and self.access is None:
+            return
+        self.unaccounted.append((call, time.perf_counter() - call.t0))
+        if self._account_timer is None:
+            self._account_timer = call.down.conn.loop.call_later(ACCOUNT_WITHIN, self._account_late)
+
+    def _account_late(self) -> None:
+        self._account_timer = None
+        self.account()
+
+    def account(self) -> None:
+        """The metrics and access lines of the calls that have ended (``finished``), now."""
+        unaccounted, self.unaccounted = self.unaccounted, []
         metrics = self.metrics
-        duration = time.perf_counter() - call.t0
-        if metrics is not None:
-            metrics.observe(call.path, call.status, duration, call.to_sandbox, call.to_client)
-        if self.access is not None:
-            self.access.log(call_log(call, f"{self._id_prefix}{next(self._ids):x}"))
+        access = self.access
+        for call, duration in unaccounted:
+            if metrics is not None:
+                metrics.observe(call.path, call.status, duration, call.to_sandbox, call.to_client)
+            if access is not None:
+                access.log(call_log(call, f"{self._id_prefix}{next(self._ids):x}", duration))
 
     async def stop(self, drain_timeout: float) -> None:
         """Stop accepting, tell clients to go elsewhere (GOAWAY), let calls finish (up to ``drain_timeout``),
@@ -213,4 +241,5 @@ class GrpcFront:
         self.channels.close()
         await self._server.wait_closed()
         self._server = None
+        self.account()
 

@@ -15,7 +15,7 @@ from grpclib.metadata import decode_timeout
 
 from gateway.errors import BadRequest, Unauthorized, UnsupportedMediaType
 from gateway.proxy._admission import (R_AUTH, R_BOT, R_CL, R_COOKIE, R_EXPECT, R_ORG, R_REQUEST_ID, REQUEST_HEADERS,
-                                      SANDBOX_HEADER_PREFIXES, Credentials)
+                                      SANDBOX_HEADER_PREFIXES, SANDBOX_ID_HEADER, Credentials)
 from gateway.proxy._wire import ACCESS_COOKIE, HOST_ACCESS_COOKIE, cut_access_cookie
 
 # Header names and values are bytes as HPACK decoded them: forwarded as received,
@@ -30,6 +30,8 @@ _CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connecti
                                   b"upgrade", b"te"))
 # A proto service and method name: also what keeps the access log and metric labels free of odd bytes.
 _METHOD_PATH = re.compile(rb"/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+").fullmatch
+HEAD_REMEMBERED_SIZE = 8192  # bytes of names and values: a larger head is read every time (a memo holds 128 KiB)
+_SANDBOX_HEADS_REMEMBERED = 64  # sandboxes' request heads, front-wide (sandbox_head); more, and the memo starts over
 INTERNAL = 13  # gRPC status: what a grpc-status that is not a number reads as
 
 
@@ -166,3 +168,23 @@ def read_head(headers: Headers, call: Any) -> Head:
         raise Unauthorized("no identity: send x-user-id and x-session-id metadata (x-org-id, x-bot-id "
                            "optional), or authorization: Bearer <token> with x-session-id")
     return tuple(out), checked, timeout_read, tuple(credentials)  # type: ignore[return-value]
+
+
+def sandbox_head(heads: dict[Any, Any], out: Any, path: str, target: tuple[str, int | None],
+                 sandbox_id: str) -> tuple[tuple[bytes, bytes], ...]:
+    """The request head for the sandbox but for grpc-timeout and traceparent (``out`` is what :func:`read_head`
+    forwards), remembered in ``heads`` (the front's): a client calls one method with one head call after call,
+    and building it was about 4k instructions a call."""
+    key = (out, path, target, sandbox_id)
+    head = heads.get(key)
+    if head is None:
+        host, port = target
+        authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+        head = ((b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
+                (b":authority", authority.encode()), (b"te", b"trailers"), *out,
+                (SANDBOX_ID_HEADER, sandbox_id.encode()))
+        if sum(len(name) + len(value) for name, value in out) <= HEAD_REMEMBERED_SIZE:
+            if len(heads) >= _SANDBOX_HEADS_REMEMBERED:
+                heads.clear()
+            heads[key] = head
+    return head

@@ -18,7 +18,7 @@ cdef class FrameReader:
     cdef public Py_ssize_t _block_stream, _block_size
     cdef public bint _block_end, _self_dependent
     cdef public object _hpack
-    @cython.locals(pos=Py_ssize_t, end=Py_ssize_t, size=Py_ssize_t, stop=Py_ssize_t, high=int, low=int, kind=int,
+    @cython.locals(inbox=bytearray, pos=Py_ssize_t, end=Py_ssize_t, size=Py_ssize_t, stop=Py_ssize_t, kind=int,
                    flags=int, stream_id=Py_ssize_t)
     cpdef _read_frames(self)
     cpdef _frame(self, int kind, int flags, Py_ssize_t stream_id, bytes payload)

@@ -42,7 +42,7 @@ from gateway.grpcfront.frames import (
     ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, GOAWAY, HEADERS, HEADER_TABLE_SIZE,
     INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS, MAX_FRAME_SIZE, MAX_FRAME_SIZE_LIMIT, MAX_WINDOW, PING, PREFACE,
     PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, STREAM_CLOSED,
-    STREAM_ID_MASK, WINDOW_UPDATE, ConnectionFailure, StreamFailure, frame, parse_settings, read_head, u32, unpad
+    STREAM_ID_MASK, WINDOW_UPDATE, ConnectionFailure, StreamFailure, frame, parse_settings, u32, unpad
 )
 from gateway.grpcfront.stream import Headers, Stream
 
@@ -113,8 +113,12 @@ class FrameReader:
         end = len(inbox)
         try:
             while end - pos >= 9 and not self.closed:
-                high, low, kind, flags, stream_id = read_head(inbox, pos)
-                size = high << 8 | low
+                # the 9-byte frame head read byte by byte: compiled, C reads of the bytearray (read_head, a
+                # struct call, was about 5k instructions of a unary call's six frames)
+                size = inbox[pos] << 16 | inbox[pos + 1] << 8 | inbox[pos + 2]
+                kind = inbox[pos + 3]
+                flags = inbox[pos + 4]
+                stream_id = (inbox[pos + 5] & 0x7F) << 24 | inbox[pos + 6] << 16 | inbox[pos + 7] << 8 | inbox[pos + 8]
                 if size > DEFAULT_FRAME_SIZE:
                     raise ConnectionFailure(FRAME_SIZE_ERROR, f"a frame of {size} bytes is over our "
                                                                 f"SETTINGS_MAX_FRAME_SIZE ({DEFAULT_FRAME_SIZE})")
@@ -124,7 +128,7 @@ class FrameReader:
                 payload = bytes(inbox[pos + 9:stop])
                 pos = stop
                 try:
-                    self._frame(kind, flags, stream_id & STREAM_ID_MASK, payload)
+                    self._frame(kind, flags, stream_id, payload)
                 except StreamFailure as failure:
                     self._stream_failed(failure)
         finally:

@@ -113,10 +113,13 @@ class Keeper:
 
     def calls_ended(self) -> None:
         """No call runs on the connection any more."""
-        self._idle_since = self._loop.time()
+        now = self._idle_since = self._loop.time()
         if self._aging:  # past its age, the connection waited only for its calls
             self._end(None, f.NO_ERROR, "max connection age")
             return
+        idle = self.timing.idle_timeout
+        if self._handle is not None and (idle is None or now + idle >= self._at):
+            return  # what _arm would find (every other deadline was armed as it was set): the armed one comes first
         self._arm()
 
     def ping(self) -> bool:

@@ -78,8 +78,11 @@ class GrpcMetrics:
         self.open = 0    # calls in progress in this process
         self._shown = 0  # what the open-calls gauge says
         self._fold_soon = batching.fold_soon if batching is not None else None
+        # The front's calls that have ended and are not observed yet (GrpcFront.account): observed first when the
+        # batching folds (a scrape, or with workers every loop iteration), so that a scrape is exact
+        self.unobserved: Callable[[], None] | None = None
         if batching is not None:
-            batching.add_fold(self.fold)
+            batching.add_fold(self._batch_folded)
 
     def method_label(self, path: str) -> str:
         if path in self._methods:
@@ -119,6 +122,11 @@ class GrpcMetrics:
         self._to_client += to_client
         if self._fold_soon is None:
             self.fold()
+
+    def _batch_folded(self) -> None:
+        if self.unobserved is not None:
+            self.unobserved()
+        self.fold()
 
     def fold(self) -> None:
         """Add the batch to the series (label children resolved once per (path, code), then kept)."""
