@@ -200,7 +200,7 @@ async def test_a_grpcio_client_calls_on_after_its_idle_connection_was_closed(san
             assert await unary(b"second", metadata=metadata, timeout=WAIT) == b"second"
 
 
-async def test_handshake_deadlines_of_connections_made_together_are_spread_over_a_tenth():
+async def test_handshake_deadlines_of_connections_made_together_are_spread_over_a_quarter():
     """A flood of connections admitted together must not time out in one loop iteration (and reconnect
     together: thousands of closes and accepts in one stall, which benchmarks/neighbours.py showed)."""
     from gateway.grpcfront.keeper import DEADLINE_SPREAD, Keeper, Timing
@@ -218,7 +218,7 @@ async def test_handshake_deadlines_of_connections_made_together_are_spread_over_
         for keeper in keepers:
             keeper.stop()
     assert all(10.0 <= offset <= 10.0 * (1 + DEADLINE_SPREAD) for offset in offsets), offsets
-    assert max(offsets) - min(offsets) > 0.5, offsets  # 200 draws over a second
+    assert DEADLINE_SPREAD == 0.25 and max(offsets) - min(offsets) > 1.5, offsets  # 200 draws over 2.5 s
 
 
 def test_a_deadline_arms_its_timer_once_on_uvloop_whose_clock_counts_milliseconds():

@@ -7,7 +7,7 @@ descriptor for ever, and a few thousand of them fill the process's descriptor ta
 the control API and the sandboxes' own connections then fail). Each connection has one timer handle at
 its nearest deadline; state changes (a call starts or ends) only record a time, and a timer that
 fires early re-arms itself for what is due then, so a busy connection costs no timer work per call.
-The handshake and SETTINGS-ACK deadlines of each connection fall at a random point of the tenth after the
+The handshake and SETTINGS-ACK deadlines of each connection fall at a random point of the quarter after the
 timeout (``DEADLINE_SPREAD``): a flood of connections admitted together would otherwise time out in the same
 loop iteration and reconnect together, thousands of closes and accepts in one stall every timeout.
 
@@ -43,7 +43,12 @@ if TYPE_CHECKING:
 MAX_PING_STRIKES = 2   # grpc-go's maxPingStrikes: the third too-early PING ends the connection
 _NO_CALL_PING_INTERVAL = 7200.0  # without calls and not permitted: grpc-go's two hours between PINGs
 SETTINGS_TIMEOUT = 0x4  # RFC 9113 7
-DEADLINE_SPREAD = 0.1   # the handshake and SETTINGS-ACK deadlines: the timeout plus up to a tenth of it
+# The handshake and SETTINGS-ACK deadlines: the timeout plus up to a quarter of it, at random. An idle
+# connection closed at its deadline and at once reconnected costs the front about 190 us; spread over a tenth
+# (1 s at the default 10 s), a wave of 4,000 took three quarters of the loop for that second, and the control
+# API's /healthz p99 under it was 2.7-3.3x its baseline (issue 28). Over a quarter it takes about 30%, as the
+# data plane's paced closes (gateway/proxy/_plane.py SLICE_EVERY) take of theirs.
+DEADLINE_SPREAD = 0.25
 # uvloop's timers and loop.time() count whole milliseconds (libuv's cached uv_now), so a timer for a deadline
 # between two of them fires when the clock still reads up to 1 ms short of it. Compared exactly, _fire found
 # the deadline not yet due and armed the timer again, which fired again the next loop turn, and so on until

@@ -43,9 +43,9 @@ WRITE_BUFFER_HIGH = 256 * 1024    # per transport; reading from the other side p
 # reconnect, about 30 us), and one such slice every SLICE_EVERY seconds. A victim's call on a new connection
 # needs 3-4 loop turns; when every turn ran a slice of an attack's wave (4,000 heads overdue together, closed
 # and reconnected), each of those turns grew by the slice and its reconnects' accepts, and the calls that
-# overlapped the wave, a second of every ten, doubled the victim's p99 (issue 28). Paced, a wave of 4,000 takes
-# a second, the spread the gRPC front gives its own deadlines (keeper.DEADLINE_SPREAD), and the loop turns
-# between slices are the other connections' own.
+# overlapped the wave doubled the victim's p99 (issue 28). Paced, a wave of 4,000 takes a second (about 45% of
+# the loop meanwhile: the gRPC front, whose connections cost more, spreads its own deadlines wider,
+# keeper.DEADLINE_SPREAD), and the loop turns between slices are the other connections' own.
 SLICE = 8
 SLICE_EVERY = 0.002
 _INF = float("inf")
