@@ -451,3 +451,19 @@ async def test_a_finished_call_is_freed_without_the_cyclic_gc(channels):
         gc.garbage.clear()
         gc.enable()
     assert left == []
+
+
+def test_the_fronts_head_memos_keep_only_small_heads_and_start_over_when_full():
+    """head.remember, the one bound of the request-head memos (per connection in Call._admit, front-wide in
+    sandbox_head): a head over HEAD_REMEMBERED_SIZE bytes is never kept, and a full memo starts over."""
+    from gateway.grpcfront.head import HEAD_REMEMBERED_SIZE, remember
+
+    memo: dict = {}
+    big = ((b"x-big", b"v" * HEAD_REMEMBERED_SIZE),)
+    remember(memo, "big", "read", big, 2)
+    assert memo == {}
+    for key in ("a", "b"):
+        remember(memo, key, key.upper(), ((b"x", key.encode()),), 2)
+    assert memo == {"a": "A", "b": "B"}
+    remember(memo, "c", "C", ((b"x", b"c"),), 2)
+    assert memo == {"c": "C"}

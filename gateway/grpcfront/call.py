@@ -29,7 +29,7 @@ from grpclib.metadata import encode_grpc_message
 from gateway.errors import GatewayError, UnsupportedMediaType, UpstreamError, error_body
 from gateway.grpcfront.frames import CANCEL, ENHANCE_YOUR_CALM, ERROR_NAMES, INADEQUATE_SECURITY, NO_ERROR
 from gateway.grpcfront.head import (
-    HEAD_REMEMBERED_SIZE, Headers, encode_timeout_ms, forwardable, header_text, read_head, sandbox_head, status_of
+    Headers, encode_timeout_ms, forwardable, header_text, read_head, remember, sandbox_head, status_of
 )
 from gateway.grpcfront.relay import CHUNK, Truncated, relay, relay_now
 from gateway.grpcfront.stream import Stream, StreamClosed
@@ -311,10 +311,7 @@ class Call:
         head = heads.get(key)
         if head is None:
             head = read_head(self.headers, self)
-            if sum(len(name) + len(value) for name, value in key) <= HEAD_REMEMBERED_SIZE:
-                if len(heads) >= _HEADS_REMEMBERED:
-                    heads.clear()
-                heads[key] = head
+            remember(heads, key, head, key, _HEADS_REMEMBERED)
         out, self.path, timeout, credentials = head
         if timeout is not None:
             self.deadline = self.down.conn.loop.time() + timeout[1]

@@ -134,7 +134,7 @@ class GrpcFront:
         self.channels = UpstreamChannels(connect_timeout=settings.upstream_connect_timeout,
                                          on_failure=functools.partial(self.connection_failed, "sandbox"))
         self.calls: set[Call] = set()
-        self.sandbox_heads: dict[tuple[Any, ...], tuple[tuple[bytes, bytes], ...]] = {}  # Call._sandbox_head
+        self.sandbox_heads: dict[tuple[Any, ...], tuple[tuple[bytes, bytes], ...]] = {}  # head.sandbox_head
         self.connections: set[Connection] = set()
         self.address: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None

@@ -30,7 +30,7 @@ _CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connecti
                                   b"upgrade", b"te"))
 # A proto service and method name: also what keeps the access log and metric labels free of odd bytes.
 _METHOD_PATH = re.compile(rb"/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+").fullmatch
-HEAD_REMEMBERED_SIZE = 8192  # bytes of names and values: a larger head is read every time (a memo holds 128 KiB)
+HEAD_REMEMBERED_SIZE = 8192  # bytes of names and values: a larger head is built every time (a memo holds 128 KiB)
 _SANDBOX_HEADS_REMEMBERED = 64  # sandboxes' request heads, front-wide (sandbox_head); more, and the memo starts over
 INTERNAL = 13  # gRPC status: what a grpc-status that is not a number reads as
 
@@ -183,8 +183,14 @@ def sandbox_head(heads: dict[Any, Any], out: Any, path: str, target: tuple[str, 
         head = ((b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
                 (b":authority", authority.encode()), (b"te", b"trailers"), *out,
                 (SANDBOX_ID_HEADER, sandbox_id.encode()))
-        if sum(len(name) + len(value) for name, value in out) <= HEAD_REMEMBERED_SIZE:
-            if len(heads) >= _SANDBOX_HEADS_REMEMBERED:
-                heads.clear()
-            heads[key] = head
+        remember(heads, key, head, out, _SANDBOX_HEADS_REMEMBERED)
     return head
+
+
+def remember(memo: dict[Any, Any], key: Any, entry: Any, headers: Any, most: int) -> None:
+    """``memo[key] = entry`` for a head whose ``headers`` (name, value pairs) hold at most HEAD_REMEMBERED_SIZE
+    bytes, the memo starting over at ``most`` entries: the one bound of the front's head memos."""
+    if sum(len(name) + len(value) for name, value in headers) <= HEAD_REMEMBERED_SIZE:
+        if len(memo) >= most:
+            memo.clear()
+        memo[key] = entry
