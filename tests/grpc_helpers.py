@@ -78,16 +78,17 @@ class EchoSandbox:
 
     async def slow(self, stream: Stream[bytes, bytes]) -> None:
         self._note(stream)
-        await stream.recv_message()
-        self.slow_running += 1
-        self.slow_started.set()
-        try:
-            await asyncio.sleep(60)
+        try:  # cancelled while its message is still awaited too: a 100 ms deadline can end the call that early
+            await stream.recv_message()
+            self.slow_running += 1
+            self.slow_started.set()
+            try:
+                await asyncio.sleep(60)
+            finally:
+                self.slow_running -= 1
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
-        finally:
-            self.slow_running -= 1
 
     async def flood(self, stream: Stream[bytes, bytes]) -> None:
         """Up to 2,000 messages of 64 KiB (128 MiB), as fast as the client lets it."""
