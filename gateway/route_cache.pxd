@@ -2,4 +2,4 @@
 cdef class RouteLookup:
     cdef public dict by_session
     cdef public object clock, events, activity, refusal
-    cpdef object route(self, object identity)
+    cpdef object route(self, object identity, object owned=*)

@@ -108,6 +108,11 @@ class RouteLookup:
     before it goes to the store. The owner check applies to every hit (a session of someone else's
     is answered as one that does not exist: ``refusal()``), and a hit is counted (``events``) and
     marks the sandbox and session active (``activity``, an ``ActivityLog``, flushed in batches).
+
+    ``owned`` is the caller's memo: a route this lookup returned before for this same ``identity``
+    object (a client connection keeps its identity and its last route). Both are immutable, so
+    ``Owner.matches``, a function of the two, passed for them once and is not asked again (a Python
+    frame per request); any other route, or another identity object, is checked.
     """
 
     __slots__ = ("by_session", "clock", "events", "activity", "refusal")
@@ -120,7 +125,7 @@ class RouteLookup:
         self.activity = activity    # a sessions.ActivityLog (its dicts are swapped at each flush: not kept here)
         self.refusal = refusal
 
-    def route(self, identity: Identity) -> Route | None:
+    def route(self, identity: Identity, owned: Route | None = None) -> Route | None:
         cached = self.by_session.get(identity.session_id)
         if cached is None:
             return None
@@ -128,7 +133,7 @@ class RouteLookup:
         if now >= cached.fresh_until:
             return None
         route = cached.route
-        if not route.owner.matches(identity):
+        if route is not owned and not route.owner.matches(identity):
             self.events.denied("owner_mismatch")
             raise self.refusal()
         self.events.route_cache(True)

@@ -265,7 +265,8 @@ class DownstreamConnection(RequestReader):
         else resolving and connecting run in a task."""
         plane = self.plane
         try:
-            route = plane.admission.cached_route(identity)
+            # The last route the cache gave this same identity object: its owner check is not repeated.
+            route = plane.admission.cached_route(identity, self.owned if identity is self.owned_by else None)
         except GatewayError as exc:
             self.fail(ex, exc)
             return
@@ -273,6 +274,8 @@ class DownstreamConnection(RequestReader):
             log.exception("route cache lookup failed")  # a bug in the cache: resolve as on a miss
             route = None
         if route is not None:
+            self.owned_by = identity
+            self.owned = route
             if route is self.route_key:
                 pool = self.route_pool
             else:

@@ -42,6 +42,7 @@ cdef class ClientState:
     cdef public Exchange last
     cdef public double linger_until
     cdef public int mode
+    cdef public object owned, owned_by
     cdef public object parser
     cdef public Exchange parsing
     cdef public bytes peer

@@ -194,7 +194,8 @@ class ClientState:
     __slots__ = (
         "big", "conn_line", "cookie_scan", "current", "head_at", "head_raw", "head_seen", "host_ok",
         "ident", "ident_key", "idle_since",
-        "last", "linger_until", "mode", "parser", "parsing", "peer", "plane", "queue", "route_key", "route_line",
+        "last", "linger_until", "mode", "owned", "owned_by", "parser", "parsing", "peer", "plane", "queue", "route_key",
+        "route_line",
         "route_pool", "rpause", "transport", "up_conn", "up_out", "watch_tick", "wpaused", "ws_guard",
     )
 
@@ -218,6 +219,8 @@ class ClientState:
         self.up_conn: UpstreamConnection | None = None
         self.ident_key: tuple[bytes | None, ...] | None = None
         self.ident: Identity | None = None
+        self.owned: Route | None = None       # the route cache's last answer for owned_by (cached_route's memo)
+        self.owned_by: Identity | None = None
         self.peer = b""
         self.conn_line = w.XFP_HTTP            # X-Forwarded-For + X-Forwarded-Proto for this client
         self.route_key: Route | None = None   # the last route served, and what it costs to look up
