@@ -1,5 +1,5 @@
 # The compiled build's declarations for _state.py (gateway/_compiled.py): the fields as C struct members.
-from gateway.proxy._exchange cimport Exchange
+from gateway.proxy._exchange cimport Exchange, request_log
 from gateway.proxy._wire cimport RequestIds
 
 cdef class RequestHooks:

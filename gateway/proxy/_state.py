@@ -23,7 +23,7 @@ from httptools import HttpRequestParser
 
 from gateway.limits import limit_key
 from gateway.proxy import _wire as w
-from gateway.proxy._exchange import DONE, Exchange, RequestLog
+from gateway.proxy._exchange import DONE, Exchange, RequestLog, request_log
 
 if TYPE_CHECKING:
     from gateway.hosts import AllowedHosts
@@ -171,17 +171,8 @@ class PlaneState:
             trace.end(ex)
         hook = self.on_request
         if hook is not ignore_requests:  # the null hook needs no record: none is built (hot path)
-            route = ex.route
-            identity = ex.identity
-            record = RequestLog(
-                ex.method.decode("latin-1") or "-", route.pool if route else None,
-                route.sandbox_id if route else None, ex.status, perf_counter() - ex.t0, ex.bytes_in, ex.bytes_out,
-                ex.protocol, (ex.request_id or b"").decode("latin-1"), ex.error,
-                identity.org_id if identity is not None else None, ex.refused, ex.url.decode("latin-1") or "-",
-                identity.session_id if identity is not None else None, ex.upstream_time, ex.code,
-                trace.trace_id if trace is not None else None)
             try:
-                hook(record)
+                hook(request_log(ex, perf_counter() - ex.t0))
             except Exception:
                 log.exception("on_request hook failed")
         if self.drained is not None and not self.inflight and not self.drained.done():
