@@ -25,11 +25,16 @@ if TYPE_CHECKING:
     from routing import Identity
 
 
-@dataclass(slots=True)
 class CachedRoute:
-    route: Route
-    fresh_until: float   # served from the cache until then
-    stale_until: float   # and, while the store is down, until then (stale-if-error)
+    """A session's route in the cache (an extension type in the compiled build: :class:`RouteLookup` reads
+    it with C loads)."""
+
+    __slots__ = ("route", "fresh_until", "stale_until")
+
+    def __init__(self, route: Route, fresh_until: float, stale_until: float) -> None:
+        self.route = route
+        self.fresh_until = fresh_until  # served from the cache until then
+        self.stale_until = stale_until  # and, while the store is down, until then (stale-if-error)
 
 
 @dataclass(slots=True)

@@ -77,6 +77,10 @@ class RequestHooks:
         self.hooks = hooks
 
     def __call__(self, record: RequestLog) -> None:
+        self.report(record)
+
+    def report(self, record: RequestLog) -> None:
+        """The hooks, in order (``PlaneState.finished`` calls this directly: compiled, a C call)."""
         for hook in self.hooks:
             hook(record)
 
@@ -172,7 +176,12 @@ class PlaneState:
         hook = self.on_request
         if hook is not ignore_requests:  # the null hook needs no record: none is built (hot path)
             try:
-                hook(request_log(ex, perf_counter() - ex.t0))
+                record = request_log(ex, perf_counter() - ex.t0)
+                if type(hook) is RequestHooks:  # serve's (the metrics and the access log): compiled, a C call
+                    hooks = hook
+                    hooks.report(record)
+                else:
+                    hook(record)
             except Exception:
                 log.exception("on_request hook failed")
         if self.drained is not None and not self.inflight and not self.drained.done():
