@@ -1,5 +1,6 @@
 # The compiled build's declarations for connection.py (gateway/_compiled.py): the fields as C struct members
 # (the reading half's are FrameReader's, inbound.pxd).
+from gateway.grpcfront.frames cimport header_frames
 from gateway.grpcfront.inbound cimport FrameReader
 
 cdef class Connection(FrameReader):

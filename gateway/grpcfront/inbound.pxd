@@ -1,6 +1,7 @@
 # The compiled build's declarations for inbound.py (gateway/_compiled.py): the connection's state the reading
 # half uses, as C struct members (Connection, connection.pxd, extends it with the rest).
 cimport cython
+from gateway.grpcfront.headers cimport HeaderCodec
 from gateway.grpcfront.stream cimport Stream
 
 cdef class FrameReader:
@@ -17,7 +18,7 @@ cdef class FrameReader:
     cdef public list _block
     cdef public Py_ssize_t _block_stream, _block_size
     cdef public bint _block_end, _self_dependent
-    cdef public object _hpack
+    cdef public HeaderCodec _hpack
     @cython.locals(inbox=bytearray, pos=Py_ssize_t, end=Py_ssize_t, size=Py_ssize_t, stop=Py_ssize_t, kind=int,
                    flags=int, stream_id=Py_ssize_t)
     cpdef _read_frames(self)

@@ -1,4 +1,5 @@
 # The compiled build's declarations for stream.py (gateway/_compiled.py): the fields as C struct members.
+from gateway.grpcfront.frames cimport frame, window_update
 from gateway.grpcfront.relay cimport RelayBuffer
 
 cdef class Stream:
