@@ -29,7 +29,7 @@ from grpclib.metadata import encode_grpc_message
 from gateway.errors import GatewayError, UnsupportedMediaType, UpstreamError, error_body
 from gateway.grpcfront.frames import CANCEL, ENHANCE_YOUR_CALM, ERROR_NAMES, INADEQUATE_SECURITY, NO_ERROR
 from gateway.grpcfront.head import (
-    Headers, encode_timeout_ms, forwardable, header_text, read_head, remember, sandbox_head, status_of
+    Headers, encode_timeout_ms, forwardable, header_text, http_status, read_head, remember, sandbox_head, status_of
 )
 from gateway.grpcfront.relay import CHUNK, Truncated, relay, relay_now
 from gateway.grpcfront.stream import Stream, StreamClosed
@@ -303,15 +303,19 @@ class Call:
         the headers to forward.
 
         A client sends the same head call after call: what a head of up to 8 KiB reads as is remembered per
-        connection (``_ServerSide.heads``, keyed by the head itself), so a repeated one is validated and sorted
-        once (reading it cost about 14 us a call on the 2-core VM at load 12). Only the identity is looked up per
-        call (the admission's own memo), and the deadline is counted from now; a refused head is never kept."""
+        connection (``_ServerSide.heads``), so a repeated one is validated and sorted once (reading it cost about
+        14 us a call on the 2-core VM at load 12). The key is the identity of the decoded head, a tuple the
+        connection's codec returns as long as it remembers the block (``HeaderCodec.decode``), kept in the entry
+        so that its ``id`` names no other head meanwhile. Only the identity is looked up per call (the admission's
+        own memo), and the deadline is counted from now; a refused head is never kept."""
         heads = self.conn.heads
-        key = tuple(self.headers)
-        head = heads.get(key)
-        if head is None:
-            head = read_head(self.headers, self)
-            remember(heads, key, head, key, _HEADS_REMEMBERED)
+        headers = self.headers
+        entry = heads.get(id(headers))
+        if entry is not None and entry[0] is headers:
+            head = entry[1]
+        else:
+            head = read_head(headers, self)
+            remember(heads, id(headers), (headers, head), headers, _HEADS_REMEMBERED)
         out, self.path, timeout, credentials = head
         if timeout is not None:
             self.deadline = self.down.conn.loop.time() + timeout[1]
@@ -341,10 +345,15 @@ class Call:
         self._send_head(connection, out)
 
     def _send_head(self, connection: Connection, out: Sequence[tuple[bytes, bytes]]) -> None:
+        """The request head to the sandbox: the front's remembered one (``sandbox_head``, a tuple the connection's
+        encoder knows by identity), with the client's grpc-timeout in it when passed on as it came."""
         route = self.route
-        head: Any = sandbox_head(self.front.sandbox_heads, out, self.path, self.target, route.sandbox_id)
-        if self.deadline is not None:
-            head = [*head, (b"grpc-timeout", self._timeout_left())]
+        timeout = None if self.deadline is None else self._timeout_left()
+        if timeout is None or timeout is self.timeout[0]:  # type: ignore[index]
+            head: Any = sandbox_head(self.front.sandbox_heads, out, self.path, self.target, route.sandbox_id, timeout)
+        else:  # the time left, counted down: a value of this call's own, not remembered
+            head = (*sandbox_head(self.front.sandbox_heads, out, self.path, self.target, route.sandbox_id, None),
+                    (b"grpc-timeout", timeout))
         if self.trace is not None:
             head = self.trace.grpc_head(list(head), route)  # the sandbox continues the trace (traceparent)
         self.sandbox_head = head
@@ -383,7 +392,7 @@ class Call:
         if status is not None:  # trailers-only: the whole answer is this one HEADERS frame
             down.send_headers(forwardable(response, head=True), end_stream=True)
             return status
-        code = next((value for name, value in response if name == b":status"), b"")
+        code = http_status(response)
         if code != b"200":
             raise UpstreamError(f"the sandbox answered HTTP {header_text(code) or '?'} without a gRPC status",
                                 sandbox_id=sandbox_id)

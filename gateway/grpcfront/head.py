@@ -58,6 +58,14 @@ def status_of(headers: Headers) -> int | None:
     return None
 
 
+def http_status(headers: Headers) -> bytes:
+    """A response head's ``:status`` (b"" without one)."""
+    for name, value in headers:
+        if name == b":status":
+            return value
+    return b""
+
+
 # Names already found allowed (forwardable), for heads and for trailers: a sandbox sends the same few every
 # call, so each is checked once, not per call. Bounded: a sandbox inventing names starts it over.
 _ALLOWED_NAMES: tuple[set[bytes], set[bytes]] = (set(), set())  # [head]
@@ -171,11 +179,11 @@ def read_head(headers: Headers, call: Any) -> Head:
 
 
 def sandbox_head(heads: dict[Any, Any], out: Any, path: str, target: tuple[str, int | None],
-                 sandbox_id: str) -> tuple[tuple[bytes, bytes], ...]:
-    """The request head for the sandbox but for grpc-timeout and traceparent (``out`` is what :func:`read_head`
-    forwards), remembered in ``heads`` (the front's): a client calls one method with one head call after call,
-    and building it was about 4k instructions a call."""
-    key = (out, path, target, sandbox_id)
+                 sandbox_id: str, timeout: bytes | None) -> tuple[tuple[bytes, bytes], ...]:
+    """The request head for the sandbox but for traceparent (``out`` is what :func:`read_head` forwards;
+    ``timeout`` the client's grpc-timeout, passed on as it came), remembered in ``heads`` (the front's): a client
+    calls one method with one head call after call, and building it was about 4k instructions a call."""
+    key = (out, path, target, sandbox_id, timeout)
     head = heads.get(key)
     if head is None:
         host, port = target
@@ -183,6 +191,8 @@ def sandbox_head(heads: dict[Any, Any], out: Any, path: str, target: tuple[str, 
         head = ((b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
                 (b":authority", authority.encode()), (b"te", b"trailers"), *out,
                 (SANDBOX_ID_HEADER, sandbox_id.encode()))
+        if timeout is not None:
+            head += ((b"grpc-timeout", timeout),)
         remember(heads, key, head, out, _SANDBOX_HEADS_REMEMBERED)
     return head
 
