@@ -1,5 +1,5 @@
 # The compiled build's declarations for call.py (gateway/_compiled.py): the fields as C struct members.
-from gateway.grpcfront.stream cimport Stream
+from gateway.grpcfront.stream cimport Stream, relay_now
 
 cdef class Call:
     cdef public object front, conn

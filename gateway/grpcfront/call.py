@@ -31,8 +31,8 @@ from gateway.grpcfront.frames import CANCEL, ENHANCE_YOUR_CALM, ERROR_NAMES, INA
 from gateway.grpcfront.head import (
     Headers, encode_timeout_ms, forwardable, header_text, http_status, read_head, remember, sandbox_head, status_of
 )
-from gateway.grpcfront.relay import CHUNK, Truncated, relay, relay_now
-from gateway.grpcfront.stream import Stream, StreamClosed
+from gateway.grpcfront.relay import CHUNK, Truncated, relay
+from gateway.grpcfront.stream import Stream, StreamClosed, relay_now
 from gateway.grpcfront.upstream import Target, grpc_target
 from gateway.proxy._admission import SANDBOX_ID_HEADER
 

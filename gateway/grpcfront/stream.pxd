@@ -1,6 +1,7 @@
 # The compiled build's declarations for stream.py (gateway/_compiled.py): the fields as C struct members.
 from gateway.grpcfront.frames cimport frame, window_update
-from gateway.grpcfront.relay cimport RelayBuffer
+cimport cython
+from gateway.grpcfront.relay cimport RelayBuffer, scan
 
 cdef class Stream:
     cdef public object conn
@@ -18,3 +19,6 @@ cdef class Stream:
     cpdef received_end(self)
     cpdef ack(self, Py_ssize_t size)
     cpdef _end_local(self)
+
+@cython.locals(buffer=RelayBuffer, size=Py_ssize_t, data=bytes)
+cpdef object relay_now(Stream src, Stream dst, bint end_stream=*)
