@@ -37,6 +37,7 @@ cdef class Call:
     cpdef _cleanup(self)
     cpdef _reset_up(self)
     cpdef bint _sandbox_answered(self)
+    cpdef bint _hold_alone(self, object conn)
 
 cdef class _Side:
     cdef public Call call

@@ -206,7 +206,14 @@ class Call:
         try:
             self.upstream = time.perf_counter() - self.sent_at
             self.request = None  # answered: processed, never to be sent again
-            self._settled(self._alone(self.down.conn, self._answer_now, up.headers, self.route.sandbox_id))
+            conn = self.down.conn
+            held = self._hold_alone(conn)  # _alone, inline
+            try:
+                status = self._answer_now(up.headers, self.route.sandbox_id)
+            finally:
+                if held:
+                    conn.flush()
+            self._settled(status)
         except Exception as exc:
             self._failed(exc)
         self._finish()
@@ -358,7 +365,12 @@ class Call:
             head = self.trace.grpc_head(list(head), route)  # the sandbox continues the trace (traceparent)
         self.sandbox_head = head
         self.sent_at = time.perf_counter()
-        self._alone(connection, self._open_up, connection, head)
+        held = self._hold_alone(connection)  # _alone, inline
+        try:
+            self._open_up(connection, head)
+        finally:
+            if held:
+                connection.flush()
 
     async def _relay_back(self) -> None:
         """The sandbox's answer to the client, as it comes."""
@@ -416,13 +428,20 @@ class Call:
         ``send()`` (``Connection.hold``, ``flush``): nothing else this loop step does could join it, and no flush
         is left queued to cost the loop a turn. With other calls running, a step's writes go out together at its
         end (flushing per call split those batches: 1.1-1.5 sends per call instead of 0.3-0.7 at 10 and 50)."""
-        if len(self.front.calls) != 1:
-            return write(*args)
-        conn.hold()
+        held = self._hold_alone(conn)
         try:
             return write(*args)
         finally:
-            conn.flush()
+            if held:
+                conn.flush()
+
+    def _hold_alone(self, conn: Connection) -> bool:
+        """``conn.hold()`` when this is the front's only call (:meth:`_alone`), and whether it did. The callbacks'
+        two writes (:meth:`_send_head`, :meth:`_head_in`) use it inline: no bound method and argument tuple a call."""
+        if len(self.front.calls) != 1:
+            return False
+        conn.hold()
+        return True
 
     def _timeout_left(self) -> bytes:
         """grpc-timeout for the sandbox: the client's own value while the gateway has spent under a
