@@ -29,7 +29,8 @@ from grpclib.metadata import encode_grpc_message
 from gateway.errors import GatewayError, UnsupportedMediaType, UpstreamError, error_body
 from gateway.grpcfront.frames import CANCEL, ENHANCE_YOUR_CALM, ERROR_NAMES, INADEQUATE_SECURITY, NO_ERROR
 from gateway.grpcfront.head import (
-    Headers, encode_timeout_ms, forwardable, header_text, http_status, read_head, remember, sandbox_head, status_of
+    CANCELLED, DEADLINE_EXCEEDED, INTERNAL, PERMISSION_DENIED, RESOURCE_EXHAUSTED, UNAVAILABLE, UNKNOWN, Headers,
+    forwardable, header_text, http_status, read_head, remember, sandbox_head, status_of, timeout_left
 )
 from gateway.grpcfront.relay import CHUNK, Truncated, relay
 from gateway.grpcfront.stream import Stream, StreamClosed, relay_now
@@ -43,16 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.grpc")
 
-_CANCELLED = 1
-_UNKNOWN = 2
-_DEADLINE_EXCEEDED = 4
-_PERMISSION_DENIED = 7
-_RESOURCE_EXHAUSTED = 8
-_INTERNAL = 13
-_UNAVAILABLE = 14
 # A sandbox's RST_STREAM as the client's gRPC status (gRPC over HTTP/2, "Errors"): CANCEL is passed on as
 # CANCEL, REFUSED_STREAM is retried or answered UNAVAILABLE (_ended_early); every other code is INTERNAL.
-_RESET_STATUS = {ENHANCE_YOUR_CALM: _RESOURCE_EXHAUSTED, INADEQUATE_SECURITY: _PERMISSION_DENIED}
+_RESET_STATUS = {ENHANCE_YOUR_CALM: RESOURCE_EXHAUSTED, INADEQUATE_SECURITY: PERMISSION_DENIED}
 
 
 class _Side:
@@ -98,7 +92,7 @@ class Call:
         self.sandbox_reset = False          # the sandbox reset its stream (rather than its connection dropping)
         self.head_sent = False
         self.done = False                   # the client has its final status (or is gone)
-        self.status = _INTERNAL
+        self.status = INTERNAL
         self.path = "-"
         self.t0 = time.perf_counter()
         self.route = None
@@ -283,7 +277,7 @@ class Call:
         if isinstance(exc, TimeoutError):
             self._reset_up()
             self.code = "deadline_exceeded"
-            self._answer(_DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
+            self._answer(DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
         elif isinstance(exc, GatewayError):
             self._reset_up()
             self.refused = getattr(exc, "scope", None)
@@ -294,27 +288,26 @@ class Call:
         elif isinstance(exc, Truncated):
             self._reset_up()
             self.error = "upstream_protocol_error"
-            self._answer(_INTERNAL, "the sandbox's stream ended in the middle of a message")
+            self._answer(INTERNAL, "the sandbox's stream ended in the middle of a message")
         elif isinstance(exc, ConnectionError):
             self._reset_up()
             log.info("gRPC call %s: %s", self.path, exc)
             self.error = "upstream_closed"
-            self._answer(_UNAVAILABLE, "the connection to the sandbox failed")
+            self._answer(UNAVAILABLE, "the connection to the sandbox failed")
         else:
             log.error("gRPC call %s failed", self.path, exc_info=exc)
             self._reset_up()
-            self._answer(_INTERNAL, "internal error in the gateway")
+            self._answer(INTERNAL, "internal error in the gateway")
 
     def _admit(self) -> Sequence[tuple[bytes, bytes]]:
         """Validate the request head, take the identity metadata out, admit the call (the org's limits); returns
         the headers to forward.
 
         A client sends the same head call after call: what a head of up to 8 KiB reads as is remembered per
-        connection (``_ServerSide.heads``), so a repeated one is validated and sorted once (reading it cost about
-        14 us a call on the 2-core VM at load 12). The key is the identity of the decoded head, a tuple the
-        connection's codec returns as long as it remembers the block (``HeaderCodec.decode``), kept in the entry
-        so that its ``id`` names no other head meanwhile. Only the identity is looked up per call (the admission's
-        own memo), and the deadline is counted from now; a refused head is never kept."""
+        connection (``_ServerSide.heads``, by the id of the tuple its codec decodes it to, kept in the entry), so a
+        repeated one is validated and sorted once (reading it cost about 14 us a call on the 2-core VM at load 12).
+        Only the identity is looked up per call (the admission's own memo), and the deadline is counted from now;
+        a refused head is never kept."""
         heads = self.conn.heads
         headers = self.headers
         entry = heads.get(id(headers))
@@ -352,15 +345,13 @@ class Call:
         self._send_head(connection, out)
 
     def _send_head(self, connection: Connection, out: Sequence[tuple[bytes, bytes]]) -> None:
-        """The request head to the sandbox: the front's remembered one (``sandbox_head``, a tuple the connection's
-        encoder knows by identity), with the client's grpc-timeout in it when passed on as it came."""
+        """The request head to the sandbox: the front's remembered one (its encoder knows the tuple by identity)."""
         route = self.route
-        timeout = None if self.deadline is None else self._timeout_left()
-        if timeout is None or timeout is self.timeout[0]:  # type: ignore[index]
-            head: Any = sandbox_head(self.front.sandbox_heads, out, self.path, self.target, route.sandbox_id, timeout)
-        else:  # the time left, counted down: a value of this call's own, not remembered
-            head = (*sandbox_head(self.front.sandbox_heads, out, self.path, self.target, route.sandbox_id, None),
-                    (b"grpc-timeout", timeout))
+        timeout = None
+        if self.deadline is not None:
+            timeout = timeout_left(self.timeout, self.deadline - self.down.conn.loop.time())  # type: ignore[arg-type]
+        head: Any = sandbox_head(self.front.sandbox_heads, out, self.path, self.target, route.sandbox_id, timeout,
+                                 timeout is None or timeout is self.timeout[0])  # type: ignore[index]
         if self.trace is not None:
             head = self.trace.grpc_head(list(head), route)  # the sandbox continues the trace (traceparent)
         self.sandbox_head = head
@@ -443,15 +434,6 @@ class Call:
         conn.hold()
         return True
 
-    def _timeout_left(self) -> bytes:
-        """grpc-timeout for the sandbox: the client's own value while the gateway has spent under a
-        millisecond of it (as is usual: passed on exactly, not re-rounded), else the time left."""
-        value, seconds = self.timeout  # type: ignore[misc]
-        left = self.deadline - self.down.conn.loop.time()  # type: ignore[operator]
-        if seconds - left < 0.001:
-            return value
-        return encode_timeout_ms(left).encode()
-
     async def _response_head(self) -> Headers:
         """The sandbox's response head. A request it ended unprocessed (REFUSED_STREAM, or a GOAWAY below
         the stream: it is restarting or shedding load) is sent once more, on a connection that takes it,
@@ -515,29 +497,29 @@ class Call:
     def _ended_early(self) -> None:
         side = self.side
         if side == "client":
-            self.status = _CANCELLED
+            self.status = CANCELLED
             self.done = True
             self._reset_up()
         elif side == "sandbox" and self.up is not None and self.up.refused:
-            self._answer(_UNAVAILABLE, "the sandbox refused the call unprocessed (restarting or overloaded); retry")
+            self._answer(UNAVAILABLE, "the sandbox refused the call unprocessed (restarting or overloaded); retry")
         elif side == "sandbox" and self.sandbox_reset:
             code = self.up.reset_code if self.up is not None else None
             self.error = "upstream_reset"
             if code == CANCEL:  # the sandbox cancelled the call: so does the client
-                self.status = _CANCELLED
+                self.status = CANCELLED
                 self.done = True
                 if self.down.closable:
                     self.down.reset(CANCEL)
                 return
             name = ERROR_NAMES.get(code, hex(code)) if code is not None else "?"
-            status = _RESET_STATUS.get(code, _INTERNAL) if code is not None else _INTERNAL
+            status = _RESET_STATUS.get(code, INTERNAL) if code is not None else INTERNAL
             self._answer(status, f"the sandbox reset the call ({name})")
         elif side == "sandbox":
             self.error = "upstream_closed"
-            self._answer(_UNAVAILABLE, "the connection to the sandbox was lost")
+            self._answer(UNAVAILABLE, "the connection to the sandbox was lost")
         else:
             self._reset_up()
-            self._answer(_UNAVAILABLE, "the gateway is shutting down; retry")
+            self._answer(UNAVAILABLE, "the gateway is shutting down; retry")
 
     def _refuse(self, exc: GatewayError) -> None:
         extra: list[tuple[str, str]] = []
@@ -551,7 +533,7 @@ class Call:
     async def _answer_http(self, exc: GatewayError) -> None:
         """Not a gRPC request: answered in plain HTTP (415 for a content-type that is not gRPC's, as gRPC over
         HTTP/2 says), so that an HTTP client does not take a 200 for success; the body is the JSON error."""
-        self.status = _UNKNOWN  # what a gRPC client makes of an HTTP status it has no mapping for
+        self.status = UNKNOWN  # what a gRPC client makes of an HTTP status it has no mapping for
         down = self.down
         try:
             # The request is read to its end first (dropped; within a second and 1 MiB): a malformation
@@ -564,7 +546,7 @@ class Call:
             pass
         except asyncio.CancelledError:  # the client reset the stream (or broke it) meanwhile: nothing to answer
             self.task.uncancel()  # type: ignore[union-attr]
-            self.status = _CANCELLED
+            self.status = CANCELLED
             return
         if self.done or not down.closable:
             return
