@@ -1,4 +1,5 @@
 # The compiled build's declarations for call.py (gateway/_compiled.py): the fields as C struct members.
+from gateway.grpcfront.head cimport forwardable, http_status, status_of
 from gateway.grpcfront.stream cimport Stream, relay_now
 
 cdef class Call:

@@ -16,6 +16,8 @@ cdef class Stream:
     cpdef send_headers(self, object headers, bint end_stream=*)
     cpdef bint takes_now(self, Py_ssize_t size)
     cpdef send_now(self, bytes piece, bint end_stream=*)
+    cpdef received_headers(self, tuple headers, bint end_stream)
+    cpdef _wake_head(self)
     cpdef received_end(self)
     cpdef ack(self, Py_ssize_t size)
     cpdef _end_local(self)
