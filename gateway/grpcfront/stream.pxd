@@ -19,6 +19,8 @@ cdef class Stream:
     cpdef received_headers(self, tuple headers, bint end_stream)
     cpdef _wake_head(self)
     cpdef received_end(self)
+    cpdef release(self)
+    cpdef reset(self, Py_ssize_t code=*)
     cpdef ack(self, Py_ssize_t size)
     cpdef _end_local(self)
 
