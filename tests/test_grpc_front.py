@@ -467,3 +467,22 @@ def test_the_fronts_head_memos_keep_only_small_heads_and_start_over_when_full():
     assert memo == {"a": "A", "b": "B"}
     remember(memo, "c", "C", ((b"x", b"c"),), 2)
     assert memo == {"c": "C"}
+
+
+def test_the_sandbox_head_is_remembered_with_the_clients_timeout_as_it_came():
+    """head.sandbox_head: one tuple per head and grpc-timeout value as the client sent it (what the sandbox
+    connection's encoder then knows by identity), the timeout last, after the sandbox id; the time left, counted
+    down for one call, is not kept."""
+    from gateway.grpcfront.head import sandbox_head
+
+    heads: dict = {}
+    out = ((b"content-type", b"application/grpc"),)
+    first = sandbox_head(heads, out, "/a.B/C", ("10.0.0.1", 50051), "ses-1", b"701m", True)
+    assert sandbox_head(heads, out, "/a.B/C", ("10.0.0.1", 50051), "ses-1", b"701m", True) is first
+    assert first[-2:] == ((b"x-sandbox-id", b"ses-1"), (b"grpc-timeout", b"701m"))
+    other = sandbox_head(heads, out, "/a.B/C", ("10.0.0.1", 50051), "ses-1", b"5S", True)
+    untimed = sandbox_head(heads, out, "/a.B/C", ("10.0.0.1", 50051), "ses-1", None, True)
+    assert other[-1] == (b"grpc-timeout", b"5S") and untimed[-1] == (b"x-sandbox-id", b"ses-1")
+    assert first[:-1] == other[:-1] == untimed
+    counted = sandbox_head(heads, out, "/a.B/C", ("10.0.0.1", 50051), "ses-1", b"699m", False)
+    assert counted[-1] == (b"grpc-timeout", b"699m") and len(heads) == 3  # the time left: never kept

@@ -21,7 +21,7 @@ import pytest
 from h2.errors import ErrorCodes
 from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, PriorityFrame, RstStreamFrame
 
-from gateway.grpcfront.head import encode_timeout_ms, grpc_content_type
+from gateway.grpcfront.head import encode_timeout_ms, grpc_content_type, timeout_left
 from tests.grpc_helpers import grpc_gateway, static_policy
 from tests.test_grpc_hostile import (IO, RawConnection, assert_connection_error, assert_stream_error, describe,
                                      frame_bytes, grpc_message, request_head)
@@ -246,6 +246,13 @@ def test_a_timeout_computed_from_a_deadline_does_not_gain_a_millisecond():
     assert encode_timeout_ms((now + 0.701) - now) == "701m"
     assert encode_timeout_ms(0.7004) == "701m"  # never shortened: what is left is rounded up
     assert encode_timeout_ms(0.0) == "1m"
+
+
+def test_the_clients_timeout_is_passed_on_as_sent_until_a_millisecond_of_it_is_spent():
+    """head.timeout_left: the client's own bytes (which the remembered sandbox head holds), else the time left."""
+    sent = b"701m"
+    assert timeout_left((sent, 0.701), 0.7005) is sent
+    assert timeout_left((sent, 0.701), 0.6995) == b"700m"
 
 
 # -- duplicated identity metadata, in lower case (well-formed HTTP/2, refused by the front) -------------------

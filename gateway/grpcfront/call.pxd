@@ -1,5 +1,6 @@
 # The compiled build's declarations for call.py (gateway/_compiled.py): the fields as C struct members.
-from gateway.grpcfront.stream cimport Stream
+from gateway.grpcfront.head cimport forwardable, http_status, status_of
+from gateway.grpcfront.stream cimport Stream, relay_now
 
 cdef class Call:
     cdef public object front, conn
@@ -20,6 +21,24 @@ cdef class Call:
     cdef public object upstream, timeout, trace
     cdef public bint fast
     cdef public object timer, target, sandbox_head
+
+    # the methods a call served by callbacks runs, as C calls between them
+    cpdef _start(self)
+    cpdef object _admit(self)
+    cpdef _routed(self, object route)
+    cpdef _send_head(self, object connection, object out)
+    cpdef _open_up(self, object connection, object head)
+    cpdef bint _request_fits(self, Stream up)
+    cpdef _send_request_now(self, Stream up)
+    cpdef object _answer_now(self, object response, object sandbox_id)
+    cpdef object _send_trailers(self, object sandbox_id)
+    cpdef _settled(self, object status)
+    cpdef _finish(self)
+    cpdef _leave_callbacks(self)
+    cpdef _cleanup(self)
+    cpdef _reset_up(self)
+    cpdef bint _sandbox_answered(self)
+    cpdef bint _hold_alone(self, object conn)
 
 cdef class _Side:
     cdef public Call call

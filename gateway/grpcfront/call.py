@@ -29,10 +29,11 @@ from grpclib.metadata import encode_grpc_message
 from gateway.errors import GatewayError, UnsupportedMediaType, UpstreamError, error_body
 from gateway.grpcfront.frames import CANCEL, ENHANCE_YOUR_CALM, ERROR_NAMES, INADEQUATE_SECURITY, NO_ERROR
 from gateway.grpcfront.head import (
-    Headers, encode_timeout_ms, forwardable, header_text, read_head, remember, sandbox_head, status_of
+    CANCELLED, DEADLINE_EXCEEDED, INTERNAL, PERMISSION_DENIED, RESOURCE_EXHAUSTED, UNAVAILABLE, UNKNOWN, Headers,
+    forwardable, header_text, http_status, read_head, remember, sandbox_head, status_of, timeout_left
 )
-from gateway.grpcfront.relay import CHUNK, Truncated, relay, relay_now
-from gateway.grpcfront.stream import Stream, StreamClosed
+from gateway.grpcfront.relay import CHUNK, Truncated, relay
+from gateway.grpcfront.stream import Stream, StreamClosed, relay_now
 from gateway.grpcfront.upstream import Target, grpc_target
 from gateway.proxy._admission import SANDBOX_ID_HEADER
 
@@ -43,16 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.grpc")
 
-_CANCELLED = 1
-_UNKNOWN = 2
-_DEADLINE_EXCEEDED = 4
-_PERMISSION_DENIED = 7
-_RESOURCE_EXHAUSTED = 8
-_INTERNAL = 13
-_UNAVAILABLE = 14
 # A sandbox's RST_STREAM as the client's gRPC status (gRPC over HTTP/2, "Errors"): CANCEL is passed on as
 # CANCEL, REFUSED_STREAM is retried or answered UNAVAILABLE (_ended_early); every other code is INTERNAL.
-_RESET_STATUS = {ENHANCE_YOUR_CALM: _RESOURCE_EXHAUSTED, INADEQUATE_SECURITY: _PERMISSION_DENIED}
+_RESET_STATUS = {ENHANCE_YOUR_CALM: RESOURCE_EXHAUSTED, INADEQUATE_SECURITY: PERMISSION_DENIED}
 
 
 class _Side:
@@ -98,7 +92,7 @@ class Call:
         self.sandbox_reset = False          # the sandbox reset its stream (rather than its connection dropping)
         self.head_sent = False
         self.done = False                   # the client has its final status (or is gone)
-        self.status = _INTERNAL
+        self.status = INTERNAL
         self.path = "-"
         self.t0 = time.perf_counter()
         self.route = None
@@ -206,7 +200,14 @@ class Call:
         try:
             self.upstream = time.perf_counter() - self.sent_at
             self.request = None  # answered: processed, never to be sent again
-            self._settled(self._alone(self.down.conn, self._answer_now, up.headers, self.route.sandbox_id))
+            conn = self.down.conn
+            held = self._hold_alone(conn)  # _alone, inline
+            try:
+                status = self._answer_now(up.headers, self.route.sandbox_id)
+            finally:
+                if held:
+                    conn.flush()
+            self._settled(status)
         except Exception as exc:
             self._failed(exc)
         self._finish()
@@ -276,7 +277,7 @@ class Call:
         if isinstance(exc, TimeoutError):
             self._reset_up()
             self.code = "deadline_exceeded"
-            self._answer(_DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
+            self._answer(DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
         elif isinstance(exc, GatewayError):
             self._reset_up()
             self.refused = getattr(exc, "scope", None)
@@ -287,31 +288,34 @@ class Call:
         elif isinstance(exc, Truncated):
             self._reset_up()
             self.error = "upstream_protocol_error"
-            self._answer(_INTERNAL, "the sandbox's stream ended in the middle of a message")
+            self._answer(INTERNAL, "the sandbox's stream ended in the middle of a message")
         elif isinstance(exc, ConnectionError):
             self._reset_up()
             log.info("gRPC call %s: %s", self.path, exc)
             self.error = "upstream_closed"
-            self._answer(_UNAVAILABLE, "the connection to the sandbox failed")
+            self._answer(UNAVAILABLE, "the connection to the sandbox failed")
         else:
             log.error("gRPC call %s failed", self.path, exc_info=exc)
             self._reset_up()
-            self._answer(_INTERNAL, "internal error in the gateway")
+            self._answer(INTERNAL, "internal error in the gateway")
 
     def _admit(self) -> Sequence[tuple[bytes, bytes]]:
         """Validate the request head, take the identity metadata out, admit the call (the org's limits); returns
         the headers to forward.
 
         A client sends the same head call after call: what a head of up to 8 KiB reads as is remembered per
-        connection (``_ServerSide.heads``, keyed by the head itself), so a repeated one is validated and sorted
-        once (reading it cost about 14 us a call on the 2-core VM at load 12). Only the identity is looked up per
-        call (the admission's own memo), and the deadline is counted from now; a refused head is never kept."""
+        connection (``_ServerSide.heads``, by the id of the tuple its codec decodes it to, kept in the entry), so a
+        repeated one is validated and sorted once (reading it cost about 14 us a call on the 2-core VM at load 12).
+        Only the identity is looked up per call (the admission's own memo), and the deadline is counted from now;
+        a refused head is never kept."""
         heads = self.conn.heads
-        key = tuple(self.headers)
-        head = heads.get(key)
-        if head is None:
-            head = read_head(self.headers, self)
-            remember(heads, key, head, key, _HEADS_REMEMBERED)
+        headers = self.headers
+        entry = heads.get(id(headers))
+        if entry is not None and entry[0] is headers:
+            head = entry[1]
+        else:
+            head = read_head(headers, self)
+            remember(heads, id(headers), (headers, head), headers, _HEADS_REMEMBERED)
         out, self.path, timeout, credentials = head
         if timeout is not None:
             self.deadline = self.down.conn.loop.time() + timeout[1]
@@ -341,15 +345,23 @@ class Call:
         self._send_head(connection, out)
 
     def _send_head(self, connection: Connection, out: Sequence[tuple[bytes, bytes]]) -> None:
+        """The request head to the sandbox: the front's remembered one (its encoder knows the tuple by identity)."""
         route = self.route
-        head: Any = sandbox_head(self.front.sandbox_heads, out, self.path, self.target, route.sandbox_id)
+        timeout = None
         if self.deadline is not None:
-            head = [*head, (b"grpc-timeout", self._timeout_left())]
+            timeout = timeout_left(self.timeout, self.deadline - self.down.conn.loop.time())  # type: ignore[arg-type]
+        head: Any = sandbox_head(self.front.sandbox_heads, out, self.path, self.target, route.sandbox_id, timeout,
+                                 timeout is None or timeout is self.timeout[0])  # type: ignore[index]
         if self.trace is not None:
             head = self.trace.grpc_head(list(head), route)  # the sandbox continues the trace (traceparent)
         self.sandbox_head = head
         self.sent_at = time.perf_counter()
-        self._alone(connection, self._open_up, connection, head)
+        held = self._hold_alone(connection)  # _alone, inline
+        try:
+            self._open_up(connection, head)
+        finally:
+            if held:
+                connection.flush()
 
     async def _relay_back(self) -> None:
         """The sandbox's answer to the client, as it comes."""
@@ -383,7 +395,7 @@ class Call:
         if status is not None:  # trailers-only: the whole answer is this one HEADERS frame
             down.send_headers(forwardable(response, head=True), end_stream=True)
             return status
-        code = next((value for name, value in response if name == b":status"), b"")
+        code = http_status(response)
         if code != b"200":
             raise UpstreamError(f"the sandbox answered HTTP {header_text(code) or '?'} without a gRPC status",
                                 sandbox_id=sandbox_id)
@@ -407,22 +419,20 @@ class Call:
         ``send()`` (``Connection.hold``, ``flush``): nothing else this loop step does could join it, and no flush
         is left queued to cost the loop a turn. With other calls running, a step's writes go out together at its
         end (flushing per call split those batches: 1.1-1.5 sends per call instead of 0.3-0.7 at 10 and 50)."""
-        if len(self.front.calls) != 1:
-            return write(*args)
-        conn.hold()
+        held = self._hold_alone(conn)
         try:
             return write(*args)
         finally:
-            conn.flush()
+            if held:
+                conn.flush()
 
-    def _timeout_left(self) -> bytes:
-        """grpc-timeout for the sandbox: the client's own value while the gateway has spent under a
-        millisecond of it (as is usual: passed on exactly, not re-rounded), else the time left."""
-        value, seconds = self.timeout  # type: ignore[misc]
-        left = self.deadline - self.down.conn.loop.time()  # type: ignore[operator]
-        if seconds - left < 0.001:
-            return value
-        return encode_timeout_ms(left).encode()
+    def _hold_alone(self, conn: Connection) -> bool:
+        """``conn.hold()`` when this is the front's only call (:meth:`_alone`), and whether it did. The callbacks'
+        two writes (:meth:`_send_head`, :meth:`_head_in`) use it inline: no bound method and argument tuple a call."""
+        if len(self.front.calls) != 1:
+            return False
+        conn.hold()
+        return True
 
     async def _response_head(self) -> Headers:
         """The sandbox's response head. A request it ended unprocessed (REFUSED_STREAM, or a GOAWAY below
@@ -487,29 +497,29 @@ class Call:
     def _ended_early(self) -> None:
         side = self.side
         if side == "client":
-            self.status = _CANCELLED
+            self.status = CANCELLED
             self.done = True
             self._reset_up()
         elif side == "sandbox" and self.up is not None and self.up.refused:
-            self._answer(_UNAVAILABLE, "the sandbox refused the call unprocessed (restarting or overloaded); retry")
+            self._answer(UNAVAILABLE, "the sandbox refused the call unprocessed (restarting or overloaded); retry")
         elif side == "sandbox" and self.sandbox_reset:
             code = self.up.reset_code if self.up is not None else None
             self.error = "upstream_reset"
             if code == CANCEL:  # the sandbox cancelled the call: so does the client
-                self.status = _CANCELLED
+                self.status = CANCELLED
                 self.done = True
                 if self.down.closable:
                     self.down.reset(CANCEL)
                 return
             name = ERROR_NAMES.get(code, hex(code)) if code is not None else "?"
-            status = _RESET_STATUS.get(code, _INTERNAL) if code is not None else _INTERNAL
+            status = _RESET_STATUS.get(code, INTERNAL) if code is not None else INTERNAL
             self._answer(status, f"the sandbox reset the call ({name})")
         elif side == "sandbox":
             self.error = "upstream_closed"
-            self._answer(_UNAVAILABLE, "the connection to the sandbox was lost")
+            self._answer(UNAVAILABLE, "the connection to the sandbox was lost")
         else:
             self._reset_up()
-            self._answer(_UNAVAILABLE, "the gateway is shutting down; retry")
+            self._answer(UNAVAILABLE, "the gateway is shutting down; retry")
 
     def _refuse(self, exc: GatewayError) -> None:
         extra: list[tuple[str, str]] = []
@@ -523,7 +533,7 @@ class Call:
     async def _answer_http(self, exc: GatewayError) -> None:
         """Not a gRPC request: answered in plain HTTP (415 for a content-type that is not gRPC's, as gRPC over
         HTTP/2 says), so that an HTTP client does not take a 200 for success; the body is the JSON error."""
-        self.status = _UNKNOWN  # what a gRPC client makes of an HTTP status it has no mapping for
+        self.status = UNKNOWN  # what a gRPC client makes of an HTTP status it has no mapping for
         down = self.down
         try:
             # The request is read to its end first (dropped; within a second and 1 MiB): a malformation
@@ -536,7 +546,7 @@ class Call:
             pass
         except asyncio.CancelledError:  # the client reset the stream (or broke it) meanwhile: nothing to answer
             self.task.uncancel()  # type: ignore[union-attr]
-            self.status = _CANCELLED
+            self.status = CANCELLED
             return
         if self.done or not down.closable:
             return

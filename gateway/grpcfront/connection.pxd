@@ -1,6 +1,8 @@
 # The compiled build's declarations for connection.py (gateway/_compiled.py): the fields as C struct members
 # (the reading half's are FrameReader's, inbound.pxd).
+from gateway.grpcfront.frames cimport header_frames
 from gateway.grpcfront.inbound cimport FrameReader
+from gateway.grpcfront.stream cimport Stream
 
 cdef class Connection(FrameReader):
     cdef public bint write_paused, _pause_reading
@@ -13,3 +15,13 @@ cdef class Connection(FrameReader):
     cdef public Py_ssize_t _window
     cdef public dict _held
     cdef public Py_ssize_t _unacked
+    cpdef write(self, bytes data)
+    cpdef reset_sent(self, Py_ssize_t stream_id, Py_ssize_t code)
+    cpdef _credit(self, Py_ssize_t size)
+    cpdef _hold(self, Py_ssize_t stream_id, Py_ssize_t size)
+    cpdef write_headers(self, Py_ssize_t stream_id, object headers, bint end_stream)
+    cpdef flush(self)
+    cpdef _send(self)
+    cpdef forget(self, Stream stream)
+    cpdef released(self, Stream stream)
+    cpdef ack(self, Py_ssize_t stream_id, Py_ssize_t size)

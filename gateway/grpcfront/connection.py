@@ -273,8 +273,10 @@ class Connection(FrameReader):
                                                "that reads nothing (a flood of frames we must answer?)")
 
     def write_headers(self, stream_id: int, headers: Any, end_stream: bool) -> None:
-        block = self._hpack.encode(headers)
-        self.write(header_frames(stream_id, block, end_stream, self.peer_max_frame))
+        codec = self._hpack
+        if codec is None:  # never greeted (refused before the preface): it has no stream to write to
+            raise StreamClosed("the connection has no header codec")
+        self.write(header_frames(stream_id, codec.encode(headers), end_stream, self.peer_max_frame))
 
     async def drained(self) -> None:
         if self.closed:

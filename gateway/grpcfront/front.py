@@ -61,7 +61,7 @@ class _ServerSide:
         self.connection: Connection | None = None
         self.ident_key: Credentials | None = None
         self.ident: Identity | None = None
-        self.heads: dict[tuple[tuple[bytes, bytes], ...], Any] = {}  # heads as read (Call._admit)
+        self.heads: dict[int, Any] = {}  # heads as read, by the decoded head's id (Call._admit)
 
     def connection_made(self, connection: Connection) -> None:
         front = self.front

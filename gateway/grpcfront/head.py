@@ -32,7 +32,9 @@ _CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connecti
 _METHOD_PATH = re.compile(rb"/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+").fullmatch
 HEAD_REMEMBERED_SIZE = 8192  # bytes of names and values: a larger head is built every time (a memo holds 128 KiB)
 _SANDBOX_HEADS_REMEMBERED = 64  # sandboxes' request heads, front-wide (sandbox_head); more, and the memo starts over
-INTERNAL = 13  # gRPC status: what a grpc-status that is not a number reads as
+# gRPC status codes the gateway answers with itself; INTERNAL is also what a grpc-status that is not a number reads as
+CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, PERMISSION_DENIED, RESOURCE_EXHAUSTED = 1, 2, 4, 7, 8
+INTERNAL, UNAVAILABLE = 13, 14
 
 
 def grpc_content_type(value: bytes | None) -> bool:
@@ -56,6 +58,14 @@ def status_of(headers: Headers) -> int | None:
         if name == b"grpc-status":
             return int(value) if value.isdigit() else INTERNAL
     return None
+
+
+def http_status(headers: Headers) -> bytes:
+    """A response head's ``:status`` (b"" without one)."""
+    for name, value in headers:
+        if name == b":status":
+            return value
+    return b""
 
 
 # Names already found allowed (forwardable), for heads and for trailers: a sandbox sends the same few every
@@ -91,6 +101,14 @@ def encode_timeout_ms(seconds: float) -> str:
     # rounded to the microsecond first: a float's last bits must not turn 701 ms into 702
     millis = max(1, math.ceil(round(seconds * 1000, 3)))
     return f"{millis}m" if millis < 100_000_000 else f"{min(99_999_999, math.ceil(seconds))}S"
+
+
+def timeout_left(timeout: tuple[bytes, float], left: float) -> bytes:
+    """grpc-timeout for the sandbox, ``left`` seconds before the deadline of the client's ``timeout`` (as sent, and
+    in seconds): its own value while the gateway has spent under a millisecond of it (as is usual: passed on
+    exactly, not re-rounded), else the time left."""
+    value, seconds = timeout
+    return value if seconds - left < 0.001 else encode_timeout_ms(left).encode()
 
 
 def _take_credential(credentials: list[bytes | None], role: int, name: bytes, value: bytes) -> None:
@@ -146,7 +164,7 @@ def read_head(headers: Headers, call: Any) -> Head:
         role = roles.get(name)
         if role is None:
             if name == b"grpc-timeout":
-                timeout = value  # re-sent by the gateway (_timeout_left)
+                timeout = value  # re-sent by the gateway (timeout_left)
                 continue
             if name.startswith(SANDBOX_HEADER_PREFIXES):
                 continue  # the router's vocabulary: never a client's word
@@ -171,19 +189,23 @@ def read_head(headers: Headers, call: Any) -> Head:
 
 
 def sandbox_head(heads: dict[Any, Any], out: Any, path: str, target: tuple[str, int | None],
-                 sandbox_id: str) -> tuple[tuple[bytes, bytes], ...]:
-    """The request head for the sandbox but for grpc-timeout and traceparent (``out`` is what :func:`read_head`
-    forwards), remembered in ``heads`` (the front's): a client calls one method with one head call after call,
-    and building it was about 4k instructions a call."""
-    key = (out, path, target, sandbox_id)
-    head = heads.get(key)
+                 sandbox_id: str, timeout: bytes | None, exact: bool) -> tuple[tuple[bytes, bytes], ...]:
+    """The request head for the sandbox but for traceparent (``out`` is what :func:`read_head` forwards), with
+    grpc-timeout ``timeout``, remembered in ``heads`` (the front's) when the timeout is the client's, passed on
+    as it came (``exact``), or none: a client calls one method with one head call after call, and building it
+    was about 4k instructions a call. The time left, counted down, is a value of the call's own: not kept."""
+    key = (out, path, target, sandbox_id, timeout)
+    head = heads.get(key) if exact else None
     if head is None:
         host, port = target
         authority = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         head = ((b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
                 (b":authority", authority.encode()), (b"te", b"trailers"), *out,
                 (SANDBOX_ID_HEADER, sandbox_id.encode()))
-        remember(heads, key, head, out, _SANDBOX_HEADS_REMEMBERED)
+        if timeout is not None:
+            head += ((b"grpc-timeout", timeout),)
+        if exact:
+            remember(heads, key, head, out, _SANDBOX_HEADS_REMEMBERED)
     return head
 
 

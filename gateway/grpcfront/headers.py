@@ -16,6 +16,12 @@ through a block that inserts or resizes (a literal "with incremental indexing",
 a table size update, RFC 7541 6.2.1 and 6.3) or through our
 SETTINGS_HEADER_TABLE_SIZE: any other block forgets everything remembered in
 that direction.
+
+A remembered decoding is one tuple, returned as it is each time (immutable, so shared safely), and an encoding is
+remembered by the identity of a tuple as well as by its fields: the sandbox's remembered response head, passed on
+to the client as it was decoded, and the front's remembered request head for the sandbox (``head.sandbox_head``)
+then cost an encoder one dict lookup by ``id``, not a hash and a comparison of every field (with the tuple kept in
+the memo, its ``id`` cannot name another object while it is there).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 from hpack import Decoder, Encoder
 
 Headers = list[tuple[bytes, bytes]]
+Decoded = tuple[tuple[bytes, bytes], ...]
 
 # One-byte indexed fields (RFC 7541 6.1): 0x81-0xFE are indexes 1-126; 0x80 (index 0) is an error and 0xFF
 # starts a longer index. A block of only these bytes is indexed fields only.
@@ -78,32 +85,34 @@ def _table_neutral(block: bytes) -> bool:
 class HeaderCodec:
     """One connection's HPACK decoder and encoder, with their repeated blocks remembered."""
 
-    __slots__ = ("_decoder", "_encoder", "_decoded", "_encoded", "_checked")
+    __slots__ = ("_decoder", "_encoder", "_decoded", "_encoded", "_checked", "_by_id")
 
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = Decoder(max_header_list_size=max_header_list_size)
         self._encoder = Encoder()
-        self._decoded: dict[bytes, Headers] = {}
+        self._decoded: dict[bytes, Decoded] = {}
         self._checked: dict[bytes, tuple[str | None, int | None]] = {}  # request_problem of a remembered block
         self._encoded: dict[tuple[tuple[bytes | str, bytes | str], ...], bytes] = {}
+        self._by_id: dict[int, tuple[Decoded, bytes]] = {}  # id(tuple): the tuple, its block (as _encoded)
 
-    def decode(self, block: bytes) -> Headers:
-        """The header list of ``block`` (a new list each time). Raises hpack's errors for a bad block."""
+    def decode(self, block: bytes) -> Decoded:
+        """The header list of ``block``, as a tuple: the same tuple each time while the block is remembered.
+        Raises hpack's errors for a bad block."""
         headers = self._decoded.get(block)
         if headers is not None:
-            return list(headers)
-        headers = self._decoder.decode(block, raw=True)  # type: ignore[assignment]
+            return headers
+        headers = tuple(self._decoder.decode(block, raw=True))
         if _table_neutral(block):
             if len(self._decoded) >= _REMEMBERED:
                 self._decoded.clear()
                 self._checked.clear()
             self._decoded[block] = headers
-            return list(headers)
+            return headers
         self._decoded.clear()
         self._checked.clear()
         return headers
 
-    def check_request(self, block: bytes, headers: Headers) -> tuple[str | None, int | None]:
+    def check_request(self, block: bytes, headers: Decoded) -> tuple[str | None, int | None]:
         """:func:`request_problem` of ``headers``, just decoded from ``block``: remembered with the block's
         decoding (the same block is then the same head), so a repeated request head is checked once."""
         result = self._checked.get(block)
@@ -113,23 +122,35 @@ class HeaderCodec:
                 self._checked[block] = result
         return result
 
-    def encode(self, headers: Headers | list[tuple[str, str]]) -> bytes:
+    def encode(self, headers: Decoded | Headers | list[tuple[str, str]]) -> bytes:
+        """The block for ``headers``. One whose encoding was indexed fields only is remembered by its fields, and a
+        tuple also by its identity (``_by_id``: looked up first)."""
+        entry = self._by_id.get(id(headers))
+        if entry is not None and entry[0] is headers:
+            return entry[1]
         key = tuple(headers)
         block = self._encoded.get(key)
-        if block is not None:
-            return block
-        block = self._encoder.encode(headers)
-        if _indexed_only(block):
+        if block is None:
+            block = self._encoder.encode(headers)
+            if not _indexed_only(block):
+                self._forget_encoded()
+                return block
             if len(self._encoded) >= _REMEMBERED:
-                self._encoded.clear()
+                self._forget_encoded()
             self._encoded[key] = block
-        else:
-            self._encoded.clear()
+        if key is headers:  # a tuple (tuple() of one is itself): immutable, so its identity names its fields
+            if len(self._by_id) >= _REMEMBERED:
+                self._by_id.clear()
+            self._by_id[id(headers)] = (key, block)
         return block
+
+    def _forget_encoded(self) -> None:
+        self._encoded.clear()
+        self._by_id.clear()
 
     def peer_table_size(self, size: int) -> None:
         """The peer's SETTINGS_HEADER_TABLE_SIZE: our encoder may use up to that (it sends the update)."""
-        self._encoded.clear()
+        self._forget_encoded()
         self._encoder.header_table_size = size
 
 

@@ -1,6 +1,7 @@
 # The compiled build's declarations for inbound.py (gateway/_compiled.py): the connection's state the reading
 # half uses, as C struct members (Connection, connection.pxd, extends it with the rest).
 cimport cython
+from gateway.grpcfront.headers cimport HeaderCodec
 from gateway.grpcfront.stream cimport Stream
 
 cdef class FrameReader:
@@ -17,10 +18,23 @@ cdef class FrameReader:
     cdef public list _block
     cdef public Py_ssize_t _block_stream, _block_size
     cdef public bint _block_end, _self_dependent
-    cdef public object _hpack
+    cdef public HeaderCodec _hpack
     @cython.locals(inbox=bytearray, pos=Py_ssize_t, end=Py_ssize_t, size=Py_ssize_t, stop=Py_ssize_t, kind=int,
                    flags=int, stream_id=Py_ssize_t)
     cpdef _read_frames(self)
     cpdef _frame(self, int kind, int flags, Py_ssize_t stream_id, bytes payload)
     @cython.locals(size=Py_ssize_t, stream=Stream)
     cpdef _data(self, int flags, Py_ssize_t stream_id, bytes payload)
+    # what the connection provides (connection.pxd declares them again, as it overrides them): C calls from here
+    cpdef write(self, bytes data)
+    cpdef reset_sent(self, Py_ssize_t stream_id, Py_ssize_t code)
+    cpdef _credit(self, Py_ssize_t size)
+    cpdef _hold(self, Py_ssize_t stream_id, Py_ssize_t size)
+    cpdef _headers(self, int flags, Py_ssize_t stream_id, bytes payload)
+    @cython.locals(stream=Stream)
+    cpdef _header_block(self, Py_ssize_t stream_id, bint end_stream, bytes block)
+    @cython.locals(stream=Stream)
+    cpdef _accept(self, Py_ssize_t stream_id, tuple headers, bint end_stream, bytes block)
+    cpdef _start(self, Stream stream)
+    cpdef bint _idle(self, Py_ssize_t stream_id)
+    cpdef _window_update(self, Py_ssize_t stream_id, bytes payload)

@@ -284,7 +284,7 @@ class FrameReader:
             return
         waiting = self._waiting
         if len(waiting) >= MAX_STREAMS:
-            self._waiting = waiting = deque(queued for queued in waiting if not queued.gone)  # reset meanwhile
+            self._waiting = waiting = _not_gone(waiting)  # reset meanwhile
             if len(waiting) >= MAX_STREAMS:
                 raise ConnectionFailure(ENHANCE_YOUR_CALM, "too many streams opened while calls still end")
         waiting.append(stream)
@@ -402,3 +402,8 @@ class FrameReader:
         settled = self._settled
         if settled is not None and not settled.done():
             settled.set_result(None)
+
+
+def _not_gone(streams: deque[Stream]) -> deque[Stream]:
+    """The streams of ``streams`` not reset meanwhile (a function of its own: a cpdef method has no closure)."""
+    return deque(stream for stream in streams if not stream.gone)

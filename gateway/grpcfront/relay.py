@@ -145,28 +145,11 @@ def scan(data: bytes, left: int, prefix: bytes) -> tuple[int, int, bytes]:
     return count, 0, b""
 
 
-def relay_now(src: Stream, dst: Stream, end_stream: bool = False) -> int | None:
-    """:func:`relay` without waiting, where it cannot have to (a unary request or response, typically): ``src``
-    has ended, what it sent is buffered whole within one piece, and ``dst`` takes it now as one DATA frame (its
-    windows, frame size, transport). Returns how many messages passed; None, with nothing done, otherwise (then
-    :func:`relay` it). Spares the relay's coroutines (it, ``take``, ``send_data``): a few us a call."""
-    buffer: RelayBuffer = src.buffer  # type: ignore[assignment]
-    size = buffer.size
-    if not buffer.complete or size > CHUNK or not dst.takes_now(size):
-        return None
-    data = buffer.take_now()  # all of it: take_now joins up to CHUNK
-    count, left, prefix = scan(data, 0, b"")
-    if left or prefix:
-        raise Truncated
-    if data or end_stream:
-        dst.send_now(data, end_stream)
-    return count
-
-
 async def relay(src: Stream, dst: Stream, end_stream: bool = False) -> int:
     """Forward ``src``'s DATA bytes to ``dst`` until ``src`` ends; returns how many messages passed.
 
-    With ``end_stream``, ``dst`` is ended too: on the last piece's DATA frame when ``src`` has
+    Where it cannot have to wait, ``stream.relay_now`` does the same without a coroutine. With ``end_stream``,
+    ``dst`` is ended too: on the last piece's DATA frame when ``src`` has
     ended by then (a unary request: one frame), otherwise by an empty one. Raises
     :class:`Truncated` if ``src`` ends inside a message (what came of it has been forwarded).
     """

@@ -1,5 +1,7 @@
 # The compiled build's declarations for stream.py (gateway/_compiled.py): the fields as C struct members.
-from gateway.grpcfront.relay cimport RelayBuffer
+from gateway.grpcfront.frames cimport frame, window_update
+cimport cython
+from gateway.grpcfront.relay cimport RelayBuffer, scan
 
 cdef class Stream:
     cdef public object conn
@@ -14,6 +16,13 @@ cdef class Stream:
     cpdef send_headers(self, object headers, bint end_stream=*)
     cpdef bint takes_now(self, Py_ssize_t size)
     cpdef send_now(self, bytes piece, bint end_stream=*)
+    cpdef received_headers(self, tuple headers, bint end_stream)
+    cpdef _wake_head(self)
     cpdef received_end(self)
+    cpdef release(self)
+    cpdef reset(self, Py_ssize_t code=*)
     cpdef ack(self, Py_ssize_t size)
     cpdef _end_local(self)
+
+@cython.locals(buffer=RelayBuffer, size=Py_ssize_t, data=bytes)
+cpdef object relay_now(Stream src, Stream dst, bint end_stream=*)

@@ -10,7 +10,7 @@ from gateway.grpcfront.frames import (
     CANCEL, DATA, END_STREAM, NO_ERROR, PROTOCOL_ERROR, STREAM_CLOSED, StreamFailure, frame, window_update
 )
 from gateway.grpcfront.headers import trailers_problem
-from gateway.grpcfront.relay import RelayBuffer
+from gateway.grpcfront.relay import CHUNK, RelayBuffer, Truncated, scan
 
 if TYPE_CHECKING:
     from gateway.grpcfront.connection import Connection
@@ -233,3 +233,23 @@ class Stream:
 def _resolve(waiter: asyncio.Future[None] | None) -> None:
     if waiter is not None and not waiter.done():
         waiter.set_result(None)
+
+
+def relay_now(src: Stream, dst: Stream, end_stream: bool = False) -> int | None:
+    """``relay.relay`` without waiting, where it cannot have to (a unary request or response, typically): ``src``
+    has ended, what it sent is buffered whole within one piece, and ``dst`` takes it now as one DATA frame (its
+    windows, frame size, transport). Returns how many messages passed; None, with nothing done, otherwise (then
+    ``relay.relay`` it). Spares the relay's coroutines (it, ``take``, ``send_data``): a few us a call. Here, not in
+    relay.py, so that the compiled build calls the streams' and the buffer's methods in C (stream.pxd types them;
+    relay.pxd cannot cimport the streams that cimport its buffer)."""
+    buffer = src.buffer
+    size = buffer.size
+    if not buffer.complete or size > CHUNK or not dst.takes_now(size):
+        return None
+    data = buffer.take_now()  # all of it: take_now joins up to CHUNK
+    count, left, prefix = scan(data, 0, b"")
+    if left or prefix:
+        raise Truncated
+    if data or end_stream:
+        dst.send_now(data, end_stream)
+    return count
