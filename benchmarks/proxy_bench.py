@@ -121,7 +121,7 @@ def _gateway_worker(port: int, backend_port: int, fast_path: bool) -> None:
         def __init__(self) -> None:
             self.routes: dict[str, Route] = {}
 
-        def cached_route(self, identity: Identity) -> Route | None:
+        def cached_route(self, identity: Identity, owned: Route | None = None) -> Route | None:
             route = self.routes.get(identity.session_id)
             if route is None:
                 route = self.routes[identity.session_id] = Route(
@@ -141,7 +141,7 @@ def _gateway_worker(port: int, backend_port: int, fast_path: bool) -> None:
             pass
 
     class SlowPathResolver(FixedResolver):
-        def cached_route(self, identity: Identity) -> Route | None:
+        def cached_route(self, identity: Identity, owned: Route | None = None) -> Route | None:
             return None  # a miss every time: one task per request
 
         async def resolve(self, identity: Identity) -> Route:

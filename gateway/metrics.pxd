@@ -2,6 +2,12 @@
 cimport cython
 from gateway.proxy._exchange cimport RequestLog
 
+cdef class CacheLookups:
+    cdef public Py_ssize_t hits, misses
+    cdef public object metrics
+    cdef public bint multiprocess
+    cpdef count(self, bint hit)
+
 cdef class RequestMetrics:
     cdef public object _metrics
     cdef public tuple _bounds

@@ -1,5 +1,12 @@
 # The compiled build's declarations for route_cache.py (gateway/_compiled.py): the hit path, once per request.
+cimport cython
+
+cdef class CachedRoute:
+    cdef public object route
+    cdef public double fresh_until, stale_until
+
 cdef class RouteLookup:
     cdef public dict by_session
     cdef public object clock, events, activity, refusal
-    cpdef object route(self, object identity)
+    @cython.locals(cached=CachedRoute)
+    cpdef object route(self, object identity, object owned=*)

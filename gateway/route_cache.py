@@ -25,11 +25,16 @@ if TYPE_CHECKING:
     from routing import Identity
 
 
-@dataclass(slots=True)
 class CachedRoute:
-    route: Route
-    fresh_until: float   # served from the cache until then
-    stale_until: float   # and, while the store is down, until then (stale-if-error)
+    """A session's route in the cache (an extension type in the compiled build: :class:`RouteLookup` reads
+    it with C loads)."""
+
+    __slots__ = ("route", "fresh_until", "stale_until")
+
+    def __init__(self, route: Route, fresh_until: float, stale_until: float) -> None:
+        self.route = route
+        self.fresh_until = fresh_until  # served from the cache until then
+        self.stale_until = stale_until  # and, while the store is down, until then (stale-if-error)
 
 
 @dataclass(slots=True)
@@ -108,6 +113,11 @@ class RouteLookup:
     before it goes to the store. The owner check applies to every hit (a session of someone else's
     is answered as one that does not exist: ``refusal()``), and a hit is counted (``events``) and
     marks the sandbox and session active (``activity``, an ``ActivityLog``, flushed in batches).
+
+    ``owned`` is the caller's memo: a route this lookup returned before for this same ``identity``
+    object (a client connection keeps its identity and its last route). Both are immutable, so
+    ``Owner.matches``, a function of the two, passed for them once and is not asked again (a Python
+    frame per request); any other route, or another identity object, is checked.
     """
 
     __slots__ = ("by_session", "clock", "events", "activity", "refusal")
@@ -120,7 +130,7 @@ class RouteLookup:
         self.activity = activity    # a sessions.ActivityLog (its dicts are swapped at each flush: not kept here)
         self.refusal = refusal
 
-    def route(self, identity: Identity) -> Route | None:
+    def route(self, identity: Identity, owned: Route | None = None) -> Route | None:
         cached = self.by_session.get(identity.session_id)
         if cached is None:
             return None
@@ -128,7 +138,7 @@ class RouteLookup:
         if now >= cached.fresh_until:
             return None
         route = cached.route
-        if not route.owner.matches(identity):
+        if route is not owned and not route.owner.matches(identity):
             self.events.denied("owner_mismatch")
             raise self.refusal()
         self.events.route_cache(True)

@@ -104,7 +104,7 @@ class SessionRouter:
         self.activity = ActivityLog()
         # The hot path: the route from this process's cache, or None on a miss (owner checked). A
         # compiled object's bound method (gateway/route_cache.py), not a method here: once per request.
-        self.cached_route: Callable[[Identity], Route | None] = RouteLookup(
+        self.cached_route: Callable[..., Route | None] = RouteLookup(
             self.routes, clock, events, self.activity, unknown_session).route
         self.lifecycle = lifecycle if lifecycle is not None else Lifecycle(
             store, provider, self.view, lease=ReaperLease(store, replica_id, tuning.reaper_lease_ttl),

@@ -72,7 +72,7 @@ class FakeResolver:
         sandbox_id = self.sandbox_ids.get(identity.session_id, self.sandbox_id)
         return Route(identity.session_id, sandbox_id, self.pool, endpoint, Owner.of(identity))
 
-    def cached_route(self, identity: Identity) -> Route | None:
+    def cached_route(self, identity: Identity, owned: Route | None = None) -> Route | None:
         return None  # no cache: every request resolves in a task
 
     async def resolve(self, identity: Identity) -> Route:
@@ -99,7 +99,7 @@ class FakeResolver:
 class CachingFakeResolver(FakeResolver):
     """Also answers synchronously from its "cache", like SessionRouter's fast path."""
 
-    def cached_route(self, identity: Identity) -> Route | None:
+    def cached_route(self, identity: Identity, owned: Route | None = None) -> Route | None:
         if self.gate is not None:
             return None
         return self._route(identity)
@@ -368,7 +368,7 @@ class Fixed:
     def __init__(self, endpoint): self.endpoint = endpoint
     async def resolve(self, identity):
         return Route(identity.session_id, "ses-mem", "small", self.endpoint, Owner.of(identity))
-    def cached_route(self, identity): return None
+    def cached_route(self, identity, owned=None): return None
     def invalidate(self, key): pass
     async def unreachable(self, route): pass
     def stream_opened(self, sandbox_id): pass

@@ -153,6 +153,29 @@ async def test_the_data_plane_records_what_the_access_log_needs(start_gateway: S
     assert (malformed.method, malformed.target, malformed.status, malformed.code) == ("-", "-", 400, "bad_request")
 
 
+def test_a_finished_exchanges_record_has_every_field_the_constructor_would_give():
+    """``request_log`` fills the record field by field (no constructor call on the hot path): the same record
+    as ``RequestLog(...)`` with the exchange's values, and ``-``/None where a request had no method, target,
+    request ID, route, identity or trace."""
+    from types import SimpleNamespace
+
+    from gateway.model import Endpoint, Owner, Route
+    from gateway.proxy._exchange import Exchange, request_log
+    from routing import Identity
+
+    identity = Identity("u1", "s-9", "acme")
+    ex = Exchange(None)  # type: ignore[arg-type]
+    ex.method, ex.url, ex.request_id, ex.status, ex.bytes_in, ex.bytes_out = b"PUT", b"/a?b=1", b"r-1", 201, 7, 9
+    ex.protocol, ex.error, ex.refused, ex.upstream_time, ex.code = "sse", "upstream_closed", "org_streams", 0.25, "x"
+    ex.identity, ex.route = identity, Route("s-9", "ses-1", "small", Endpoint("h", 1), Owner.of(identity))
+    ex.trace = SimpleNamespace(trace_id="0af7")
+    want = RequestLog("PUT", "small", "ses-1", 201, 1.5, 7, 9, "sse", "r-1", "upstream_closed", "acme", "org_streams",
+                      "/a?b=1", "s-9", 0.25, "x", "0af7")
+    assert repr(request_log(ex, 1.5)) == repr(want)
+    bare = request_log(Exchange(None), 0.0)  # type: ignore[arg-type]
+    assert repr(bare) == repr(RequestLog("-", None, None, 0, 0.0, 0, 0, "http", "", None))
+
+
 async def test_an_upstream_failure_is_logged_with_its_code(start_gateway: StartGateway):
     from gateway.model import Endpoint
     from tests.proxy_helpers import dead_port

@@ -455,7 +455,7 @@ def test_off_by_default():
 
 
 class _NeverResolver:
-    def cached_route(self, identity: Identity) -> None:
+    def cached_route(self, identity: Identity, owned: object = None) -> None:
         return None
 
 

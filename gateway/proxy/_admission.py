@@ -156,7 +156,7 @@ class Admission:
     __slots__ = ("authenticator", "memoizable", "limits", "limited", "caps_streams", "cached_route")
 
     def __init__(self, authenticator: Authenticator, limits: OrgLimits,
-                 cached_route: Callable[[Identity], Route | None]) -> None:
+                 cached_route: Callable[..., Route | None]) -> None:
         self.authenticator = authenticator
         self.memoizable = authenticator.memoizable  # a property of the mode (trusted headers: yes; tokens expire)
         self.limits = limits

@@ -1,5 +1,6 @@
 # The compiled build's declarations for _downstream.py (gateway/_compiled.py).
 cimport cython
+from gateway.proxy._admission cimport Admission
 from gateway.proxy._exchange cimport Exchange
 from gateway.proxy._request cimport RequestReader
 from gateway.proxy._upstream cimport UpstreamConnection, UpstreamPool
@@ -11,11 +12,13 @@ cdef class DownstreamConnection(RequestReader):
     cpdef _flush_up(self)
     cpdef begin(self, Exchange ex, bint batch=*)
     cpdef bint _answered_early(self, Exchange ex, bint batch)
+    @cython.locals(admission=Admission)  # identify() a C call
     cpdef object _admit(self, Exchange ex)
-    @cython.locals(pool=UpstreamPool, conn=UpstreamConnection)  # pool.take() a C call
+    @cython.locals(pool=UpstreamPool, conn=UpstreamConnection, admission=Admission)  # pool.take() a C call
     cpdef _carry(self, Exchange ex, object identity, bint batch)
     cpdef attach(self, Exchange ex, object route, UpstreamConnection conn, bint batch)
     cpdef _deadline(self, Exchange ex, object route)
+    @cython.locals(parts=list)
     cpdef bytes _request_head(self, Exchange ex, object route, UpstreamConnection conn)
     cpdef _body_so_far(self, Exchange ex, list out)
     cpdef fail(self, Exchange ex, object exc)

@@ -264,8 +264,10 @@ class DownstreamConnection(RequestReader):
         """Which route (the session layer's cache) and an idle pooled connection to it: attached now;
         else resolving and connecting run in a task."""
         plane = self.plane
+        admission = plane.admission
         try:
-            route = plane.admission.cached_route(identity)
+            # The last route the cache gave this same identity object: its owner check is not repeated.
+            route = admission.cached_route(identity, self.owned if identity is self.owned_by else None)
         except GatewayError as exc:
             self.fail(ex, exc)
             return
@@ -273,6 +275,8 @@ class DownstreamConnection(RequestReader):
             log.exception("route cache lookup failed")  # a bug in the cache: resolve as on a miss
             route = None
         if route is not None:
+            self.owned_by = identity
+            self.owned = route
             if route is self.route_key:
                 pool = self.route_pool
             else:
@@ -388,9 +392,13 @@ class DownstreamConnection(RequestReader):
         else:
             forwarded = self.conn_line
         parts = [ex.method, SP, ex.url, HTTP11_CRLF, *ex.headers, self.route_line, forwarded]
-        if ex.host is not None:
-            parts += (b"X-Forwarded-Host: ", ex.host, CRLF)
-        parts += (b"X-Request-Id: ", ex.request_id, CRLF)  # type: ignore[arg-type]
+        if ex.host is not None:  # appended one by one: compiled, each a C call (``+=`` a tuple built and freed)
+            parts.append(b"X-Forwarded-Host: ")
+            parts.append(ex.host)
+            parts.append(CRLF)
+        parts.append(b"X-Request-Id: ")
+        parts.append(ex.request_id)  # type: ignore[arg-type]
+        parts.append(CRLF)
         if ex.trace is not None:
             parts += ex.trace.upstream(ex)  # the sandbox continues the trace (traceparent)
         if ex.websocket:

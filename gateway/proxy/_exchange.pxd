@@ -1,4 +1,5 @@
 # The compiled build's declarations for _exchange.py (gateway/_compiled.py): the fields as C struct members.
+cimport cython
 cdef class Exchange:
     cdef public object client
     cdef public bytes url, method
@@ -29,3 +30,6 @@ cdef class RequestLog:
     cdef public double duration
     cdef public long long bytes_in, bytes_out
     cdef public object protocol, request_id, error, org_id, refused, target, session_id, upstream, code, trace_id
+
+@cython.locals(request_id=bytes, record=RequestLog)
+cpdef RequestLog request_log(Exchange ex, double duration)

@@ -91,9 +91,11 @@ class PlaneOptions:
 class RouteResolver(Protocol):
     """What the data plane needs from the session layer (``SessionRouter`` satisfies it)."""
 
-    def cached_route(self, identity: Identity) -> Route | None:
+    def cached_route(self, identity: Identity, owned: Route | None = None) -> Route | None:
         """A synchronous answer from the resolver's cache, None on a miss; may raise a GatewayError
-        just like ``resolve``. A hit is served without creating a task for the request."""
+        just like ``resolve``. A hit is served without creating a task for the request. ``owned``: the
+        route it returned last for this same ``identity`` object (a client connection's memo), whose
+        owner check need not be repeated."""
 
     async def resolve(self, identity: Identity) -> Route: ...
 

@@ -1,9 +1,11 @@
 # The compiled build's declarations for _state.py (gateway/_compiled.py): the fields as C struct members.
-from gateway.proxy._exchange cimport Exchange
+cimport cython
+from gateway.proxy._exchange cimport Exchange, RequestLog, request_log
 from gateway.proxy._wire cimport RequestIds
 
 cdef class RequestHooks:
     cdef public tuple hooks
+    cpdef report(self, RequestLog record)
 
 cdef class ClientState
 
@@ -26,6 +28,7 @@ cdef class PlaneState:
     cpdef watch(self, ClientState client, double when)
     cpdef enter(self, ClientState client, Py_ssize_t tick)
     cpdef stream_began(self, Exchange ex)
+    @cython.locals(hooks=RequestHooks)
     cpdef finished(self, Exchange ex)
 
 cdef class ClientState:
@@ -42,6 +45,7 @@ cdef class ClientState:
     cdef public Exchange last
     cdef public double linger_until
     cdef public int mode
+    cdef public object owned, owned_by
     cdef public object parser
     cdef public Exchange parsing
     cdef public bytes peer

@@ -23,7 +23,7 @@ from httptools import HttpRequestParser
 
 from gateway.limits import limit_key
 from gateway.proxy import _wire as w
-from gateway.proxy._exchange import DONE, Exchange, RequestLog
+from gateway.proxy._exchange import DONE, Exchange, RequestLog, request_log
 
 if TYPE_CHECKING:
     from gateway.hosts import AllowedHosts
@@ -77,6 +77,10 @@ class RequestHooks:
         self.hooks = hooks
 
     def __call__(self, record: RequestLog) -> None:
+        self.report(record)
+
+    def report(self, record: RequestLog) -> None:
+        """The hooks, in order (``PlaneState.finished`` calls this directly: compiled, a C call)."""
         for hook in self.hooks:
             hook(record)
 
@@ -171,17 +175,13 @@ class PlaneState:
             trace.end(ex)
         hook = self.on_request
         if hook is not ignore_requests:  # the null hook needs no record: none is built (hot path)
-            route = ex.route
-            identity = ex.identity
-            record = RequestLog(
-                ex.method.decode("latin-1") or "-", route.pool if route else None,
-                route.sandbox_id if route else None, ex.status, perf_counter() - ex.t0, ex.bytes_in, ex.bytes_out,
-                ex.protocol, (ex.request_id or b"").decode("latin-1"), ex.error,
-                identity.org_id if identity is not None else None, ex.refused, ex.url.decode("latin-1") or "-",
-                identity.session_id if identity is not None else None, ex.upstream_time, ex.code,
-                trace.trace_id if trace is not None else None)
             try:
-                hook(record)
+                record = request_log(ex, perf_counter() - ex.t0)
+                if type(hook) is RequestHooks:  # serve's (the metrics and the access log): compiled, a C call
+                    hooks = hook
+                    hooks.report(record)
+                else:
+                    hook(record)
             except Exception:
                 log.exception("on_request hook failed")
         if self.drained is not None and not self.inflight and not self.drained.done():
@@ -194,7 +194,8 @@ class ClientState:
     __slots__ = (
         "big", "conn_line", "cookie_scan", "current", "head_at", "head_raw", "head_seen", "host_ok",
         "ident", "ident_key", "idle_since",
-        "last", "linger_until", "mode", "parser", "parsing", "peer", "plane", "queue", "route_key", "route_line",
+        "last", "linger_until", "mode", "owned", "owned_by", "parser", "parsing", "peer", "plane", "queue", "route_key",
+        "route_line",
         "route_pool", "rpause", "transport", "up_conn", "up_out", "watch_tick", "wpaused", "ws_guard",
     )
 
@@ -218,6 +219,8 @@ class ClientState:
         self.up_conn: UpstreamConnection | None = None
         self.ident_key: tuple[bytes | None, ...] | None = None
         self.ident: Identity | None = None
+        self.owned: Route | None = None       # the route cache's last answer for owned_by (cached_route's memo)
+        self.owned_by: Identity | None = None
         self.peer = b""
         self.conn_line = w.XFP_HTTP            # X-Forwarded-For + X-Forwarded-Proto for this client
         self.route_key: Route | None = None   # the last route served, and what it costs to look up

@@ -425,4 +425,4 @@ class RequestIds:
 
     def next(self) -> bytes:
         self.count += 1
-        return self.prefix + f"{self.count:x}".encode()
+        return b"%s%x" % (self.prefix, self.count)

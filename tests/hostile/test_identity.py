@@ -145,3 +145,25 @@ async def test_empty_bot_id_is_absent_and_identity_does_not_carry_over_a_connect
     assert one is not None and one.status == 200 and one.json()["sandbox_id"] == gw.bound["walker"]
     assert two is not None
     assert_error_shape(two, bad_identity("X-User-Id", "is required"))
+
+
+async def test_the_owner_check_holds_on_a_connection_its_owner_used_first(gw: Hostile) -> None:
+    """On one keep-alive connection the owner is served, then a look-alike sends the owner's session ID:
+    404, as on a connection of its own (the connection's memo of the checked route is for the owner's
+    identity only; gateway/route_cache.py)."""
+    alike = next(a for a in LOOKALIKES if a.field != "session")
+    org, user, session = REFERENCES[alike.ref]
+    owner = b"GET /echo/1 HTTP/1.1\r\n" + ident(session.encode(), org.encode(), user.encode()) + b"\r\n"
+    org, user, _ = alike.identity
+    other = b"GET /echo/2 HTTP/1.1\r\n" + ident(session.encode(), org.encode(), user.encode()) + b"\r\n"
+    async with raw_client(gw.data_port) as (reader, writer):
+        for _ in range(2):  # the second time the owner's route comes from the cache and the memo
+            writer.write(owner)
+            served = await asyncio.wait_for(answer(reader), IO_TIMEOUT)
+            assert served is not None and served.status == 200, served
+            assert served.json()["headers"]["X-Sandbox-Id"] == gw.bound[alike.ref]
+        writer.write(other)
+        refused = await asyncio.wait_for(answer(reader), IO_TIMEOUT)
+    assert refused is not None
+    assert_error_shape(refused, Err(404, "not_found"))
+    assert b"x-runtime-sandbox-id" not in refused.headers
