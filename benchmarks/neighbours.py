@@ -75,6 +75,9 @@ from benchmarks.harness import cpu_ns  # noqa: E402
 SCENARIOS = ("baseline", "grpc-idle", "data-idle", "slowloris", "undeclared-streams", "files", "disk", "fork-bomb",
              "baseline-after")
 LOCAL = ("files", "disk", "fork-bomb")
+# The control, asked for by name only (--only no-attack): a round with no attack, measured between its
+# baselines as an attacked round is, so its ratio is the measurement's own noise on this machine.
+CONTROL = "no-attack"
 VICTIM_SOURCE = "127.0.0.200"
 VICTIM = {"X-Org-Id": "victim", "X-User-Id": "v", "X-Session-Id": "victim-1"}
 VICTIM_BOX = {"X-Org-Id": "victim-box", "X-User-Id": "v", "X-Session-Id": "victim-box-1"}
@@ -350,6 +353,8 @@ async def attacked(scenario: str, gateway: Any, sandbox: Sandbox, http: aiohttp.
         row = await connection_attack(scenario, gateway, opts, sources, before, local)
     elif scenario == "undeclared-streams":
         row = await streams(gateway, sandbox, opts, before, local)
+    elif scenario == CONTROL:
+        row = Row(scenario, "no attack (the control)", await victim(gateway, opts.victim, local), os.getloadavg())
     else:
         row = await local_attack(scenario, gateway, http, opts, local, n)
     after = await victim(gateway, opts.victim, local)
@@ -545,7 +550,7 @@ def main() -> None:
     parser.add_argument("--per-client", type=int, help="the gateway's max_connections_per_client (default: derived)")
     parser.add_argument("--no-local", action="store_true", help="no local sandboxes (they need root and bubblewrap)")
     parser.add_argument("--no-pin", action="store_true", help="the gateway, the victim and the attackers share cores")
-    parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, in order: " + ",".join(SCENARIOS))
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, in order: " + ",".join(SCENARIOS) + f" (and {CONTROL}, a round without an attack)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each attack, each between its own baselines")
     args = parser.parse_args()
     local = not args.no_local and os.geteuid() == 0 and shutil.which("bwrap") is not None
