@@ -19,15 +19,12 @@ import socket
 import tempfile
 
 from gateway.app import Gateway, confinement_problem, example_keys_problem
+from gateway.collector import PacedCollections, tune_gc
 from gateway.gate import connection_bounds, raise_descriptor_limit
 from gateway.logs import AccessLog, configure_logging
 from gateway.settings import Settings
 
 log = logging.getLogger("gateway")
-# The cyclic GC's thresholds while serving (see tune_gc): collections of the young generation per collection of
-# the middle one (CPython's default: 10), and of the middle one per full one (CPython's default: 10).
-MIDDLE_COLLECTION_EVERY = 3
-FULL_COLLECTION_EVERY = 333
 
 
 def bind(host: str, port: int, *, listen: bool) -> socket.socket:
@@ -80,7 +77,9 @@ async def _serve_one(settings: Settings, data_port: int, control_port: int, work
     # requests). Requests' own cycles are still collected.
     gc.collect()
     gc.freeze()
-    tune_gc()
+    tune_gc()  # and young collections paced by the clock, not only by allocations (gateway/collector.py)
+    collections = PacedCollections(loop)
+    collections.start()
     if worker == 0:
         for line in gateway.describe():
             log.info(line)
@@ -95,25 +94,9 @@ async def _serve_one(settings: Settings, data_port: int, control_port: int, work
     fate = ("sandboxes stay up for the other replicas" if settings.redis_url
             else "local sandboxes stop with this memory-store gateway")
     log.info("draining (worker %d): up to %gs for in-flight requests; %s", worker, settings.drain_timeout, fate)
+    collections.stop()
     await gateway.stop()
     log.info("stopped (worker %d)", worker)
-
-
-def tune_gc() -> None:
-    """Thresholds of the cyclic GC for serving: its collections are loop turns no connection is served in.
-
-    Full collections walk every live object (about 40 per gRPC connection), and with the connections' own
-    cycles broken at close (tests/test_no_cycles.py) they find almost nothing: under 4,000 idle gRPC
-    connections closed and reopened every handshake timeout, each took 80-145 ms in one loop turn, one every
-    ~10 s. The middle generation holds what survived the young collections since its last one: under an
-    attack's connection churn (thousands of connections opened in a second, each kept until its deadline)
-    a collection of it every 10 young ones took 2-14 ms of one loop turn; every 3, at most 1.8 ms, and no
-    more in all (a loop probe in the gateway under neighbours.py's slowloris, issue 28). A full collection
-    once per FULL_COLLECTION_EVERY middle ones is about as rare as before in young collections (one per
-    ~1,000, against CPython's 100); what cycles remain still go, later.
-    """
-    young, _, _ = gc.get_threshold()
-    gc.set_threshold(young, MIDDLE_COLLECTION_EVERY, FULL_COLLECTION_EVERY)
 
 
 def _keep_fds_from_children() -> None:
