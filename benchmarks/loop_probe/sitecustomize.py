@@ -1,10 +1,11 @@
 """A loop-turn probe for a gateway process (issue 28); inactive unless ``LOOP_PROBE`` names an output prefix.
 
-    LOOP_PROBE=/tmp/lp/probe PYTHONPATH=benchmarks/loop_probe \\
+    LOOP_PROBE=/tmp/lp/probe PYTHONPATH=$PWD/benchmarks/loop_probe \\
         .venv/bin/python benchmarks/neighbours.py --only slowloris --no-local --calls-log /tmp/lp/calls
     .venv/bin/python benchmarks/loop_probe/report.py /tmp/lp
 
-Loaded through ``sitecustomize`` by every Python process that inherits the environment (the gateway ``serve``
+PYTHONPATH must be absolute (the gateway runs in a directory of its own). Loaded through ``sitecustomize`` by
+every Python process that inherits the environment (the gateway ``serve``
 started by neighbours.py among them); it hooks the event loop a process makes through its policy (``serve``
 sets uvloop's). A 1 ms timer measures the loop thread's CPU time (``time.thread_time``) between its firings:
 an interval of more than 0.5 ms is written down with the connections accepted meanwhile (the listeners'
