@@ -115,4 +115,3 @@ async def test_grpc_connections_leave_no_cycles(tmp_path: Path) -> None:
                 writer.close()
         assert not found, f"left to the cyclic collector: {dict(found)}"
         assert not [c for c in live("Connection", "gateway.grpcfront") if not c.client_side]  # freed, not merely still held
-
