@@ -13,8 +13,14 @@ cdef class AccessLog:
     @cython.locals(now=double, milli=cython.longlong, second=cython.longlong, took=cython.longlong)
     cpdef log(self, RequestLog entry)
     cpdef flush(self)
+    @cython.locals(kept=tuple)
+    cdef str _who(self, RequestLog entry)
+    @cython.locals(kept=tuple, status=int)
+    cdef str _what(self, RequestLog entry)
 
 @cython.locals(hundredths=cython.longlong)
 cdef str _ms(double seconds)
 
 cdef long long _hundredths(double seconds)
+
+cdef inline bint _same(object a, object b)
