@@ -2,6 +2,8 @@
 cimport cython
 from gateway.proxy._exchange cimport RequestLog
 
+cdef tuple _CENTS  # the fractions of a figure in milliseconds
+
 cdef class AccessLog:
     cdef public object _stream
     cdef public bint _json, keep_query
