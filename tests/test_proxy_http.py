@@ -338,7 +338,8 @@ async def test_each_request_on_a_connection_gets_its_own_forwarded_host_and_sand
                              .encode())
                 assert (await read_response(reader)).status == 200
     assert [(h[b"x-forwarded-host"], h[b"x-sandbox-id"]) for h in seen] == [
-        (b"a.example", b"ses-test"), (b"b.example", b"ses-test"), (b"b.example", b"ses-two"), (b"a.example", b"ses-test")]
+        (b"a.example", b"ses-test"), (b"b.example", b"ses-test"), (b"b.example", b"ses-two"),
+        (b"a.example", b"ses-test")]
     assert len({h[b"x-request-id"] for h in seen}) == len(sent)
     assert all(h[b"x-forwarded-for"] == b"127.0.0.1" and h[b"x-forwarded-proto"] == b"http" for h in seen)
 
