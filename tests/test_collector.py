@@ -33,7 +33,7 @@ def test_serving_collects_the_middle_generation_often_and_the_full_one_rarely() 
     before = gc.get_threshold()
     try:
         tune_gc()
-        assert gc.get_threshold() == (before[0], 3, 333)
+        assert gc.get_threshold() == (before[0], 3, 3_000)
     finally:
         gc.set_threshold(*before)
 
