@@ -1,5 +1,6 @@
 # The compiled build's declarations for connection.py (gateway/_compiled.py): the fields as C struct members
 # (the reading half's are FrameReader's, inbound.pxd).
+cimport cython
 from gateway.grpcfront.frames cimport header_frames
 from gateway.grpcfront.inbound cimport FrameReader
 from gateway.grpcfront.stream cimport Stream
@@ -25,5 +26,7 @@ cdef class Connection(FrameReader):
     cpdef _send(self)
     cpdef forget(self, Stream stream)
     cpdef released(self, Stream stream)
+    @cython.locals(stream=Stream)
     cpdef ack(self, Py_ssize_t stream_id, Py_ssize_t size)
+    cpdef _close_if_drained(self)
     cpdef Stream open_stream(self, object headers, object owner)

@@ -27,6 +27,7 @@ cdef class FrameReader(Endpoint):
     # are Endpoint's, stream.pxd): C calls from here
     cpdef _credit(self, Py_ssize_t size)
     cpdef _hold(self, Py_ssize_t stream_id, Py_ssize_t size)
+    cpdef _close_if_drained(self)
     cpdef _headers(self, int flags, Py_ssize_t stream_id, bytes payload)
     @cython.locals(stream=Stream)
     cpdef _header_block(self, Py_ssize_t stream_id, bint end_stream, bytes block)
