@@ -5,7 +5,7 @@
 from gateway.grpcfront.metrics cimport GrpcMetrics
 
 cdef class _ServerSide:
-    cdef public object front, client, connection, ident_key, ident
+    cdef public object front, client, connection, ident_key, ident, owned, owned_by
     cdef public dict heads
 
 cdef class GrpcFront:
