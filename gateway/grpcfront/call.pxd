@@ -1,6 +1,6 @@
 # The compiled build's declarations for call.py (gateway/_compiled.py): the fields as C struct members.
 from gateway.grpcfront.connection cimport Connection
-from gateway.grpcfront.head cimport forwardable, http_status, status_of
+from gateway.grpcfront.head cimport forwardable, http_status, sandbox_head, status_of
 from gateway.grpcfront.stream cimport Endpoint, Stream, relay_now
 
 cdef class Call:
