@@ -35,4 +35,5 @@ cdef class FrameReader(Endpoint):
     cpdef _accept(self, Py_ssize_t stream_id, tuple headers, bint end_stream, bytes block)
     cpdef _start(self, Stream stream)
     cpdef bint _idle(self, Py_ssize_t stream_id)
+    @cython.locals(stream=Stream, increment=Py_ssize_t)
     cpdef _window_update(self, Py_ssize_t stream_id, bytes payload)

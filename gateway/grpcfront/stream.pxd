@@ -41,6 +41,7 @@ cdef class Stream:
     cpdef reset(self, Py_ssize_t code=*)
     cpdef ack(self, Py_ssize_t size)
     cpdef _end_local(self)
+    cpdef window_opened(self)
 
 @cython.locals(buffer=RelayBuffer, size=Py_ssize_t, data=bytes)
 cpdef object relay_now(Stream src, Stream dst, bint end_stream=*)
