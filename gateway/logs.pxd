@@ -2,6 +2,8 @@
 cimport cython
 from gateway.proxy._exchange cimport RequestLog
 
+cdef tuple _CENTS  # the fractions of a figure in milliseconds
+
 cdef class AccessLog:
     cdef public object _stream
     cdef public bint _json, keep_query
@@ -13,8 +15,14 @@ cdef class AccessLog:
     @cython.locals(now=double, milli=cython.longlong, second=cython.longlong, took=cython.longlong)
     cpdef log(self, RequestLog entry)
     cpdef flush(self)
+    @cython.locals(kept=tuple)
+    cdef str _who(self, RequestLog entry)
+    @cython.locals(kept=tuple, status=int)
+    cdef str _what(self, RequestLog entry)
 
 @cython.locals(hundredths=cython.longlong)
 cdef str _ms(double seconds)
 
 cdef long long _hundredths(double seconds)
+
+cdef inline bint _same(object a, object b)

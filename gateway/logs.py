@@ -93,8 +93,8 @@ class AccessLog:
         self._pending: list[str] = []
         self._max_pending = max_pending
         self._quoted: dict[str | None, str] = {None: "null" if json_lines else "-"}
-        self._whos: dict[tuple[str | None, ...], str] = {}  # (session, org, sandbox, pool) -> their fields
-        self._whats: dict[tuple[str, str, int], str] = {}  # (method, target, status) -> their fields
+        self._whos: dict[str | None, tuple[Any, ...]] = {}  # session -> (org, sandbox, pool, their four fields)
+        self._whats: dict[str, tuple[Any, ...]] = {}  # target -> (method, status, their three fields)
         self._second = -1
         self._stamp = ""
         self._milli = -1
@@ -113,41 +113,49 @@ class AccessLog:
             self._quoted[value] = quoted  # type: ignore[assignment]
         return quoted  # type: ignore[return-value]
 
-    def _who(self, key: tuple[str | None, ...]) -> str:
-        """The session, org, sandbox and pool fields of a line (they repeat: formatted once each)."""
+    def _who(self, entry: Any) -> str:
+        """The session, org, sandbox and pool fields of a line, kept by session: they repeat, so each
+        combination is formatted once and found again with one lookup of a string whose hash is known (the
+        identity's and the route's strings are the same objects request after request) and three ``is``
+        (or ``==``) comparisons; no key tuple is built and hashed per line."""
+        session, org, sandbox, pool = entry.session_id, entry.org_id, entry.sandbox_id, entry.pool
+        kept = self._whos.get(session)
+        if kept is not None and _same(kept[0], org) and _same(kept[1], sandbox) and _same(kept[2], pool):
+            return kept[3]  # type: ignore[no-any-return]
         if len(self._whos) > 4096:
             self._whos = {}
         quote = self._quote
-        session, org, sandbox, pool = (quote(value) for value in key)
         if self._json:
-            who = f'"session_id":{session},"org_id":{org},"sandbox_id":{sandbox},"pool":{pool}'
+            who = (f'"session_id":{quote(session)},"org_id":{quote(org)},"sandbox_id":{quote(sandbox)},'
+                   f'"pool":{quote(pool)}')
         else:
-            who = f"session_id={session} org_id={org} sandbox_id={sandbox} pool={pool}"
-        self._whos[key] = who
+            who = f"session_id={quote(session)} org_id={quote(org)} sandbox_id={quote(sandbox)} pool={quote(pool)}"
+        self._whos[session] = (org, sandbox, pool, who)  # a session seen with another sandbox: the latest kept
         return who
 
-    def _what(self, key: tuple[str, str, int]) -> str:
-        """The method, path and status fields of a line (they repeat too: formatted once each)."""
+    def _what(self, entry: Any) -> str:
+        """The method, path and status fields of a line, kept by target as ``_who`` keeps its fields by
+        session (the method and status compared, not hashed)."""
+        method, target, status = entry.method, entry.target, entry.status
+        kept = self._whats.get(target)
+        if kept is not None and kept[1] == status and kept[0] == method:
+            return kept[2]  # type: ignore[no-any-return]
         if len(self._whats) > 4096:
             self._whats = {}
-        method, path, status = key
-        if not self.keep_query:
-            path = path.partition("?")[0]
+        path = target if self.keep_query else target.partition("?")[0]
         path = self._quote(path)
         if self._json:
             what = f'"msg":"{method} {path[1:-1]} {status}","method":"{method}","path":{path},"status":{status}'
         else:
             what = f"{method} {path} {status}"
-        self._whats[key] = what
+        self._whats[target] = (method, status, what)  # the latest method and status for a target kept
         return what
 
     def log(self, entry: Any) -> None:
         """``entry`` is a ``gateway.proxy.RequestLog`` (the gRPC front's calls are logged as one too)."""
         now = _time()
-        key = (entry.method, entry.target, entry.status)
-        what = self._whats.get(key) or self._what(key)
-        key = (entry.session_id, entry.org_id, entry.sandbox_id, entry.pool)
-        who = self._whos.get(key) or self._who(key)
+        what = self._what(entry)
+        who = self._who(entry)
         upstream = entry.upstream
         code = entry.code or entry.error
         took = _hundredths(entry.duration)  # formatted in place (compiled: C integers, no str of its own)
@@ -158,7 +166,7 @@ class AccessLog:
             up = "null" if upstream is None else _ms(upstream)
             error = "null" if code is None else f'"{code}"'
             line = (f'{{"ts":{self._ts},"level":"info","logger":"{ACCESS_LOGGER}",{what},"bytes_in":{entry.bytes_in},'
-                    f'"bytes_out":{entry.bytes_out},"duration_ms":{took // 100}.{took % 100:02d},"upstream_ms":{up},'
+                    f'"bytes_out":{entry.bytes_out},"duration_ms":{took // 100}{_CENTS[took % 100]},"upstream_ms":{up},'
                     f'"request_id":"{entry.request_id}",{who},"protocol":"{entry.protocol}","error":{error}}}')
             if entry.trace_id is not None:
                 line = f'{line[:-1]},"trace_id":"{entry.trace_id}"}}'
@@ -169,7 +177,7 @@ class AccessLog:
                 self._second, self._stamp = second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
             up = "-" if upstream is None else _ms(upstream)
             line = (f"{self._stamp} INFO    {ACCESS_LOGGER}: {what} bytes_in={entry.bytes_in} "
-                    f"bytes_out={entry.bytes_out} duration_ms={took // 100}.{took % 100:02d} upstream_ms={up} "
+                    f"bytes_out={entry.bytes_out} duration_ms={took // 100}{_CENTS[took % 100]} upstream_ms={up} "
                     f"request_id={entry.request_id} {who} protocol={entry.protocol} error={code or '-'}")
             if entry.trace_id is not None:
                 line = f"{line} trace_id={entry.trace_id}"
@@ -181,18 +189,28 @@ class AccessLog:
     def flush(self) -> None:
         if self._pending:
             lines, self._pending = self._pending, []
+            lines.append("")  # the last line's newline, without copying the batch once more
             try:
-                self._stream.write("\n".join(lines) + "\n")
+                self._stream.write("\n".join(lines))
                 self._stream.flush()
             except (OSError, ValueError):  # stderr closed or gone: access lines are not worth a crash
                 pass
+
+
+def _same(a: str | None, b: str | None) -> bool:
+    """Two fields of a line are the same value (most often the same object)."""
+    return a is b or a == b
 
 
 def _ms(seconds: float) -> str:
     """Seconds as milliseconds with two decimals (``1.23``): ``f"{seconds * 1000:.2f}"`` with halves
     rounded up, and no float formatting (compiled: C integers, about a tenth of the cost)."""
     hundredths = _hundredths(seconds)
-    return f"{hundredths // 100}.{hundredths % 100:02d}"
+    return f"{hundredths // 100}{_CENTS[hundredths % 100]}"
+
+
+# ".00" to ".99": the fraction of a figure in milliseconds, taken from here (no padded integer formatted a line).
+_CENTS = tuple(f".{cents:02d}" for cents in range(100))
 
 
 def _hundredths(seconds: float) -> int:

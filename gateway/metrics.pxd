@@ -8,11 +8,17 @@ cdef class CacheLookups:
     cdef public bint multiprocess
     cpdef count(self, bint hit)
 
+cdef class Batch:
+    cdef public long long count
+    cdef public double total
+    cdef public list buckets
+
 cdef class RequestMetrics:
     cdef public object _metrics
     cdef public tuple _bounds
     cdef public dict _series, _batch
     cdef public bint _per_org
+    @cython.locals(batch=Batch, buckets=list)
     cpdef record(self, RequestLog entry)
 
 @cython.locals(last=Py_ssize_t, i=Py_ssize_t, bound=double)

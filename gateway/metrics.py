@@ -264,6 +264,19 @@ class CacheLookups:
             self.metrics.fold_soon()
 
 
+class Batch:
+    """One series' requests since the last fold: how many, their summed duration, and how many fell in each
+    histogram bucket (an extension type in the compiled build: the count and the sum are C numbers, added
+    to without a Python object made per request)."""
+
+    __slots__ = ("count", "total", "buckets")
+
+    def __init__(self, size: int) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.buckets = [0] * size
+
+
 class RequestMetrics:
     """Counts each finished data-plane request: the data plane's ``on_request`` callback.
 
@@ -282,7 +295,7 @@ class RequestMetrics:
         self._metrics = metrics
         self._bounds = tuple(_LATENCY_BUCKETS) + (float("inf"),)
         self._series: dict[tuple[str | None, str, int], tuple[Any, Any]] = {}
-        self._batch: dict[tuple[str | None, str, int], list[Any]] = {}
+        self._batch: dict[tuple[str | None, str, int], Batch] = {}
         self._per_org = metrics.per_org  # fixed when Metrics is made: read once, not per request
         metrics.add_fold(self.fold)
 
@@ -292,12 +305,14 @@ class RequestMetrics:
         duration = entry.duration
         batch = self._batch.get(key)
         if batch is None:
-            batch = self._batch[key] = [0, 0.0, [0] * len(self._bounds)]
+            batch = self._batch[key] = Batch(len(self._bounds))
             self._metrics.fold_soon()
-        batch[0] += 1
-        batch[1] += duration
-        batch[2][_bucket(self._bounds, duration)] += 1
-        if entry.error or entry.refused or entry.code in DENIAL_CODES or self._per_org:
+        batch.count += 1
+        batch.total += duration
+        buckets = batch.buckets
+        buckets[_bucket(self._bounds, duration)] += 1
+        code = entry.code
+        if entry.error or entry.refused or (code is not None and code in DENIAL_CODES) or self._per_org:
             self._rare(entry)
 
     def _rare(self, entry: Any) -> None:
@@ -313,17 +328,17 @@ class RequestMetrics:
 
     def fold(self) -> None:
         """Add the batch to the series (each label child resolved once, then kept)."""
-        batch, self._batch = self._batch, {}
+        batches, self._batch = self._batch, {}
         m = self._metrics
-        for key, (count, total, buckets) in batch.items():
+        for key, batch in batches.items():
             children = self._series.get(key)
             if children is None:
                 pool, protocol, status = key
                 pool = pool or "none"
                 children = self._series[key] = (m.requests.labels(pool, protocol, status_class(status)),
                                                 m.request_duration.labels(pool, protocol))
-            children[0].inc(count)
-            observe_many(children[1], self._bounds, count, total, buckets)
+            children[0].inc(batch.count)
+            observe_many(children[1], self._bounds, batch.count, batch.total, batch.buckets)
 
 
 def _bucket(bounds: tuple[float, ...], value: float) -> int:

@@ -7,7 +7,7 @@ cdef class CachedRoute:
 
 cdef class RouteLookup:
     cdef public dict by_session
-    cdef public object clock, events, activity, refusal
+    cdef public object clock, events, counted, activity, refusal
     @cython.locals(cached=CachedRoute)
     cpdef object route(self, object identity, object owned=*)
     cpdef stream_opened(self, object sandbox_id)

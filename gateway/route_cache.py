@@ -120,13 +120,14 @@ class RouteLookup:
     frame per request); any other route, or another identity object, is checked.
     """
 
-    __slots__ = ("by_session", "clock", "events", "activity", "refusal")
+    __slots__ = ("by_session", "clock", "events", "counted", "activity", "refusal")
 
     def __init__(self, routes: RouteCache, clock: Callable[[], float], events: Any, activity: Any,
                  refusal: Callable[[], Exception]) -> None:
         self.by_session = routes.by_session  # the same dict (RouteCache never replaces it)
         self.clock = clock
         self.events = events        # a sessions.RouterEvents
+        self.counted = events.route_cache  # its hit count, looked up once: a call per hit, not a method lookup too
         self.activity = activity    # a sessions.ActivityLog (its dicts are swapped at each flush: not kept here)
         self.refusal = refusal
 
@@ -141,7 +142,7 @@ class RouteLookup:
         if route is not owned and not route.owner.matches(identity):
             self.events.denied("owner_mismatch")
             raise self.refusal()
-        self.events.route_cache(True)
+        self.counted(True)
         activity = self.activity
         activity.sandboxes[route.sandbox_id] = now
         activity.sessions[route.session_id] = now

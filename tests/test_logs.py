@@ -93,6 +93,33 @@ def test_access_log_escapes_caller_chosen_fields(session: str, path: str):
     assert text.getvalue().count("\n") == 1
 
 
+@pytest.mark.parametrize("json_mode", [True, False], ids=["json", "text"])
+def test_access_log_fields_kept_between_lines_follow_every_change(json_mode: bool):
+    """The access log keeps each target's method, path and status fields and each session's org, sandbox
+    and pool fields from line to line: a line that changes any one of them (same target, same session)
+    shows its own values, and going back shows the first ones again."""
+    changes = [{}, {"method": "POST"}, {"status": 404}, {"sandbox_id": "ses-other"}, {"org_id": None},
+               {"pool": "large"}, {"session_id": None}, {}]
+    out = io.StringIO()
+    access = AccessLog(out, json_lines=json_mode)
+    for change in changes:
+        access.log(entry(**change))
+    access.flush()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == len(changes)
+    for change, line in zip(changes, lines):
+        want = {"method": "GET", "status": 200, "sandbox_id": "ses-abc", "org_id": "acme", "pool": "small",
+                "session_id": "s-1", **change}
+        if json_mode:
+            got = json.loads(line)
+            assert {name: got[name] for name in want} == want
+            assert got["msg"] == f"{want['method']} /v1/run {want['status']}"
+        else:
+            assert f" {want['method']} /v1/run {want['status']} " in line
+            for name in ("sandbox_id", "org_id", "pool", "session_id"):
+                assert f" {name}={want[name] or '-'} " in line
+
+
 def test_access_log_text_line_shape():
     out = io.StringIO()
     access = AccessLog(out, json_lines=False)

@@ -19,6 +19,8 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
+from gateway.model import Endpoint, Route
+from routing import Identity
 from tests.proxy_helpers import (
     CachingFakeResolver,
     FakeResolver,
@@ -296,6 +298,50 @@ async def test_absolute_form_target_goes_upstream_in_origin_form(start_gateway) 
     line, headers = seen[0]
     assert line == b"GET /x/y?z=1 HTTP/1.1"
     assert headers[b"x-forwarded-host"] == b"App.example:8080" and headers[b"host"].startswith(b"127.0.0.1:")
+
+
+class SameRoutes(CachingFakeResolver):
+    """A cache that gives a session the same Route object every time, as the session layer's does."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        super().__init__(endpoint)
+        self.routes: dict[str, Route] = {}
+
+    def _route(self, identity: Identity) -> Route:
+        route = self.routes.get(identity.session_id)
+        if route is None:
+            route = self.routes[identity.session_id] = super()._route(identity)
+        return route
+
+
+async def test_each_request_on_a_connection_gets_its_own_forwarded_host_and_sandbox(start_gateway) -> None:
+    """The lines a head gains per route and client are kept for a connection's next requests (while the
+    route object and the Host repeat): a request with another Host, or another session (another sandbox),
+    on the same connection is forwarded with its own X-Forwarded-Host and X-Sandbox-Id, and going back
+    gives the first ones again."""
+    seen: list[dict[bytes, bytes]] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            seen.append((await read_head(reader))[1])
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    sent = [("a.example", "s1"), ("b.example", "s1"), ("b.example", "s2"), ("a.example", "s1")]
+    async with raw_backend(record) as be:
+        resolver = SameRoutes(be.endpoint)
+        resolver.route_to("s2", be.endpoint, sandbox_id="ses-two")
+        gw = await start_gateway(resolver)
+        async with raw_client(gw.port) as (reader, writer):
+            for host, session in sent:
+                writer.write(f"GET / HTTP/1.1\r\nHost: {host}\r\nX-User-Id: u1\r\nX-Session-Id: {session}\r\n\r\n"
+                             .encode())
+                assert (await read_response(reader)).status == 200
+    assert [(h[b"x-forwarded-host"], h[b"x-sandbox-id"]) for h in seen] == [
+        (b"a.example", b"ses-test"), (b"b.example", b"ses-test"), (b"b.example", b"ses-two"),
+        (b"a.example", b"ses-test")]
+    assert len({h[b"x-request-id"] for h in seen}) == len(sent)
+    assert all(h[b"x-forwarded-for"] == b"127.0.0.1" and h[b"x-forwarded-proto"] == b"http" for h in seen)
 
 
 async def test_http10_client_gets_close_delimited_body(start_gateway) -> None:

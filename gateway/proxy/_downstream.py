@@ -387,16 +387,18 @@ class DownstreamConnection(RequestReader):
             self.route_key = route
             self.route_pool = conn.pool
             self.route_line = conn.pool.host_line + b"X-Sandbox-Id: " + route.sandbox_id.encode() + CRLF
+            self.route_tail = None
+        host = ex.host
         if ex.xff is not None and self.plane.trust_xff:
-            forwarded = b"X-Forwarded-For: " + ex.xff + b", " + self.peer + CRLF + XFP_HTTP
+            tail = self._head_tail(b"X-Forwarded-For: " + ex.xff + b", " + self.peer + CRLF + XFP_HTTP, host)
         else:
-            forwarded = self.conn_line
-        parts = [ex.method, SP, ex.url, HTTP11_CRLF, *ex.headers, self.route_line, forwarded]
-        if ex.host is not None:  # appended one by one: compiled, each a C call (``+=`` a tuple built and freed)
-            parts.append(b"X-Forwarded-Host: ")
-            parts.append(ex.host)
-            parts.append(CRLF)
-        parts.append(b"X-Request-Id: ")
+            # The lines set per route and client, up to X-Request-Id's name, are joined once and kept while
+            # the route and the Host stay the same (a connection's requests repeat them): fewer parts a head.
+            tail = self.route_tail
+            if tail is None or host != self.tail_host:
+                tail = self.route_tail = self._head_tail(self.conn_line, host)
+                self.tail_host = host
+        parts = [ex.method, SP, ex.url, HTTP11_CRLF, *ex.headers, tail]
         parts.append(ex.request_id)  # type: ignore[arg-type]
         parts.append(CRLF)
         if ex.trace is not None:
@@ -407,6 +409,13 @@ class DownstreamConnection(RequestReader):
             parts.append(TE_CHUNKED)
         parts.append(CRLF)
         return b"".join(parts)  # type: ignore[arg-type]
+
+    def _head_tail(self, forwarded: bytes, host: bytes | None) -> bytes:
+        """Host and X-Sandbox-Id (the route's), X-Forwarded-For and -Proto (``forwarded``), X-Forwarded-Host
+        (the inbound Host, when there is one) and the name of X-Request-Id, in the order a head has them."""
+        if host is None:
+            return b"".join((self.route_line, forwarded, b"X-Request-Id: "))
+        return b"".join((self.route_line, forwarded, b"X-Forwarded-Host: ", host, CRLF, b"X-Request-Id: "))
 
     def _body_so_far(self, ex: Exchange, out: list[bytes]) -> None:
         """After the head: the body bytes read before an upstream was attached (re-chunked when the body

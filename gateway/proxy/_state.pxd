@@ -52,7 +52,7 @@ cdef class ClientState:
     cdef public PlaneState plane
     cdef public object queue, route_key
     cdef public bytes route_line
-    cdef public object route_pool
+    cdef public object route_pool, route_tail, tail_host
     cdef public int rpause
     cdef public object transport
     cdef public object up_conn

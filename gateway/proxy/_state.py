@@ -196,7 +196,8 @@ class ClientState:
         "ident", "ident_key", "idle_since",
         "last", "linger_until", "mode", "owned", "owned_by", "parser", "parsing", "peer", "plane", "queue", "route_key",
         "route_line",
-        "route_pool", "rpause", "transport", "up_conn", "up_out", "watch_tick", "wpaused", "ws_guard",
+        "route_pool", "route_tail", "rpause", "tail_host", "transport", "up_conn", "up_out", "watch_tick", "wpaused",
+        "ws_guard",
     )
 
     def __init__(self, plane: DataPlane) -> None:
@@ -226,6 +227,8 @@ class ClientState:
         self.route_key: Route | None = None   # the last route served, and what it costs to look up
         self.route_pool: UpstreamPool | None = None
         self.route_line = b""                  # Host + X-Sandbox-Id for route_key
+        self.route_tail: bytes | None = None   # route_line, conn_line, X-Forwarded-Host for tail_host, "X-Request-Id: "
+        self.tail_host: bytes | None = None    # the Host value route_tail was made for
         self.idle_since = 0.0
         self.head_at = 0.0                     # when the head being read began (its first incomplete read)
         self.linger_until = 0.0                # set by linger(): the tick closes the connection then

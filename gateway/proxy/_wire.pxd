@@ -23,6 +23,6 @@ cdef int _connection_option(chars s, Py_ssize_t n, Py_ssize_t value, Py_ssize_t 
 cdef bint _is(chars s, Py_ssize_t n, Py_ssize_t at, bytes word, bint fold)
 
 cdef class RequestIds:
-    cdef public bytes prefix
+    cdef public str prefix
     cdef public unsigned long long count
     cpdef bytes next(self)

@@ -420,9 +420,10 @@ class RequestIds:
     __slots__ = ("prefix", "count")
 
     def __init__(self) -> None:
-        self.prefix = b"%s%x-" % (secrets.token_hex(4).encode(), os.getpid())
+        self.prefix = f"{secrets.token_hex(4)}{os.getpid():x}-"
         self.count = 0
 
     def next(self) -> bytes:
         self.count += 1
-        return b"%s%x" % (self.prefix, self.count)
+        # An f-string of a C integer and an ASCII encode: compiled, no ``bytes %`` (its format parser).
+        return f"{self.prefix}{self.count:x}".encode("ascii")
