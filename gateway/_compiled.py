@@ -1,7 +1,7 @@
 """The compiled data plane: which modules Cython builds, and whether this process uses them.
 
 The hot path (``gateway.proxy``'s protocols and per-request state, the access log, the request
-metrics, the route cache's hit path, the gRPC front's connections, calls, streams and relay buffers) is plain Python that Cython can also compile, with ``.pxd``
+metrics, the route cache's hit path, the gRPC front's connections, calls, streams, relay buffers and metrics) is plain Python that Cython can also compile, with ``.pxd``
 files beside the modules declaring the classes as extension types (typed fields, C calls between
 them). The ``.py`` files
 stay the source and the fallback: ``pip install`` (``./scripts/serve``, ``./scripts/test``)
@@ -55,6 +55,7 @@ COMPILED_MODULES = (
     "gateway.grpcfront.front",
     "gateway.grpcfront.keeper",
     "gateway.grpcfront.upstream",
+    "gateway.grpcfront.metrics",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent

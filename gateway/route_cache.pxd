@@ -10,3 +10,5 @@ cdef class RouteLookup:
     cdef public object clock, events, counted, activity, refusal
     @cython.locals(cached=CachedRoute)
     cpdef object route(self, object identity, object owned=*)
+    cpdef stream_opened(self, object sandbox_id)
+    cpdef stream_closed(self, object sandbox_id)

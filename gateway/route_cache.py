@@ -148,5 +148,18 @@ class RouteLookup:
         activity.sessions[route.session_id] = now
         return route
 
+    def stream_opened(self, sandbox_id: str) -> None:
+        """``SessionRouter.stream_opened``: a stream (a gRPC call, a streamed response) to ``sandbox_id`` began. Here,
+        compiled, beside the hit's own marks: an interpreted method was a Python frame per call."""
+        streams = self.activity.streams
+        streams[sandbox_id] = streams.get(sandbox_id, 0) + 1
+
+    def stream_closed(self, sandbox_id: str) -> None:
+        """``SessionRouter.stream_closed``: that stream ended; the sandbox was active until now."""
+        activity = self.activity
+        streams = activity.streams
+        streams[sandbox_id] = streams.get(sandbox_id, 0) - 1
+        activity.sandboxes[sandbox_id] = self.clock()
+
 
 __all__ = ["CachedRoute", "RouteCache", "RouteLookup", "SandboxRoutes"]

@@ -102,10 +102,12 @@ class SessionRouter:
         self._resolving: dict[tuple[str, str | None, str, str | None], asyncio.Future[Route]] = {}
         self._healing: dict[tuple[str, Endpoint], asyncio.Task[None]] = {}
         self.activity = ActivityLog()
-        # The hot path: the route from this process's cache, or None on a miss (owner checked). A
-        # compiled object's bound method (gateway/route_cache.py), not a method here: once per request.
-        self.cached_route: Callable[..., Route | None] = RouteLookup(
-            self.routes, clock, events, self.activity, unknown_session).route
+        # The hot path: the route from this process's cache, or None on a miss (owner checked), and a stream's
+        # count. A compiled object's bound methods (gateway/route_cache.py), not methods here: once per request.
+        lookup = RouteLookup(self.routes, clock, events, self.activity, unknown_session)
+        self.cached_route: Callable[..., Route | None] = lookup.route
+        self.stream_opened: Callable[[str], None] = lookup.stream_opened
+        self.stream_closed: Callable[[str], None] = lookup.stream_closed
         self.lifecycle = lifecycle if lifecycle is not None else Lifecycle(
             store, provider, self.view, lease=ReaperLease(store, replica_id, tuning.reaper_lease_ttl),
             tuning=tuning, clock=clock, events=events)
@@ -228,13 +230,6 @@ class SessionRouter:
         isolation = Isolation.PER_SESSION if record.sandbox_id.startswith("ses-") else Isolation.SHARED
         return await self.ensure_sandbox(Binding("", record.sandbox_id, record.pool, isolation,
                                                  record.owner, record.created_at))
-
-    def stream_opened(self, sandbox_id: str) -> None:
-        self.activity.streams[sandbox_id] = self.activity.streams.get(sandbox_id, 0) + 1
-
-    def stream_closed(self, sandbox_id: str) -> None:
-        self.activity.streams[sandbox_id] = self.activity.streams.get(sandbox_id, 0) - 1
-        self.activity.sandboxes[sandbox_id] = self.clock()
 
     # binding ----------------------------------------------------------------
     def dry_run(self, identity: Identity) -> Placement:

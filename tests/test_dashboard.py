@@ -34,7 +34,8 @@ def touched_metrics() -> Metrics:
     """A registry with one sample in every family (labelled metrics have no samples until used)."""
     metrics = Metrics(per_org=True)
     grpc = GrpcMetrics(metrics.registry)  # the gRPC front's series, on the same registry as in app.py
-    for metric in [*vars(metrics).values(), *vars(grpc).values()]:
+    # the front's by name, not vars(): compiled, GrpcMetrics is an extension type (its fields in metrics.pxd)
+    for metric in [*vars(metrics).values(), *(getattr(grpc, name) for name in dir(grpc) if not name.startswith("__"))]:
         if not isinstance(metric, MetricWrapperBase) or metric._labelvalues:  # skip bound children
             continue
         child = metric.labels(*["x"] * len(metric._labelnames)) if metric._labelnames else metric

@@ -169,6 +169,20 @@ async def test_a_partial_identity_is_invalid_argument_naming_the_key(channels):
     assert got["status"] is Status.INVALID_ARGUMENT and "X-Session-Id" in got["message"]
 
 
+async def test_a_session_is_refused_to_another_user_on_the_connection_its_owner_used(channels):
+    """A connection remembers its last route for its identity (the owner check is not asked again for it): a call
+    with another identity on that connection, for the same session, is still checked, and refused as a session
+    that does not exist; the owner's next call is served."""
+    _, front = channels
+    for _ in range(2):
+        got = await run_call(front, "/test.Echo/Unary", UNARY, [b"x"], metadata=ident("s1", "u1"))
+        assert got["status"] is Status.OK and got["messages"] == [b"x"]
+    got = await run_call(front, "/test.Echo/Unary", UNARY, [b"x"], metadata=ident("s1", "u2"))
+    assert got["status"] is Status.NOT_FOUND and got["messages"] == []
+    got = await run_call(front, "/test.Echo/Unary", UNARY, [b"x"], metadata=ident("s1", "u1"))
+    assert got["status"] is Status.OK and got["messages"] == [b"x"]
+
+
 async def test_sandbox_down_is_unavailable(tmp_path):
     port = dead_port()
     async with grpc_gateway(tmp_path, static_policy(tmp_path / "p.yaml", ["127.0.0.1"], port)) as gw:

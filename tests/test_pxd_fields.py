@@ -38,7 +38,8 @@ def pxd_fields(path: Path) -> dict[str, set[str]]:
             continue  # a method (cpdef/cdef with arguments), its decorator (@cython.locals, even over lines), or nothing
         field = _FIELD.match(line)
         assert field, f"{path.name}: cannot read {line!r}"
-        current.update(name.strip() for name in field.group(1).split(","))
+        # an instance dict (cdef dict __dict__) is not a field
+        current.update(name.strip() for name in field.group(1).split(",") if name.strip() != "__dict__")
     return classes
 
 
@@ -112,6 +113,8 @@ def test_the_reader_sees_a_drift(tmp_path: Path):
     (tmp_path / "d.pxd").write_text("cdef class D(C):\n    cdef public object own\n"
                                     "    @cython.locals(i=Py_ssize_t,\n                   j=int)\n    cpdef go(self)\n")
     assert pxd_fields(tmp_path / "d.pxd") == {"D": {"own"}} and pxd_bases(tmp_path / "d.pxd") == {"D": "C"}
+    (tmp_path / "e.pxd").write_text("cdef class E:\n    cdef dict __dict__\n    cdef public object own\n")
+    assert pxd_fields(tmp_path / "e.pxd") == {"E": {"own"}}  # an instance dict is not a field
 
 
 def test_every_compiled_class_is_checked():

@@ -1,6 +1,7 @@
 # The compiled build's declarations for call.py (gateway/_compiled.py): the fields as C struct members.
-from gateway.grpcfront.head cimport forwardable, http_status, status_of
-from gateway.grpcfront.stream cimport Stream, relay_now
+from gateway.grpcfront.connection cimport Connection
+from gateway.grpcfront.head cimport forwardable, http_status, sandbox_head, status_of
+from gateway.grpcfront.stream cimport Endpoint, Stream, relay_now
 
 cdef class Call:
     cdef public object front, conn
@@ -26,8 +27,8 @@ cdef class Call:
     cpdef _start(self)
     cpdef object _admit(self)
     cpdef _routed(self, object route)
-    cpdef _send_head(self, object connection, object out)
-    cpdef _open_up(self, object connection, object head)
+    cpdef _send_head(self, Connection connection, object out)
+    cpdef _open_up(self, Connection connection, object head)
     cpdef bint _request_fits(self, Stream up)
     cpdef _send_request_now(self, Stream up)
     cpdef object _answer_now(self, object response, object sandbox_id)
@@ -38,7 +39,7 @@ cdef class Call:
     cpdef _cleanup(self)
     cpdef _reset_up(self)
     cpdef bint _sandbox_answered(self)
-    cpdef bint _hold_alone(self, object conn)
+    cpdef bint _hold_alone(self, Endpoint conn)
 
 cdef class _Side:
     cdef public Call call

@@ -167,10 +167,12 @@ class Call:
         self.fast = True
         try:
             out = self._admit()
-            route = self.front.router.cached_route(self.identity)  # type: ignore[arg-type]
+            conn, identity = self.conn, self.identity  # the connection's last route for it is not owner-checked again
+            route = self.front.router.cached_route(identity, conn.owned if identity is conn.owned_by else None)
             if route is None:
                 self._spawn(out)
                 return
+            conn.owned_by, conn.owned = identity, route
             self._routed(route)
             connection = self.front.channels.ready(self.target)  # type: ignore[arg-type]
             if connection is None:

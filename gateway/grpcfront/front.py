@@ -23,6 +23,7 @@ from gateway.grpcfront.metrics import GrpcMetrics
 from gateway.grpcfront.stream import Stream
 from gateway.grpcfront.upstream import UpstreamChannels
 from gateway.limits import OrgLimits
+from gateway.model import Route
 from gateway.proxy import RequestLog
 from gateway.proxy._admission import Admission, Credentials
 from gateway.sessions import SessionRouter
@@ -62,6 +63,8 @@ class _ServerSide:
         self.ident_key: Credentials | None = None
         self.ident: Identity | None = None
         self.heads: dict[int, Any] = {}  # heads as read, by the decoded head's id (Call._admit)
+        self.owned: Route | None = None  # the route cache's last answer for owned_by (cached_route's memo, Call._start)
+        self.owned_by: Identity | None = None
 
     def connection_made(self, connection: Connection) -> None:
         front = self.front

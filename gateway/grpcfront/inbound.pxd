@@ -2,16 +2,14 @@
 # half uses, as C struct members (Connection, connection.pxd, extends it with the rest).
 cimport cython
 from gateway.grpcfront.headers cimport HeaderCodec
-from gateway.grpcfront.stream cimport Stream
+from gateway.grpcfront.stream cimport Endpoint, Stream
 
-cdef class FrameReader:
+cdef class FrameReader(Endpoint):
     cdef public object handler
-    cdef public bint client_side
     cdef public dict streams
-    cdef public set blocked
     cdef public bint closed, draining, goaway_received
-    cdef public Py_ssize_t send_window, peer_initial_window, peer_max_frame, peer_max_streams, active
-    cdef public object keeper, loop, _waiting, _reset_ids, _inbox
+    cdef public Py_ssize_t peer_max_streams, active
+    cdef public object keeper, _waiting, _reset_ids, _inbox
     cdef public bint _preface, _settings_seen
     cdef public object _settled
     cdef public Py_ssize_t _recv_window, _next_id, _last_peer_id
@@ -25,11 +23,11 @@ cdef class FrameReader:
     cpdef _frame(self, int kind, int flags, Py_ssize_t stream_id, bytes payload)
     @cython.locals(size=Py_ssize_t, stream=Stream)
     cpdef _data(self, int flags, Py_ssize_t stream_id, bytes payload)
-    # what the connection provides (connection.pxd declares them again, as it overrides them): C calls from here
-    cpdef write(self, bytes data)
-    cpdef reset_sent(self, Py_ssize_t stream_id, Py_ssize_t code)
+    # what the connection provides (connection.pxd declares them again, as it overrides them; write and reset_sent
+    # are Endpoint's, stream.pxd): C calls from here
     cpdef _credit(self, Py_ssize_t size)
     cpdef _hold(self, Py_ssize_t stream_id, Py_ssize_t size)
+    cpdef _close_if_drained(self)
     cpdef _headers(self, int flags, Py_ssize_t stream_id, bytes payload)
     @cython.locals(stream=Stream)
     cpdef _header_block(self, Py_ssize_t stream_id, bint end_stream, bytes block)
@@ -37,4 +35,5 @@ cdef class FrameReader:
     cpdef _accept(self, Py_ssize_t stream_id, tuple headers, bint end_stream, bytes block)
     cpdef _start(self, Stream stream)
     cpdef bint _idle(self, Py_ssize_t stream_id)
+    @cython.locals(stream=Stream, increment=Py_ssize_t)
     cpdef _window_update(self, Py_ssize_t stream_id, bytes payload)

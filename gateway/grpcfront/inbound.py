@@ -44,7 +44,7 @@ from gateway.grpcfront.frames import (
     PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, STREAM_CLOSED,
     STREAM_ID_MASK, WINDOW_UPDATE, ConnectionFailure, StreamFailure, frame, parse_settings, u32, unpad
 )
-from gateway.grpcfront.stream import Headers, Stream
+from gateway.grpcfront.stream import Endpoint, Headers, Stream
 
 if TYPE_CHECKING:
     from gateway.grpcfront.headers import HeaderCodec
@@ -55,24 +55,18 @@ MAX_STREAMS = 256                    # concurrent streams a client may open on o
 _ENCODER_TABLE = 4096                # our encoder's dynamic table, whatever larger size the peer allows
 
 
-class FrameReader:
+class FrameReader(Endpoint):
     """Reads frames into a connection's state; the state and the writing are ``Connection``'s."""
 
-    # The connection's state this half reads and changes (set in Connection.__init__).
+    # The connection's state this half reads and changes (set in Connection.__init__; Endpoint's as well).
     handler: Any
-    client_side: bool
     streams: dict[int, Stream]
-    blocked: set[Stream]
     closed: bool
     draining: bool
     goaway_received: bool
-    send_window: int
-    peer_initial_window: int
-    peer_max_frame: int
     peer_max_streams: int
     active: int
     keeper: Keeper | NoKeeper
-    loop: asyncio.AbstractEventLoop
     _waiting: deque[Stream]
     _reset_ids: deque[int]
     _inbox: bytearray
@@ -89,9 +83,7 @@ class FrameReader:
     _self_dependent: bool
     _hpack: HeaderCodec
 
-    # What the connection provides.
-    def write(self, data: bytes) -> None: ...
-    def reset_sent(self, stream_id: int, code: int) -> None: ...
+    # What the connection provides (and Endpoint's write, reset_sent, ...).
     def _credit(self, size: int) -> None: ...
     def _hold(self, stream_id: int, size: int) -> None: ...
     def _close_if_drained(self) -> None: ...

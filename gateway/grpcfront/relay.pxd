@@ -12,6 +12,7 @@ cdef class RelayBuffer:
     cpdef eof(self)
     cdef _wake(self)
     cpdef bytes take_now(self)
+    cpdef bytes peek(self)
 
 @cython.locals(size=Py_ssize_t, count=Py_ssize_t, pos=Py_ssize_t, need=Py_ssize_t, end=Py_ssize_t)
 cpdef tuple scan(bytes data, Py_ssize_t left, bytes prefix)

@@ -75,7 +75,10 @@ class RelayBuffer:
 
     def peek(self) -> bytes:
         """Everything received and not yet taken, left in place."""
-        return b"".join(data for data, _ in self._chunks)
+        chunks = self._chunks
+        if len(chunks) == 1:  # a unary request, typically: its one DATA payload
+            return chunks[0][0]
+        return b"".join([data for data, _ in chunks])
 
     # -- the relay's side -------------------------------------------------------------
     @property

@@ -3,8 +3,26 @@ from gateway.grpcfront.frames cimport frame, window_update
 cimport cython
 from gateway.grpcfront.relay cimport RelayBuffer, scan
 
+cdef class Stream
+
+# What a stream uses of its connection (FrameReader extends it, Connection overrides the methods): Stream.conn is
+# typed, though connection.pxd cannot be cimported here (it cimports Stream).
+cdef class Endpoint:
+    cdef public bint client_side, write_paused
+    cdef public Py_ssize_t send_window, peer_initial_window, peer_max_frame
+    cdef public object loop
+    cdef public set blocked
+    cpdef write(self, bytes data)
+    cpdef reset_sent(self, Py_ssize_t stream_id, Py_ssize_t code)
+    cpdef write_headers(self, Py_ssize_t stream_id, object headers, bint end_stream)
+    cpdef forget(self, Stream stream)
+    cpdef released(self, Stream stream)
+    cpdef ack(self, Py_ssize_t stream_id, Py_ssize_t size)
+    cpdef hold(self)
+    cpdef flush(self)
+
 cdef class Stream:
-    cdef public object conn
+    cdef public Endpoint conn
     cdef public Py_ssize_t id
     cdef public object headers, trailers
     cdef public RelayBuffer buffer
@@ -23,6 +41,7 @@ cdef class Stream:
     cpdef reset(self, Py_ssize_t code=*)
     cpdef ack(self, Py_ssize_t size)
     cpdef _end_local(self)
+    cpdef window_opened(self)
 
 @cython.locals(buffer=RelayBuffer, size=Py_ssize_t, data=bytes)
 cpdef object relay_now(Stream src, Stream dst, bint end_stream=*)

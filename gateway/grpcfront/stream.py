@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from gateway.grpcfront.frames import (
     CANCEL, DATA, END_STREAM, NO_ERROR, PROTOCOL_ERROR, STREAM_CLOSED, StreamFailure, frame, window_update
 )
 from gateway.grpcfront.headers import trailers_problem
 from gateway.grpcfront.relay import CHUNK, RelayBuffer, Truncated, scan
-
-if TYPE_CHECKING:
-    from gateway.grpcfront.connection import Connection
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -30,6 +27,31 @@ class StreamOwner(Protocol):
     def stream_ended(self, reset: bool) -> None: ...
 
 
+class Endpoint:
+    """What a stream uses of its connection: ``FrameReader``'s base (so ``Connection``'s), declared here, beside
+    :class:`Stream`, so that the compiled build types ``Stream.conn`` (stream.pxd): its fields are C loads and its
+    writers C calls. ``Connection`` itself cannot be named there (connection.pxd and inbound.pxd cimport this
+    module's ``Stream``: a cycle Cython refuses). The methods are ``Connection``'s."""
+
+    client_side: bool
+    write_paused: bool
+    send_window: int
+    peer_initial_window: int
+    peer_max_frame: int
+    loop: asyncio.AbstractEventLoop
+    blocked: set[Stream]
+
+    def write(self, data: bytes) -> None: ...
+    def reset_sent(self, stream_id: int, code: int) -> None: ...
+    def write_headers(self, stream_id: int, headers: Any, end_stream: bool) -> None: ...
+    def forget(self, stream: Stream) -> None: ...
+    def released(self, stream: Stream) -> None: ...
+    def ack(self, stream_id: int, size: int) -> None: ...
+    def hold(self) -> None: ...
+    def flush(self) -> None: ...
+    async def drained(self) -> None: ...
+
+
 class Stream:
     """One HTTP/2 stream: its received head and trailers, its receive buffer, its send window."""
 
@@ -37,15 +59,16 @@ class Stream:
                  "local_closed", "remote_closed", "gone", "refused", "owner", "_head_waiter", "_window_waiter",
                  "released", "expected", "reset_code", "on_head")
 
-    def __init__(self, conn: Connection, stream_id: int) -> None:
+    def __init__(self, conn: Endpoint, stream_id: int) -> None:
         self.conn = conn
         self.id = stream_id
         self.headers: Headers | None = None
         self.trailers: Headers | None = None
         # acknowledged through the connection (by stream id), not a bound self.ack: the stream and its buffer
         # would hold each other, and every stream would be left to the cyclic GC instead of freed as it ends
-        self.buffer = RelayBuffer(conn.ack, stream_id, conn.loop)
-        self.send_window = conn.peer_initial_window
+        # (read through self.conn: the typed field, C loads in the compiled build; ``conn`` is an untyped argument)
+        self.buffer = RelayBuffer(self.conn.ack, stream_id, self.conn.loop)
+        self.send_window = self.conn.peer_initial_window
         self.recv_window = STREAM_WINDOW
         self._unacked = 0
         self.local_closed = False   # we sent END_STREAM (or reset)
