@@ -109,6 +109,11 @@ def pooled(*results: Result) -> Result:
                    sum(r.calls for r in results), next((r.first_error for r in results if r.first_error), ""))
 
 
+# Every victim call, (wall-clock start, seconds, which): written to --calls-log, to set the slowest calls against
+# what the gateway's loop did then (benchmarks/loop_probe/).
+CALLS_LOG: list[tuple[float, float, str]] | None = None
+
+
 async def measure(calls: int, call: Callable[[], Awaitable[None]]) -> Result:
     latencies, errors, first = [], 0, ""
     for _ in range(calls):
@@ -116,6 +121,8 @@ async def measure(calls: int, call: Callable[[], Awaitable[None]]) -> Result:
         try:
             await asyncio.wait_for(call(), 10)
             latencies.append(time.perf_counter() - started)
+            if CALLS_LOG is not None:
+                CALLS_LOG.append((time.time() - latencies[-1], latencies[-1], call.__name__))
         except Exception as exc:  # noqa: BLE001 (every failure is the victim's error, counted)
             errors += 1
             first = first or f"{type(exc).__name__}: {exc}"[:200]
@@ -551,6 +558,7 @@ def main() -> None:
     parser.add_argument("--no-local", action="store_true", help="no local sandboxes (they need root and bubblewrap)")
     parser.add_argument("--no-pin", action="store_true", help="the gateway, the victim and the attackers share cores")
     parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, in order: " + ",".join(SCENARIOS) + f" (and {CONTROL}, a round without an attack)")
+    parser.add_argument("--calls-log", help="write every victim call here: wall-clock start, ms, port (in order)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each attack, each between its own baselines")
     args = parser.parse_args()
     local = not args.no_local and os.geteuid() == 0 and shutil.which("bwrap") is not None
@@ -568,7 +576,13 @@ def main() -> None:
                  f"{max(1, args.rounds)} round(s) of each attack",
                  f"cores:        {placement(opts)}",
                  installed=True), flush=True)
+    global CALLS_LOG
+    if args.calls_log:
+        CALLS_LOG = []
     rows = asyncio.run(run(opts))
+    if CALLS_LOG is not None:
+        with open(args.calls_log, "w", encoding="utf-8") as out:
+            out.writelines(f"{t:.4f} {d * 1000:.3f} {name}\n" for t, d, name in CALLS_LOG)
     print()
     print(table(rows))
     print(footer())

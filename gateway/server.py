@@ -19,12 +19,12 @@ import socket
 import tempfile
 
 from gateway.app import Gateway, confinement_problem, example_keys_problem
+from gateway.collector import PacedCollections, tune_gc
 from gateway.gate import connection_bounds, raise_descriptor_limit
 from gateway.logs import AccessLog, configure_logging
 from gateway.settings import Settings
 
 log = logging.getLogger("gateway")
-FULL_COLLECTION_EVERY = 100  # collections of the cyclic GC's middle generation per full one (see _serve_one)
 
 
 def bind(host: str, port: int, *, listen: bool) -> socket.socket:
@@ -77,13 +77,9 @@ async def _serve_one(settings: Settings, data_port: int, control_port: int, work
     # requests). Requests' own cycles are still collected.
     gc.collect()
     gc.freeze()
-    # Full collections walk every live object (about 40 per gRPC connection), and with the connections'
-    # own cycles broken at close (tests/test_no_cycles.py) they find almost nothing: under 4,000 idle
-    # gRPC connections closed and reopened every handshake timeout, each took 80-145 ms in one loop turn,
-    # one every ~10 s. A full collection once per FULL_COLLECTION_EVERY collections of the middle
-    # generation (CPython's default: 10) makes them ten times rarer; what cycles remain still go, later.
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
+    tune_gc()  # and young collections paced by the clock, not only by allocations (gateway/collector.py)
+    collections = PacedCollections(loop)
+    collections.start()
     if worker == 0:
         for line in gateway.describe():
             log.info(line)
@@ -98,6 +94,7 @@ async def _serve_one(settings: Settings, data_port: int, control_port: int, work
     fate = ("sandboxes stay up for the other replicas" if settings.redis_url
             else "local sandboxes stop with this memory-store gateway")
     log.info("draining (worker %d): up to %gs for in-flight requests; %s", worker, settings.drain_timeout, fate)
+    collections.stop()
     await gateway.stop()
     log.info("stopped (worker %d)", worker)
 

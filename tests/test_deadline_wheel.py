@@ -154,3 +154,37 @@ async def test_closed_connections_leave_only_stale_entries_that_are_skipped(aioh
     seen = counting_checks(plane)
     await ticks(plane, int(1.0 / plane.tick_len) + 3)  # past every bucket they were in
     assert seen == [] and plane.wheel == {}  # the stale entries went with their buckets: nothing held on to
+
+
+async def test_a_crowded_bucket_is_checked_a_slice_at_a_time(aiohttp_server, start_gateway, monkeypatch) -> None:
+    """Connections opened together share a bucket; the tick checks it CHECK_SLICE at a time, a slice every
+    SLICE_EVERY, so that 4,000 slowloris heads are not all checked in one loop turn (issue 28), and still
+    closes every overdue head, counted."""
+    from gateway.proxy import _plane
+
+    monkeypatch.setattr(_plane, "CHECK_SLICE", 16)
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)), header_read_timeout=1.0)
+    plane = gw.plane
+    seen = counting_checks(plane)
+    slices: list[int] = []  # connections checked before each slice began
+    check_slice = plane._check_slice
+
+    def counted_slice() -> None:
+        slices.append(len(seen))
+        check_slice()
+
+    plane._check_slice = counted_slice
+    conns = [await asyncio.open_connection("127.0.0.1", gw.port) for _ in range(100)]
+    await eventually(lambda: len(plane.clients) == 100)
+    try:
+        for reader, _ in conns:  # every one closed at its head deadline
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+        assert plane.heads_overdue == 100
+        slices.append(len(seen))
+        per_slice = [b - a for a, b in zip(slices, slices[1:])]
+        assert max(per_slice) == 16  # full slices, and none larger
+        assert sum(1 for n in per_slice if n) >= 100 // 16  # the bucket's checks spread over loop turns
+        assert not plane.checking and not plane.due_buckets and not plane.overdue
+    finally:
+        for _, writer in conns:
+            writer.close()

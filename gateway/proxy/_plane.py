@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -48,6 +49,8 @@ WRITE_BUFFER_HIGH = 256 * 1024    # per transport; reading from the other side p
 # keeper.DEADLINE_SPREAD), and the loop turns between slices are the other connections' own.
 SLICE = 8
 SLICE_EVERY = 0.002
+READY_SLICE = 256  # held heads asked about at a time (gateway/proxy/_ready.py): a pass wakes them, then asks again
+CHECK_SLICE = 64  # connections of the due buckets the tick checks at a time (about 0.3 ms), see _check_slice
 _INF = float("inf")
 EAGAIN_BACKOFF_CAP = 0.1          # the longest pause between connects to a Unix socket whose backlog is full
 
@@ -184,6 +187,10 @@ class DataPlane(PlaneState):
         self.ready_heads = ReadyHeads()
         self.heads_woken = 0  # held slow heads woken by a tick (bytes were waiting on them)
         self.waking = False  # a pass of wake_slow_heads is under way
+        self.due_buckets: collections.deque[tuple[int, list[DownstreamConnection]]] = collections.deque()
+        self.due_at = 0  # how far the pass of _check_slice is into due_buckets[0]
+        self.checking = False  # a pass of _check_slice is under way (its next slice is armed)
+        self.overdue: list[DownstreamConnection] = []  # the pass's overdue heads so far
         self.heads_overdue = 0  # connections closed for no complete head within header_read_timeout
         self.on_heads_overdue = on_heads_overdue  # told each tick's count (the metric)
         self.gate = gate if gate is not None else ConnectionGate("data")  # unbounded unless given one
@@ -383,7 +390,7 @@ class DataPlane(PlaneState):
         try:
             self._check_deadlines(self.now)
             if self.slow_heads and not self.waking:
-                ready = self.ready_heads.ready(self.slow_heads)
+                ready = self.ready_heads.ready(self.slow_heads, READY_SLICE)
                 if ready:  # from the next loop turn on (uvloop runs timers before I/O, ready callbacks after)
                     self.waking = True
                     self.loop.call_soon(self.wake_slow_heads, ready, 0, [], [])
@@ -413,38 +420,69 @@ class DataPlane(PlaneState):
 
     def _check_deadlines(self, now: float) -> None:
         """Timeouts (request heads, upstream answers, idle streams), long-request promotion and idle clients
-        for the connections whose bucket is due; idle pools; a few times a second."""
+        for the connections whose bucket is due (looked at in slices: :meth:`_check_slice`); idle pools; a
+        few times a second."""
         due = int(now / self.tick_len)
         self._move_begin_tick(now)
-        buckets = []
         wheel = self.wheel
+        pending = self.due_buckets
         while self.wheel_at < due:
             self.wheel_at += 1
             bucket = wheel.pop(self.wheel_at, None)
             if bucket is not None:
-                buckets.append((self.wheel_at, bucket))
+                pending.append((self.wheel_at, bucket))
+        if pending and not self.checking:
+            self._check_slice()
+        keepalive = self.options.upstream_keepalive_timeout
+        for pool in self.pools.values():
+            if pool.idle:
+                pool.expire(now - keepalive)
+
+    def _check_slice(self) -> None:
+        """Check up to CHECK_SLICE connections of the due buckets, and the rest a slice every SLICE_EVERY.
+        Connections opened together share a bucket: a slowloris's 4,000 were all checked in one loop turn
+        (held, or found overdue: 3-20 ms of CPU, every tick while they dribbled), and every other
+        connection on the loop waited for it (issue 28). A bucket once due takes no new entries (``enter``
+        files from the next tick on), and a connection refiled or lost meanwhile is skipped as stale. The
+        pass's overdue heads are logged and closed once it is over (their slots are free when marked)."""
+        self.checking = False
+        if self.closed:
+            return
+        now = self.now = self.loop.time()
         perf_now = perf_counter()  # Exchange.t0 is on the perf_counter clock
-        overdue: list[DownstreamConnection] = []
-        for tick, bucket in buckets:
-            for client in bucket:
+        pending = self.due_buckets
+        overdue = self.overdue
+        budget = CHECK_SLICE
+        while pending and budget:
+            tick, bucket = pending[0]
+            at, end = self.due_at, len(bucket)
+            while at < end and budget:
+                client = bucket[at]
+                at += 1
                 if client.watch_tick == tick:  # else a stale entry: it is in another bucket, or gone
                     client.watch_tick = NEVER
+                    budget -= 1
                     try:
                         self._check_client(client, now, perf_now, overdue)
                     except Exception:  # one connection's failure must not leave the others unwatched
                         log.exception("data plane housekeeping failed for a client connection")
                         self.watch(client, now)  # looked at again next tick
-        if overdue:
+            if at < end:
+                self.due_at = at
+            else:
+                pending.popleft()
+                self.due_at = 0
+        if pending:
+            self.checking = True
+            self.loop.call_later(SLICE_EVERY, self._check_slice)
+        elif overdue:
+            self.overdue = []
             self.heads_overdue += len(overdue)
             if self.on_heads_overdue is not None:
                 self.on_heads_overdue(len(overdue))
             log.info("closing %d client connection(s): no complete request head within %gs", len(overdue),
                      self.options.header_read_timeout)
             self.close_slices(overdue)
-        keepalive = self.options.upstream_keepalive_timeout
-        for pool in self.pools.values():
-            if pool.idle:
-                pool.expire(now - keepalive)
 
     def _check_client(self, client: DownstreamConnection, now: float, perf_now: float,
                       overdue: list[DownstreamConnection]) -> None:
@@ -526,6 +564,11 @@ class DataPlane(PlaneState):
         if batch or woken:
             self.waking = True
             self.loop.call_later(SLICE_EVERY, self.wake_slow_heads, todo, start + SLICE, batch, woken)
+        elif len(todo) >= READY_SLICE and held and not self.closed:  # the kernel may have more ready: the next
+            more = self.ready_heads.ready(held, READY_SLICE)
+            if more:
+                self.waking = True
+                self.loop.call_later(SLICE_EVERY, self.wake_slow_heads, more, 0, [], [])
 
     def _timed_out(self, client: DownstreamConnection, ex: Exchange, now: float) -> bool:
         """True when ``ex`` was ended for taking too long: its response head past its deadline or
