@@ -8,7 +8,8 @@ PYTHONPATH must be absolute (the gateway runs in a directory of its own). Loaded
 every Python process that inherits the environment (the gateway ``serve``
 started by neighbours.py among them); it hooks the event loop a process makes through its policy (``serve``
 sets uvloop's). A 1 ms timer measures the loop thread's CPU time (``time.thread_time``) between its firings:
-an interval of more than 0.5 ms is written down with the connections accepted meanwhile (the listeners'
+an interval of more than 0.5 ms (or one that came more than 1 ms late with the loop thread not running:
+``lost``) is written down with the connections accepted meanwhile (the listeners'
 protocol factories are counted), the CPU of the cyclic GC's collections by generation (``gc.callbacks``)
 and of the data plane's clock (``DataPlane._tick``, ``_check_slice``, ``wake_slow_heads``, ``close_slices``).
 CPU time is the process's own work, which load does not add to (on a VM, stolen time may). Each process
@@ -65,14 +66,19 @@ if os.environ.get("LOOP_PROBE"):
                 _timed(DataPlane, name)
 
     def _sample(loop: asyncio.AbstractEventLoop) -> None:
-        last = [time.thread_time(), 0, dict(_spent)]
+        last = [time.thread_time(), 0, dict(_spent), time.perf_counter()]
 
         def tick() -> None:
-            cpu = time.thread_time()
+            cpu, wall = time.thread_time(), time.perf_counter()
             used = cpu - last[0]
-            if used > 0.0005:
+            # the wall-clock time the loop thread was due to run and did not (preempted, stolen by the
+            # hypervisor, or waiting for the GIL): not the gateway's work, but its clients wait for it too
+            lost = wall - last[3] - used - 2 * PERIOD
+            last[3] = wall
+            if used > 0.0005 or lost > 0.001:
                 parts = " ".join(f"{k}={(v - last[2].get(k, 0.0)) * 1e3:.2f}" for k, v in _spent.items()
                                  if v - last[2].get(k, 0.0) > 1e-4)
+                parts += f" lost={lost * 1e3:.2f}" if lost > 0.001 else ""
                 _records.append((time.time(), used * 1e3, _accepts[0] - last[1], parts))
             last[0], last[1], last[2] = cpu, _accepts[0], dict(_spent)
             loop.call_later(PERIOD, tick)
@@ -93,15 +99,22 @@ if os.environ.get("LOOP_PROBE"):
 
         loop.create_server = counting_server  # type: ignore[method-assign]
 
-    def _write() -> None:
-        with open(f"{os.environ['LOOP_PROBE']}.{os.getpid()}", "w", encoding="utf-8") as out:
-            out.write(f"# accepts {_accepts[0]}\n")
-            out.writelines(f"{t:.4f} {ms:.3f} {n} {parts}\n" for t, ms, n, parts in list(_records))
+    def _write(written: int) -> int:
+        """Append the records made since the last write. Only those: this thread holds the GIL while it
+        formats, and the loop thread it measures waits meanwhile (rewriting every record every 2 s made
+        stalls of its own, growing with the run, seen as the loop's lost wall-clock time)."""
+        now = len(_records)
+        with open(f"{os.environ['LOOP_PROBE']}.{os.getpid()}", "a", encoding="utf-8") as out:
+            if not written:
+                out.write("# loop probe\n")
+            out.writelines(f"{t:.4f} {ms:.3f} {n} {parts}\n" for t, ms, n, parts in _records[written:now])
+        return now
 
     def _writer() -> None:
+        written = 0
         while True:
             time.sleep(2)
-            _write()
+            written = _write(written)
 
     _set_policy = asyncio.set_event_loop_policy
 
