@@ -2,6 +2,7 @@
 # members, so that a call's two counts (started as it begins, observe as it is accounted) are C calls on C fields.
 # Compiled as a plain Python class it was slower than interpreted (every field a generic attribute lookup).
 cimport cython
+from gateway.metrics cimport Batch
 
 cdef class GrpcMetrics:
     cdef public object calls, duration, messages, open_calls, connection_errors, connections_closed
@@ -15,5 +16,5 @@ cdef class GrpcMetrics:
     cdef public Py_ssize_t _to_sandbox, _to_client, open, _shown
     cdef public object _fold_soon, unobserved
     cpdef started(self)
-    @cython.locals(batch=list)
+    @cython.locals(batch=Batch, buckets=list)
     cpdef observe(self, object path, int code, double seconds, Py_ssize_t to_sandbox, Py_ssize_t to_client)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gateway.metrics import labelled, observe_many
+from gateway.metrics import Batch, labelled, observe_many
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120, 600)
 STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
@@ -72,7 +72,7 @@ class GrpcMetrics:
         self._methods: set[str] = set()
         self._series: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._bounds = tuple(float(bound) for bound in _LATENCY_BUCKETS) + (float("inf"),)
-        self._batch: dict[tuple[str, int], list[Any]] = {}  # (path, code): [calls, seconds, per bucket]
+        self._batch: dict[tuple[str, int], Batch] = {}  # (path, code): calls, seconds, per bucket (the data plane's Batch)
         self._to_sandbox = 0
         self._to_client = 0
         self.open = 0    # calls in progress in this process
@@ -112,12 +112,13 @@ class GrpcMetrics:
         key = (path, code)
         batch = self._batch.get(key)
         if batch is None:
-            batch = self._batch[key] = [0, 0.0, [0] * len(self._bounds)]
+            batch = self._batch[key] = Batch(len(self._bounds))
             if self._fold_soon is not None:
                 self._fold_soon()
-        batch[0] += 1
-        batch[1] += seconds
-        batch[2][bisect_left(self._bounds, seconds)] += 1  # Histogram.observe's bucket: the first bound >= it
+        batch.count += 1
+        batch.total += seconds
+        buckets = batch.buckets
+        buckets[bisect_left(self._bounds, seconds)] += 1  # Histogram.observe's bucket: the first bound >= it
         self._to_sandbox += to_sandbox
         self._to_client += to_client
         if self._fold_soon is None:
@@ -133,8 +134,8 @@ class GrpcMetrics:
         if self._shown != self.open:
             self.open_calls.set(self.open)
             self._shown = self.open
-        batch, self._batch = self._batch, {}
-        for key, (count, total, buckets) in batch.items():
+        batches, self._batch = self._batch, {}
+        for key, batch in batches.items():
             series = self._series.get(key)
             if series is None:
                 path, code = key
@@ -142,8 +143,8 @@ class GrpcMetrics:
                 series = (self.calls.labels(method, status_name(code)), self.duration.labels(method))
                 if method != "other" or len(self._series) < 4 * self._limit:
                     self._series[key] = series
-            series[0].inc(count)
-            observe_many(series[1], self._bounds, count, total, buckets)
+            series[0].inc(batch.count)
+            observe_many(series[1], self._bounds, batch.count, batch.total, batch.buckets)
         if self._to_sandbox:
             self._sent.inc(self._to_sandbox)
             self._to_sandbox = 0
