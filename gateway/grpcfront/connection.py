@@ -34,6 +34,7 @@ import asyncio
 import logging
 import re
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from gateway.errors import BadRequest, error_body
@@ -100,6 +101,8 @@ class Connection(FrameReader):
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
         self._holding = False               # hold() until flush(): the caller writes, then flushes itself
+        self._reading = False               # in data_received: soon() keeps its callbacks for the end of it
+        self._after: list[Callable[[], None]] = []  # those callbacks (soon)
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._inbox = bytearray()
         self._preface = not client_side     # server side: the client's preface is still to come
@@ -171,6 +174,7 @@ class Connection(FrameReader):
             return
         inbox = self._inbox
         inbox += data
+        self._reading = True
         try:
             if self._preface:
                 if not self._take_preface():
@@ -182,6 +186,28 @@ class Connection(FrameReader):
                 self._refuse_http1(self._transport, "HTTP/2 only (gRPC, with prior knowledge, or TLS with ALPN h2)")
             else:
                 self.fail(failure.code, str(failure))
+        finally:
+            self._reading = False
+            if self._after:
+                self._run_after()
+
+    def soon(self, callback: Callable[[], None]) -> None:
+        """``callback()`` once the frames being read are handled: at the end of :meth:`data_received` when called
+        from it (a call's start as its request arrives, its answer as the sandbox's does), else ``call_soon``. At
+        one call in flight that is the same moment as the next loop step's, without a handle made, queued and run
+        by the loop on each of the two paths a call's latency is made of (read to write, both ways)."""
+        if self._reading:
+            self._after.append(callback)
+        else:
+            self.loop.call_soon(callback)
+
+    def _run_after(self) -> None:
+        after, self._after = self._after, []
+        for callback in after:
+            try:
+                callback()
+            except Exception:  # as the loop would for a call_soon callback: the others still run
+                log.exception("a callback after a read failed")
 
     def eof_received(self) -> None:
         return None

@@ -176,7 +176,7 @@ class GrpcFront:
         if self._draining:
             call.side = "stopping"
         self.calls.add(call)
-        call.down.conn.loop.call_soon(call.start)  # once the frames read with the head are handled (its DATA)
+        call.down.conn.soon(call.start)  # once the frames read with the head are handled (its DATA)
         if self.metrics is not None:  # after: with workers, the fold it queues (which accounts) runs after start
             self.metrics.started()
 

@@ -20,6 +20,7 @@ cdef class Endpoint:
     cpdef ack(self, Py_ssize_t stream_id, Py_ssize_t size)
     cpdef hold(self)
     cpdef flush(self)
+    cpdef soon(self, object callback)
 
 cdef class Stream:
     cdef public Endpoint conn

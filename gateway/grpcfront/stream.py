@@ -49,6 +49,7 @@ class Endpoint:
     def ack(self, stream_id: int, size: int) -> None: ...
     def hold(self) -> None: ...
     def flush(self) -> None: ...
+    def soon(self, callback: Callable[[], None]) -> None: ...
     async def drained(self) -> None: ...
 
 
@@ -242,7 +243,7 @@ class Stream:
         hook = self.on_head
         if hook is not None:
             self.on_head = None
-            self.conn.loop.call_soon(hook)
+            self.conn.soon(hook)
 
     async def _wait_window(self) -> None:
         waiter = self._window_waiter = self.conn.loop.create_future()
