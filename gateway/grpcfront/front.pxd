@@ -16,7 +16,7 @@ cdef class GrpcFront:
     cdef public GrpcMetrics metrics
     cdef public object access, timing, gate, channels
     cdef public set calls
-    cdef public dict sandbox_heads
+    cdef public dict sandbox_heads, targets
     cdef public set connections
     cdef public object address, _server
     cdef public bint _draining
