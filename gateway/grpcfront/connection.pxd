@@ -15,12 +15,10 @@ cdef class Connection(FrameReader):
     cdef public list _drain_waiters
     cdef public object _lost
     cdef public Py_ssize_t _window
-    cdef public dict _held
     cdef public Py_ssize_t _unacked
     cpdef write(self, bytes data)
     cpdef reset_sent(self, Py_ssize_t stream_id, Py_ssize_t code)
     cpdef _credit(self, Py_ssize_t size)
-    cpdef _hold(self, Py_ssize_t stream_id, Py_ssize_t size)
     cpdef write_headers(self, Py_ssize_t stream_id, object headers, bint end_stream)
     cpdef hold(self)
     cpdef flush(self)

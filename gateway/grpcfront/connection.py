@@ -45,7 +45,7 @@ from gateway.grpcfront.frames import (
 )
 from gateway.grpcfront.headers import HeaderCodec
 from gateway.grpcfront.inbound import MAX_HEADER_BLOCK, MAX_STREAMS, FrameReader
-from gateway.grpcfront.keeper import NO_KEEPER, Keeper, NoKeeper
+from gateway.grpcfront.keeper import NO_KEEPER, Keeper
 from gateway.grpcfront.stream import STREAM_WINDOW, Headers, Stream, StreamClosed, StreamOwner
 
 log = logging.getLogger("gateway.grpc")
@@ -113,7 +113,6 @@ class Connection(FrameReader):
         self._lost: asyncio.Future[None] = self.loop.create_future()
         self._window = window               # the connection's receive window: what its streams hold in all
         self._recv_window = window
-        self._held: dict[int, int] = {}     # per stream: bytes received and not yet handed on by the relay
         self._unacked = 0
         self._next_id = 1                   # client side: the next stream we open
         self._last_peer_id = 0              # server side: the highest stream a client opened
@@ -124,7 +123,7 @@ class Connection(FrameReader):
         self._self_dependent = False        # the header block's HEADERS named its own stream as its parent
         self._hpack: Any = None             # HeaderCodec, made by _greet: a connection that never speaks costs none
         self._greeted = False               # our SETTINGS sent (_greet)
-        self.keeper: Keeper | NoKeeper = NO_KEEPER  # server side: the front's deadlines (keeper.py)
+        self.keeper: Keeper = NO_KEEPER  # server side: the front's deadlines (keeper.py)
 
     # -- asyncio protocol --------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -344,7 +343,10 @@ class Connection(FrameReader):
     def forget(self, stream: Stream) -> None:
         """``stream`` is closed both ways: it no longer counts against the peer's limit, nor what its buffer
         still holds against the connection's window (what a reset stream's relay never takes is let go)."""
-        self._credit(self._held.pop(stream.id, 0))
+        held = stream.held
+        if held:
+            stream.held = 0
+            self._credit(held)
         if self.streams.pop(stream.id, None) is not None:
             self._close_if_drained()
 
@@ -366,28 +368,20 @@ class Connection(FrameReader):
 
     def ack(self, stream_id: int, size: int) -> None:
         """``size`` bytes of ``stream_id`` were taken by the relay: reopen its stream's window, and the
-        connection's by what the stream still held."""
-        held = self._held.get(stream_id)
-        if held is not None:
-            taken = min(size, held)
-            if held > taken:
-                self._held[stream_id] = held - taken
-            else:
-                del self._held[stream_id]
-            self._credit(taken)
+        connection's by what the stream still held (once forgotten, a stream's bytes were credited then)."""
         stream = self.streams.get(stream_id)
-        if stream is not None:
-            stream.ack(size)
+        if stream is None:
+            return
+        held = stream.held
+        if held:
+            taken = min(size, held)
+            stream.held = held - taken
+            self._credit(taken)
+        stream.ack(size)
 
     def reset_sent(self, stream_id: int, code: int) -> None:
         self.write(rst_stream(stream_id, code))
         self._reset_ids.append(stream_id)
-
-    def _hold(self, stream_id: int, size: int) -> None:
-        """``size`` bytes of DATA went into ``stream_id``'s buffer: the connection's window reopens by them only
-        as the relay hands them on (:meth:`ack`) or the stream ends (:meth:`forget`). So what one connection
-        buffers in all is its window, whatever its streams' windows add up to (256 x 1 MiB otherwise)."""
-        self._held[stream_id] = self._held.get(stream_id, 0) + size
 
     def _credit(self, size: int) -> None:
         """Reopen the connection's window by ``size``, a quarter of the window at a time."""

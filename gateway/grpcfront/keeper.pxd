@@ -6,3 +6,20 @@ cdef class Keeper:
     cdef public double _at, _start, _spread
     cdef public bint _handshaken, _acked, _aging
     cdef public Py_ssize_t _strikes
+    # what a connection calls (FrameReader.keeper is typed): C calls; NoKeeper overrides each
+    cpdef handshaken(self)
+    cpdef settings_sent(self)
+    cpdef settings_acked(self)
+    cpdef call_started(self)
+    cpdef calls_ended(self)
+    cpdef bint ping(self)
+    cpdef stop(self)
+
+cdef class NoKeeper(Keeper):
+    cpdef handshaken(self)
+    cpdef settings_sent(self)
+    cpdef settings_acked(self)
+    cpdef call_started(self)
+    cpdef calls_ended(self)
+    cpdef bint ping(self)
+    cpdef stop(self)
