@@ -333,7 +333,8 @@ class Call:
         front = self.front
         self.route = route
         front.router.stream_opened(route.sandbox_id)
-        known = front.targets.get(id(route))  # the route's target, as GrpcFront.target found it before
+        targets, key = front.targets, id(route)  # the route's target, as GrpcFront.target found it before
+        known = targets[key] if key in targets else None  # (`in` and [] are C slots; .get, a method call)
         self.target = known[1] if known is not None and known[0] is route else front.target(route)
 
     async def _forward(self, out: Sequence[tuple[bytes, bytes]]) -> None:
