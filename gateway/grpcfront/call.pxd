@@ -2,9 +2,20 @@
 from gateway.grpcfront.connection cimport Connection
 from gateway.grpcfront.head cimport forwardable, http_status, sandbox_head, status_of
 from gateway.grpcfront.stream cimport Endpoint, Stream, relay_now
+from gateway.proxy._admission cimport Admission
+
+# what a call reads of its front (GrpcFront extends it, front.pxd)
+cdef class CallHost:
+    cdef public object router, tracer
+    cdef public Admission admission
+    cdef public object channels
+    cdef public set calls
+    cdef public dict sandbox_heads, targets
+    cdef public list unaccounted
 
 cdef class Call:
-    cdef public object front, conn
+    cdef public CallHost front
+    cdef public object conn
     cdef public Stream down
     cdef public object headers, task
     cdef public Stream up

@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.auth import Authenticator, TrustedHeaders
 from gateway.gate import ConnectionGate
-from gateway.grpcfront.call import Call
+from gateway.grpcfront.call import Call, CallHost
 from gateway.grpcfront.connection import Connection
 from gateway.grpcfront.frames import ENHANCE_YOUR_CALM, ERROR_NAMES, NO_ERROR
 from gateway.grpcfront.keeper import Keeper, Timing
@@ -112,7 +112,7 @@ class _ServerSide:
             self.front.metrics.malformed_requests.inc()
 
 
-class GrpcFront:
+class GrpcFront(CallHost):
     """Forwards any gRPC call to the caller's sandbox; see the package docstring."""
 
     def __init__(self, router: SessionRouter, settings: Settings, *, authenticator: Authenticator = TrustedHeaders(),
