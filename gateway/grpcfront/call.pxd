@@ -1,17 +1,8 @@
 # The compiled build's declarations for call.py (gateway/_compiled.py): the fields as C struct members.
 from gateway.grpcfront.connection cimport Connection
 from gateway.grpcfront.head cimport forwardable, http_status, sandbox_head, status_of
+from gateway.grpcfront.host cimport CallHost
 from gateway.grpcfront.stream cimport Endpoint, Stream, relay_now
-from gateway.proxy._admission cimport Admission
-
-# what a call reads of its front (GrpcFront extends it, front.pxd)
-cdef class CallHost:
-    cdef public object router, tracer
-    cdef public Admission admission
-    cdef public object channels
-    cdef public set calls
-    cdef public dict sandbox_heads, targets
-    cdef public list unaccounted
 
 cdef class Call:
     cdef public CallHost front

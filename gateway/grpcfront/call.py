@@ -35,7 +35,7 @@ from gateway.grpcfront.head import (
 from gateway.grpcfront.relay import CHUNK, Truncated, relay
 from gateway.grpcfront.stream import Stream, StreamClosed, relay_now
 from gateway.grpcfront.upstream import Target
-from gateway.proxy._admission import SANDBOX_ID_HEADER, Admission
+from gateway.proxy._admission import SANDBOX_ID_HEADER
 
 if TYPE_CHECKING:
     from gateway.grpcfront.connection import Connection
@@ -69,21 +69,6 @@ class _Side:
 
 _HEADS_REMEMBERED = 16  # distinct request heads per client connection; more and the memo starts over
 
-
-class CallHost:
-    """What a call reads of its front: ``GrpcFront``'s base, declared here (call.pxd) so that the compiled build types
-    ``Call.front`` and reads these as C members (front.pxd cimports this module: naming ``GrpcFront`` here would be a
-    cycle at run time). The front's methods a call uses (``account``, ``finished``, ``target``) are looked up by name:
-    tests wrap them on the instance."""
-
-    router: Any
-    tracer: Any
-    admission: Admission
-    channels: Any
-    calls: set[Call]
-    sandbox_heads: dict[Any, Any]
-    targets: dict[int, Any]
-    unaccounted: list[Any]
 
 
 class Call:

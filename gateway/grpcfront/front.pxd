@@ -1,9 +1,10 @@
 # The compiled build's declarations for front.py (gateway/_compiled.py): each client connection's handler, and the
 # front, as extension types. The front is one per process; its own methods read its fields as C members, and it
 # keeps an instance dict so that tests can wrap its methods on the instance (what calls them looks them up by name,
-# so the wrapper is what runs). Call.front is typed by the front's base, CallHost, declared in call.pxd: call.pxd
-# cimporting this module would make call.py's import of it a cycle at run time (front.py imports call.py).
-from gateway.grpcfront.call cimport Call, CallHost
+# so the wrapper is what runs). Call.front is typed by the front's base, CallHost (host.pxd): call.pxd cimporting
+# this module would make call.py's import of it a cycle at run time (front.py imports call.py).
+from gateway.grpcfront.call cimport Call
+from gateway.grpcfront.host cimport CallHost
 from gateway.grpcfront.metrics cimport GrpcMetrics
 
 cdef class _ServerSide:

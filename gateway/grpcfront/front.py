@@ -15,9 +15,10 @@ from typing import Any
 
 from gateway.auth import Authenticator, TrustedHeaders
 from gateway.gate import ConnectionGate
-from gateway.grpcfront.call import Call, CallHost
+from gateway.grpcfront.call import Call
 from gateway.grpcfront.connection import Connection
 from gateway.grpcfront.frames import ENHANCE_YOUR_CALM, ERROR_NAMES, NO_ERROR
+from gateway.grpcfront.host import CallHost
 from gateway.grpcfront.keeper import Keeper, Timing
 from gateway.grpcfront.metrics import GrpcMetrics
 from gateway.grpcfront.stream import Stream

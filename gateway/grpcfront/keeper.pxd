@@ -15,6 +15,7 @@ cdef class Keeper:
     cpdef bint ping(self)
     cpdef stop(self)
 
+# Cython has a subclass declare again each cpdef method it overrides (else a C call would run Keeper's)
 cdef class NoKeeper(Keeper):
     cpdef handshaken(self)
     cpdef settings_sent(self)
