@@ -22,6 +22,15 @@ cdef int _connection_option(chars s, Py_ssize_t n, Py_ssize_t value, Py_ssize_t 
 @cython.locals(size=Py_ssize_t, k=Py_ssize_t, c=int, w=chars)
 cdef bint _is(chars s, Py_ssize_t n, Py_ssize_t at, bytes word, bint fold)
 
+cdef int _T_URL, _T_NAME, _T_VALUE
+
+@cython.locals(s=chars, table=chars, n=Py_ssize_t, size=Py_ssize_t, i=Py_ssize_t, line=Py_ssize_t, value=Py_ssize_t,
+               end=Py_ssize_t, parts=list, word=bytes)
+cpdef list plain_request(bytes data)
+
+@cython.locals(word=bytes)
+cdef bint _framing_name(chars s, Py_ssize_t n, Py_ssize_t start, Py_ssize_t size)
+
 cdef class RequestIds:
     cdef public str prefix
     cdef public unsigned long long count

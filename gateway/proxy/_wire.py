@@ -187,6 +187,79 @@ def _is(s: bytes, n: int, at: int, word: bytes, fold: bool) -> bool:
     return True
 
 
+# -- a plain request head, read without llhttp (the compiled build) --------------
+# Byte classes for plain_request, one flag a byte: a request target's byte (a conservative subset of what llhttp
+# takes in a path and query), a header name's (letters, digits, '-', '_': tokens), a header value's (visible
+# ASCII and space). Everything else (tab, obs-text, control bytes, '#', quotes, brackets, ...) sends the head
+# to llhttp.
+_T_URL, _T_NAME, _T_VALUE = 1, 2, 4
+_BYTE_CLASS = bytes(
+    (_T_URL if (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 or c in b"-._~/?=&%+,;:@!$*'()") else 0)
+    | (_T_NAME if (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 or c in b"-_") else 0)
+    | (_T_VALUE if 32 <= c <= 126 else 0)
+    for c in range(256))
+_PLAIN_METHODS = (b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"OPTIONS", b"PATCH")
+
+
+def plain_request(data: bytes) -> list[bytes] | None:
+    """A read that is exactly one request head of the plainest kind, for the compiled build (C indexing; as
+    Python it is correct but slow, so the pure build leaves every head to llhttp): ``[method, target,
+    name, value, name, value, ...]``, the values without their leading spaces; else None, and llhttp reads it.
+
+    Plain means: ``GET`` (or another common method but CONNECT) a target in origin-form of the bytes
+    ``_BYTE_CLASS`` allows, ``HTTP/1.1``, header lines of a token name, ``:``, spaces, a non-empty value of
+    visible ASCII and inner spaces, each ending in CRLF, then the empty line, and nothing after it. No
+    Content-Length, Transfer-Encoding, Connection, Proxy-Connection or Upgrade line: no body, keep-alive,
+    no upgrade, so llhttp would end the message here and stay where it is. Everything llhttp decides
+    beyond that (framing, obs-fold, bare CR or LF, tabs, trailing spaces, other bytes, pipelined requests,
+    HTTP/1.0) goes to llhttp; tests/test_plain_request.py holds the two to the same answers."""
+    s = data  # compiled: a char pointer
+    n = len(data)
+    if n < 18 or s[n - 1] != 10 or s[n - 2] != 13 or s[n - 3] != 10 or s[n - 4] != 13:
+        return None
+    method = None
+    for word in _PLAIN_METHODS:
+        size = len(word)
+        if _is(s, n, 0, word, False) and s[size] == 32:
+            method = word
+            break
+    if method is None or s[size + 1] != 47:  # "/"
+        return None
+    table = _BYTE_CLASS  # compiled: a char pointer
+    i = size + 1
+    while table[s[i]] & _T_URL:  # the final LF is in no class: every loop below stops before n
+        i += 1
+    if i == size + 1 or not _is(s, n, i, b" HTTP/1.1\r\n", False):
+        return None
+    parts = [method, s[size + 1:i]]  # compiled: bytes made from the char pointer (no slice object)
+    line = i + 11
+    while line < n - 2:
+        i = line
+        while table[s[i]] & _T_NAME:
+            i += 1
+        if i == line or s[i] != 58 or _framing_name(s, n, line, i - line):  # ":"
+            return None
+        value = i + 1
+        while s[value] == 32:
+            value += 1
+        end = value
+        while table[s[end]] & _T_VALUE:
+            end += 1
+        if end == value or s[end] != 13 or s[end + 1] != 10 or s[end - 1] == 32:
+            return None
+        parts.append(s[line:i])
+        parts.append(s[value:end])
+        line = end + 2
+    return parts if line == n - 2 else None
+
+
+def _framing_name(s: bytes, n: int, start: int, size: int) -> bool:
+    """A header name llhttp acts on (framing, keep-alive, upgrade): such a head is llhttp's to read."""
+    word = (b"content-length" if size == 14 else b"transfer-encoding" if size == 17 else b"connection"
+            if size == 10 else b"proxy-connection" if size == 16 else b"upgrade" if size == 7 else None)
+    return word is not None and _is(s, n, start, word, True)
+
+
 def is_event_stream(low: bytes) -> bool:
     """Content-Type: text/event-stream, in a lower-cased head."""
     return low.find(b"event-stream") >= 0 and _SSE_CONTENT_TYPE.search(low) is not None
