@@ -14,7 +14,7 @@ import random
 import httptools
 import pytest
 
-from gateway.proxy._wire import plain_request
+from gateway.proxy._wire import plain_head, plain_request, plain_response
 
 # Bytes that make heads hostile: line ends, whitespace, separators, control and non-ASCII bytes.
 ODD = [b"\r", b"\n", b"\r\n", b" ", b"\t", b":", b"\x00", b"\x7f", b"\x80", b"\xff", b"\x0b", b"\x0c", b"#",
@@ -176,3 +176,112 @@ def test_every_single_byte_in_each_place_agrees() -> None:
         base = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
         for at in range(len(base)):
             assert_agrees(base[:at] + byte + base[at + 1:])
+
+
+# -- responses: plain_response against llhttp and the general path's plain_head ---------------------------------
+
+class ResponseRecorder:
+    """httptools' response callbacks, recorded; keep-alive as UpstreamConnection reads it, at the message's end."""
+
+    def __init__(self) -> None:
+        self.body = b""
+        self.complete = 0
+        self.keep: list[bool] = []
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.complete += 1
+        self.keep.append(self.parser.should_keep_alive())
+
+
+RESPONSE_NAMES = [b"Server", b"Date", b"Content-Type", b"Content-Length", b"content-length", b"Connection",
+                  b"ETag", b"Transfer-Encoding", b"X-Request-Id", b"Keep-Alive", b"Upgrade", b"TE", b"Set-Cookie",
+                  b"Proxy-Connection", b"Trailer", b"X_Under", b"Cache-Control"]
+RESPONSE_VALUES = [b"nginx/1.22.1", b"Fri, 27 Nov 2026 15:00:00 GMT", b"text/html", b"text/event-stream", b"13",
+                   b"0", b"5", b"013", b"keep-alive", b"Keep-Alive", b"close", b"upgrade", b"chunked", b"a=b; Path=/",
+                   b"1 3", b"+13", b"no-cache, private"]
+STATUS_LINES = [b"HTTP/1.1 200 OK", b"HTTP/1.1 201 Created", b"HTTP/1.1 204 No Content", b"HTTP/1.1 205 Reset",
+                b"HTTP/1.1 299 X", b"HTTP/1.1 200 ", b"HTTP/1.1 200", b"HTTP/1.1 304 Not Modified",
+                b"HTTP/1.1 101 Switching", b"HTTP/1.1 100 Continue", b"HTTP/1.0 200 OK", b"HTTP/1.1 2x0 OK",
+                b"HTTP/1.1 404 Not Found", b"HTTP/1.1 20 OK", b"HTTP/1.1 2000 OK"]
+
+
+def assert_response_agrees(data: bytes) -> bool:
+    """``plain_response`` defers, or llhttp reads ``data`` as one whole keep-alive response with that status and
+    body, and the bytes sent are plain_head's rewrite and the body (what the llhttp path sends); True when taken."""
+    plain = plain_response(data, b"rid-1")
+    if plain is None:
+        return False
+    out, status, body = plain
+    recorder = ResponseRecorder()
+    parser = recorder.parser
+    try:
+        parser.feed_data(data)
+    except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+        raise AssertionError(f"llhttp refuses what the plain path takes: {data!r}") from None
+    assert recorder.complete == 1 and recorder.keep == [True] and parser.get_status_code() == status, data
+    assert 200 <= status < 300 and status not in (204, 205) and body == len(recorder.body), data
+    head = plain_head(data, 0, b"rid-1")
+    assert head is not None and out == head[0] + data[head[1]:] and data[head[1]:] == recorder.body, data
+    parser.feed_data(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")  # left at the start of a message
+    assert recorder.complete == 2, data
+    return True
+
+
+def random_response(rng: random.Random) -> bytes:
+    body = rng.choice((b"hello, world\n", b"", b"x" * 40, b"\r\n\r\n", b"GET / HTTP/1.1\r\n\r\n"))
+    lines = [STATUS_LINES[0] if rng.random() < 0.6 else rng.choice(STATUS_LINES)]
+    names = rng.sample(RESPONSE_NAMES[:7], rng.randrange(0, 6)) + rng.sample(RESPONSE_NAMES, rng.randrange(0, 2))
+    for name in names:
+        value = (str(len(body)).encode() if name.lower() == b"content-length" and rng.random() < 0.8
+                 else rng.choice(RESPONSE_VALUES))
+        lines.append(name + b":" + b" " * rng.choice((0, 1, 1, 2)) + value)
+    if rng.random() < 0.7:
+        lines.insert(rng.randrange(1, len(lines) + 1), b"Content-Length: %d" % len(body))
+    data = b"\r\n".join(lines) + b"\r\n\r\n" + body
+    for _ in range(rng.choice((0, 0, 1, 1, 2))):
+        at = rng.randrange(len(data) + 1)
+        roll = rng.random()
+        if roll < 0.5:
+            data = data[:at] + rng.choice(ODD) + data[at:]
+        elif roll < 0.75:
+            data = data[:at] + data[at + rng.randrange(1, 4):]
+        else:
+            data = data[:at] + data[at:at + rng.randrange(1, 8)] + data[at:]
+    return data
+
+
+NGINX = (b"HTTP/1.1 200 OK\r\nServer: nginx/1.22.1\r\nDate: Fri, 27 Nov 2026 15:00:00 GMT\r\nContent-Type: text/html\r\n"
+         b"Content-Length: 13\r\nConnection: keep-alive\r\nETag: \"6925f0b0-d\"\r\n\r\nhello, world\n")
+
+
+@pytest.mark.parametrize("data", [
+    NGINX, NGINX.replace(b"Connection: keep-alive\r\n", b""), b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nCONNECTION: Keep-Alive\r\ncontent-length:  013\r\n\r\n" + b"y" * 13,
+])
+def test_plain_responses_are_sent_as_the_llhttp_path_sends_them(data: bytes) -> None:
+    assert assert_response_agrees(data)
+
+
+@pytest.mark.parametrize("data", [
+    NGINX.replace(b"keep-alive", b"close"), NGINX + b"x", NGINX[:-1], NGINX.replace(b"200 OK", b"204 No Content"),
+    NGINX.replace(b"Content-Length: 13", b"Content-Length: 13\r\nContent-Length: 13"),
+    NGINX.replace(b"Content-Length: 13", b"Transfer-Encoding: chunked"),
+    NGINX.replace(b"Content-Length: 13", b"Content-Length: 13\r\nTransfer-Encoding: chunked"),
+    NGINX.replace(b"text/html", b"text/event-stream"), NGINX.replace(b"ETag", b"X-Request-Id"),
+    NGINX.replace(b"HTTP/1.1", b"HTTP/1.0"), NGINX.replace(b"nginx/1.22.1", b"nginx\t1"),
+    NGINX.replace(b"Server: nginx/1.22.1", b"Server: nginx\r\n /1.22.1"), NGINX.replace(b"\r\nDate", b"\nDate"),
+    NGINX.replace(b"Content-Length: 13", b"Content-Length: 1 3"),
+    NGINX.replace(b"Connection: keep-alive", b"Connection: keep-alive\r\nConnection: keep-alive"),
+])
+def test_responses_llhttp_or_the_general_rewrite_decide_are_left_to_them(data: bytes) -> None:
+    assert plain_response(data, b"rid-1") is None
+
+
+def test_generated_responses_are_deferred_or_sent_as_the_llhttp_path_sends_them() -> None:
+    rng = random.Random(3333)
+    taken = sum(assert_response_agrees(random_response(rng)) for _ in range(20_000))
+    assert taken > 1_000

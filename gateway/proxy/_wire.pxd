@@ -23,10 +23,15 @@ cdef int _connection_option(chars s, Py_ssize_t n, Py_ssize_t value, Py_ssize_t 
 cdef bint _is(chars s, Py_ssize_t n, Py_ssize_t at, bytes word, bint fold)
 
 cdef int _T_URL, _T_NAME, _T_VALUE
+cdef bytes _BYTE_CLASS
 
 @cython.locals(s=chars, table=chars, n=Py_ssize_t, size=Py_ssize_t, i=Py_ssize_t, line=Py_ssize_t, value=Py_ssize_t,
                end=Py_ssize_t, parts=list, word=bytes)
 cpdef list plain_request(bytes data)
+
+@cython.locals(s=chars, table=chars, n=Py_ssize_t, i=Py_ssize_t, line=Py_ssize_t, value=Py_ssize_t, end=Py_ssize_t,
+               size=Py_ssize_t, k=Py_ssize_t, length=Py_ssize_t, cut=Py_ssize_t, resume=Py_ssize_t)
+cpdef tuple plain_response(bytes data, bytes request_id)
 
 @cython.locals(word=bytes)
 cdef bint _framing_name(chars s, Py_ssize_t n, Py_ssize_t start, Py_ssize_t size)

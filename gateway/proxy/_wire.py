@@ -253,6 +253,66 @@ def plain_request(data: bytes) -> list[bytes] | None:
     return parts if line == n - 2 else None
 
 
+def plain_response(data: bytes, request_id: bytes) -> tuple[bytes, int, int] | None:
+    """A read that is exactly one plain keep-alive response, head and whole body, for the compiled build: what
+    the client is sent (the head as :func:`plain_head` rewrites it, then the body), the status and the body's
+    size; else None, and llhttp
+    reads it. Plain means: ``HTTP/1.1``, a 2xx status but 204 and 205, a reason of visible ASCII and spaces,
+    header lines as :func:`plain_request` takes them, one Content-Length of digits that the bytes after the
+    head match exactly, at most one ``Connection: keep-alive``, and none of what the general rewrite must
+    see (see :func:`plain_head`). tests/test_plain_request.py holds it to llhttp and plain_head."""
+    s = data  # compiled: a char pointer
+    table = _BYTE_CLASS  # compiled: a char pointer
+    n = data.find(b"\r\n\r\n") + 4  # the head's end: every loop below stops at its last LF
+    if n < 19 or not _is(s, n, 0, b"HTTP/1.1 2", False) or not (48 <= s[10] <= 57 and 48 <= s[11] <= 57):
+        return None
+    if s[12] != 32 or (s[10] == 48 and (s[11] == 52 or s[11] == 53)):  # 204, 205: no body
+        return None
+    i = 13
+    while table[s[i]] & _T_VALUE:
+        i += 1
+    if s[i] != 13 or s[i + 1] != 10:
+        return None
+    length = cut = resume = -1
+    line = i + 2
+    while line < n - 2:
+        i = line
+        while table[s[i]] & _T_NAME:
+            i += 1
+        if i == line or s[i] != 58:  # ":"
+            return None
+        value = i + 1
+        while s[value] == 32:
+            value += 1
+        end = value
+        while table[s[end]] & _T_VALUE:
+            end += 1
+        if end == value or s[end] != 13 or s[end + 1] != 10 or s[end - 1] == 32:
+            return None
+        size = i - line
+        if size == 14 and _is(s, n, line, b"content-length", True):
+            if length >= 0 or end - value > 15:
+                return None
+            length = 0
+            for k in range(value, end):
+                if not 48 <= s[k] <= 57:
+                    return None
+                length = length * 10 + s[k] - 48
+        elif size == 10 and _is(s, n, line, b"connection", True):
+            if cut >= 0 or end - value != 10 or not _is(s, n, value, b"keep-alive", True):
+                return None
+            cut, resume = line - 2, end
+        elif _plain_line(s, n, line, i, end) != 0 or _framing_name(s, n, line, size):
+            return None
+        line = end + 2
+    if length < 0 or len(data) - n != length:
+        return None
+    if cut < 0:
+        cut = resume = n - 4
+    return (b"".join((s[:cut], s[resume:n - 4], b"\r\nX-Request-Id: ", request_id, b"\r\n\r\n", s[n:len(data)])),
+            (s[9] - 48) * 100 + (s[10] - 48) * 10 + s[11] - 48, length)
+
+
 def _framing_name(s: bytes, n: int, start: int, size: int) -> bool:
     """A header name llhttp acts on (framing, keep-alive, upgrade): such a head is llhttp's to read."""
     word = (b"content-length" if size == 14 else b"transfer-encoding" if size == 17 else b"connection"
