@@ -263,16 +263,9 @@ class UpstreamConnection:
             if self.plane.draining and ex.protocol == "sse" and self.ex is ex:
                 self._end_stream_at_event(ex, data)
             return
-        raw = self.raw
+        raw = self._head_so_far(ex, data)
         if raw is None:
-            if COMPILED and ex.keyed is None and self.read_plain(ex, data):
-                return
-            raw = self.raw = data
-        else:
-            raw = self.raw = raw + data
-            if len(raw) > MAX_RESPONSE_HEAD:
-                self._protocol_error(ex, f"response head larger than {MAX_RESPONSE_HEAD} bytes")
-                return
+            return
         try:
             self.parser.feed_data(data)
         except HttpParserUpgrade as exc:
@@ -387,10 +380,23 @@ class UpstreamConnection:
                                               sandbox_id=sandbox_id))
         self.parser = None
 
+    def _head_so_far(self, ex: Exchange, data: bytes) -> bytes | None:
+        """The response's bytes so far, for llhttp; None when done: sent whole (read_plain) or too large."""
+        raw = self.raw
+        if raw is None:
+            if COMPILED and ex.keyed is None and self.read_plain(ex, data):
+                return None
+            self.raw = data
+            return data
+        raw = self.raw = raw + data
+        if len(raw) > MAX_RESPONSE_HEAD:
+            self._protocol_error(ex, f"response head larger than {MAX_RESPONSE_HEAD} bytes")
+            return None
+        return raw
+
     def read_plain(self, ex: Exchange, data: bytes) -> bool:
-        """The compiled build's way to read a first read that is one whole plain response (``_wire.plain_response``):
-        what llhttp's callbacks and the read after them would do, without llhttp, which stays at the start of a
-        message; False, with nothing done, for any other read or an exchange whose response is not passed through."""
+        """A first read that is one whole plain response (``_wire.plain_response``), done as llhttp's path does
+        it, without llhttp (left at the start of a message); False, with nothing done, for anything else."""
         if not (ex.keep_alive and ex.req_done and not ex.version10 and ex.method != b"HEAD" and not self.plane.draining):
             return False  # _passes_through's conditions on the exchange; plain_response checks the response's
         plain = plain_response(data, ex.request_id)
