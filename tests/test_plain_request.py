@@ -275,6 +275,7 @@ def test_plain_responses_are_sent_as_the_llhttp_path_sends_them(data: bytes) -> 
     NGINX.replace(b"HTTP/1.1", b"HTTP/1.0"), NGINX.replace(b"nginx/1.22.1", b"nginx\t1"),
     NGINX.replace(b"Server: nginx/1.22.1", b"Server: nginx\r\n /1.22.1"), NGINX.replace(b"\r\nDate", b"\nDate"),
     NGINX.replace(b"Content-Length: 13", b"Content-Length: 1 3"),
+    NGINX.replace(b"Content-Length: 13", b"Content-Length: x\r\nContent-Length: 13"),
     NGINX.replace(b"Connection: keep-alive", b"Connection: keep-alive\r\nConnection: keep-alive"),
 ])
 def test_responses_llhttp_or_the_general_rewrite_decide_are_left_to_them(data: bytes) -> None:
