@@ -56,6 +56,7 @@ COMPILED_MODULES = (
     "gateway.grpcfront.keeper",
     "gateway.grpcfront.upstream",
     "gateway.grpcfront.metrics",
+    "gateway.grpcfront.host",
 )
 
 _ROOT = Path(__file__).resolve().parent.parent

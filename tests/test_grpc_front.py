@@ -20,6 +20,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from h2.config import H2Configuration
 
+from gateway.policy import load_policy
 from routing.ids import per_session_sandbox_id
 from tests.proxy_helpers import dead_port
 from tests.grpc_helpers import (BIDI, CLIENT_STREAM, SERVER_STREAM, STRIPPED, UNARY, RawCodec, echo_server, grpc_gateway,
@@ -192,6 +193,26 @@ async def test_sandbox_down_is_unavailable(tmp_path):
         finally:
             channel.close()
     assert got["status"] is Status.UNAVAILABLE and "upstream_unreachable" in got["message"]
+
+
+async def test_a_reloaded_policy_moves_calls_to_the_pools_new_grpc_port(tmp_path):
+    """The front remembers each route's target (GrpcFront.target) until the policy is replaced: a pool whose
+    grpc_port moved is reached at the new port from the next call on, on the same client connection."""
+    async with echo_server(name="old") as (_, old_port), echo_server(name="new") as (_, new_port):
+        policy = static_policy(tmp_path / "p.yaml", ["127.0.0.1"], old_port)
+        async with grpc_gateway(tmp_path, policy) as gw:
+            channel = Channel(*gw.grpc_address, codec=RawCodec())
+            try:
+                async def answered_by() -> str:
+                    got = await run_call(channel, "/test.Echo/Meta", UNARY, [b"{}"])
+                    return json.loads(got["messages"][0])["sandbox"]
+
+                assert [await answered_by(), await answered_by()] == ["old", "old"]  # the second from the memo
+                static_policy(policy, ["127.0.0.1"], new_port)
+                gw.router.view.replace(load_policy(gw.settings))
+                assert await answered_by() == "new"
+            finally:
+                channel.close()
 
 
 async def test_another_owner_gets_not_found(channels):

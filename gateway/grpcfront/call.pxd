@@ -1,10 +1,12 @@
 # The compiled build's declarations for call.py (gateway/_compiled.py): the fields as C struct members.
 from gateway.grpcfront.connection cimport Connection
 from gateway.grpcfront.head cimport forwardable, http_status, sandbox_head, status_of
+from gateway.grpcfront.host cimport CallHost
 from gateway.grpcfront.stream cimport Endpoint, Stream, relay_now
 
 cdef class Call:
-    cdef public object front, conn
+    cdef public CallHost front
+    cdef public object conn
     cdef public Stream down
     cdef public object headers, task
     cdef public Stream up

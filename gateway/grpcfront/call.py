@@ -34,7 +34,7 @@ from gateway.grpcfront.head import (
 )
 from gateway.grpcfront.relay import CHUNK, Truncated, relay
 from gateway.grpcfront.stream import Stream, StreamClosed, relay_now
-from gateway.grpcfront.upstream import Target, grpc_target
+from gateway.grpcfront.upstream import Target
 from gateway.proxy._admission import SANDBOX_ID_HEADER
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ class _Side:
 
 
 _HEADS_REMEMBERED = 16  # distinct request heads per client connection; more and the memo starts over
+
 
 
 class Call:
@@ -333,7 +334,9 @@ class Call:
         front = self.front
         self.route = route
         front.router.stream_opened(route.sandbox_id)
-        self.target = grpc_target(route, front.router.view.pool(route.pool))
+        targets, key = front.targets, id(route)  # the route's target, as GrpcFront.target found it before
+        known = targets[key] if key in targets else None  # (`in` and [] are C slots; .get, a method call)
+        self.target = known[1] if known is not None and known[0] is route else front.target(route)
 
     async def _forward(self, out: Sequence[tuple[bytes, bytes]]) -> None:
         """Resolve the route (the sandbox may be created or woken), connect to it, send the request."""

@@ -10,19 +10,20 @@ cdef class Connection(FrameReader):
     cdef public object _transport
     cdef public list _out
     cdef public object _flush_handle
-    cdef public bint _holding, _greeted
+    cdef public bint _holding, _greeted, _reading
+    cdef public list _after
     cdef public list _drain_waiters
     cdef public object _lost
     cdef public Py_ssize_t _window
-    cdef public dict _held
     cdef public Py_ssize_t _unacked
     cpdef write(self, bytes data)
     cpdef reset_sent(self, Py_ssize_t stream_id, Py_ssize_t code)
     cpdef _credit(self, Py_ssize_t size)
-    cpdef _hold(self, Py_ssize_t stream_id, Py_ssize_t size)
     cpdef write_headers(self, Py_ssize_t stream_id, object headers, bint end_stream)
     cpdef hold(self)
     cpdef flush(self)
+    cpdef soon(self, object callback)
+    cpdef _run_after(self)
     cpdef _send(self)
     cpdef forget(self, Stream stream)
     cpdef released(self, Stream stream)

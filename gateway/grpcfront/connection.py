@@ -34,6 +34,7 @@ import asyncio
 import logging
 import re
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from gateway.errors import BadRequest, error_body
@@ -44,7 +45,7 @@ from gateway.grpcfront.frames import (
 )
 from gateway.grpcfront.headers import HeaderCodec
 from gateway.grpcfront.inbound import MAX_HEADER_BLOCK, MAX_STREAMS, FrameReader
-from gateway.grpcfront.keeper import NO_KEEPER, Keeper, NoKeeper
+from gateway.grpcfront.keeper import NO_KEEPER, Keeper
 from gateway.grpcfront.stream import STREAM_WINDOW, Headers, Stream, StreamClosed, StreamOwner
 
 log = logging.getLogger("gateway.grpc")
@@ -100,6 +101,8 @@ class Connection(FrameReader):
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
         self._holding = False               # hold() until flush(): the caller writes, then flushes itself
+        self._reading = False               # in data_received: soon() keeps its callbacks for the end of it
+        self._after: list[Callable[[], None]] = []  # those callbacks (soon)
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._inbox = bytearray()
         self._preface = not client_side     # server side: the client's preface is still to come
@@ -110,7 +113,6 @@ class Connection(FrameReader):
         self._lost: asyncio.Future[None] = self.loop.create_future()
         self._window = window               # the connection's receive window: what its streams hold in all
         self._recv_window = window
-        self._held: dict[int, int] = {}     # per stream: bytes received and not yet handed on by the relay
         self._unacked = 0
         self._next_id = 1                   # client side: the next stream we open
         self._last_peer_id = 0              # server side: the highest stream a client opened
@@ -121,7 +123,7 @@ class Connection(FrameReader):
         self._self_dependent = False        # the header block's HEADERS named its own stream as its parent
         self._hpack: Any = None             # HeaderCodec, made by _greet: a connection that never speaks costs none
         self._greeted = False               # our SETTINGS sent (_greet)
-        self.keeper: Keeper | NoKeeper = NO_KEEPER  # server side: the front's deadlines (keeper.py)
+        self.keeper: Keeper = NO_KEEPER  # server side: the front's deadlines (keeper.py)
 
     # -- asyncio protocol --------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -171,6 +173,7 @@ class Connection(FrameReader):
             return
         inbox = self._inbox
         inbox += data
+        self._reading = True
         try:
             if self._preface:
                 if not self._take_preface():
@@ -182,6 +185,28 @@ class Connection(FrameReader):
                 self._refuse_http1(self._transport, "HTTP/2 only (gRPC, with prior knowledge, or TLS with ALPN h2)")
             else:
                 self.fail(failure.code, str(failure))
+        finally:
+            self._reading = False
+            if self._after:
+                self._run_after()
+
+    def soon(self, callback: Callable[[], None]) -> None:
+        """``callback()`` once the frames being read are handled: at the end of :meth:`data_received` when called
+        from it (a call's start as its request arrives, its answer as the sandbox's does), else ``call_soon``. At
+        one call in flight that is the same moment as the next loop step's, without a handle made, queued and run
+        by the loop on each of the two paths a call's latency is made of (read to write, both ways)."""
+        if self._reading:
+            self._after.append(callback)
+        else:
+            self.loop.call_soon(callback)
+
+    def _run_after(self) -> None:
+        after, self._after = self._after, []
+        for callback in after:
+            try:
+                callback()
+            except Exception:  # as the loop would for a call_soon callback: the others still run
+                log.exception("a callback after a read failed")
 
     def eof_received(self) -> None:
         return None
@@ -318,7 +343,10 @@ class Connection(FrameReader):
     def forget(self, stream: Stream) -> None:
         """``stream`` is closed both ways: it no longer counts against the peer's limit, nor what its buffer
         still holds against the connection's window (what a reset stream's relay never takes is let go)."""
-        self._credit(self._held.pop(stream.id, 0))
+        held = stream.held
+        if held:
+            stream.held = 0
+            self._credit(held)
         if self.streams.pop(stream.id, None) is not None:
             self._close_if_drained()
 
@@ -340,28 +368,20 @@ class Connection(FrameReader):
 
     def ack(self, stream_id: int, size: int) -> None:
         """``size`` bytes of ``stream_id`` were taken by the relay: reopen its stream's window, and the
-        connection's by what the stream still held."""
-        held = self._held.get(stream_id)
-        if held is not None:
-            taken = min(size, held)
-            if held > taken:
-                self._held[stream_id] = held - taken
-            else:
-                del self._held[stream_id]
-            self._credit(taken)
+        connection's by what the stream still held (once forgotten, a stream's bytes were credited then)."""
         stream = self.streams.get(stream_id)
-        if stream is not None:
-            stream.ack(size)
+        if stream is None:
+            return
+        held = stream.held
+        if held:
+            taken = min(size, held)
+            stream.held = held - taken
+            self._credit(taken)
+        stream.ack(size)
 
     def reset_sent(self, stream_id: int, code: int) -> None:
         self.write(rst_stream(stream_id, code))
         self._reset_ids.append(stream_id)
-
-    def _hold(self, stream_id: int, size: int) -> None:
-        """``size`` bytes of DATA went into ``stream_id``'s buffer: the connection's window reopens by them only
-        as the relay hands them on (:meth:`ack`) or the stream ends (:meth:`forget`). So what one connection
-        buffers in all is its window, whatever its streams' windows add up to (256 x 1 MiB otherwise)."""
-        self._held[stream_id] = self._held.get(stream_id, 0) + size
 
     def _credit(self, size: int) -> None:
         """Reopen the connection's window by ``size``, a quarter of the window at a time."""

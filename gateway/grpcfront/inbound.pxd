@@ -2,6 +2,7 @@
 # half uses, as C struct members (Connection, connection.pxd, extends it with the rest).
 cimport cython
 from gateway.grpcfront.headers cimport HeaderCodec
+from gateway.grpcfront.keeper cimport Keeper
 from gateway.grpcfront.stream cimport Endpoint, Stream
 
 cdef class FrameReader(Endpoint):
@@ -9,7 +10,8 @@ cdef class FrameReader(Endpoint):
     cdef public dict streams
     cdef public bint closed, draining, goaway_received
     cdef public Py_ssize_t peer_max_streams, active
-    cdef public object keeper, _waiting, _reset_ids, _inbox
+    cdef public Keeper keeper
+    cdef public object _waiting, _reset_ids, _inbox
     cdef public bint _preface, _settings_seen
     cdef public object _settled
     cdef public Py_ssize_t _recv_window, _next_id, _last_peer_id
@@ -26,7 +28,6 @@ cdef class FrameReader(Endpoint):
     # what the connection provides (connection.pxd declares them again, as it overrides them; write and reset_sent
     # are Endpoint's, stream.pxd): C calls from here
     cpdef _credit(self, Py_ssize_t size)
-    cpdef _hold(self, Py_ssize_t stream_id, Py_ssize_t size)
     cpdef _close_if_drained(self)
     cpdef _headers(self, int flags, Py_ssize_t stream_id, bytes payload)
     @cython.locals(stream=Stream)

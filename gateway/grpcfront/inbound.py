@@ -48,7 +48,7 @@ from gateway.grpcfront.stream import Endpoint, Headers, Stream
 
 if TYPE_CHECKING:
     from gateway.grpcfront.headers import HeaderCodec
-    from gateway.grpcfront.keeper import Keeper, NoKeeper
+    from gateway.grpcfront.keeper import Keeper
 
 MAX_HEADER_BLOCK = 64 * 1024         # compressed; also the decoded header list size we advertise
 MAX_STREAMS = 256                    # concurrent streams a client may open on one front connection
@@ -66,7 +66,7 @@ class FrameReader(Endpoint):
     goaway_received: bool
     peer_max_streams: int
     active: int
-    keeper: Keeper | NoKeeper
+    keeper: Keeper  # or NO_KEEPER, a Keeper too
     _waiting: deque[Stream]
     _reset_ids: deque[int]
     _inbox: bytearray
@@ -85,7 +85,6 @@ class FrameReader(Endpoint):
 
     # What the connection provides (and Endpoint's write, reset_sent, ...).
     def _credit(self, size: int) -> None: ...
-    def _hold(self, stream_id: int, size: int) -> None: ...
     def _close_if_drained(self) -> None: ...
 
     def _take_preface(self) -> bool:
@@ -195,7 +194,7 @@ class FrameReader(Endpoint):
         if stream.recv_window < 0:
             self._credit(size)
             raise StreamFailure(stream_id, FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
-        self._hold(stream_id, size)
+        stream.held += size  # the connection's window reopens by it as the relay takes it (Connection.ack)
         data = unpad(flags, payload, stream_id)
         if stream.expected is not None:
             stream.counted(len(data), bool(flags & END_STREAM))

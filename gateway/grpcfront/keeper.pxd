@@ -6,3 +6,21 @@ cdef class Keeper:
     cdef public double _at, _start, _spread
     cdef public bint _handshaken, _acked, _aging
     cdef public Py_ssize_t _strikes
+    # what a connection calls (FrameReader.keeper is typed): C calls; NoKeeper overrides each
+    cpdef handshaken(self)
+    cpdef settings_sent(self)
+    cpdef settings_acked(self)
+    cpdef call_started(self)
+    cpdef calls_ended(self)
+    cpdef bint ping(self)
+    cpdef stop(self)
+
+# Cython has a subclass declare again each cpdef method it overrides (else a C call would run Keeper's)
+cdef class NoKeeper(Keeper):
+    cpdef handshaken(self)
+    cpdef settings_sent(self)
+    cpdef settings_acked(self)
+    cpdef call_started(self)
+    cpdef calls_ended(self)
+    cpdef bint ping(self)
+    cpdef stop(self)

@@ -20,6 +20,7 @@ cdef class Endpoint:
     cpdef ack(self, Py_ssize_t stream_id, Py_ssize_t size)
     cpdef hold(self)
     cpdef flush(self)
+    cpdef soon(self, object callback)
 
 cdef class Stream:
     cdef public Endpoint conn
@@ -31,6 +32,7 @@ cdef class Stream:
     cdef public object owner, _head_waiter, _window_waiter
     cdef public bint released
     cdef public object expected, reset_code, on_head
+    cdef public Py_ssize_t held
     cpdef send_headers(self, object headers, bint end_stream=*)
     cpdef bint takes_now(self, Py_ssize_t size)
     cpdef send_now(self, bytes piece, bint end_stream=*)

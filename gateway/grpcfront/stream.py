@@ -49,6 +49,7 @@ class Endpoint:
     def ack(self, stream_id: int, size: int) -> None: ...
     def hold(self) -> None: ...
     def flush(self) -> None: ...
+    def soon(self, callback: Callable[[], None]) -> None: ...
     async def drained(self) -> None: ...
 
 
@@ -57,7 +58,7 @@ class Stream:
 
     __slots__ = ("conn", "id", "headers", "trailers", "buffer", "send_window", "recv_window", "_unacked",
                  "local_closed", "remote_closed", "gone", "refused", "owner", "_head_waiter", "_window_waiter",
-                 "released", "expected", "reset_code", "on_head")
+                 "released", "expected", "reset_code", "on_head", "held")
 
     def __init__(self, conn: Endpoint, stream_id: int) -> None:
         self.conn = conn
@@ -84,6 +85,10 @@ class Stream:
         # Called soon (once the frames read with it are handled) when the head comes or the stream ends before it:
         # a call served by callbacks rather than a task waiting in recv_headers (Call.start)
         self.on_head: Callable[[], None] | None = None
+        # Bytes of DATA received and not yet handed on by the relay: the connection's window reopens by them only as
+        # the relay takes them (Connection.ack) or the stream ends (Connection.forget). So what one connection
+        # buffers in all is its window, whatever its streams' windows add up to (256 x 1 MiB otherwise).
+        self.held = 0
 
     @property
     def closable(self) -> bool:
@@ -242,7 +247,7 @@ class Stream:
         hook = self.on_head
         if hook is not None:
             self.on_head = None
-            self.conn.loop.call_soon(hook)
+            self.conn.soon(hook)
 
     async def _wait_window(self) -> None:
         waiter = self._window_waiter = self.conn.loop.create_future()
