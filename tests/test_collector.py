@@ -81,11 +81,22 @@ async def test_a_connection_churn_is_collected_young_by_the_clock() -> None:
 
 
 async def test_stopped_it_collects_no_more() -> None:
-    paced = PacedCollections(asyncio.get_running_loop(), every=0.005)
+    """Runs until stopped (the first run awaited, not slept for), then no more: the absence of a run can
+    only be shown by waiting, so the wait after stop is three of its periods."""
+    loop = asyncio.get_running_loop()
+    paced = PacedCollections(loop, every=0.005)
+    ran = asyncio.Event()
+    collect = paced._collect
+
+    def counted() -> None:
+        collect()
+        ran.set()
+
+    paced._collect = counted  # type: ignore[method-assign]
     paced.start()
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(ran.wait(), 5)
     paced.stop()
     runs = paced.runs
     assert runs >= 1
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(3 * paced.every)
     assert paced.runs == runs
