@@ -9,7 +9,7 @@ the CPU of the gateway's loop thread every 100 ms (its schedstat). Connections a
 their deadline together come back as a wave: thousands of closes in a second, then none for nine. The CPU is
 the process's own, so it holds up under load better than a latency; say the load anyway.
 
-    .venv/bin/python benchmarks/head_wave.py [--connections 4000] [--sources 4] [--seconds 40]
+    .venv/bin/python benchmarks/head_wave.py [--connections 4000] [--sources 4] [--seconds 40] [--timeout 10]
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ async def run(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     first, *rest = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         os.sched_setaffinity(0, {first})  # the gateway inherits it
-        gateway = await GatewayProcess(Path(tmp) / "gw", env={"SANDBOX_GATEWAY_ACCESS_LOG": "false"}).start()
+        gateway = await GatewayProcess(Path(tmp) / "gw", env={
+            "SANDBOX_GATEWAY_ACCESS_LOG": "false", "SANDBOX_GATEWAY_HEADER_READ_TIMEOUT": str(args.timeout)}).start()
         os.sched_setaffinity(0, set(rest) or {first})
         try:
             target = gateway.data_url.split("://", 1)[1]
@@ -85,13 +86,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--connections", type=int, default=4_000, help="slowloris connections held")
     parser.add_argument("--sources", type=int, default=4, help="source addresses (127.0.0.2 on)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="header_read_timeout (the default's)")
     parser.add_argument("--warm", type=float, default=12.0, help="seconds before measuring (the first wave)")
     parser.add_argument("--seconds", type=float, default=40.0, help="the measured window")
     args = parser.parse_args()
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     print(header("head_wave", f"attack:       {args.connections} slowloris connections from {args.sources} "
-                 f"addresses, reopened at once when closed; {args.seconds:g} s measured", installed=True), flush=True)
+                 f"addresses, reopened at once when closed; header_read_timeout {args.timeout:g} s; {args.seconds:g} s measured", installed=True), flush=True)
     cpu, closes = asyncio.run(run(args))
     per_second = [sum(cpu[i:i + 10]) / 10 for i in range(0, len(cpu) - 9, 10)]  # % of a core
     ranked = sorted(cpu)
