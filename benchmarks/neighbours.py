@@ -32,7 +32,7 @@ and this process (the victim's client, the static pool's sandbox) and the attack
 (``sched_setaffinity``; ``--no-pin`` to share them all), the attackers under ``SCHED_IDLE`` so that they yield
 that core to the victim's client whenever it is runnable (``--nice-attackers``: nice 19, as before session 17; at
 nice 19 the attacker processes were runnable 3.5-3.9 s per second between them and the victim's client waited
-runnable 0.85-1.27 times as long under slowloris as in its baselines, under SCHED_IDLE 0.21-0.76 times:
+runnable 0.86-2.13 times as long under slowloris as in its baselines (median 1.17), under SCHED_IDLE 0.21-1.04:
 benchmarks/README.md, session 17). In production the attackers are other machines; what the gateway
 experiences (their connections and bytes) is the same either way. The attacker's own CPU is not the gateway's to defend: on two shared cores the attackers' and the victim's client's work showed as the gateway's latency,
 and a baseline moved 2x between runs. Each attack's victim figures are compared with its baseline measured
