@@ -3,7 +3,10 @@
 Written directly on asyncio protocols with httptools parsers on both sides
 (FACTS.md: aiohttp's per-request objects cost ~8x here), so a request is a
 handful of callbacks and one small state object, not a task and a stack of
-wrappers::
+wrappers. In the compiled build the plainest reads skip llhttp: a read that is one
+plain request head, or one whole plain keep-alive response, is checked in one C scan
+(``_wire.plain_request``, ``_wire.plain_response``) and given to the same callbacks;
+anything else, however slightly unusual, is llhttp's::
 
     client socket -> DownstreamConnection (HttpRequestParser) -> Exchange -> UpstreamConnection (HttpResponseParser)
                          |  admission: who, may they, which route            |

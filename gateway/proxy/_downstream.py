@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from httptools import HttpParserError, HttpParserUpgrade
 
+from gateway._compiled import COMPILED
 from gateway.errors import CapacityExceeded, GatewayError, NotFound, UpstreamError
 from gateway.hosts import host_not_allowed
 from gateway.proxy._exchange import CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, Exchange
@@ -98,7 +99,8 @@ class DownstreamConnection(RequestReader):
             return
         self.big = len(data) > self.plane.max_head
         try:
-            self.parser.feed_data(data)
+            if not (COMPILED and not self.mode and not self.big and self.read_plain(data)):
+                self.parser.feed_data(data)
         except HttpParserUpgrade as exc:
             self._flush_up()
             self._upgrade_requested(data[exc.args[0]:])
@@ -107,6 +109,10 @@ class DownstreamConnection(RequestReader):
             self.up_out.clear()
             if not self.mode & M_DISCARD:  # else answered already (refused at its head): the rest is dropped
                 self._unparsable(exc, data)
+            return
+        except Exception as exc:  # raised by a callback read_plain made (llhttp's path wraps these as above)
+            self.up_out.clear()
+            self.callback_failed(exc)
             return
         out = self.up_out
         if out:

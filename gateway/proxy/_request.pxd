@@ -17,3 +17,8 @@ cdef class RequestReader(KeyedRequests):
     cpdef hop_by_hop_header(self, Exchange ex, int code, bytes value)
     cpdef forwarding_header(self, Exchange ex, int code, bytes value)
     cpdef keys_header(self, Exchange ex, int code, bytes name, bytes value)
+    cpdef on_message_begin(self)
+    cpdef on_message_complete(self)
+    cpdef head_read(self, Exchange ex)
+    @cython.locals(last=Exchange, ex=Exchange, parts=list, i=Py_ssize_t)
+    cpdef bint read_plain(self, bytes data)

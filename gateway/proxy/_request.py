@@ -34,7 +34,7 @@ from gateway.proxy._wire import (
     ACCESS_COOKIE, COLON, CRLF, FRAMING_HEADERS, H2_PREFACE, IDENTITY_HEADER_NAMES, R_AUTH, R_BOT, R_CL, R_CONNECTION, R_COOKIE,
     R_DROP, R_EXPECT, R_HOST, R_ORG, R_REQUEST_ID, R_SANDBOX_ID, R_SESSION, R_TE, R_TIMEOUT, R_UPGRADE, R_USER, R_XFF,
     REQUEST_HEADERS, REQUEST_HEADERS_EXACT, SANDBOX_HEADER_PREFIXES, connection_tokens, cut_access_cookie, last_chunk,
-    h2_refusal, sane_request_id, without_headers,
+    h2_refusal, plain_request, sane_request_id, without_headers,
 )
 
 log = logging.getLogger("gateway.proxy")
@@ -72,6 +72,10 @@ def _other_target_form(ex: Exchange) -> None:
         return
     ex.url = rest if rest[:1] == b"/" else b"/" + rest
     ex.host = match.group(1)
+
+
+def _no_host(ex: Exchange) -> None:
+    ex.reject = BadRequest("Host: an HTTP/1.1 request must carry one (RFC 9112)", code="invalid_host")
 
 
 def _trailer(ex: Exchange, name: bytes, value: bytes) -> None:
@@ -263,7 +267,7 @@ class RequestReader(KeyedRequests):
         self.mode &= ~M_IN_HEAD
         ex.method = parser.get_method()
         if ex.host is None and ex.reject is None and parser.get_http_version() not in ("1.0", "0.9"):
-            ex.reject = BadRequest("Host: an HTTP/1.1 request must carry one (RFC 9112)", code="invalid_host")
+            _no_host(ex)
         if ex.url[0] != 47:  # not origin-form ("/...")
             _other_target_form(ex)
         if not parser.should_keep_alive():
@@ -285,6 +289,10 @@ class RequestReader(KeyedRequests):
                     ex.tokens = _WS_EXTENSIONS if ex.tokens is None else ex.tokens | _WS_EXTENSIONS
         if ex.tokens:
             ex.headers = without_headers(ex.headers, ex.tokens)
+        self.head_read(ex)
+
+    def head_read(self, ex: Exchange) -> None:
+        """A whole head read: ``ex`` is served now, or queued behind the request in flight."""
         if self.current is None and not self.mode & M_CLOSING:
             self.current = ex
             self.begin(ex, True)
@@ -293,6 +301,30 @@ class RequestReader(KeyedRequests):
                 self.queue = deque()
             self.queue.append(ex)
             self.pause(PAUSE_PIPELINE)
+
+    def read_plain(self, data: bytes) -> bool:
+        """The compiled build's way to read a read that is one plain request head (``_wire.plain_request``):
+        the callbacks llhttp would make, in its order, without llhttp (which stays at the start of a message,
+        as it would be after reading it); False, with nothing done, for any other read. Only between
+        messages on a keep-alive connection (after a ``Connection: close`` or an upgrade llhttp refuses more)."""
+        last = self.last
+        if self.parsing is not None or (last is not None and not last.keep_alive):
+            return False
+        parts = plain_request(data)
+        if parts is None:
+            return False
+        self.on_message_begin()
+        ex = self.parsing
+        ex.url = parts[1]
+        for i in range(2, len(parts), 2):
+            self.on_header(parts[i], parts[i + 1])
+        self.mode &= ~M_IN_HEAD
+        ex.method = parts[0]
+        if ex.host is None and ex.reject is None:  # HTTP/1.1, in origin-form, keep-alive, no Connection or Upgrade
+            _no_host(ex)
+        self.head_read(ex)
+        self.on_message_complete()
+        return True
 
     def on_body(self, chunk: bytes) -> None:
         ex = self.parsing
@@ -338,12 +370,16 @@ class RequestReader(KeyedRequests):
             elif isinstance(reason, _BodyTooLarge):
                 self._body_too_large()
             else:
-                log.error("proxy callback failed", exc_info=reason or exc)
-                self._malformed(GatewayError("internal error while reading the request"))
+                self.callback_failed(reason or exc)
         elif data.startswith(H2_PREFACE):  # llhttp stops on it ("Pause on PRI/Upgrade"): say where h2 goes
             self._malformed(h2_refusal(self.plane.options.grpc_port), h2=True)
         else:
             self._malformed(BadRequest(f"malformed HTTP request: {exc}", code="bad_request"))
+
+    def callback_failed(self, exc: BaseException) -> None:
+        """One of our callbacks raised while a read was parsed: logged, and the connection answered 500-like."""
+        log.error("proxy callback failed", exc_info=exc)
+        self._malformed(GatewayError("internal error while reading the request"))
 
     def _head_begun(self, data: bytes) -> None:
         """A head began in this read and is not complete. The callbacks only see whole headers, so

@@ -34,4 +34,8 @@ cdef class UpstreamConnection:
     cpdef _body(self, Exchange ex, object data, object head)
     cpdef bint _not_final(self, Exchange ex, int status)
     cpdef bint _passes_through(self, Exchange ex, int status)
+    @cython.locals(raw=bytes)
+    cpdef object _head_so_far(self, Exchange ex, bytes data)
+    @cython.locals(plain=tuple, out=bytes, body=Py_ssize_t)
+    cpdef bint read_plain(self, Exchange ex, bytes data)
     cpdef _complete(self, Exchange ex)

@@ -28,7 +28,7 @@ from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_
 from gateway.proxy._wire import (
     CHUNK_END, CODING_CHUNKED, CODING_NONE, CODING_OTHER, CONN_CLOSE, CONN_KEEP_ALIVE, CRLF, HOP_BY_HOP,
     IDEMPOTENT_METHODS, TE_CHUNKED, WS_UPGRADE, host_line, host_only_cookies, is_event_stream, plain_head,
-    rewrite_under_prefix, strip_hop_by_hop, without_transfer_encoding,
+    plain_response, rewrite_under_prefix, strip_hop_by_hop, without_transfer_encoding,
 )
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -263,14 +263,9 @@ class UpstreamConnection:
             if self.plane.draining and ex.protocol == "sse" and self.ex is ex:
                 self._end_stream_at_event(ex, data)
             return
-        raw = self.raw
+        raw = self._head_so_far(ex, data)
         if raw is None:
-            raw = self.raw = data
-        else:
-            raw = self.raw = raw + data
-            if len(raw) > MAX_RESPONSE_HEAD:
-                self._protocol_error(ex, f"response head larger than {MAX_RESPONSE_HEAD} bytes")
-                return
+            return
         try:
             self.parser.feed_data(data)
         except HttpParserUpgrade as exc:
@@ -384,6 +379,40 @@ class UpstreamConnection:
                 client.fail(ex, UpstreamError(f"sandbox {sandbox_id} closed the connection before responding",
                                               sandbox_id=sandbox_id))
         self.parser = None
+
+    def _head_so_far(self, ex: Exchange, data: bytes) -> bytes | None:
+        """The response's bytes so far, for llhttp; None when done: sent whole (read_plain) or too large."""
+        raw = self.raw
+        if raw is None:
+            if COMPILED and ex.keyed is None and self.read_plain(ex, data):
+                return None
+            self.raw = data
+            return data
+        raw = self.raw = raw + data
+        if len(raw) > MAX_RESPONSE_HEAD:
+            self._protocol_error(ex, f"response head larger than {MAX_RESPONSE_HEAD} bytes")
+            return None
+        return raw
+
+    def read_plain(self, ex: Exchange, data: bytes) -> bool:
+        """A first read that is one whole plain response (``_wire.plain_response``), done as llhttp's path does
+        it, without llhttp (left at the start of a message); False, with nothing done, for anything else."""
+        if not (ex.keep_alive and ex.req_done and not ex.version10 and ex.method != b"HEAD" and not self.plane.draining):
+            return False  # _passes_through's conditions on the exchange; plain_response checks the response's
+        plain = plain_response(data, ex.request_id)
+        if plain is None:
+            return False
+        out, ex.status, body = plain
+        ex.upstream_time = perf_counter() - ex.sent_at
+        self.framing, ex.state, ex.started, self.keep = F_PASS, BODY, True, True
+        ex.bytes_out += body
+        try:
+            self.client_tr.write(out)  # type: ignore[union-attr]
+        except RuntimeError:  # uvloop: the client's transport closed under us
+            self.abort()
+            return True
+        self._complete(ex)
+        return True
 
     # -- httptools callbacks ------------------------------------------------
     # No on_header and no on_body: the head is rewritten from the raw bytes in one

@@ -22,6 +22,41 @@ cdef int _connection_option(chars s, Py_ssize_t n, Py_ssize_t value, Py_ssize_t 
 @cython.locals(size=Py_ssize_t, k=Py_ssize_t, c=int, w=chars)
 cdef bint _is(chars s, Py_ssize_t n, Py_ssize_t at, bytes word, bint fold)
 
+cdef int _T_URL, _T_NAME, _T_VALUE, _R_PLAIN, _R_LENGTH, _R_KEEP_ALIVE, _R_OTHER
+cdef bytes _BYTE_CLASS
+
+@cython.locals(s=chars, n=Py_ssize_t, size=Py_ssize_t, i=Py_ssize_t, line=Py_ssize_t, colon=Py_ssize_t,
+               value=Py_ssize_t, end=Py_ssize_t, parts=list, method=bytes)
+cpdef list plain_request(bytes data)
+
+@cython.locals(s=chars, n=Py_ssize_t, line=Py_ssize_t, colon=Py_ssize_t, value=Py_ssize_t, end=Py_ssize_t,
+               kind=int, length=Py_ssize_t, cut=Py_ssize_t, resume=Py_ssize_t)
+cpdef tuple plain_response(bytes data, bytes request_id)
+
+@cython.locals(size=Py_ssize_t)
+cdef int _response_line(chars s, Py_ssize_t n, Py_ssize_t line, Py_ssize_t colon, Py_ssize_t value, Py_ssize_t end)
+
+@cython.locals(i=Py_ssize_t)
+cdef Py_ssize_t _status_end(chars s, Py_ssize_t n)
+
+@cython.locals(word=bytes)
+cdef object _plain_method(chars s, Py_ssize_t n)
+
+@cython.locals(i=Py_ssize_t)
+cdef Py_ssize_t _colon(chars s, Py_ssize_t line)
+
+@cython.locals(i=Py_ssize_t)
+cdef Py_ssize_t _value(chars s, Py_ssize_t colon)
+
+@cython.locals(end=Py_ssize_t)
+cdef Py_ssize_t _value_end(chars s, Py_ssize_t value)
+
+@cython.locals(number=Py_ssize_t, k=Py_ssize_t)
+cdef Py_ssize_t _digits(chars s, Py_ssize_t value, Py_ssize_t end)
+
+@cython.locals(word=bytes)
+cdef bint _framing_name(chars s, Py_ssize_t n, Py_ssize_t start, Py_ssize_t size)
+
 cdef class RequestIds:
     cdef public str prefix
     cdef public unsigned long long count

@@ -187,6 +187,179 @@ def _is(s: bytes, n: int, at: int, word: bytes, fold: bool) -> bool:
     return True
 
 
+# -- a plain request head, read without llhttp (the compiled build) --------------
+# Byte classes for plain_request, one flag a byte: a request target's byte (a conservative subset of what llhttp
+# takes in a path and query), a header name's (letters, digits, '-', '_': tokens), a header value's (visible
+# ASCII and space). Everything else (tab, obs-text, control bytes, '#', quotes, brackets, ...) sends the head
+# to llhttp.
+_T_URL, _T_NAME, _T_VALUE = 1, 2, 4
+_BYTE_CLASS = bytes(
+    (_T_URL if (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 or c in b"-._~/?=&%+,;:@!$*'()") else 0)
+    | (_T_NAME if (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 or c in b"-_") else 0)
+    | (_T_VALUE if 32 <= c <= 126 else 0)
+    for c in range(256))
+_PLAIN_METHODS = (b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"OPTIONS", b"PATCH")
+
+
+def plain_request(data: bytes) -> list[bytes] | None:
+    """A read that is exactly one plain request head, for the compiled build (C indexing; as Python correct but
+    slow: the pure build leaves every head to llhttp): ``[method, target, name, value, ...]``; else None.
+
+    Plain: a common method but CONNECT, a target in origin-form of ``_BYTE_CLASS``'s bytes, ``HTTP/1.1``, lines
+    of a token name, ``:``, spaces, a non-empty value of visible ASCII and inner spaces, CRLF, the empty line,
+    nothing after it, and no Content-Length, Transfer-Encoding, Connection, Proxy-Connection or Upgrade line:
+    no body, keep-alive, no upgrade, so llhttp would end the message there and stay where it is. The rest
+    (framing, obs-fold, bare CR or LF, tabs, trailing spaces, other bytes, pipelining, HTTP/1.0) is llhttp's;
+    tests/test_plain_request.py holds the two to the same answers."""
+    s = data  # compiled: a char pointer
+    n = len(data)
+    if n < 18 or s[n - 1] != 10 or s[n - 2] != 13 or s[n - 3] != 10 or s[n - 4] != 13:
+        return None  # from here on, every scan stops at the final LF at the latest
+    method = _plain_method(s, n)
+    if method is None:
+        return None
+    size = len(method)
+    i = size + 1
+    while _BYTE_CLASS[s[i]] & _T_URL:
+        i += 1
+    if i == size + 1 or s[size + 1] != 47 or not _is(s, n, i, b" HTTP/1.1\r\n", False):  # "/..."
+        return None
+    parts = [method, s[size + 1:i]]  # compiled: bytes made from the char pointer (no slice object)
+    line = i + 11
+    while line < n - 2:
+        colon = _colon(s, line)
+        value = _value(s, colon)
+        end = _value_end(s, value)
+        if end < 0 or _framing_name(s, n, line, colon - line):
+            return None
+        parts.append(s[line:colon])
+        parts.append(s[value:end])
+        line = end + 2
+    return parts if line == n - 2 else None
+
+
+def plain_response(data: bytes, request_id: bytes) -> tuple[bytes, int, int] | None:
+    """A read that is exactly one plain keep-alive response, head and whole body, for the compiled build: what
+    the client is sent (the head as :func:`plain_head` rewrites it, then the body), the status and the body's
+    size; else None, and llhttp reads it. Plain means: ``HTTP/1.1``, a 2xx status but 204 and 205, a reason
+    of visible ASCII and spaces, header lines as :func:`plain_request` takes them, one Content-Length of
+    digits that the bytes after the head match exactly, at most one ``Connection: keep-alive``, and none of
+    what the general rewrite must see (see :func:`plain_head`). tests/test_plain_request.py holds it to
+    llhttp and plain_head."""
+    s = data  # compiled: a char pointer
+    n = data.find(b"\r\n\r\n") + 4  # the head's end: every scan below stops at its last LF at the latest
+    line = _status_end(s, n)
+    if line < 0:
+        return None
+    length = cut = resume = -1
+    while line < n - 2:
+        colon = _colon(s, line)
+        value = _value(s, colon)
+        end = _value_end(s, value)
+        kind = _response_line(s, n, line, colon, value, end)
+        if kind == _R_LENGTH and length < 0:
+            length = _digits(s, value, end)
+            if length < 0:
+                return None
+        elif kind == _R_KEEP_ALIVE and cut < 0:
+            cut, resume = line - 2, end
+        elif kind != _R_PLAIN:
+            return None
+        line = end + 2
+    if length < 0 or len(data) - n != length:
+        return None
+    if cut < 0:
+        cut = resume = n - 4
+    return (b"".join((s[:cut], s[resume:n - 4], b"\r\nX-Request-Id: ", request_id, b"\r\n\r\n", s[n:len(data)])),
+            (s[9] - 48) * 100 + (s[10] - 48) * 10 + s[11] - 48, length)
+
+
+_R_PLAIN, _R_LENGTH, _R_KEEP_ALIVE, _R_OTHER = 0, 1, 2, 3  # _response_line's kinds of line
+
+
+def _response_line(s: bytes, n: int, line: int, colon: int, value: int, end: int) -> int:
+    """A plain response's header line (name ``s[line:colon]``, value ``s[value:end]``; ``end`` -1 when the
+    line is not plain): Content-Length, ``Connection: keep-alive``, another plain line, or other."""
+    if end < 0:
+        return _R_OTHER
+    size = colon - line
+    if size == 14 and _is(s, n, line, b"content-length", True):
+        return _R_LENGTH
+    if size == 10 and _is(s, n, line, b"connection", True):
+        return _R_KEEP_ALIVE if end - value == 10 and _is(s, n, value, b"keep-alive", True) else _R_OTHER
+    if _plain_line(s, n, line, colon, end) != 0 or _framing_name(s, n, line, size):
+        return _R_OTHER
+    return _R_PLAIN
+
+
+def _status_end(s: bytes, n: int) -> int:
+    """Where the headers start after a plain response's status line (``HTTP/1.1``, 2xx but 204 and 205, a reason
+    of visible ASCII and spaces), in a head of ``n`` bytes; else -1."""
+    if n < 19 or not _is(s, n, 0, b"HTTP/1.1 2", False) or not (48 <= s[10] <= 57 and 48 <= s[11] <= 57):
+        return -1
+    if s[12] != 32 or (s[10] == 48 and (s[11] == 52 or s[11] == 53)):  # 204, 205: no body
+        return -1
+    i = 13
+    while _BYTE_CLASS[s[i]] & _T_VALUE:
+        i += 1
+    return i + 2 if s[i] == 13 and s[i + 1] == 10 else -1
+
+
+def _plain_method(s: bytes, n: int) -> bytes | None:
+    """The request line's method, when it is one of _PLAIN_METHODS followed by a space."""
+    for word in _PLAIN_METHODS:
+        if _is(s, n, 0, word, False) and s[len(word)] == 32:
+            return word
+    return None
+
+
+def _colon(s: bytes, line: int) -> int:
+    """Where a header line's token name starting at ``line`` ends in its colon; -1 for no such name."""
+    i = line
+    while _BYTE_CLASS[s[i]] & _T_NAME:
+        i += 1
+    return i if i > line and s[i] == 58 else -1
+
+
+def _value(s: bytes, colon: int) -> int:
+    """Where the value after ``colon`` starts (past its spaces); -1 when ``colon`` is."""
+    if colon < 0:
+        return -1
+    i = colon + 1
+    while s[i] == 32:
+        i += 1
+    return i
+
+
+def _value_end(s: bytes, value: int) -> int:
+    """Where a non-empty value of visible ASCII and inner spaces starting at ``value`` ends in CRLF; else -1."""
+    if value < 0:
+        return -1
+    end = value
+    while _BYTE_CLASS[s[end]] & _T_VALUE:
+        end += 1
+    return end if end > value and s[end] == 13 and s[end + 1] == 10 and s[end - 1] != 32 else -1
+
+
+def _digits(s: bytes, value: int, end: int) -> int:
+    """``s[value:end]`` as a decimal number when it is only digits (at most 15), else -1."""
+    if end - value > 15:
+        return -1
+    number = 0
+    for k in range(value, end):
+        if not 48 <= s[k] <= 57:
+            return -1
+        number = number * 10 + s[k] - 48
+    return number
+
+
+def _framing_name(s: bytes, n: int, start: int, size: int) -> bool:
+    """A header name llhttp acts on (framing, keep-alive, upgrade): such a head is llhttp's to read."""
+    word = (b"content-length" if size == 14 else b"transfer-encoding" if size == 17 else b"connection"
+            if size == 10 else b"proxy-connection" if size == 16 else b"upgrade" if size == 7 else None)
+    return word is not None and _is(s, n, start, word, True)
+
+
 def is_event_stream(low: bytes) -> bool:
     """Content-Type: text/event-stream, in a lower-cased head."""
     return low.find(b"event-stream") >= 0 and _SSE_CONTENT_TYPE.search(low) is not None
