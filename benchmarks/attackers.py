@@ -142,8 +142,9 @@ class Attack:
     """``connections`` slots from ``sources`` addresses against ``target``, over processes of ``per_process``."""
 
     def __init__(self, target: str, mode: str, connections: int, sources: list[str], per_process: int,
-                 reopen: float, niceness: int = 0) -> None:
+                 reopen: float, niceness: int = 0, idle: bool = False) -> None:
         self.niceness = niceness  # added to the attacker processes' nice value (neighbours.py: they yield to the victim)
+        self.idle = idle  # SCHED_IDLE: they run only when nothing else on their core wants to (neighbours.py)
         per_source = connections // len(sources)
         per_process_per_source = max(1, per_process // len(sources))
         self.commands = []
@@ -160,7 +161,7 @@ class Attack:
         for command in self.commands:
             self.procs.append(await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                preexec_fn=(lambda: os.nice(self.niceness)) if self.niceness else None))
+                preexec_fn=self._yielding if self.niceness or self.idle else None))
         for proc in self.procs:
             assert proc.stdout is not None
             line = (await asyncio.wait_for(proc.stdout.readline(), 300)).decode()
@@ -168,6 +169,13 @@ class Attack:
                 raise RuntimeError(f"an attacker process failed: {line!r}")
             self.ready.append(json.loads(line[6:]))
         return self
+
+    def _yielding(self) -> None:
+        """In the attacker process, before it runs: its scheduling policy or nice value."""
+        if self.idle:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        if self.niceness:
+            os.nice(self.niceness)
 
     async def __aexit__(self, *_: object) -> None:
         self.final = []

@@ -270,7 +270,7 @@ class Settings(BaseSettings):
     org_rate_burst: int | None = Field(default=None, ge=1)         # default: ceil(org_rate_limit)
     max_streams_per_org: int | None = Field(default=None, ge=1)    # open WebSocket/SSE streams per org (429 beyond)
     max_body_bytes: int | None = Field(default=None, ge=0)         # request body cap (413 beyond it)
-    header_read_timeout: float = Field(default=10.0, gt=0)         # a request head must arrive within this (slowloris)
+    header_read_timeout: float = Field(default=10.0, gt=0)         # a request head within this (+ up to 25%, random)
     ws_max_message_bytes: int | None = Field(default=None, ge=125) # WebSocket message cap, client to sandbox (close 1009)
 
     @property

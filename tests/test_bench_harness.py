@@ -171,3 +171,16 @@ def test_idle_churn_reports_cpu_per_idle_connection_on_both_ports() -> None:
     lines = [line for line in done.stdout.splitlines() if "closed at their deadline" in line]
     assert [line.split()[0] for line in lines] == ["grpc", "data"], done.stdout
     assert all(line.endswith(" us per connection") for line in lines), done.stdout
+
+
+def test_head_wave_reports_the_closes_at_the_head_deadline_each_second() -> None:
+    """benchmarks/head_wave.py against a real serve and real slowloris attackers, small: heads are closed at their
+    deadline and counted each second, and the loop thread's CPU is reported."""
+    done = subprocess.run([sys.executable, "benchmarks/head_wave.py", "--connections", "40", "--sources", "2",
+                           "--timeout", "0.5", "--warm", "1", "--seconds", "2"], cwd=harness.ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    each = next(line for line in done.stdout.splitlines() if line.startswith("head timeouts, each second: "))
+    counts = [int(x) for x in each.rsplit(": ", 1)[1].split()]
+    assert len(counts) == 2 and sum(counts) > 0, done.stdout  # 40 connections closed every 0.5-0.6 s
+    assert "loop thread CPU per second: mean " in done.stdout, done.stdout

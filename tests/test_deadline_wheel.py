@@ -188,3 +188,37 @@ async def test_a_crowded_bucket_is_checked_a_slice_at_a_time(aiohttp_server, sta
     finally:
         for _, writer in conns:
             writer.close()
+
+
+async def test_head_deadlines_of_connections_opened_together_are_spread_over_a_quarter(
+        aiohttp_server, start_gateway) -> None:
+    """Each connection's head deadline falls at a random point of the quarter past header_read_timeout, and
+    is kept: a slowloris's connections admitted together were closed together, reconnected together and sent
+    their lines together, a wave every 10 s that doubled a victim's p99 (issue 28; _state.HEAD_DEADLINE_SPREAD)."""
+    from gateway.proxy._state import HEAD_DEADLINE_SPREAD
+
+    gw = await start_gateway(FakeResolver(await backend(aiohttp_server, echo_headers)), header_read_timeout=2.0)
+    plane, loop = gw.plane, asyncio.get_running_loop()
+    conns = []
+    for i in range(40):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        if i % 2:
+            writer.write(b"GET /slow HTTP/1.1\r\nHost: gateway.test\r\n")  # half a head; the others say nothing
+        conns.append((reader, writer, writer.get_extra_info("sockname")[1], loop.time()))
+    await eventually(lambda: len(plane.clients) == 40)
+    timeout_of = {c.transport.get_extra_info("peername")[1]: c.head_timeout for c in plane.clients}
+    try:
+        timeouts = sorted(timeout_of.values())
+        assert HEAD_DEADLINE_SPREAD == 0.25 and 2.0 <= timeouts[0] and timeouts[-1] <= 2.5, timeouts
+        assert timeouts[-1] - timeouts[0] > 0.25, timeouts  # 40 draws over 0.5 s
+        async def closed_after(reader: asyncio.StreamReader, opened: float) -> float:
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            return loop.time() - opened
+
+        waited = await asyncio.gather(*(closed_after(reader, opened) for reader, _, _, opened in conns))
+        for (_, _, port, _), took in zip(conns, waited):  # each closed at its own deadline: not before, a tick after
+            assert timeout_of[port] - 0.05 <= took <= timeout_of[port] + 2 * plane.tick_len + 0.5, (took, port)
+        assert plane.heads_overdue == 40
+    finally:
+        for _, writer, _, _ in conns:
+            writer.close()

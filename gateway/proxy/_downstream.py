@@ -74,7 +74,7 @@ class DownstreamConnection(RequestReader):
             self.refuse_connection(bound)
             return
         self.plane.clients.add(self)
-        self.plane.watch(self, self.idle_since + self.plane.options.header_read_timeout)
+        self.plane.watch(self, self.idle_since + self.head_timeout)
 
     def refuse_connection(self, bound: str) -> None:
         """Past a listener bound (gateway/gate.py): a 503 before any request is read, then the close."""

@@ -45,8 +45,8 @@ WRITE_BUFFER_HIGH = 256 * 1024    # per transport; reading from the other side p
 # needs 3-4 loop turns; when every turn ran a slice of an attack's wave (4,000 heads overdue together, closed
 # and reconnected), each of those turns grew by the slice and its reconnects' accepts, and the calls that
 # overlapped the wave doubled the victim's p99 (issue 28). Paced, a wave of 4,000 takes a second (about 45% of
-# the loop meanwhile: the gRPC front, whose connections cost more, spreads its own deadlines wider,
-# keeper.DEADLINE_SPREAD), and the loop turns between slices are the other connections' own.
+# the loop meanwhile), and the loop turns between slices are the other connections' own; the head deadlines
+# are spread besides (_state.HEAD_DEADLINE_SPREAD).
 SLICE = 8
 SLICE_EVERY = 0.002
 READY_SLICE = 256  # held heads asked about at a time (gateway/proxy/_ready.py): a pass wakes them, then asks again
@@ -510,7 +510,7 @@ class DataPlane(PlaneState):
             begun = client.head_began()
             if client.mode & M_IN_HEAD and not client.rpause & PAUSE_SLOW_HEAD and now - begun <= SLOW_HEAD_AFTER:
                 return begun + SLOW_HEAD_AFTER  # to hold it if it is still incomplete then
-            return begun + options.header_read_timeout
+            return begun + client.head_timeout
         due = ex.active_at + min(options.stream_idle_timeout, options.upstream_read_timeout or _INF)
         if ex.deadline:
             due = min(due, ex.deadline)
@@ -526,7 +526,7 @@ class DataPlane(PlaneState):
             if now > client.linger_until:
                 client.close()
         elif client.parsing is not None or client.last is None:  # a head on its way (or not yet begun)
-            if client.head_overdue(now, self.options.header_read_timeout):
+            if client.head_overdue(now, client.head_timeout):
                 overdue.append(client)
             elif client.slow_head():  # held before its next line: a burst of them is then read in slices
                 client.hold_slow_head()

@@ -36,6 +36,7 @@ cdef class ClientState:
     cdef public bytes conn_line
     cdef public Exchange current
     cdef public double head_at
+    cdef public double head_timeout
     cdef public Py_ssize_t head_seen
     cdef public list head_raw
     cdef public object host_ok

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+from random import random
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,12 @@ PAUSE_DISCARD = 8    # M_DISCARD: never resumed
 PAUSE_SLOW_HEAD = 16  # a head still incomplete SLOW_HEAD_AFTER after it began: read once per tick (DataPlane)
 
 SLOW_HEAD_AFTER = 1.0  # seconds: a head taking longer is a slow one (a slowloris, or a very slow network)
+# Each connection's head deadline falls up to a quarter past header_read_timeout, at random (as the gRPC front's
+# handshake deadlines: keeper.DEADLINE_SPREAD). A slowloris's 4,000 connections, admitted together, otherwise all
+# reached it in the same tick and were closed together (paced: about 45% of the loop for a second), reconnected
+# together and sent their lines together, every 10 s; a victim whose calls fell in that second saw its p99
+# double (issue 28). Drawn anew for each connection, the waves also drift apart from one cycle to the next.
+HEAD_DEADLINE_SPREAD = 0.25
 NEVER = sys.maxsize    # ClientState.watch_tick of a connection in no bucket of the deadline wheel
 
 # ClientState.mode bits: anything set sends data_received down the slow path.
@@ -193,7 +200,7 @@ class ClientState:
 
     __slots__ = (
         "big", "conn_line", "cookie_scan", "current", "head_at", "head_raw", "head_seen", "host_ok",
-        "ident", "ident_key", "idle_since",
+        "head_timeout", "ident", "ident_key", "idle_since",
         "last", "linger_until", "mode", "owned", "owned_by", "parser", "parsing", "peer", "plane", "queue", "route_key",
         "route_line",
         "route_pool", "route_tail", "rpause", "tail_host", "transport", "up_conn", "up_out", "watch_tick", "wpaused",
@@ -231,6 +238,8 @@ class ClientState:
         self.tail_host: bytes | None = None    # the Host value route_tail was made for
         self.idle_since = 0.0
         self.head_at = 0.0                     # when the head being read began (its first incomplete read)
+        # header_read_timeout for this connection: spread (HEAD_DEADLINE_SPREAD)
+        self.head_timeout = plane.options.header_read_timeout * (1.0 + HEAD_DEADLINE_SPREAD * random())
         self.linger_until = 0.0                # set by linger(): the tick closes the connection then
         self.watch_tick = NEVER                # the bucket of the deadline wheel it is in (PlaneState.watch)
         self.ws_guard: MessageSizeGuard | None = None  # watches client frames in a tunnel (ws_max_message_bytes)
