@@ -87,6 +87,20 @@ def assert_agrees(data: bytes) -> bool:
     return True
 
 
+def mutated(rng: random.Random, data: bytes, times: int) -> bytes:
+    """``data`` with ``times`` hostile edits at random places: an odd byte put in, bytes taken out, or doubled."""
+    for _ in range(times):
+        at = rng.randrange(len(data) + 1)
+        roll = rng.random()
+        if roll < 0.5:
+            data = data[:at] + rng.choice(ODD) + data[at:]
+        elif roll < 0.75:
+            data = data[:at] + data[at + rng.randrange(1, 4):]
+        else:
+            data = data[:at] + data[at:at + rng.randrange(1, 8)] + data[at:]
+    return data
+
+
 def random_head(rng: random.Random) -> bytes:
     """A request head: mostly well-formed, often with a few odd bytes put in, taken out or doubled."""
     lines = [b" ".join((rng.choice(METHODS[:7]) if rng.random() < 0.8 else rng.choice(METHODS),
@@ -96,15 +110,7 @@ def random_head(rng: random.Random) -> bytes:
         name = rng.choice(NAMES[:8]) if rng.random() < 0.7 else rng.choice(NAMES)
         lines.append(name + b":" + b" " * rng.choice((0, 1, 1, 1, 2)) + rng.choice(VALUES))
     data = b"\r\n".join(lines) + b"\r\n\r\n"
-    for _ in range(rng.choice((0, 0, 1, 1, 2, 3))):
-        at = rng.randrange(len(data) + 1)
-        roll = rng.random()
-        if roll < 0.5:
-            data = data[:at] + rng.choice(ODD) + data[at:]
-        elif roll < 0.75:
-            data = data[:at] + data[at + rng.randrange(1, 4):]
-        else:
-            data = data[:at] + data[at:at + rng.randrange(1, 8)] + data[at:]
+    data = mutated(rng, data, rng.choice((0, 0, 1, 1, 2, 3)))
     if rng.random() < 0.05:  # a body or a second request after the head
         data += rng.choice((b"hello", b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", b"\r\n"))
     return data
@@ -242,15 +248,7 @@ def random_response(rng: random.Random) -> bytes:
     if rng.random() < 0.7:
         lines.insert(rng.randrange(1, len(lines) + 1), b"Content-Length: %d" % len(body))
     data = b"\r\n".join(lines) + b"\r\n\r\n" + body
-    for _ in range(rng.choice((0, 0, 1, 1, 2))):
-        at = rng.randrange(len(data) + 1)
-        roll = rng.random()
-        if roll < 0.5:
-            data = data[:at] + rng.choice(ODD) + data[at:]
-        elif roll < 0.75:
-            data = data[:at] + data[at + rng.randrange(1, 4):]
-        else:
-            data = data[:at] + data[at:at + rng.randrange(1, 8)] + data[at:]
+    data = mutated(rng, data, rng.choice((0, 0, 1, 1, 2)))
     return data
 
 
