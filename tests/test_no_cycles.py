@@ -87,9 +87,11 @@ async def test_data_plane_connections_leave_no_cycles(aiohttp_server, start_gate
                 await eventually(lambda: all(up.closed for up in live("UpstreamConnection") if up.plane is gw.plane))  # noqa: B023
             for _, writer in idle[10:]:
                 writer.close()
+            # and not merely still held: freed (else the check below proves nothing). Eventually: the loop lets
+            # go of a closed connection's protocol a turn or so after its close (seen late under CI's load). One
+            # freed by the collector instead stays in gc.garbage (DEBUG_SAVEALL), so this would not pass.
+            await eventually(lambda: not [c for c in live("DownstreamConnection") if c.plane is gw.plane])  # noqa: B023
         assert not found, f"left to the cyclic collector: {dict(found)}"
-        # and not merely still held: freed (else the check above proves nothing)
-        assert not [c for c in live("DownstreamConnection") if c.plane is gw.plane]
         assert len(gw.records) == 20
 
 
