@@ -18,7 +18,6 @@ from gateway.proxy._admission import (  # noqa: F401  # the rules, as _request.p
     IDENTITY_HEADER_NAMES, R_AUTH, R_BOT, R_CL, R_CONNECTION, R_COOKIE, R_DROP, R_EXPECT, R_HOST, R_ORG, R_PASS,
     R_REQUEST_ID, R_SANDBOX_ID, R_SANDBOX_NS, R_SANDBOX_PORT, R_SESSION, R_TE, R_TIMEOUT, R_UPGRADE, R_USER, R_XFF,
     REQUEST_HEADERS, REQUEST_HEADERS_EXACT, SANDBOX_HEADER_PREFIXES)
-from gateway.proxy._browser import sandbox_cookie
 
 # -- request headers ----------------------------------------------------------
 # What each request header means (identity, credentials, the router's X-Sandbox-* vocabulary, hop-by-hop) is
@@ -542,48 +541,6 @@ def h2_goaway(exc: GatewayError) -> bytes:
 
 
 sane_request_id = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}").fullmatch
-
-
-# Keyed requests (gateway.proxy._keys): a sandbox's Set-Cookie made its own (gateway.proxy._browser), and in
-# path mode its Location put under the sandbox's prefix.
-_REWRITTEN = re.compile(rb"\r\n(location|set-cookie):[ \t]*([^\r]*)", re.I)
-_SET_COOKIE = re.compile(rb"\r\n(set-cookie):[ \t]*([^\r]*)", re.I)
-
-
-def rewrite_under_prefix(head: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
-    """A response head with ``Location`` (a path, or an absolute URL on one of ``authorities``) and
-    ``Set-Cookie`` ``Path`` put under ``prefix`` (path mode), cookies host-only."""
-    def one(match: re.Match[bytes]) -> bytes:
-        name, value = match.group(1), match.group(2)
-        if name.lower() == b"location":
-            return b"\r\n" + name + b": " + _location_under(value, prefix, authorities)
-        cookie = sandbox_cookie(value, prefix)
-        return b"\r\n" + name + b": " + cookie if cookie is not None else b""
-    return _REWRITTEN.sub(one, head)
-
-
-def host_only_cookies(head: bytes) -> bytes:
-    """A response head whose ``Set-Cookie`` lines lose ``Domain`` (host mode: preview hosts are same-site
-    siblings, and a cookie for their parent would reach every other sandbox)."""
-    def one(match: re.Match[bytes]) -> bytes:
-        cookie = sandbox_cookie(match.group(2), None)
-        return b"\r\n" + match.group(1) + b": " + cookie if cookie is not None else b""
-    return _SET_COOKIE.sub(one, head)
-
-
-def _path_under(path: bytes, prefix: bytes) -> bytes:
-    return prefix + path if path.startswith(b"/") else path
-
-
-def _location_under(value: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
-    if value.startswith(b"/") and not value.startswith(b"//"):
-        return prefix + value
-    scheme, sep, rest = value.partition(b"://")
-    if sep and scheme.lower() in (b"http", b"https"):
-        authority, slash, path = rest.partition(b"/")
-        if authority.lower() in authorities:
-            return prefix + b"/" + path
-    return value
 
 
 class RequestIds:
