@@ -12,6 +12,7 @@ import re
 import secrets
 from http import HTTPStatus
 
+from gateway._compiled import COMPILED
 from gateway.access import COOKIE_NAME
 from gateway.errors import BadRequest, GatewayError, TooManyConnections, error_body, render, wants_html
 from gateway.proxy._admission import (  # noqa: F401  # the rules, as _request.py imports them
@@ -148,7 +149,7 @@ def _plain_line(s: bytes, n: int, start: int, colon: int, end: int) -> int:
     if size == 12 and _is(s, n, start, b"content-type", True):
         i = colon + 1
         while i + 12 <= end:  # "event-stream" anywhere in the value: the general rewrite's SSE check decides
-            if _is(s, n, i, b"event-stream", True):
+            if (s[i] | 32) == 101 and _is(s, n, i, b"event-stream", True):  # 'e' or 'E' first
                 return -1
             i += 1
         return 0
@@ -198,6 +199,28 @@ _BYTE_CLASS = bytes(
     | (_T_VALUE if 32 <= c <= 126 else 0)
     for c in range(256))
 _PLAIN_METHODS = (b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"OPTIONS", b"PATCH")
+# The header names of on_header's table (_admission.REQUEST_HEADERS_EXACT: the spellings clients send), its own key
+# objects, but those that send a head to llhttp, each in a slot of _NAME_SLOTS by _name_slot: plain_request hands
+# these on instead of a new bytes object, so a common name costs no allocation and no hashing (a bytes object keeps
+# its hash, and the table finds its own key by identity). Equal bytes either way: on_header cannot tell. Where two
+# names share a slot, the capitalised spelling (what clients send) keeps it; the other is sliced as any name is.
+
+
+def _name_slot(size: int, first: int, middle: int, last: int) -> int:
+    return ((size << 5) ^ first ^ (middle << 1) ^ (last << 2)) & 511
+
+
+def _name_slots() -> tuple[bytes | None, ...]:
+    slots: list[bytes | None] = [None] * 512
+    for name in sorted(REQUEST_HEADERS_EXACT, key=lambda name: name[:1].islower()):
+        slot = _name_slot(len(name), name[0], name[len(name) >> 1], name[-1])
+        if slots[slot] is None and name.lower() not in (
+                b"content-length", b"transfer-encoding", b"connection", b"proxy-connection", b"upgrade"):
+            slots[slot] = name
+    return tuple(slots)
+
+
+_NAME_SLOTS = _name_slots()
 
 
 def plain_request(data: bytes) -> list[bytes] | None:
@@ -219,7 +242,8 @@ def plain_request(data: bytes) -> list[bytes] | None:
         return None
     size = len(method)
     i = size + 1
-    while _BYTE_CLASS[s[i]] & _T_URL:
+    table = _BYTE_CLASS  # compiled: a char pointer (no bounds check a byte)
+    while table[s[i]] & _T_URL:
         i += 1
     if i == size + 1 or s[size + 1] != 47 or not _is(s, n, i, b" HTTP/1.1\r\n", False):  # "/..."
         return None
@@ -231,7 +255,7 @@ def plain_request(data: bytes) -> list[bytes] | None:
         end = _value_end(s, value)
         if end < 0 or _framing_name(s, n, line, colon - line):
             return None
-        parts.append(s[line:colon])
+        parts.append(_header_name(s, n, line, colon))
         parts.append(s[value:end])
         line = end + 2
     return parts if line == n - 2 else None
@@ -245,13 +269,15 @@ def plain_response(data: bytes, request_id: bytes) -> tuple[bytes, int, int] | N
     digits that the bytes after the head match exactly, at most one ``Connection: keep-alive``, and none of
     what the general rewrite must see (see :func:`plain_head`). tests/test_plain_request.py holds it to
     llhttp and plain_head."""
+    n = len(data)  # every scan below stops at a byte out of its class, the NUL after a bytes object's last at the latest
+    if not COMPILED:
+        data += b"\0"  # as Python, that NUL is there too
     s = data  # compiled: a char pointer
-    n = data.find(b"\r\n\r\n") + 4  # the head's end: every scan below stops at its last LF at the latest
     line = _status_end(s, n)
     if line < 0:
         return None
     length = cut = resume = -1
-    while line < n - 2:
+    while s[line] != 13 or s[line + 1] != 10:  # until the empty line (a CR is before the NUL: s[line + 1] is in)
         colon = _colon(s, line)
         value = _value(s, colon)
         end = _value_end(s, value)
@@ -265,11 +291,12 @@ def plain_response(data: bytes, request_id: bytes) -> tuple[bytes, int, int] | N
         elif kind != _R_PLAIN:
             return None
         line = end + 2
-    if length < 0 or len(data) - n != length:
+    head = line + 2  # the head's size, its empty line in
+    if length < 0 or n - head != length:
         return None
     if cut < 0:
-        cut = resume = n - 4
-    return (b"".join((s[:cut], s[resume:n - 4], b"\r\nX-Request-Id: ", request_id, b"\r\n\r\n", s[n:len(data)])),
+        cut = resume = line - 2
+    return (b"".join((s[:cut], s[resume:line - 2], b"\r\nX-Request-Id: ", request_id, b"\r\n\r\n", s[head:n])),
             (s[9] - 48) * 100 + (s[10] - 48) * 10 + s[11] - 48, length)
 
 
@@ -299,9 +326,19 @@ def _status_end(s: bytes, n: int) -> int:
     if s[12] != 32 or (s[10] == 48 and (s[11] == 52 or s[11] == 53)):  # 204, 205: no body
         return -1
     i = 13
-    while _BYTE_CLASS[s[i]] & _T_VALUE:
+    table = _BYTE_CLASS  # compiled: a char pointer (no bounds check a byte)
+    while table[s[i]] & _T_VALUE:
         i += 1
     return i + 2 if s[i] == 13 and s[i + 1] == 10 else -1
+
+
+def _header_name(s: bytes, n: int, line: int, colon: int) -> bytes:
+    """The name ``s[line:colon]`` (not empty): the one in its slot of ``_NAME_SLOTS`` when that is it, else new bytes."""
+    size = colon - line
+    word = _NAME_SLOTS[_name_slot(size, s[line], s[line + (size >> 1)], s[colon - 1])]
+    if word is not None and len(word) == size and _is(s, n, line, word, False):
+        return word
+    return s[line:colon]
 
 
 def _plain_method(s: bytes, n: int) -> bytes | None:
@@ -315,7 +352,8 @@ def _plain_method(s: bytes, n: int) -> bytes | None:
 def _colon(s: bytes, line: int) -> int:
     """Where a header line's token name starting at ``line`` ends in its colon; -1 for no such name."""
     i = line
-    while _BYTE_CLASS[s[i]] & _T_NAME:
+    table = _BYTE_CLASS  # compiled: a char pointer (no bounds check a byte)
+    while table[s[i]] & _T_NAME:
         i += 1
     return i if i > line and s[i] == 58 else -1
 
@@ -335,7 +373,8 @@ def _value_end(s: bytes, value: int) -> int:
     if value < 0:
         return -1
     end = value
-    while _BYTE_CLASS[s[end]] & _T_VALUE:
+    table = _BYTE_CLASS  # compiled: a char pointer (no bounds check a byte)
+    while table[s[end]] & _T_VALUE:
         end += 1
     return end if end > value and s[end] == 13 and s[end + 1] == 10 and s[end - 1] != 32 else -1
 
