@@ -29,9 +29,8 @@ from gateway.proxy._browser import (
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
 from gateway.proxy._framing import Dechunker, body_framing
 from gateway.proxy._wire import (
-    CHUNK_END, CODING_CHUNKED, CODING_NONE, CODING_OTHER, CONN_CLOSE, CONN_KEEP_ALIVE, CRLF, HOP_BY_HOP,
-    IDEMPOTENT_METHODS, TE_CHUNKED, WS_UPGRADE, host_line, is_event_stream, plain_head,
-    plain_response, strip_hop_by_hop, without_transfer_encoding,
+    CHUNK_END, CODING_CHUNKED, CODING_NONE, CONN_CLOSE, CONN_KEEP_ALIVE, CRLF, HOP_BY_HOP, IDEMPOTENT_METHODS,
+    host_line, is_event_stream, plain_head, plain_response, strip_hop_by_hop, without_transfer_encoding,
 )
 from gateway.proxy._wsframe import MessageSizeGuard
 
