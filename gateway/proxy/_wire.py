@@ -14,7 +14,7 @@ from http import HTTPStatus
 
 from gateway._compiled import COMPILED
 from gateway.access import COOKIE_NAME
-from gateway.errors import BadRequest, GatewayError, TooManyConnections, error_body, render, wants_html
+from gateway.errors import BadRequest, GatewayError, TooManyConnections, render, wants_html
 from gateway.proxy._admission import (  # noqa: F401  # the rules, as _request.py imports them
     IDENTITY_HEADER_NAMES, R_AUTH, R_BOT, R_CL, R_CONNECTION, R_COOKIE, R_DROP, R_EXPECT, R_HOST, R_ORG, R_PASS,
     R_REQUEST_ID, R_SANDBOX_ID, R_SANDBOX_NS, R_SANDBOX_PORT, R_SESSION, R_TE, R_TIMEOUT, R_UPGRADE, R_USER, R_XFF,
@@ -199,11 +199,9 @@ _BYTE_CLASS = bytes(
     | (_T_VALUE if 32 <= c <= 126 else 0)
     for c in range(256))
 _PLAIN_METHODS = (b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"OPTIONS", b"PATCH")
-# The header names of on_header's table (_admission.REQUEST_HEADERS_EXACT: the spellings clients send), its own key
-# objects, but those that send a head to llhttp, each in a slot of _NAME_SLOTS by _name_slot: plain_request hands
-# these on instead of a new bytes object, so a common name costs no allocation and no hashing (a bytes object keeps
-# its hash, and the table finds its own key by identity). Equal bytes either way: on_header cannot tell. Where two
-# names share a slot, the capitalised spelling (what clients send) keeps it; the other is sliced as any name is.
+# on_header's table's names (_admission.REQUEST_HEADERS_EXACT) but framing ones, its own key objects, one a slot:
+# plain_request hands these on, not new bytes, so a common name costs no allocation and no hashing (the table finds
+# its own key by identity); equal bytes either way. Capitalised spellings win a shared slot; the other is sliced.
 
 
 def _name_slot(size: int, first: int, middle: int, last: int) -> int:
@@ -568,15 +566,6 @@ def h2_refusal(grpc_port: int) -> BadRequest:
     where = f"port {grpc_port}" if grpc_port else "the gRPC port (settings.grpc_port)"
     return BadRequest(f"this is the HTTP/1.1 data plane (WebSocket and SSE included); HTTP/2 with prior knowledge "
                       f"and gRPC go to the gateway's gRPC front on {where} (h2c)", code="http2_not_supported")
-
-
-def h2_goaway(exc: GatewayError) -> bytes:
-    """An HTTP/2 server preface (empty SETTINGS) and GOAWAY HTTP_1_1_REQUIRED carrying the JSON error as its
-    debug data, which HTTP/2 and gRPC clients show (grpcio: "GOAWAY received ... debug data")."""
-    body = error_body(exc)
-    settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-    goaway = (len(body) + 8).to_bytes(3, "big") + b"\x07\x00\x00\x00\x00\x00" + b"\x00\x00\x00\x00\x00\x00\x00\x0d"
-    return settings + goaway + body
 
 
 sane_request_id = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}").fullmatch
