@@ -35,29 +35,25 @@ _RESET_STATUS = {ENHANCE_YOUR_CALM: RESOURCE_EXHAUSTED, INADEQUATE_SECURITY: PER
 def failed(call: Call, exc: Exception) -> None:
     """What ended the call, as the client's answer (the task's and the callbacks' one mapping); the sandbox's
     stream, if open, is reset."""
+    call.reset_up()
     if isinstance(exc, TimeoutError):
-        call.reset_up()
         call.code = "deadline_exceeded"
         answer(call, DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
     elif isinstance(exc, GatewayError):
-        call.reset_up()
         call.refused = getattr(exc, "scope", None)
         call.code = exc.code
         if isinstance(exc, UpstreamError):
             call.error = exc.code
         refuse(call, exc)
     elif isinstance(exc, Truncated):
-        call.reset_up()
         call.error = "upstream_protocol_error"
         answer(call, INTERNAL, "the sandbox's stream ended in the middle of a message")
     elif isinstance(exc, ConnectionError):
-        call.reset_up()
         log.info("gRPC call %s: %s", call.path, exc)
         call.error = "upstream_closed"
         answer(call, UNAVAILABLE, "the connection to the sandbox failed")
     else:
         log.error("gRPC call %s failed", call.path, exc_info=exc)
-        call.reset_up()
         answer(call, INTERNAL, "internal error in the gateway")
 
 
