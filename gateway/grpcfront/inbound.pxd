@@ -1,6 +1,7 @@
 # The compiled build's declarations for inbound.py (gateway/_compiled.py): the connection's state the reading
 # half uses, as C struct members (Connection, connection.pxd, extends it with the rest).
 cimport cython
+from gateway.grpcfront.frames cimport frame, u32, unpad
 from gateway.grpcfront.headers cimport HeaderCodec
 from gateway.grpcfront.keeper cimport Keeper
 from gateway.grpcfront.stream cimport Endpoint, Stream
