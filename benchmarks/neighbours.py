@@ -31,14 +31,15 @@ defaults (descriptor limit raised to the hard one: bounds logged at start) excep
 
 On a machine of two or more cores the gateway (and every process it starts: its sandboxes) runs on one core
 and this process (the victim's client, the static pool's sandbox) and the attacker processes on another
-(``sched_setaffinity``; ``--no-pin`` to share them all), the attackers at nice 19 and capped together at
-``--attacker-cpu`` of a core (a cgroup v1 cpu quota, benchmarks/placement.py; 0: no cap), as if they ran on a
-machine of their own with that much of it: what they take from the victim's core is the attacker's cost, not the
-gateway's (session 17, run L: uncapped at nice 19 they took 27% of it, and the victim's tail came from them). Each
-row gives the cap, the attackers' CPU and how often the cap held them back, and the attack's strength at its end
-(connections held, reconnects), which the cap must not weaken: a row whose attackers held fewer than an eighth of
-their first wave says THE ATTACK DID NOT HOLD. ``--idle-attackers`` (SCHED_IDLE instead of nice 19) starved the
-attack on a quiet machine (slowloris kept 9 of its 4,000 connections).
+(``sched_setaffinity``; ``--no-pin`` to share them all). The attackers run capped together at ``--attacker-cpu``
+of a core (a cgroup v1 cpu quota of ordinary weight, benchmarks/placement.py, on once their first wave is in), as
+if they ran on a machine of their own with that much of it: what they take from the victim's core is the
+attacker's cost, not the gateway's (session 17, run L: uncapped at nice 19 they took 27% of it, and the victim's
+tail came from them). ``--attacker-cpu 0`` (or no writable cgroup) runs them uncapped at nice 19, as before
+session 18. Each row gives the cap, the attackers' CPU and how often the cap held them back, and the attack's
+strength at its end (connections held, reconnects), which the cap must not weaken: a row whose attackers held
+fewer than an eighth of their first wave says THE ATTACK DID NOT HOLD. ``--idle-attackers`` (SCHED_IDLE instead of
+nice 19) starved the attack on a quiet machine (slowloris kept 9 of its 4,000 connections).
 Each attack's victim figures are compared with its baseline measured
 just before and just after it (both pooled: the p99 of twice the calls), and each p99 is given with the
 number of calls it is taken from (at 2,000 calls the p99 is the 20th slowest, not the 5th of 500).
@@ -343,12 +344,13 @@ async def connection_attack(scenario: str, gateway: Any, opts: Options, sources:
     # Pinned, the attackers share the victim's core: capped (a cgroup quota) and at nice 19 they take at most their
     # cap of it, yielding to the victim's client, so what the victim sees is the gateway's work for the attack, not
     # the attackers' own reconnect loops and line timers (see the module docstring).
-    cap = CpuCap(opts.attacker_cpu)
+    cap = CpuCap(opts.attacker_cpu, held=False)  # capped once the first wave is in (it took minutes capped)
     with cap:
         attack = Attack(target, mode, opts.connections, sources, opts.per_process, opts.reopen,
-                        0 if opts.idle_attackers or not opts.pin else 19, idle=opts.pin and opts.idle_attackers,
-                        join=cap.join)
+                        0 if opts.idle_attackers or not opts.pin or cap.group else 19,
+                        idle=opts.pin and opts.idle_attackers, join=cap.join)
         async with attack:
+            cap.hold()
             settled = await settle(gateway)
             gateway_pid, attackers = [gateway.proc.pid], [p.pid for p in attack.procs]
             cpu, throttled = (cpu_ns(gateway_pid)[0], cpu_ns(attackers)[0]), cap.stat()
@@ -358,6 +360,7 @@ async def connection_attack(scenario: str, gateway: Any, opts: Options, sources:
             cpu = (cpu_ns(gateway_pid)[0] - cpu[0]) / 1e9, (cpu_ns(attackers)[0] - cpu[1]) / 1e9
             throttled = {key: value - throttled[key] for key, value in cap.stat().items()}
             load = os.getloadavg()
+            cap.hold(False)  # their end (5,000 tasks each cancelled) uncapped too
     first, final = attack.total(attack.ready), attack.total(attack.final)
     after = await counters(gateway)
     detail = (f"{opts.connections} {mode} connections from {len(sources)} addresses in {len(attack.commands)} "

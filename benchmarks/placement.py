@@ -100,12 +100,18 @@ def sweep(parent: Path) -> list[Path]:
 
 
 class CpuCap:
-    """A cpu cgroup whose processes together get at most ``cpus`` of a core (a CFS quota per 100 ms period).
+    """A cpu cgroup whose processes together get at most ``cpus`` of a core (a CFS quota per 100 ms period) while
+    :meth:`hold` is on (from the start, unless ``held=False``: an attack's first wave and its end are not what is
+    measured, and capped they took minutes).
 
     ``with CpuCap(0.3) as cap``: processes started with ``preexec_fn=cap.join`` run in it. ``cpus`` None or 0,
-    or no writable cgroup v1 ``cpu`` hierarchy: no group, ``join`` does nothing, ``describe`` says why."""
+    or no writable cgroup v1 ``cpu`` hierarchy: no group, ``join`` does nothing, ``describe`` says why. The
+    group keeps the default weight (cpu.shares 1024, one ordinary process's): inside its cap it gets its share
+    however loaded the machine is, where a low weight (nice 19, SCHED_IDLE) left the attack to whatever the
+    machine's other work left over."""
 
-    def __init__(self, cpus: float | None) -> None:
+    def __init__(self, cpus: float | None, held: bool = True) -> None:
+        self.held = held
         self.cpus = cpus or None
         self.quota_us = max(1000, round(cpus * PERIOD_US)) if cpus else 0
         self.parent = own_cpu_cgroup() if self.cpus else None
@@ -120,7 +126,7 @@ class CpuCap:
         self.group = group
         try:
             (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (group / "cpu.cfs_quota_us").write_text(str(self.quota_us))
+            self.hold(self.held)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -131,6 +137,12 @@ class CpuCap:
         group, self.group = self.group, None
         if group is not None:
             _remove(group)
+
+    def hold(self, on: bool = True) -> None:
+        """The quota on (or off: -1, uncapped)."""
+        self.held = on
+        if self.group is not None:
+            (self.group / "cpu.cfs_quota_us").write_text(str(self.quota_us if on else -1))
 
     def join(self) -> None:
         """In a child before it runs (``preexec_fn``): into the group."""
