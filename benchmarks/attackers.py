@@ -200,4 +200,6 @@ class Attack:
 
 if __name__ == "__main__":
     target, mode, sources, per_source, reopen = sys.argv[1:6]
-    asyncio.run(attacker_main(target, mode, sources.split(","), int(per_source), float(reopen)))
+    import uvloop  # the gateway's loop: the same connections and bytes for less of the attacker's CPU (session 18)
+
+    uvloop.run(attacker_main(target, mode, sources.split(","), int(per_source), float(reopen)))

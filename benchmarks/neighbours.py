@@ -481,13 +481,12 @@ async def local_attack(scenario: str, gateway: Any, http: aiohttp.ClientSession,
 
 
 def placement(opts: Options) -> str:
-    split = cores() if opts.pin else None
+    split, cap = cores() if opts.pin else None, CpuCap(opts.attacker_cpu)
+    attackers = ("SCHED_IDLE" if opts.idle_attackers else "nice 0" if cap.parent else "nice 19" if split else "nice 0")
     if split is None:
-        return ("not pinned: the gateway, the victim's client and the attackers share every core; "
-                f"{CpuCap(opts.attacker_cpu).describe()}")
+        return f"not pinned: the gateway, the victim's client and the attackers share every core; {cap.describe()}"
     return (f"the gateway and its sandboxes on {sorted(split[0])}, the victim's client, the static sandbox and "
-            f"the attackers ({'SCHED_IDLE' if opts.idle_attackers else 'nice 19'}) on {sorted(split[1])}; "
-            f"{CpuCap(opts.attacker_cpu).describe()}")
+            f"the attackers ({attackers}) on {sorted(split[1])}; {cap.describe()}")
 
 
 def main() -> None:
