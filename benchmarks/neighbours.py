@@ -88,8 +88,9 @@ LOCAL = ("files", "disk", "fork-bomb")
 # The control, asked for by name only (--only no-attack): a round with no attack, measured between its
 # baselines as an attacked round is, so its ratio is the measurement's own noise on this machine.
 CONTROL = "no-attack"
-# The attacker processes' CPU cap (a cgroup quota), of one core: what each attack needs to stay at full strength
-# with a margin (benchmarks/README.md, session 18), so the victim sees the gateway's cost, not the attack's own.
+# The attacker processes' CPU cap (a cgroup quota), of one core: about twice what slowloris, the hungriest, needs
+# to stay at full strength (21-24%; benchmarks/README.md, session 18), so the victim sees the gateway's cost, not
+# the attack's own.
 ATTACKER_CPU = 0.5
 VICTIM_SOURCE = "127.0.0.200"
 VICTIM = {"X-Org-Id": "victim", "X-User-Id": "v", "X-Session-Id": "victim-1"}
