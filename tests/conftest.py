@@ -124,6 +124,37 @@ def python() -> str:
     return sys.executable
 
 
+# -- cgroups the suite's gateways leave --------------------------------------------------------
+# A gateway run as root makes a cgroup per sandbox under one named after its data dir
+# (gateway/providers/confine.py), and keeps them while its sandboxes may still run: a gateway the
+# tests kill, or one whose store outlives it, leaves them behind, and every test has its own data dir.
+# The kernel keeps an empty cgroup until it is removed, so the controller (not an xdist worker: they
+# end while others still run) removes, at the end of a run, those made during it that are empty.
+def _sandbox_cgroups() -> set[Path]:
+    from gateway.providers.confine import own_cgroups
+
+    return {parent for own in own_cgroups().values() for parent in own.glob("sgw-*")}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_CGROUPS_BEFORE] = _sandbox_cgroups()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return
+    for parent in _sandbox_cgroups() - session.config.stash.get(_CGROUPS_BEFORE, set()):
+        for cgroup in [*parent.iterdir(), parent]:
+            if cgroup.is_dir():
+                try:
+                    cgroup.rmdir()  # refused while a process is in it, or it has children
+                except OSError:
+                    pass
+
+
+_CGROUPS_BEFORE = pytest.StashKey[set[Path]]()
+
+
 # -- one pass only -----------------------------------------------------------------------------
 # ./scripts/test runs the suite twice, on the compiled data plane and on its pure-Python modules
 # (gateway/_compiled.py). These files exercise nothing of those modules that the per-way tests do not,

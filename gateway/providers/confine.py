@@ -425,21 +425,29 @@ def _cgroup_parents(tag: str) -> dict[str, Path]:
     loop gets when both want the CPU, and each sandbox an equal part of that (one busy sandbox does not
     take another's). Unused, it is theirs: shares only weigh contention."""
     parents: dict[str, Path] = {}
+    for controller, own in own_cgroups().items():
+        parent = own / tag
+        try:
+            parent.mkdir(exist_ok=True)
+            if controller == "cpu":
+                (parent / "cpu.shares").write_text(str(SANDBOXES_CPU_SHARES))
+        except OSError:
+            continue
+        if os.access(parent, os.W_OK):
+            parents[controller] = parent
+    return parents
+
+
+def own_cgroups() -> dict[str, Path]:
+    """Per controller a sandbox is limited by (pids, memory, cpu; cgroup v1), this process's own cgroup."""
+    own: dict[str, Path] = {}
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
-        return parents
+        return own
     for line in lines:
         _, controllers, path = line.split(":", 2)
         for controller in ("pids", "memory", "cpu"):
             if controller in controllers.split(","):
-                parent = CGROUP_V1 / controller / path.lstrip("/") / tag
-                try:
-                    parent.mkdir(exist_ok=True)
-                    if controller == "cpu":
-                        (parent / "cpu.shares").write_text(str(SANDBOXES_CPU_SHARES))
-                except OSError:
-                    continue
-                if os.access(parent, os.W_OK):
-                    parents[controller] = parent
-    return parents
+                own[controller] = CGROUP_V1 / controller / path.lstrip("/")
+    return own
