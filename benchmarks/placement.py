@@ -7,7 +7,7 @@ what they take there is the attacker's cost, not the gateway's. A quota (not a w
 them whatever else runs and still gives them that share when the victim's client is busy: SCHED_IDLE starved
 the attack itself (session 17).
 
-The group is made under this process's own cpu cgroup (``sgw-bench-PID-N``) and removed when the ``with`` ends,
+The group is made under this process's own cpu cgroup (``bench-attackers-PID-N``) and removed when the ``with`` ends,
 failed or not; one left behind by a killed run (its PID gone) is removed by the next ``CpuCap``.
 """
 
@@ -21,9 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-CPU_V1 = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 100_000
-PREFIX = "sgw-bench-"
+PREFIX = "bench-attackers-"  # not sgw-*: tests/conftest.py removes the empty sgw-* groups a test run made
 _made = itertools.count()
 
 
@@ -49,13 +48,11 @@ def pinned(cpus: set[int] | None) -> Iterator[None]:
 
 def own_cpu_cgroup() -> Path | None:
     """This process's cgroup in the v1 ``cpu`` hierarchy, when it is mounted and we may make groups in it."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "cpu" in controllers.split(","):
-                parent = CPU_V1 / path.lstrip("/")
-                if (parent / "cpu.cfs_quota_us").exists() and os.access(parent, os.W_OK):
-                    return parent
+    from gateway.providers.confine import own_cgroups
+
+    parent = own_cgroups().get("cpu")
+    if parent is not None and (parent / "cpu.cfs_quota_us").exists() and os.access(parent, os.W_OK):
+        return parent
     return None
 
 
