@@ -351,17 +351,16 @@ async def connection_attack(scenario: str, gateway: Any, opts: Options, sources:
                         0 if opts.idle_attackers or not opts.pin or cap.group else 19,
                         idle=opts.pin and opts.idle_attackers, join=cap.join)
         async with attack:
-            cap.hold()
-            settled = await settle(gateway)
-            gateway_pid, attackers = [gateway.proc.pid], [p.pid for p in attack.procs]
-            cpu, throttled = (cpu_ns(gateway_pid)[0], cpu_ns(attackers)[0]), cap.stat()
-            started = time.perf_counter()
-            results = await victim(gateway, opts.victim, local)
-            seconds = time.perf_counter() - started
-            cpu = (cpu_ns(gateway_pid)[0] - cpu[0]) / 1e9, (cpu_ns(attackers)[0] - cpu[1]) / 1e9
-            throttled = {key: value - throttled[key] for key, value in cap.stat().items()}
-            load = os.getloadavg()
-            cap.hold(False)  # their end (5,000 tasks each cancelled) uncapped too
+            with cap.holding():  # capped while measured; their end (5,000 tasks cancelled each) uncapped
+                settled = await settle(gateway)
+                gateway_pid, attackers = [gateway.proc.pid], [p.pid for p in attack.procs]
+                cpu, throttled = (cpu_ns(gateway_pid)[0], cpu_ns(attackers)[0]), cap.stat()
+                started = time.perf_counter()
+                results = await victim(gateway, opts.victim, local)
+                seconds = time.perf_counter() - started
+                cpu = (cpu_ns(gateway_pid)[0] - cpu[0]) / 1e9, (cpu_ns(attackers)[0] - cpu[1]) / 1e9
+                throttled = {key: value - throttled[key] for key, value in cap.stat().items()}
+                load = os.getloadavg()
     first, final = attack.total(attack.ready), attack.total(attack.final)
     after = await counters(gateway)
     detail = (f"{opts.connections} {mode} connections from {len(sources)} addresses in {len(attack.commands)} "

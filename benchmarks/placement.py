@@ -141,6 +141,15 @@ class CpuCap:
         if self.group is not None:
             (self.group / "cpu.cfs_quota_us").write_text(str(self.quota_us if on else -1))
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """The quota on for the ``with``, off after it, failed or not."""
+        self.hold()
+        try:
+            yield
+        finally:
+            self.hold(False)
+
     def join(self) -> None:
         """In a child before it runs (``preexec_fn``): into the group."""
         if self.group is not None:

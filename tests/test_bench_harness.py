@@ -227,8 +227,13 @@ def test_cpu_cap_is_removed_on_failure_and_a_killed_runs_group_by_the_next() -> 
     parent = own_cpu_cgroup()
     if parent is None:
         pytest.skip("no writable cgroup v1 cpu hierarchy (root and /sys/fs/cgroup/cpu)")
-    with pytest.raises(RuntimeError, match="the run failed"), CpuCap(0.5) as cap:
+    with pytest.raises(RuntimeError, match="the run failed"), CpuCap(0.5, held=False) as cap:
         group = cap.group
+        assert group is not None and (group / "cpu.cfs_quota_us").read_text().strip() == "-1"
+        with pytest.raises(RuntimeError, match="the attack failed"), cap.holding():
+            assert (group / "cpu.cfs_quota_us").read_text().strip() == "50000"
+            raise RuntimeError("the attack failed")
+        assert (group / "cpu.cfs_quota_us").read_text().strip() == "-1"  # uncapped for the attack's end
         raise RuntimeError("the run failed")
     assert group is not None and not group.exists()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
