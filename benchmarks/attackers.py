@@ -22,6 +22,7 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Callable
 
 SLOW_HEAD = b"GET /hello HTTP/1.1\r\nHost: 127.0.0.1\r\nX-User-Id: attacker\r\n"
 
@@ -142,9 +143,11 @@ class Attack:
     """``connections`` slots from ``sources`` addresses against ``target``, over processes of ``per_process``."""
 
     def __init__(self, target: str, mode: str, connections: int, sources: list[str], per_process: int,
-                 reopen: float, niceness: int = 0, idle: bool = False) -> None:
+                 reopen: float, niceness: int = 0, idle: bool = False,
+                 join: Callable[[], None] | None = None) -> None:
         self.niceness = niceness  # added to the attacker processes' nice value (neighbours.py: they yield to the victim)
         self.idle = idle  # SCHED_IDLE: they run only when nothing else on their core wants to (neighbours.py)
+        self.join = join  # run in each attacker process before it starts: into a capped cgroup (placement.CpuCap)
         per_source = connections // len(sources)
         per_process_per_source = max(1, per_process // len(sources))
         self.commands = []
@@ -161,7 +164,7 @@ class Attack:
         for command in self.commands:
             self.procs.append(await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                preexec_fn=self._yielding if self.niceness or self.idle else None))
+                preexec_fn=self._yielding if self.niceness or self.idle or self.join else None))
         for proc in self.procs:
             assert proc.stdout is not None
             line = (await asyncio.wait_for(proc.stdout.readline(), 300)).decode()
@@ -171,7 +174,9 @@ class Attack:
         return self
 
     def _yielding(self) -> None:
-        """In the attacker process, before it runs: its scheduling policy or nice value."""
+        """In the attacker process, before it runs: its cgroup, scheduling policy or nice value."""
+        if self.join is not None:
+            self.join()
         if self.idle:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         if self.niceness:
@@ -195,4 +200,6 @@ class Attack:
 
 if __name__ == "__main__":
     target, mode, sources, per_source, reopen = sys.argv[1:6]
-    asyncio.run(attacker_main(target, mode, sources.split(","), int(per_source), float(reopen)))
+    import uvloop  # the gateway's loop: the same connections and bytes for less of the attacker's CPU (session 18)
+
+    uvloop.run(attacker_main(target, mode, sources.split(","), int(per_source), float(reopen)))

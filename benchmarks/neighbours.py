@@ -21,7 +21,9 @@ Attacks (all on loopback, bounded in count and time):
 The victim (its own source address, 127.0.0.200) opens a NEW connection for every call, so a full port would
 show: the data plane (GET through a static pool to an aiohttp app in this process), gRPC (a unary call through
 the same pool to the grpclib echo service; a new channel per call), the control API (/healthz) and, with
-``--local``, ``/execute`` in its own local sandbox (bubblewrap; root only). The victim's calls run after the
+``--local``, ``/execute`` in its own local sandbox (bubblewrap; root only). It calls the ports in turn, one call to each per
+turn (``/execute`` every fourth), so a periodic cost of the gateway lands on every port alike (figures before
+session 18 measured each port in a block of its own: a wave every 10 s fell in one port's window). The victim's calls run after the
 attack is in place (the gateway has answered the first wave) and while it goes on; the CPU the gateway and
 the attackers took meanwhile is reported (they share the machine's cores). The gateway runs with its
 defaults (descriptor limit raised to the hard one: bounds logged at start) except a smaller disk quota
@@ -29,13 +31,16 @@ defaults (descriptor limit raised to the hard one: bounds logged at start) excep
 
 On a machine of two or more cores the gateway (and every process it starts: its sandboxes) runs on one core
 and this process (the victim's client, the static pool's sandbox) and the attacker processes on another
-(``sched_setaffinity``; ``--no-pin`` to share them all), the attackers at nice 19 so that they yield most of
-that core to the victim's client. ``--idle-attackers`` runs them under ``SCHED_IDLE`` instead (session 17: the victim's
-client then waited runnable less under attack than in its baselines), but on a quiet machine that starved the attack
-itself: slowloris ended with 9 of its 4,000 connections and 5 reconnects, grpc-idle with 216 and 563 (at nice 19:
-3,000-4,000 and 3,500-4,100), so the gateway did not see the attack. A row whose attackers held fewer than an eighth of
-their first wave at the end (which counts connections not yet refused) says so. The attacker's own CPU is not the gateway's to defend: on two shared cores the attackers' and the victim's client's work showed as the gateway's latency,
-and a baseline moved 2x between runs. Each attack's victim figures are compared with its baseline measured
+(``sched_setaffinity``; ``--no-pin`` to share them all). The attackers run capped together at ``--attacker-cpu``
+of a core (a cgroup v1 cpu quota of ordinary weight, benchmarks/placement.py, on once their first wave is in), as
+if they ran on a machine of their own with that much of it: what they take from the victim's core is the
+attacker's cost, not the gateway's (session 17, run L: uncapped at nice 19 they took 27% of it, and the victim's
+tail came from them). ``--attacker-cpu 0`` (or no writable cgroup) runs them uncapped at nice 19, as before
+session 18. Each row gives the cap, the attackers' CPU and how often the cap held them back, and the attack's
+strength at its end (connections held, reconnects), which the cap must not weaken: a row whose attackers held
+fewer than an eighth of their first wave says THE ATTACK DID NOT HOLD. ``--idle-attackers`` (SCHED_IDLE instead of
+nice 19) starved the attack on a quiet machine (slowloris kept 9 of its 4,000 connections).
+Each attack's victim figures are compared with its baseline measured
 just before and just after it (both pooled: the p99 of twice the calls), and each p99 is given with the
 number of calls it is taken from (at 2,000 calls the p99 is the 20th slowest, not the 5th of 500).
 With ``--rounds N`` each attack runs N times, each time between its own baselines: a row then gives the median
@@ -58,7 +63,6 @@ import os
 import re
 import resource
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -75,6 +79,8 @@ from aiohttp import web  # noqa: E402
 
 from benchmarks.attackers import Attack  # noqa: E402
 from benchmarks.harness import cpu_ns  # noqa: E402
+from benchmarks.neighbours_table import Result, Row, pooled, rounds_of, summary, table  # noqa: E402
+from benchmarks.placement import CpuCap, cores, pinned  # noqa: E402
 
 SCENARIOS = ("baseline", "grpc-idle", "data-idle", "slowloris", "undeclared-streams", "files", "disk", "fork-bomb",
              "baseline-after")
@@ -82,55 +88,43 @@ LOCAL = ("files", "disk", "fork-bomb")
 # The control, asked for by name only (--only no-attack): a round with no attack, measured between its
 # baselines as an attacked round is, so its ratio is the measurement's own noise on this machine.
 CONTROL = "no-attack"
+# The attacker processes' CPU cap (a cgroup quota), of one core: half again what slowloris, the hungriest, took at
+# full strength over a minute (44-50%, about 830 reconnects a second; benchmarks/README.md, session 18), so the
+# attack is bounded without being weakened.
+ATTACKER_CPU = 0.75
 VICTIM_SOURCE = "127.0.0.200"
 VICTIM = {"X-Org-Id": "victim", "X-User-Id": "v", "X-Session-Id": "victim-1"}
 VICTIM_BOX = {"X-Org-Id": "victim-box", "X-User-Id": "v", "X-Session-Id": "victim-box-1"}
 
 
-# -- the attacker processes ---------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Result:
-    p50: float
-    p99: float
-    errors: int
-    calls: int
-    first_error: str = ""
-    latencies: list[float] = dataclasses.field(default_factory=list, repr=False)  # seconds, sorted
-
-
-def summary(latencies: list[float], errors: int, calls: int, first: str = "") -> Result:
-    latencies = sorted(latencies)
-    if not latencies:
-        return Result(float("nan"), float("nan"), errors, calls, first)
-    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    return Result(statistics.median(latencies) * 1000, p99 * 1000, errors, calls, first, latencies)
-
-
-def pooled(*results: Result) -> Result:
-    """Several measurements of one port as one (the baselines just before and just after an attack)."""
-    return summary([x for r in results for x in r.latencies], sum(r.errors for r in results),
-                   sum(r.calls for r in results), next((r.first_error for r in results if r.first_error), ""))
-
+# -- the victim --------------------------------------------------------------------------------------------------
 
 # Every victim call, (wall-clock start, seconds, which): written to --calls-log, to set the slowest calls against
 # what the gateway's loop did then (benchmarks/loop_probe/).
 CALLS_LOG: list[tuple[float, float, str]] | None = None
 
 
-async def measure(calls: int, call: Callable[[], Awaitable[None]]) -> Result:
-    latencies, errors, first = [], 0, ""
-    for _ in range(calls):
-        started = time.perf_counter()
-        try:
-            await asyncio.wait_for(call(), 10)
-            latencies.append(time.perf_counter() - started)
-            if CALLS_LOG is not None:
-                CALLS_LOG.append((time.time() - latencies[-1], latencies[-1], call.__name__))
-        except Exception as exc:  # noqa: BLE001 (every failure is the victim's error, counted)
-            errors += 1
-            first = first or f"{type(exc).__name__}: {exc}"[:200]
-    return summary(latencies, errors, calls, first)
+async def measure(calls: int, ports: dict[str, Callable[[], Awaitable[None]]], every: dict[str, int]) -> dict[str, Result]:
+    """``calls`` turns; each turn one call to each port (``every``: to that port only every Nth turn), so that a
+    periodic cost of the gateway lands on every port alike (before session 18 the ports were measured one after
+    another: a wave every 10 s fell in one port's window)."""
+    latencies: dict[str, list[float]] = {name: [] for name in ports}
+    errors, first = dict.fromkeys(ports, 0), dict.fromkeys(ports, "")
+    for turn in range(calls):
+        for name, call in ports.items():
+            if turn % every.get(name, 1):
+                continue
+            started = time.perf_counter()
+            try:
+                await asyncio.wait_for(call(), 10)
+                latencies[name].append(time.perf_counter() - started)
+                if CALLS_LOG is not None:
+                    CALLS_LOG.append((time.time() - latencies[name][-1], latencies[name][-1], call.__name__))
+            except Exception as exc:  # noqa: BLE001 (every failure is the victim's error, counted)
+                errors[name] += 1
+                first[name] = first[name] or f"{type(exc).__name__}: {exc}"[:200]
+    return {name: summary(latencies[name], errors[name], len(range(0, calls, every.get(name, 1))), first[name])
+            for name in ports}
 
 
 async def victim(gateway: Any, calls: int, local: bool) -> dict[str, Result]:
@@ -168,11 +162,10 @@ async def victim(gateway: Any, calls: int, local: bool) -> dict[str, Result]:
                 body = await response.text()
                 assert response.status == 200 and json.loads(body)["stdout"] == "ok\n", body[:200]
 
-        results = {"data plane": await measure(calls, data), "gRPC": await measure(calls, grpc),
-                   "control /healthz": await measure(calls, control)}
+        ports = {"data plane": data, "gRPC": grpc, "control /healthz": control}
         if local:
-            results["own sandbox /execute"] = await measure(max(20, calls // 4), execute)
-        return results
+            ports["own sandbox /execute"] = execute
+        return await measure(calls, ports, {"own sandbox /execute": max(1, calls // max(20, calls // 4))})
 
 
 # -- the gateway and its sandbox ------------------------------------------------------------------------------
@@ -246,17 +239,6 @@ FORK_BOMB = "(exec 2>/dev/null; while :; do sleep 600 >/dev/null & done); echo f
 
 
 @dataclasses.dataclass
-class Row:
-    scenario: str
-    attacker: str                # what the attack did, in words
-    results: dict[str, Result]   # the victim's, per port
-    load: tuple[float, float, float]
-    facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the attack did, for a test to assert
-    before: dict[str, Result] = dataclasses.field(default_factory=dict)  # the victim's just before and after it
-    ratios: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per round, when there were several
-
-
-@dataclasses.dataclass
 class Options:
     connections: int = 20_000
     sources: int = 10
@@ -271,26 +253,7 @@ class Options:
     pin: bool = False  # the gateway on one core, this process and the attackers on another (see pinned)
     rounds: int = 1    # each attack this many times, each between its own baselines (see rounds_of)
     idle_attackers: bool = False  # pinned: the attackers under SCHED_IDLE, not nice 19 (see the module docstring)
-
-
-def cores() -> tuple[set[int], set[int]] | None:
-    """The gateway's core and the others' (victim, attackers), or None with fewer than two usable cores."""
-    usable = sorted(os.sched_getaffinity(0))
-    return ({usable[0]}, set(usable[1:])) if len(usable) >= 2 else None
-
-
-@contextlib.contextmanager
-def pinned(cpus: set[int] | None) -> Any:
-    """This process (and what it starts meanwhile, which inherits it) on ``cpus``; None: unchanged."""
-    if cpus is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
+    attacker_cpu: float = ATTACKER_CPU  # the attackers' CPU cap, of one core (0: none; see benchmarks/placement.py)
 
 
 @contextlib.asynccontextmanager
@@ -374,57 +337,53 @@ async def attacked(scenario: str, gateway: Any, sandbox: Sandbox, http: aiohttp.
     return row
 
 
-def median_of(results: list[Result]) -> Result:
-    """Several rounds' measurements of one port: the median p50 and p99, every call and error counted."""
-    return Result(statistics.median(r.p50 for r in results), statistics.median(r.p99 for r in results),
-                  sum(r.errors for r in results), sum(r.calls for r in results),
-                  next((r.first_error for r in results if r.first_error), ""))
-
-
-def rounds_of(rounds: list[Row]) -> Row:
-    """One row for several rounds of an attack; its ratio per port is the median of the rounds' own ratios
-    (each against the baselines around it), and each round's ratio is listed with what the attack did."""
-    ports = rounds[0].results
-    ratios = {port: [r.results[port].p99 / r.before[port].p99 for r in rounds] for port in ports}
-    listed = "; ".join(f"{port} {', '.join(f'{x:.2f}' for x in ratios[port])}" for port in ports)
-    return Row(rounds[0].scenario, f"{rounds[-1].attacker}; p99 ratio per round: {listed}",
-               {port: median_of([r.results[port] for r in rounds]) for port in ports}, rounds[-1].load,
-               rounds[-1].facts, {port: median_of([r.before[port] for r in rounds]) for port in ports},
-               ratios)
-
-
 async def connection_attack(scenario: str, gateway: Any, opts: Options, sources: list[str],
                             before: dict[str, float], local: bool) -> Row:
     """Idle or slowloris connections to a port, from attacker processes, held while the victim is measured."""
     target = gateway.grpc_address if scenario == "grpc-idle" else gateway.data_url.split("://", 1)[1]
     mode = "slowloris" if scenario == "slowloris" else "idle"
-    # Pinned, the attackers share the victim's core: at nice 19 (or under SCHED_IDLE) they yield it to the victim's
-    # client, so what the victim sees is the gateway's work for the attack, not the attackers' own reconnect loops
-    # and line timers (68-90 s of CPU in a 2-5 minute window on the 2-core VM; see the module docstring).
-    attack = Attack(target, mode, opts.connections, sources, opts.per_process, opts.reopen,
-                    0 if opts.idle_attackers or not opts.pin else 19, idle=opts.pin and opts.idle_attackers)
-    async with attack:
-        settled = await settle(gateway)
-        gateway_pid, attackers = [gateway.proc.pid], [p.pid for p in attack.procs]
-        cpu = cpu_ns(gateway_pid)[0], cpu_ns(attackers)[0]
-        started = time.perf_counter()
-        results = await victim(gateway, opts.victim, local)
-        seconds = time.perf_counter() - started
-        cpu = (cpu_ns(gateway_pid)[0] - cpu[0]) / 1e9, (cpu_ns(attackers)[0] - cpu[1]) / 1e9
-        load = os.getloadavg()
+    # Pinned, the attackers share the victim's core: capped (a cgroup quota) and at nice 19 they take at most their
+    # cap of it, yielding to the victim's client, so what the victim sees is the gateway's work for the attack, not
+    # the attackers' own reconnect loops and line timers (see the module docstring).
+    cap = CpuCap(opts.attacker_cpu, held=False)  # capped once the first wave is in (it took minutes capped)
+    with cap:
+        attack = Attack(target, mode, opts.connections, sources, opts.per_process, opts.reopen,
+                        0 if opts.idle_attackers or not opts.pin or cap.group else 19,
+                        idle=opts.pin and opts.idle_attackers, join=cap.join)
+        async with attack:
+            with cap.holding():  # capped while measured; their end (5,000 tasks cancelled each) uncapped
+                settled = await settle(gateway)
+                gateway_pid, attackers = [gateway.proc.pid], [p.pid for p in attack.procs]
+                cpu, throttled = (cpu_ns(gateway_pid)[0], cpu_ns(attackers)[0]), cap.stat()
+                started = time.perf_counter()
+                results = await victim(gateway, opts.victim, local)
+                seconds = time.perf_counter() - started
+                cpu = (cpu_ns(gateway_pid)[0] - cpu[0]) / 1e9, (cpu_ns(attackers)[0] - cpu[1]) / 1e9
+                throttled = {key: value - throttled[key] for key, value in cap.stat().items()}
+                load = os.getloadavg()
     first, final = attack.total(attack.ready), attack.total(attack.final)
     after = await counters(gateway)
     detail = (f"{opts.connections} {mode} connections from {len(sources)} addresses in {len(attack.commands)} "
-              f"processes (one the gateway held reopened at once, one refused after {opts.reopen:g} s +-50%): "
-              f"{first['held']} open after the "
-              f"first wave (some refused, not yet read), {final['held']} at the end; the gateway settled in "
-              f"{settled:.1f} s; {final['connects'] - first['connects']} reconnects in all; while the victim was "
-              f"measured ({seconds:.1f} s) the gateway took {cpu[0]:.1f} s of CPU, the attackers {cpu[1]:.1f} s; "
-              f"the gateway: {changed(before, after)}")
+              f"processes (one the gateway held reopened at once, one refused after {opts.reopen:g} s +-50%), "
+              f"{cap.describe()}: {first['held']} open after the first wave (some refused, not yet read), "
+              f"{final['held']} at the end; the gateway settled in {settled:.1f} s; "
+              f"{final['connects'] - first['connects']} reconnects in all; while the victim was measured "
+              f"({seconds:.1f} s) the gateway took {cpu[0]:.1f} s of CPU, the attackers {cpu[1]:.1f} s "
+              f"({cpu[1] / seconds:.0%} of a core{throttling(throttled)}); the gateway: {changed(before, after)}")
     if final["held"] < first["held"] / 8:  # the first wave counts connections not yet refused: 8,000 for 4,000 slots
         detail += (f"; THE ATTACK DID NOT HOLD: its processes kept {final['held']} of {first['held']} connections "
                    "(starved of CPU?): this row does not measure the attack")
-    return Row(scenario, detail, results, load, {"first": first, "final": final, "gateway": delta(before, after)})
+    facts = {"first": first, "final": final, "gateway": delta(before, after), "attackers_cpu": cpu[1] / seconds,
+             "capped": bool(throttled), "throttled": throttled}
+    return Row(scenario, detail, results, load, facts)
+
+
+def throttling(stat: dict[str, int]) -> str:
+    """How often the cap held the attackers back, from the group's cpu.stat differences ('' uncapped)."""
+    if not stat:
+        return ""
+    return (f", throttled in {stat['nr_throttled']} of {stat['nr_periods']} periods, "
+            f"{stat['throttled_time'] / 1e9:.1f} s in all")
 
 
 async def settle(gateway: Any, quiet: float = 100, longest: float = 30) -> float:
@@ -521,36 +480,13 @@ async def local_attack(scenario: str, gateway: Any, http: aiohttp.ClientSession,
         await forget(http, gateway, session)
 
 
-def table(rows: list[Row]) -> str:
-    """The victim's figures per scenario and port: just before the attack and under it, the p99 ratio of the
-    two; then what each attack did."""
-    lines = ["| attack | victim port | baseline (before + after): p50 / p99 ms (calls) | under attack: p50 / p99 ms "
-             "(calls) | p99 ratio | errors | load avg (1/5/15) |", "|---|---|---|---|---|---|---|"]
-    for row in rows:
-        for port, r in row.results.items():
-            pre = row.before.get(port)
-            if port in row.ratios:
-                ratio = f"{statistics.median(row.ratios[port]):.2f} (median of {len(row.ratios[port])})"
-            else:
-                ratio = f"{r.p99 / pre.p99:.2f}" if pre is not None and pre.p99 else "-"
-            errors = f"{r.errors}/{r.calls}" + (f" ({r.first_error})" if r.errors else "")
-            if pre is not None:
-                errors += f" (baseline: {pre.errors}/{pre.calls})"
-            before = f"{pre.p50:.2f} / {pre.p99:.2f} ({pre.calls})" if pre is not None else "-"
-            lines.append(f"| {row.scenario} | {port} | {before} | {r.p50:.2f} / {r.p99:.2f} ({r.calls}) | {ratio} | "
-                         f"{errors} | "
-                         f"{row.load[0]:.2f} / {row.load[1]:.2f} / {row.load[2]:.2f} |")
-    lines.append("")
-    lines += [f"- {row.scenario}: {row.attacker}" for row in rows if row.attacker != "-"]
-    return "\n".join(lines)
-
-
 def placement(opts: Options) -> str:
-    split = cores() if opts.pin else None
+    split, cap = cores() if opts.pin else None, CpuCap(opts.attacker_cpu)
+    attackers = ("SCHED_IDLE" if opts.idle_attackers else "nice 0" if cap.parent else "nice 19" if split else "nice 0")
     if split is None:
-        return "not pinned: the gateway, the victim's client and the attackers share every core"
+        return f"not pinned: the gateway, the victim's client and the attackers share every core; {cap.describe()}"
     return (f"the gateway and its sandboxes on {sorted(split[0])}, the victim's client, the static sandbox and "
-            f"the attackers ({'SCHED_IDLE' if opts.idle_attackers else 'nice 19'}) on {sorted(split[1])}")
+            f"the attackers ({attackers}) on {sorted(split[1])}; {cap.describe()}")
 
 
 def main() -> None:
@@ -569,6 +505,8 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, in order: " + ",".join(SCENARIOS) + f" (and {CONTROL}, a round without an attack)")
     parser.add_argument("--calls-log", help="write every victim call here: wall-clock start, ms, port (in order)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each attack, each between its own baselines")
+    parser.add_argument("--attacker-cpu", type=float, default=ATTACKER_CPU, help="the attacker processes' CPU cap, "
+                        f"of one core (a cgroup v1 cpu quota; 0: none; default {ATTACKER_CPU:g})")
     parser.add_argument("--idle-attackers", action="store_true", help="pinned, the attackers under SCHED_IDLE, not "
                         "nice 19 (it can starve the attack: see the module docstring)")
     args = parser.parse_args()
@@ -577,7 +515,8 @@ def main() -> None:
     env = {f"SANDBOX_GATEWAY_{name.upper()}": str(value) for name, value in (
         ("max_connections", args.max_connections), ("max_connections_per_client", args.per_client)) if value}
     opts = Options(args.connections, args.sources, args.per_process, args.reopen, args.streams, args.victim, local,
-                   args.disk_quota, only, env, not args.no_pin, max(1, args.rounds), args.idle_attackers)
+                   args.disk_quota, only, env, not args.no_pin, max(1, args.rounds), args.idle_attackers,
+                   args.attacker_cpu)
     from benchmarks.harness import footer, header
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]

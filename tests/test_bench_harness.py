@@ -12,7 +12,9 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -184,3 +186,84 @@ def test_head_wave_reports_the_closes_at_the_head_deadline_each_second() -> None
     counts = [int(x) for x in each.rsplit(": ", 1)[1].split()]
     assert len(counts) == 2 and sum(counts) > 0, done.stdout  # 40 connections closed every 0.5-0.6 s
     assert "loop thread CPU per second: mean " in done.stdout, done.stdout
+
+
+def test_cpu_cap_holds_its_processes_to_the_quota_and_is_removed_after() -> None:
+    """benchmarks/placement.CpuCap (neighbours.py's attackers): a busy process that joined the group gets at most
+    the quota, the kernel counts the periods it was held back, and the group is gone when the ``with`` ends,
+    even with a process still in it."""
+    from benchmarks.placement import CpuCap, own_cpu_cgroup
+
+    if own_cpu_cgroup() is None:
+        pytest.skip("no writable cgroup v1 cpu hierarchy (root and /sys/fs/cgroup/cpu)")
+    with CpuCap(0.2) as cap:
+        assert cap.group is not None and (cap.group / "cpu.cfs_quota_us").read_text().strip() == "20000"
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=cap.join)
+        try:
+            assert (cap.group / "cgroup.procs").read_text().split() == [str(busy.pid)]
+            started, cpu = time.monotonic(), harness.cpu_ns([busy.pid])[0]
+            deadline = started + 30
+            while cap.stat()["nr_throttled"] < 5 and time.monotonic() < deadline:
+                time.sleep(0.05)  # cgroup v1 has no event for a throttled period
+            used, elapsed = (harness.cpu_ns([busy.pid])[0] - cpu) / 1e9, time.monotonic() - started
+            assert cap.stat()["nr_throttled"] >= 5
+            assert used <= 0.2 * elapsed + 0.1, (used, elapsed)  # uncapped it would be ~1.0 x elapsed
+            group = cap.group
+        finally:
+            busy.kill()
+            busy.wait()
+        idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=cap.join)
+    try:
+        assert not group.exists()  # removed, its process moved to the parent group
+        assert str(idle.pid) in (group.parent / "cgroup.procs").read_text().split()
+    finally:
+        idle.kill()
+        idle.wait()
+
+
+def test_cpu_cap_is_removed_on_failure_and_a_killed_runs_group_by_the_next() -> None:
+    from benchmarks.placement import PREFIX, CpuCap, own_cpu_cgroup
+
+    parent = own_cpu_cgroup()
+    if parent is None:
+        pytest.skip("no writable cgroup v1 cpu hierarchy (root and /sys/fs/cgroup/cpu)")
+    with pytest.raises(RuntimeError, match="the run failed"), CpuCap(0.5, held=False) as cap:
+        group = cap.group
+        assert group is not None and (group / "cpu.cfs_quota_us").read_text().strip() == "-1"
+        with pytest.raises(RuntimeError, match="the attack failed"), cap.holding():
+            assert (group / "cpu.cfs_quota_us").read_text().strip() == "50000"
+            raise RuntimeError("the attack failed")
+        assert (group / "cpu.cfs_quota_us").read_text().strip() == "-1"  # uncapped for the attack's end
+        raise RuntimeError("the run failed")
+    assert group is not None and not group.exists()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = parent / f"{PREFIX}{dead.pid}-0"  # what a run killed with SIGKILL leaves behind
+    left.mkdir()
+    try:
+        with CpuCap(0.5) as cap:
+            assert not left.exists() and cap.group is not None and cap.group.exists()
+    finally:
+        if left.exists():
+            left.rmdir()
+    assert CpuCap(0).group is None and CpuCap(0).describe() == "attackers uncapped"
+
+
+async def test_neighbours_victim_calls_its_ports_in_turn() -> None:
+    """The victim's ports are called one after another, call by call (not each in a block of its own), so a
+    periodic cost of the gateway lands on every port alike; a port asked for every Nth turn gets a call then."""
+    from benchmarks.neighbours import measure
+
+    order: list[str] = []
+
+    def port(name: str) -> Any:
+        async def call() -> None:
+            order.append(name)
+            if name == "b" and order.count("b") == 2:
+                raise ConnectionResetError("refused")
+        return call
+
+    results = await measure(4, {"a": port("a"), "b": port("b"), "c": port("c")}, {"c": 2})
+    assert order == ["a", "b", "c", "a", "b", "a", "b", "c", "a", "b"]
+    assert [results[p].calls for p in "abc"] == [4, 4, 2]
+    assert results["b"].errors == 1 and "refused" in results["b"].first_error and len(results["b"].latencies) == 3

@@ -35,8 +35,9 @@ hostile peer; HPACK stays the ``hpack`` library's. The listener speaks h2c
 ``grpc_tls_key_file`` are set; connections to sandboxes are h2c.
 
 Modules: ``front`` (listener, connections, draining, access log), ``call`` (one
-call: admission, endings; served by callbacks where its route is cached and its
-sandbox's connection ready, a unary call's usual case, else by a task), ``head``
+call: admission, relay; served by callbacks where its route is cached and its
+sandbox's connection ready, a unary call's usual case, else by a task),
+``ending`` (what a call the sandbox did not answer to its end is answered), ``head``
 (what a request head reads as; what of an answer's head and trailers a client
 may get), ``relay`` (one direction of a call: receive buffer and
 forwarding), ``connection`` and ``stream`` (one HTTP/2 connection, either end, and

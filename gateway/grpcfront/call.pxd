@@ -39,7 +39,7 @@ cdef class Call:
     cpdef _finish(self)
     cpdef _leave_callbacks(self)
     cpdef _cleanup(self)
-    cpdef _reset_up(self)
+    cpdef reset_up(self)
     cpdef bint _sandbox_answered(self)
     cpdef bint _hold_alone(self, Endpoint conn)
 

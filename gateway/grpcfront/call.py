@@ -13,40 +13,31 @@ Termination is reported through a stream's ``owner``: the call gives each of
 its two streams a :class:`_Side`, which records which side
 ended (the client reset or left, the sandbox reset or its connection dropped)
 and ends the call: at once when it is served by callbacks (``Call.start``),
-else by cancelling its task, which then settles the other side.
+else by cancelling its task, which then settles the other side. What the client
+is then told (and every other answer the gateway gives itself) is in ``ending``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from grpclib.metadata import encode_grpc_message
-
-from gateway.errors import GatewayError, UnsupportedMediaType, UpstreamError, error_body
-from gateway.grpcfront.frames import CANCEL, ENHANCE_YOUR_CALM, ERROR_NAMES, INADEQUATE_SECURITY, NO_ERROR
+from gateway.errors import UnsupportedMediaType, UpstreamError
+from gateway.grpcfront.ending import answer_http, ended_early, failed
+from gateway.grpcfront.frames import CANCEL, NO_ERROR
 from gateway.grpcfront.head import (
-    CANCELLED, DEADLINE_EXCEEDED, INTERNAL, PERMISSION_DENIED, RESOURCE_EXHAUSTED, UNAVAILABLE, UNKNOWN, Headers,
-    forwardable, header_text, http_status, read_head, remember, sandbox_head, status_of, timeout_left
+    INTERNAL, Headers, forwardable, header_text, http_status, read_head, remember, sandbox_head, status_of, timeout_left
 )
 from gateway.grpcfront.relay import CHUNK, Truncated, relay
 from gateway.grpcfront.stream import Stream, StreamClosed, relay_now
 from gateway.grpcfront.upstream import Target
-from gateway.proxy._admission import SANDBOX_ID_HEADER
 
 if TYPE_CHECKING:
     from gateway.grpcfront.connection import Connection
     from gateway.grpcfront.front import GrpcFront, _ServerSide
     from routing import Identity
-
-log = logging.getLogger("gateway.grpc")
-
-# A sandbox's RST_STREAM as the client's gRPC status (gRPC over HTTP/2, "Errors"): CANCEL is passed on as
-# CANCEL, REFUSED_STREAM is retried or answered UNAVAILABLE (_ended_early); every other code is INTERNAL.
-_RESET_STATUS = {ENHANCE_YOUR_CALM: RESOURCE_EXHAUSTED, INADEQUATE_SECURITY: PERMISSION_DENIED}
 
 
 class _Side:
@@ -127,7 +118,7 @@ class Call:
             return  # the sandbox reset after its final status: the call is complete as far as it goes
         self.side = side
         if self.fast:
-            self._ended_early()
+            ended_early(self)
             self._finish()
         elif self.running and self.task is not None:
             self.task.cancel()
@@ -186,7 +177,7 @@ class Call:
             self._spawn()
         except Exception as exc:
             if self.fast:  # else it ended meanwhile (the client's request ended inside a message)
-                self._failed(exc)
+                failed(self, exc)
                 self._finish()
 
     def _head_in(self) -> None:
@@ -212,13 +203,13 @@ class Call:
                     conn.flush()
             self._settled(status)
         except Exception as exc:
-            self._failed(exc)
+            failed(self, exc)
         self._finish()
 
     def _expired(self) -> None:
         """The client's deadline, while the call is served by callbacks (the task's is ``asyncio.timeout_at``)."""
         self.timer = None
-        self._failed(TimeoutError())
+        failed(self, TimeoutError())
         self._finish()
 
     def _spawn(self, out: Sequence[tuple[bytes, bytes]] | None = None) -> None:
@@ -248,7 +239,7 @@ class Call:
             self.trace = self.front.tracer.begin_call(self)  # gateway/tracing.py
         try:
             if self.side is not None:  # ended before it began (the client reset at once, or we are draining)
-                self._ended_early()
+                ended_early(self)
                 return
             if self.up is None and out is None:
                 out = self._admit()
@@ -265,42 +256,14 @@ class Call:
             if self.side is None:
                 self.side = "stopping"
             self.task.uncancel()  # type: ignore[union-attr]
-            self._ended_early()
+            ended_early(self)
         except UnsupportedMediaType as exc:
             self.code = exc.code
-            await self._answer_http(exc)
+            await answer_http(self, exc)
         except Exception as exc:
-            self._failed(exc)
+            failed(self, exc)
         finally:
             self._cleanup()
-
-    def _failed(self, exc: Exception) -> None:
-        """What ended the call, as the client's answer (the task's and the callbacks' one mapping); the sandbox's
-        stream, if open, is reset."""
-        if isinstance(exc, TimeoutError):
-            self._reset_up()
-            self.code = "deadline_exceeded"
-            self._answer(DEADLINE_EXCEEDED, "deadline exceeded (grpc-timeout) at the gateway")
-        elif isinstance(exc, GatewayError):
-            self._reset_up()
-            self.refused = getattr(exc, "scope", None)
-            self.code = exc.code
-            if isinstance(exc, UpstreamError):
-                self.error = exc.code
-            self._refuse(exc)
-        elif isinstance(exc, Truncated):
-            self._reset_up()
-            self.error = "upstream_protocol_error"
-            self._answer(INTERNAL, "the sandbox's stream ended in the middle of a message")
-        elif isinstance(exc, ConnectionError):
-            self._reset_up()
-            log.info("gRPC call %s: %s", self.path, exc)
-            self.error = "upstream_closed"
-            self._answer(UNAVAILABLE, "the connection to the sandbox failed")
-        else:
-            log.error("gRPC call %s failed", self.path, exc_info=exc)
-            self._reset_up()
-            self._answer(INTERNAL, "internal error in the gateway")
 
     def _admit(self) -> Sequence[tuple[bytes, bytes]]:
         """Validate the request head, take the identity metadata out, admit the call (the org's limits); returns
@@ -498,86 +461,7 @@ class Call:
             if self.down.closable:
                 self.down.reset(NO_ERROR)
 
-    # -- endings --------------------------------------------------------------------
-    def _ended_early(self) -> None:
-        side = self.side
-        if side == "client":
-            self.status = CANCELLED
-            self.done = True
-            self._reset_up()
-        elif side == "sandbox" and self.up is not None and self.up.refused:
-            self._answer(UNAVAILABLE, "the sandbox refused the call unprocessed (restarting or overloaded); retry")
-        elif side == "sandbox" and self.sandbox_reset:
-            code = self.up.reset_code if self.up is not None else None
-            self.error = "upstream_reset"
-            if code == CANCEL:  # the sandbox cancelled the call: so does the client
-                self.status = CANCELLED
-                self.done = True
-                if self.down.closable:
-                    self.down.reset(CANCEL)
-                return
-            name = ERROR_NAMES.get(code, hex(code)) if code is not None else "?"
-            status = _RESET_STATUS.get(code, INTERNAL) if code is not None else INTERNAL
-            self._answer(status, f"the sandbox reset the call ({name})")
-        elif side == "sandbox":
-            self.error = "upstream_closed"
-            self._answer(UNAVAILABLE, "the connection to the sandbox was lost")
-        else:
-            self._reset_up()
-            self._answer(UNAVAILABLE, "the gateway is shutting down; retry")
-
-    def _refuse(self, exc: GatewayError) -> None:
-        extra: list[tuple[str, str]] = []
-        if exc.retry_after is not None:
-            seconds = max(1, round(exc.retry_after))
-            extra = [("retry-after", str(seconds)), ("grpc-retry-pushback-ms", str(seconds * 1000))]
-        if exc.sandbox_id:
-            extra.append((SANDBOX_ID_HEADER.decode(), exc.sandbox_id))
-        self._answer(int(exc.grpc_status.value), f"{exc.code}: {exc.message}", extra)
-
-    async def _answer_http(self, exc: GatewayError) -> None:
-        """Not a gRPC request: answered in plain HTTP (415 for a content-type that is not gRPC's, as gRPC over
-        HTTP/2 says), so that an HTTP client does not take a 200 for success; the body is the JSON error."""
-        self.status = UNKNOWN  # what a gRPC client makes of an HTTP status it has no mapping for
-        down = self.down
-        try:
-            # The request is read to its end first (dropped; within a second and 1 MiB): a malformation
-            # further on (a content-length its DATA does not match) is then still answered as one.
-            async with asyncio.timeout(1.0):
-                taken = 0
-                while taken < 1 << 20 and (data := await down.buffer.take()):
-                    taken += len(data)
-        except TimeoutError:
-            pass
-        except asyncio.CancelledError:  # the client reset the stream (or broke it) meanwhile: nothing to answer
-            self.task.uncancel()  # type: ignore[union-attr]
-            self.status = CANCELLED
-            return
-        if self.done or not down.closable:
-            return
-        self.done = True
-        down.send_headers([(":status", str(exc.status)), ("content-type", "application/json")], end_stream=False)
-        try:
-            await down.send_data(error_body(exc), end_stream=True)
-        except ConnectionError:
-            pass  # reset meanwhile
-
-    def _answer(self, status: int, message: str, extra: list[tuple[str, str]] | None = None) -> None:
-        """The call's final status from the gateway itself: trailers, or a trailers-only response."""
-        self.status = status
-        if self.done:
-            return
-        self.done = True
-        down = self.down
-        if not down.closable:
-            return
-        head = [] if self.head_sent else [(":status", "200"), ("content-type", "application/grpc")]
-        head += [("grpc-status", str(status)), ("grpc-message", encode_grpc_message(message))]
-        if extra:
-            head += extra
-        down.send_headers(head, end_stream=True)  # a client still sending is told to stop when it is released
-
-    def _reset_up(self) -> None:
+    def reset_up(self) -> None:
         """Close our end of the sandbox's stream: CANCEL unless the sandbox has answered (then NO_ERROR)."""
         up = self.up
         if up is not None and not up.gone and not (up.local_closed and up.remote_closed):
@@ -587,7 +471,7 @@ class Call:
         pump = self.pump
         if pump is not None and not pump.done():
             pump.cancel()
-        self._reset_up()
+        self.reset_up()
         if self.up is not None:
             self.up.release()
         self.down.release()

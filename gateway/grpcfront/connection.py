@@ -172,14 +172,17 @@ class Connection(FrameReader):
         if self.closed:
             return
         inbox = self._inbox
-        inbox += data
         self._reading = True
         try:
-            if self._preface:
-                if not self._take_preface():
-                    return
-                self._greet()
-            self._read_frames()
+            if inbox or self._preface:  # a frame begun in the last read (or the client's preface still to come)
+                inbox += data
+                if self._preface:
+                    if not self._take_preface():
+                        return
+                    self._greet()
+                data = bytes(inbox)
+                inbox.clear()
+            self._read_frames(data)
         except ConnectionFailure as failure:
             if not self._greeted and _HTTP1_REQUEST_LINE(inbox):  # where the preface should be
                 self._refuse_http1(self._transport, "HTTP/2 only (gRPC, with prior knowledge, or TLS with ALPN h2)")

@@ -1,7 +1,9 @@
 # The compiled build's declarations for frames.py (gateway/_compiled.py): the frame writers' sizes as C integers.
 cimport cython
 
-@cython.locals(size=Py_ssize_t)
+cdef bytearray _HEAD
+
+@cython.locals(size=Py_ssize_t, head=bytearray)
 cpdef bytes frame(int kind, int flags, Py_ssize_t stream_id, object payload=*)
 cpdef bytes window_update(Py_ssize_t stream_id, Py_ssize_t increment)
 cpdef bytes rst_stream(Py_ssize_t stream_id, Py_ssize_t code)

@@ -1,6 +1,7 @@
 # The compiled build's declarations for inbound.py (gateway/_compiled.py): the connection's state the reading
 # half uses, as C struct members (Connection, connection.pxd, extends it with the rest).
 cimport cython
+from gateway.grpcfront.frames cimport frame, u32, unpad
 from gateway.grpcfront.headers cimport HeaderCodec
 from gateway.grpcfront.keeper cimport Keeper
 from gateway.grpcfront.stream cimport Endpoint, Stream
@@ -19,9 +20,9 @@ cdef class FrameReader(Endpoint):
     cdef public Py_ssize_t _block_stream, _block_size
     cdef public bint _block_end, _self_dependent
     cdef public HeaderCodec _hpack
-    @cython.locals(inbox=bytearray, pos=Py_ssize_t, end=Py_ssize_t, size=Py_ssize_t, stop=Py_ssize_t, kind=int,
-                   flags=int, stream_id=Py_ssize_t)
-    cpdef _read_frames(self)
+    @cython.locals(buf="const unsigned char *", pos=Py_ssize_t, end=Py_ssize_t, size=Py_ssize_t, stop=Py_ssize_t,
+                   kind=int, flags=int, stream_id=Py_ssize_t)
+    cpdef _read_frames(self, bytes data)
     cpdef _frame(self, int kind, int flags, Py_ssize_t stream_id, bytes payload)
     @cython.locals(size=Py_ssize_t, stream=Stream)
     cpdef _data(self, int flags, Py_ssize_t stream_id, bytes payload)

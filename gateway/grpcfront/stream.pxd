@@ -38,6 +38,7 @@ cdef class Stream:
     cpdef send_now(self, bytes piece, bint end_stream=*)
     cpdef received_headers(self, tuple headers, bint end_stream)
     cpdef _wake_head(self)
+    cpdef counted(self, Py_ssize_t size, bint end_stream)
     cpdef received_end(self)
     cpdef release(self)
     cpdef reset(self, Py_ssize_t code=*)

@@ -18,6 +18,7 @@ import shutil
 import pytest
 
 from benchmarks.neighbours import LOCAL, SCENARIOS, Options, run, table
+from benchmarks.placement import PREFIX, own_cpu_cgroup
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -31,6 +32,8 @@ CI = Options(connections=240, sources=12, per_process=240, reopen=5.0, streams=4
 
 
 async def test_a_neighbours_attacks_cost_the_victim_no_error(capsys: pytest.CaptureFixture[str]) -> None:
+    cgroup = own_cpu_cgroup()  # where the attackers' capped group goes (root, cgroup v1), or None
+    groups_before = set(cgroup.glob(PREFIX + "*")) if cgroup else set()
     rows = await run(CI)
     report = table(rows)
     with capsys.disabled():  # the figures belong in the CI log, passed or not
@@ -45,6 +48,8 @@ async def test_a_neighbours_attacks_cost_the_victim_no_error(capsys: pytest.Capt
             assert facts["first"]["held"] >= 120, report  # the port was full before the victim came
             assert facts["gateway"].get(f"shed {listener}", 0) > 0, report  # and a slot was made for it
             assert facts["gateway"].get(f"refused max_connections_per_client/{listener}", 0) > 0, report
+            assert facts["capped"] == (cgroup is not None), report  # the attackers ran under their CPU cap
+            assert f"attackers capped at {CI.attacker_cpu:g} CPU" in row.attacker or cgroup is None, report
         elif row.scenario == "undeclared-streams":
             assert facts["opened"] == CI.streams and facts["declared"] == 429, report
         elif row.scenario == "files":
@@ -53,5 +58,7 @@ async def test_a_neighbours_attacks_cost_the_victim_no_error(capsys: pytest.Capt
             assert facts["enospc"] and facts["newcomer"] == 200, report
         elif row.scenario == "fork-bomb":
             assert facts["full"] and facts["newcomer"] == 200, report
+    if cgroup is not None:
+        assert set(cgroup.glob(PREFIX + "*")) <= groups_before  # each attack's group removed after it
     if not LOCAL_OK:
         pytest.skip("the local-sandbox attacks need root and bubblewrap; the connection attacks held")
