@@ -33,6 +33,7 @@ PURE_PYTHON_ENV = "SANDBOX_GATEWAY_PURE_PYTHON"
 COMPILED_MODULES = (
     "gateway.proxy._exchange",
     "gateway.proxy._upstream",
+    "gateway.proxy._framing",
     "gateway.proxy._state",
     "gateway.proxy._refusals",
     "gateway.proxy._keys",

@@ -12,8 +12,9 @@ import aiohttp
 import pytest
 
 from gateway.hosts import AllowedHosts, default_allowed_hosts
-from gateway.proxy import _wire as w
-from gateway.proxy._browser import CookieNames, private_to_caches, sandbox_cookie, without_clear_site_data
+from gateway.proxy._browser import (
+    CookieNames, host_only_cookies, private_to_caches, rewrite_under_prefix, sandbox_cookie, without_clear_site_data,
+)
 from tests.client_gateway import ClientGateway, client_gateway
 from tests.test_preview import DOMAIN, Preview, get, preview  # noqa: F401  (the fixture)
 
@@ -101,9 +102,9 @@ def test_a_sandbox_sets_cookies_for_itself_alone(value: bytes, host_mode: bytes 
     assert sandbox_cookie(value, PREFIX) == path_mode
     head = b"HTTP/1.1 200 OK\r\nSet-COOKIE:  " + value + b"\r\nX-Other: 1"
     expected_host = b"HTTP/1.1 200 OK" + (b"\r\nSet-COOKIE: " + host_mode if host_mode else b"") + b"\r\nX-Other: 1"
-    assert w.host_only_cookies(head) == expected_host
+    assert host_only_cookies(head) == expected_host
     expected_path = b"HTTP/1.1 200 OK" + (b"\r\nSet-COOKIE: " + path_mode if path_mode else b"") + b"\r\nX-Other: 1"
-    assert w.rewrite_under_prefix(head, PREFIX, ()) == expected_path
+    assert rewrite_under_prefix(head, PREFIX, ()) == expected_path
 
 
 @pytest.mark.parametrize(("head", "added"), [

@@ -14,6 +14,7 @@ import random
 import httptools
 import pytest
 
+from gateway.proxy._admission import REQUEST_HEADERS_EXACT
 from gateway.proxy._wire import plain_head, plain_request, plain_response
 
 # Bytes that make heads hostile: line ends, whitespace, separators, control and non-ASCII bytes.
@@ -284,3 +285,15 @@ def test_generated_responses_are_deferred_or_sent_as_the_llhttp_path_sends_them(
     rng = random.Random(3333)
     taken = sum(assert_response_agrees(random_response(rng)) for _ in range(20_000))
     assert taken > 1_000
+
+
+def test_common_names_are_the_tables_own_objects():
+    """A name of on_header's table comes back as the table's own key (no new bytes, its hash kept); another name,
+    or one in another case, as new bytes equal to what was sent."""
+    parts = plain_request(b"GET / HTTP/1.1\r\nHost: h\r\nX-User-Id: u\r\nx-session-id: s\r\nUser-Agent: a\r\n"
+                          b"X-Custom: c\r\nHOST: H\r\nX-USER-ID: U\r\n\r\n")
+    assert parts is not None
+    names = parts[2::2]
+    assert names == [b"Host", b"X-User-Id", b"x-session-id", b"User-Agent", b"X-Custom", b"HOST", b"X-USER-ID"]
+    keys = {id(name) for name in REQUEST_HEADERS_EXACT}
+    assert [id(name) in keys for name in names] == [True, True, True, True, False, False, False]

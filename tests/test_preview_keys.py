@@ -8,7 +8,7 @@ from gateway.errors import BadRequest
 from gateway.model import Endpoint
 from gateway.policy import allowed_ports, parse_policy
 from gateway.proxy._keys import PreviewKeys, query_token
-from gateway.proxy._wire import rewrite_under_prefix
+from gateway.proxy._browser import rewrite_under_prefix
 from gateway.proxy._wire import cut_access_cookie
 from routing import PolicyError
 from routing.ports import PortSet

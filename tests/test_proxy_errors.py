@@ -21,6 +21,7 @@ from tests.proxy_helpers import (
     FakeResolver,
     answers,
     backend,
+    closed_by_server,
     dead_port,
     echo_headers,
     eventually,
@@ -243,6 +244,33 @@ async def test_malformed_request_is_400_and_closed(start_gateway, garbage) -> No
     assert head.startswith(b"HTTP/1.1 400 ")
     assert json.loads(body)["error"]["code"] == "bad_request"
     assert b"Traceback" not in data
+
+
+class _FailingAuthenticator:
+    """An authenticator with a bug: what our code raising while a head is read looks like."""
+
+    memoizable = False
+
+    def identify(self, org, user, session, bot, authorization):  # type: ignore[no-untyped-def]
+        raise RuntimeError("a bug in the authenticator")
+
+
+async def test_a_callback_that_fails_is_logged_answered_and_closed(start_gateway, caplog) -> None:
+    """A plain head (the compiled build reads it without llhttp, the pure one with it) whose reading raises in
+    our code: logged, answered as an internal error, the connection closed; the next connection is served."""
+    gw = await start_gateway(FakeResolver(Endpoint("127.0.0.1", dead_port())))
+    authenticator = gw.plane.admission.authenticator
+    gw.plane.admission.authenticator = _FailingAuthenticator()
+    async with raw_client(gw.port) as (reader, writer):
+        writer.write(request_bytes(headers=identity_headers()))
+        status, _, body = await read_response(reader)
+        assert status == 500 and json.loads(body)["error"]["message"] == "internal error while reading the request"
+        assert await closed_by_server(reader)
+    assert "proxy callback failed" in caplog.text and "a bug in the authenticator" in caplog.text
+    gw.plane.admission.authenticator = authenticator
+    async with raw_client(gw.port) as (reader, writer):
+        writer.write(request_bytes(headers=identity_headers()))
+        assert (await read_response(reader)).status == 502  # the sandbox's port is dead: reached it
 
 
 async def test_oversized_head_is_431(start_gateway) -> None:

@@ -29,7 +29,8 @@ Three rooms, each with its own modules:
   ``_request``: the httptools callbacks that read them; ``_refusals``: the
   answers the gateway gives itself and the ways a stream is ended) and the upstream side
   (``_upstream``: responses, and the per-endpoint keep-alive pool that alone
-  takes and releases connections), with the bytes they write (``_wire``), the
+  takes and releases connections; ``_framing``: how a response body reaches the
+  client), with the bytes they write (``_wire``), the
   per-request state (``_exchange``) and WebSocket frame checks (``_wsframe``).
 - **Wiring** (``_plane``): :class:`DataPlane` starts, drains and stops, connects
   with retries, keeps the coarse clock and the deadlines, reports each finished

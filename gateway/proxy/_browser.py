@@ -299,3 +299,41 @@ def _parents(domain: str | None) -> list[bytes]:
 
 __all__ = ["HOST_COOKIE_NAME", "PATH_MODE_HEADERS", "CookieNames", "browser_document", "cross_site_refusal", "private_to_caches", "without_clear_site_data",
            "referer_without_token", "sandbox_cookie"]
+
+
+# Keyed requests (gateway.proxy._keys): a sandbox's Set-Cookie made its own (sandbox_cookie above), and in
+# path mode its Location put under the sandbox's prefix; the upstream side calls these on such a head.
+_REWRITTEN = re.compile(rb"\r\n(location|set-cookie):[ \t]*([^\r]*)", re.I)
+_SET_COOKIE = re.compile(rb"\r\n(set-cookie):[ \t]*([^\r]*)", re.I)
+
+
+def rewrite_under_prefix(head: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
+    """A response head with ``Location`` (a path, or an absolute URL on one of ``authorities``) and
+    ``Set-Cookie`` ``Path`` put under ``prefix`` (path mode), cookies host-only."""
+    def one(match: re.Match[bytes]) -> bytes:
+        name, value = match.group(1), match.group(2)
+        if name.lower() == b"location":
+            return b"\r\n" + name + b": " + _location_under(value, prefix, authorities)
+        cookie = sandbox_cookie(value, prefix)
+        return b"\r\n" + name + b": " + cookie if cookie is not None else b""
+    return _REWRITTEN.sub(one, head)
+
+
+def host_only_cookies(head: bytes) -> bytes:
+    """A response head whose ``Set-Cookie`` lines lose ``Domain`` (host mode: preview hosts are same-site
+    siblings, and a cookie for their parent would reach every other sandbox)."""
+    def one(match: re.Match[bytes]) -> bytes:
+        cookie = sandbox_cookie(match.group(2), None)
+        return b"\r\n" + match.group(1) + b": " + cookie if cookie is not None else b""
+    return _SET_COOKIE.sub(one, head)
+
+
+def _location_under(value: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
+    if value.startswith(b"/") and not value.startswith(b"//"):
+        return prefix + value
+    scheme, sep, rest = value.partition(b"://")
+    if sep and scheme.lower() in (b"http", b"https"):
+        authority, slash, path = rest.partition(b"/")
+        if authority.lower() in authorities:
+            return prefix + b"/" + path
+    return value

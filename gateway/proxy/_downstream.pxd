@@ -5,6 +5,11 @@ from gateway.proxy._exchange cimport Exchange
 from gateway.proxy._request cimport RequestReader
 from gateway.proxy._upstream cimport UpstreamConnection, UpstreamPool
 
+# The states, body kinds, modes and pause bits it imports, as C ints: its tests of them are C comparisons.
+cdef int CHUNKED, DONE, NO_BODY, PARSED, RESOLVING, TUNNEL, WAITING, M_CLOSING, M_DISCARD, M_EOF, M_IN_HEAD
+cdef int M_LINGER, M_TUNNEL, M_UPGRADED, PAUSE_PIPELINE, PAUSE_SLOW_HEAD, PAUSE_WAIT
+cdef bint COMPILED
+
 cdef class DownstreamConnection(RequestReader):
     cpdef refuse_connection(self, str bound)
     cpdef pause(self, int bit)

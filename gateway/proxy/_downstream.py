@@ -110,10 +110,6 @@ class DownstreamConnection(RequestReader):
             if not self.mode & M_DISCARD:  # else answered already (refused at its head): the rest is dropped
                 self._unparsable(exc, data)
             return
-        except Exception as exc:  # raised by a callback read_plain made (llhttp's path wraps these as above)
-            self.up_out.clear()
-            self.callback_failed(exc)
-            return
         out = self.up_out
         if out:
             conn = self.up_conn

@@ -12,7 +12,9 @@ import logging
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from gateway.errors import GatewayError, HeaderTooLarge, PayloadTooLarge, RequestTimeout, UpstreamTimeout, UriTooLong
+from gateway.errors import (
+    GatewayError, HeaderTooLarge, PayloadTooLarge, RequestTimeout, UpstreamTimeout, UriTooLong, error_body,
+)
 from gateway.proxy import _wire as w
 from gateway.proxy._browser import CookieNames
 from gateway.proxy._exchange import DONE, RESOLVING, TUNNEL, Exchange
@@ -189,7 +191,7 @@ class Refusals(ClientState):
         bad.state = RESOLVING
         self.plane.inflight += 1
         if h2:
-            self._send(w.h2_goaway(exc))
+            self._send(_h2_goaway(exc))
             self.linger()  # the client is still sending its request: a plain close could reset our answer away
         else:
             response = w.error_response(exc, bad.request_id, close=True, as_html=as_html, extra=extra)
@@ -200,6 +202,15 @@ class Refusals(ClientState):
             else:
                 self.close()
         self.plane.finished(bad)
+
+
+def _h2_goaway(exc: GatewayError) -> bytes:
+    """An HTTP/2 server preface (empty SETTINGS) and GOAWAY HTTP_1_1_REQUIRED carrying the JSON error as its
+    debug data, which HTTP/2 and gRPC clients show (grpcio: "GOAWAY received ... debug data")."""
+    body = error_body(exc)
+    settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    goaway = (len(body) + 8).to_bytes(3, "big") + b"\x07\x00\x00\x00\x00\x00" + b"\x00\x00\x00\x00\x00\x00\x00\x0d"
+    return settings + goaway + body
 
 
 __all__ = ["Refusals"]

@@ -6,6 +6,9 @@ from gateway.proxy._keys cimport KeyedRequests
 # on_header's table and header codes, typed: its lookup is a C dict get and its tests C comparisons.
 cdef dict REQUEST_HEADERS_EXACT
 cdef int R_AUTH, R_BOT, R_CL, R_CONNECTION, R_DROP, R_EXPECT, R_HOST, R_REQUEST_ID, R_TE, R_UPGRADE, R_XFF
+# The states, body kinds, modes and pause bits it imports, as C ints: its tests of them are C comparisons.
+cdef int CHUNKED, CODED, DONE, LENGTH, M_CLOSING, M_DISCARD, M_IN_HEAD, M_TUNNEL, M_UPGRADED, PAUSE_PIPELINE
+cdef int PAUSE_SLOW_HEAD, PAUSE_WAIT
 
 cdef class RequestReader(KeyedRequests):
     cpdef begin(self, Exchange ex, bint batch=*)

@@ -313,17 +313,21 @@ class RequestReader(KeyedRequests):
         parts = plain_request(data)
         if parts is None:
             return False
-        self.on_message_begin()
-        ex = self.parsing
-        ex.url = parts[1]
-        for i in range(2, len(parts), 2):
-            self.on_header(parts[i], parts[i + 1])
-        self.mode &= ~M_IN_HEAD
-        ex.method = parts[0]
-        if ex.host is None and ex.reject is None:  # HTTP/1.1, in origin-form, keep-alive, no Connection or Upgrade
-            _no_host(ex)
-        self.head_read(ex)
-        self.on_message_complete()
+        try:  # what llhttp's HttpParserCallbackError is to feed_data: the caller catches only the parser's errors
+            self.on_message_begin()
+            ex = self.parsing
+            ex.url = parts[1]
+            for i in range(2, len(parts), 2):
+                self.on_header(parts[i], parts[i + 1])
+            self.mode &= ~M_IN_HEAD
+            ex.method = parts[0]
+            if ex.host is None and ex.reject is None:  # HTTP/1.1, origin-form, keep-alive, no Connection/Upgrade
+                _no_host(ex)
+            self.head_read(ex)
+            self.on_message_complete()
+        except Exception as exc:
+            self.up_out.clear()
+            self.callback_failed(exc)
         return True
 
     def on_body(self, chunk: bytes) -> None:

@@ -3,6 +3,8 @@ cimport cython
 from gateway.proxy._exchange cimport Exchange, RequestLog, request_log
 from gateway.proxy._wire cimport RequestIds
 
+cdef int DONE  # imported from _exchange: a C comparison
+
 cdef class RequestHooks:
     cdef public tuple hooks
     cpdef report(self, RequestLog record)

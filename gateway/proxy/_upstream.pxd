@@ -3,6 +3,11 @@ cimport cython
 from gateway.proxy._exchange cimport Exchange
 from gateway.proxy._state cimport PlaneState
 
+# The states, body kinds and framings it imports, as C ints: its tests of them are C comparisons.
+cdef int BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING
+cdef int CODING_CHUNKED, CODING_NONE
+cdef bint COMPILED
+
 cdef class UpstreamPool:
     cdef public PlaneState plane
     cdef public object host, port

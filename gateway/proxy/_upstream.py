@@ -23,12 +23,14 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from gateway._compiled import COMPILED
 from gateway.errors import UpstreamError
-from gateway.proxy._browser import PATH_MODE_HEADERS, private_to_caches, without_clear_site_data
+from gateway.proxy._browser import (
+    PATH_MODE_HEADERS, host_only_cookies, private_to_caches, rewrite_under_prefix, without_clear_site_data,
+)
 from gateway.proxy._exchange import BODY, NO_BODY, F_DECHUNK, F_NONE, F_PASS, F_RAW, F_RECHUNK, TUNNEL, WAITING, Exchange
+from gateway.proxy._framing import Dechunker, body_framing
 from gateway.proxy._wire import (
-    CHUNK_END, CODING_CHUNKED, CODING_NONE, CODING_OTHER, CONN_CLOSE, CONN_KEEP_ALIVE, CRLF, HOP_BY_HOP,
-    IDEMPOTENT_METHODS, TE_CHUNKED, WS_UPGRADE, host_line, host_only_cookies, is_event_stream, plain_head,
-    plain_response, rewrite_under_prefix, strip_hop_by_hop, without_transfer_encoding,
+    CHUNK_END, CODING_CHUNKED, CODING_NONE, CONN_CLOSE, CONN_KEEP_ALIVE, CRLF, HOP_BY_HOP, IDEMPOTENT_METHODS,
+    host_line, is_event_stream, plain_head, plain_response, strip_hop_by_hop, without_transfer_encoding,
 )
 from gateway.proxy._wsframe import MessageSizeGuard
 
@@ -117,41 +119,6 @@ class UpstreamPool:
             self.idle.pop().close()
 
 
-class _Dechunker:
-    """Decodes a chunked body for an HTTP/1.0 client: a parser primed with a synthetic head."""
-
-    __slots__ = ("parser", "out")
-
-    def __init__(self) -> None:
-        self.out: list[bytes] = []
-        self.parser = HttpResponseParser(self)
-        self.parser.feed_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-
-    def on_body(self, chunk: bytes) -> None:
-        self.out.append(chunk)
-
-    def decode(self, data: bytes) -> bytes:
-        self.parser.feed_data(data)
-        decoded = b"".join(self.out)
-        self.out.clear()
-        return decoded
-
-
-def _framing(ex: Exchange, status: int, coding: int, has_length: bool) -> tuple[int, bytes]:
-    """How a response's body reaches the client (F_*), and the framing header the head gains."""
-    if status == 101:
-        return F_NONE, WS_UPGRADE
-    if status == 204 or status == 304 or ex.method == b"HEAD":
-        return F_NONE, b""
-    if coding == CODING_CHUNKED or (has_length and coding == CODING_NONE):
-        return (F_DECHUNK if ex.version10 and coding == CODING_CHUNKED else F_PASS), b""
-    if coding == CODING_OTHER:
-        return F_RAW, b""  # e.g. "Transfer-Encoding: gzip": as it came, delimited by closing
-    if not ex.version10:
-        return F_RECHUNK, TE_CHUNKED
-    return F_RAW, b""
-
-
 class UpstreamConnection:
     """One connection to a sandbox; ``ex`` is the exchange it serves, None while pooled. The transport
     calls it as an ``asyncio.Protocol`` (not a subclass, so that the compiled build can make it an
@@ -185,7 +152,7 @@ class UpstreamConnection:
         self.raw_pos = 0                # where the next head starts in raw; then where the body starts
         self.head_out = b""             # the rewritten head, sent with the first body bytes
         self.framing = F_NONE
-        self.dechunker: _Dechunker | None = None
+        self.dechunker: Dechunker | None = None
         self.frames: MessageSizeGuard | None = None  # a tunnel's frame boundaries (sandbox to client)
         self.sse_end: bytes | None = None  # what ends an event stream cleanly for the client (None: nothing can)
 
@@ -510,7 +477,7 @@ class UpstreamConnection:
     def _frame(self, ex: Exchange, status: int, head: bytes, low: bytes, coding: int) -> None:
         """Choose how the body reaches the client, and the head's Connection line, in general."""
         close = not ex.keep_alive or not ex.req_done or self.plane.draining
-        framing, extra = _framing(ex, status, coding, b"\r\ncontent-length:" in low)
+        framing, extra = body_framing(ex, status, coding, b"\r\ncontent-length:" in low)
         if framing == F_NONE and status != 101 and ex.method == b"HEAD":
             # httptools cannot be told the request was HEAD: the message ends here, and
             # the next one starts on a fresh parser.
@@ -518,7 +485,7 @@ class UpstreamConnection:
             self.keep = self.parser.should_keep_alive()
         elif framing == F_DECHUNK:
             head = without_transfer_encoding(head)
-            self.dechunker = _Dechunker()
+            self.dechunker = Dechunker()
         close = close or framing == F_DECHUNK or framing == F_RAW  # these end where the connection does
         self.framing = framing
         ex.close_after = close

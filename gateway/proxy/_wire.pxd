@@ -26,7 +26,7 @@ cdef int _T_URL, _T_NAME, _T_VALUE, _R_PLAIN, _R_LENGTH, _R_KEEP_ALIVE, _R_OTHER
 cdef bytes _BYTE_CLASS
 
 @cython.locals(s=chars, n=Py_ssize_t, size=Py_ssize_t, i=Py_ssize_t, line=Py_ssize_t, colon=Py_ssize_t,
-               value=Py_ssize_t, end=Py_ssize_t, parts=list, method=bytes)
+               value=Py_ssize_t, end=Py_ssize_t, parts=list, method=bytes, table=chars)
 cpdef list plain_request(bytes data)
 
 @cython.locals(s=chars, n=Py_ssize_t, line=Py_ssize_t, colon=Py_ssize_t, value=Py_ssize_t, end=Py_ssize_t,
@@ -36,19 +36,26 @@ cpdef tuple plain_response(bytes data, bytes request_id)
 @cython.locals(size=Py_ssize_t)
 cdef int _response_line(chars s, Py_ssize_t n, Py_ssize_t line, Py_ssize_t colon, Py_ssize_t value, Py_ssize_t end)
 
-@cython.locals(i=Py_ssize_t)
+@cython.locals(i=Py_ssize_t, table=chars)
 cdef Py_ssize_t _status_end(chars s, Py_ssize_t n)
+
+cdef tuple _NAME_SLOTS
+
+cdef inline Py_ssize_t _name_slot(Py_ssize_t size, int first, int middle, int last)
+
+@cython.locals(size=Py_ssize_t, word=bytes)
+cdef bytes _header_name(chars s, Py_ssize_t n, Py_ssize_t line, Py_ssize_t colon)
 
 @cython.locals(word=bytes)
 cdef object _plain_method(chars s, Py_ssize_t n)
 
-@cython.locals(i=Py_ssize_t)
+@cython.locals(i=Py_ssize_t, table=chars)
 cdef Py_ssize_t _colon(chars s, Py_ssize_t line)
 
 @cython.locals(i=Py_ssize_t)
 cdef Py_ssize_t _value(chars s, Py_ssize_t colon)
 
-@cython.locals(end=Py_ssize_t)
+@cython.locals(end=Py_ssize_t, table=chars)
 cdef Py_ssize_t _value_end(chars s, Py_ssize_t value)
 
 @cython.locals(number=Py_ssize_t, k=Py_ssize_t)

@@ -12,13 +12,13 @@ import re
 import secrets
 from http import HTTPStatus
 
+from gateway._compiled import COMPILED
 from gateway.access import COOKIE_NAME
-from gateway.errors import BadRequest, GatewayError, TooManyConnections, error_body, render, wants_html
+from gateway.errors import BadRequest, GatewayError, TooManyConnections, render, wants_html
 from gateway.proxy._admission import (  # noqa: F401  # the rules, as _request.py imports them
     IDENTITY_HEADER_NAMES, R_AUTH, R_BOT, R_CL, R_CONNECTION, R_COOKIE, R_DROP, R_EXPECT, R_HOST, R_ORG, R_PASS,
     R_REQUEST_ID, R_SANDBOX_ID, R_SANDBOX_NS, R_SANDBOX_PORT, R_SESSION, R_TE, R_TIMEOUT, R_UPGRADE, R_USER, R_XFF,
     REQUEST_HEADERS, REQUEST_HEADERS_EXACT, SANDBOX_HEADER_PREFIXES)
-from gateway.proxy._browser import sandbox_cookie
 
 # -- request headers ----------------------------------------------------------
 # What each request header means (identity, credentials, the router's X-Sandbox-* vocabulary, hop-by-hop) is
@@ -149,7 +149,7 @@ def _plain_line(s: bytes, n: int, start: int, colon: int, end: int) -> int:
     if size == 12 and _is(s, n, start, b"content-type", True):
         i = colon + 1
         while i + 12 <= end:  # "event-stream" anywhere in the value: the general rewrite's SSE check decides
-            if _is(s, n, i, b"event-stream", True):
+            if (s[i] | 32) == 101 and _is(s, n, i, b"event-stream", True):  # 'e' or 'E' first
                 return -1
             i += 1
         return 0
@@ -199,6 +199,26 @@ _BYTE_CLASS = bytes(
     | (_T_VALUE if 32 <= c <= 126 else 0)
     for c in range(256))
 _PLAIN_METHODS = (b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"OPTIONS", b"PATCH")
+# on_header's table's names (_admission.REQUEST_HEADERS_EXACT) but framing ones, its own key objects, one a slot:
+# plain_request hands these on, not new bytes, so a common name costs no allocation and no hashing (the table finds
+# its own key by identity); equal bytes either way. Capitalised spellings win a shared slot; the other is sliced.
+
+
+def _name_slot(size: int, first: int, middle: int, last: int) -> int:
+    return ((size << 5) ^ first ^ (middle << 1) ^ (last << 2)) & 511
+
+
+def _name_slots() -> tuple[bytes | None, ...]:
+    slots: list[bytes | None] = [None] * 512
+    for name in sorted(REQUEST_HEADERS_EXACT, key=lambda name: name[:1].islower()):
+        slot = _name_slot(len(name), name[0], name[len(name) >> 1], name[-1])
+        if slots[slot] is None and name.lower() not in (
+                b"content-length", b"transfer-encoding", b"connection", b"proxy-connection", b"upgrade"):
+            slots[slot] = name
+    return tuple(slots)
+
+
+_NAME_SLOTS = _name_slots()
 
 
 def plain_request(data: bytes) -> list[bytes] | None:
@@ -220,7 +240,8 @@ def plain_request(data: bytes) -> list[bytes] | None:
         return None
     size = len(method)
     i = size + 1
-    while _BYTE_CLASS[s[i]] & _T_URL:
+    table = _BYTE_CLASS  # compiled: a char pointer (no bounds check a byte)
+    while table[s[i]] & _T_URL:
         i += 1
     if i == size + 1 or s[size + 1] != 47 or not _is(s, n, i, b" HTTP/1.1\r\n", False):  # "/..."
         return None
@@ -232,7 +253,7 @@ def plain_request(data: bytes) -> list[bytes] | None:
         end = _value_end(s, value)
         if end < 0 or _framing_name(s, n, line, colon - line):
             return None
-        parts.append(s[line:colon])
+        parts.append(_header_name(s, n, line, colon))
         parts.append(s[value:end])
         line = end + 2
     return parts if line == n - 2 else None
@@ -246,13 +267,15 @@ def plain_response(data: bytes, request_id: bytes) -> tuple[bytes, int, int] | N
     digits that the bytes after the head match exactly, at most one ``Connection: keep-alive``, and none of
     what the general rewrite must see (see :func:`plain_head`). tests/test_plain_request.py holds it to
     llhttp and plain_head."""
+    n = len(data)  # every scan below stops at a byte out of its class, the NUL after a bytes object's last at the latest
+    if not COMPILED:
+        data += b"\0"  # as Python, that NUL is there too
     s = data  # compiled: a char pointer
-    n = data.find(b"\r\n\r\n") + 4  # the head's end: every scan below stops at its last LF at the latest
     line = _status_end(s, n)
     if line < 0:
         return None
     length = cut = resume = -1
-    while line < n - 2:
+    while s[line] != 13 or s[line + 1] != 10:  # until the empty line (a CR is before the NUL: s[line + 1] is in)
         colon = _colon(s, line)
         value = _value(s, colon)
         end = _value_end(s, value)
@@ -266,11 +289,12 @@ def plain_response(data: bytes, request_id: bytes) -> tuple[bytes, int, int] | N
         elif kind != _R_PLAIN:
             return None
         line = end + 2
-    if length < 0 or len(data) - n != length:
+    head = line + 2  # the head's size, its empty line in
+    if length < 0 or n - head != length:
         return None
     if cut < 0:
-        cut = resume = n - 4
-    return (b"".join((s[:cut], s[resume:n - 4], b"\r\nX-Request-Id: ", request_id, b"\r\n\r\n", s[n:len(data)])),
+        cut = resume = line - 2
+    return (b"".join((s[:cut], s[resume:line - 2], b"\r\nX-Request-Id: ", request_id, b"\r\n\r\n", s[head:n])),
             (s[9] - 48) * 100 + (s[10] - 48) * 10 + s[11] - 48, length)
 
 
@@ -300,9 +324,19 @@ def _status_end(s: bytes, n: int) -> int:
     if s[12] != 32 or (s[10] == 48 and (s[11] == 52 or s[11] == 53)):  # 204, 205: no body
         return -1
     i = 13
-    while _BYTE_CLASS[s[i]] & _T_VALUE:
+    table = _BYTE_CLASS  # compiled: a char pointer (no bounds check a byte)
+    while table[s[i]] & _T_VALUE:
         i += 1
     return i + 2 if s[i] == 13 and s[i + 1] == 10 else -1
+
+
+def _header_name(s: bytes, n: int, line: int, colon: int) -> bytes:
+    """The name ``s[line:colon]`` (not empty): the one in its slot of ``_NAME_SLOTS`` when that is it, else new bytes."""
+    size = colon - line
+    word = _NAME_SLOTS[_name_slot(size, s[line], s[line + (size >> 1)], s[colon - 1])]
+    if word is not None and len(word) == size and _is(s, n, line, word, False):
+        return word
+    return s[line:colon]
 
 
 def _plain_method(s: bytes, n: int) -> bytes | None:
@@ -316,7 +350,8 @@ def _plain_method(s: bytes, n: int) -> bytes | None:
 def _colon(s: bytes, line: int) -> int:
     """Where a header line's token name starting at ``line`` ends in its colon; -1 for no such name."""
     i = line
-    while _BYTE_CLASS[s[i]] & _T_NAME:
+    table = _BYTE_CLASS  # compiled: a char pointer (no bounds check a byte)
+    while table[s[i]] & _T_NAME:
         i += 1
     return i if i > line and s[i] == 58 else -1
 
@@ -336,7 +371,8 @@ def _value_end(s: bytes, value: int) -> int:
     if value < 0:
         return -1
     end = value
-    while _BYTE_CLASS[s[end]] & _T_VALUE:
+    table = _BYTE_CLASS  # compiled: a char pointer (no bounds check a byte)
+    while table[s[end]] & _T_VALUE:
         end += 1
     return end if end > value and s[end] == 13 and s[end + 1] == 10 and s[end - 1] != 32 else -1
 
@@ -532,58 +568,7 @@ def h2_refusal(grpc_port: int) -> BadRequest:
                       f"and gRPC go to the gateway's gRPC front on {where} (h2c)", code="http2_not_supported")
 
 
-def h2_goaway(exc: GatewayError) -> bytes:
-    """An HTTP/2 server preface (empty SETTINGS) and GOAWAY HTTP_1_1_REQUIRED carrying the JSON error as its
-    debug data, which HTTP/2 and gRPC clients show (grpcio: "GOAWAY received ... debug data")."""
-    body = error_body(exc)
-    settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-    goaway = (len(body) + 8).to_bytes(3, "big") + b"\x07\x00\x00\x00\x00\x00" + b"\x00\x00\x00\x00\x00\x00\x00\x0d"
-    return settings + goaway + body
-
-
 sane_request_id = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}").fullmatch
-
-
-# Keyed requests (gateway.proxy._keys): a sandbox's Set-Cookie made its own (gateway.proxy._browser), and in
-# path mode its Location put under the sandbox's prefix.
-_REWRITTEN = re.compile(rb"\r\n(location|set-cookie):[ \t]*([^\r]*)", re.I)
-_SET_COOKIE = re.compile(rb"\r\n(set-cookie):[ \t]*([^\r]*)", re.I)
-
-
-def rewrite_under_prefix(head: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
-    """A response head with ``Location`` (a path, or an absolute URL on one of ``authorities``) and
-    ``Set-Cookie`` ``Path`` put under ``prefix`` (path mode), cookies host-only."""
-    def one(match: re.Match[bytes]) -> bytes:
-        name, value = match.group(1), match.group(2)
-        if name.lower() == b"location":
-            return b"\r\n" + name + b": " + _location_under(value, prefix, authorities)
-        cookie = sandbox_cookie(value, prefix)
-        return b"\r\n" + name + b": " + cookie if cookie is not None else b""
-    return _REWRITTEN.sub(one, head)
-
-
-def host_only_cookies(head: bytes) -> bytes:
-    """A response head whose ``Set-Cookie`` lines lose ``Domain`` (host mode: preview hosts are same-site
-    siblings, and a cookie for their parent would reach every other sandbox)."""
-    def one(match: re.Match[bytes]) -> bytes:
-        cookie = sandbox_cookie(match.group(2), None)
-        return b"\r\n" + match.group(1) + b": " + cookie if cookie is not None else b""
-    return _SET_COOKIE.sub(one, head)
-
-
-def _path_under(path: bytes, prefix: bytes) -> bytes:
-    return prefix + path if path.startswith(b"/") else path
-
-
-def _location_under(value: bytes, prefix: bytes, authorities: tuple[bytes, ...]) -> bytes:
-    if value.startswith(b"/") and not value.startswith(b"//"):
-        return prefix + value
-    scheme, sep, rest = value.partition(b"://")
-    if sep and scheme.lower() in (b"http", b"https"):
-        authority, slash, path = rest.partition(b"/")
-        if authority.lower() in authorities:
-            return prefix + b"/" + path
-    return value
 
 
 class RequestIds:
