@@ -36,7 +36,7 @@ Three rooms, each with its own modules:
   with retries, keeps the coarse clock and the deadlines, reports each finished
   request; it takes :class:`PlaneOptions` (a few values, not the whole
   ``Settings``) and its seams as protocols with null objects for what is off
-  (``RouteResolver``; ``RouterHeaders``/``NoRouterHeaders``; ``on_request``).
+  (``_seams``: ``RouteResolver``; ``RouterHeaders``/``NoRouterHeaders``; and ``on_request``).
 
 Flow control is the transports' own: a full write buffer on one side pauses
 reading on the other, so bodies of any size stream in constant memory.
@@ -44,7 +44,8 @@ reading on the other, so bodies of any size stream in constant memory.
 
 from gateway.proxy._exchange import RequestLog
 from gateway.proxy._keys import PreviewKeys
-from gateway.proxy._plane import DataPlane, NoRouterHeaders, PlaneOptions, RouteResolver, RouterHeaders
+from gateway.proxy._plane import DataPlane, PlaneOptions
+from gateway.proxy._seams import NoRouterHeaders, RouteResolver, RouterHeaders
 from gateway.proxy._state import RequestHooks
 
 __all__ = ["DataPlane", "NoRouterHeaders", "PlaneOptions", "PreviewKeys", "RequestHooks", "RequestLog",

@@ -12,10 +12,10 @@ import socket
 import sys
 from collections.abc import Callable
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from gateway.auth import Authenticator, TrustedHeaders
-from gateway.errors import CapacityExceeded, NotFound, UpstreamConnectError
+from gateway.errors import CapacityExceeded, UpstreamConnectError
 from gateway.gate import ConnectionGate
 from gateway.hosts import AllowedHosts
 from gateway.limits import OrgLimits, limit_key
@@ -25,6 +25,7 @@ from gateway.proxy._downstream import DownstreamConnection
 from gateway.proxy._exchange import BODY, DONE, TUNNEL, WAITING, Exchange, RequestLog
 from gateway.proxy._keys import PreviewKeys
 from gateway.proxy._ready import ReadyHeads
+from gateway.proxy._seams import NoRouterHeaders, RouteResolver, RouterHeaders
 from gateway.proxy._state import (
     M_CLOSING, M_IN_HEAD, NEVER, PAUSE_SLOW_HEAD, PAUSE_UPSTREAM, SLOW_HEAD_AFTER, PlaneState, ignore_requests,
 )
@@ -89,59 +90,6 @@ class PlaneOptions:
     upstream_keepalive_timeout: float = 30.0
     stream_idle_timeout: float = 300.0
     grpc_port: int = 50051  # named in the answer to an HTTP/2 preface
-
-
-class RouteResolver(Protocol):
-    """What the data plane needs from the session layer (``SessionRouter`` satisfies it)."""
-
-    def cached_route(self, identity: Identity, owned: Route | None = None) -> Route | None:
-        """A synchronous answer from the resolver's cache, None on a miss; may raise a GatewayError
-        just like ``resolve``. A hit is served without creating a task for the request. ``owned``: the
-        route it returned last for this same ``identity`` object (a client connection's memo), whose
-        owner check need not be repeated."""
-
-    async def resolve(self, identity: Identity) -> Route: ...
-
-    def cached_sandbox_route(self, sandbox_id: str, port: int, incarnation: str) -> Route | None:
-        """The route to ``port`` of a sandbox by its ID from the cache (host and path keys), None on a
-        miss; raises a GatewayError for a stale incarnation or a port its pool does not open."""
-
-    async def route_for_sandbox(self, sandbox_id: str, port: int, incarnation: str) -> Route:
-        """The same, resolved: never creates a sandbox (a suspended one wakes)."""
-
-    def invalidate(self, key: str) -> None: ...
-
-    async def unreachable(self, route: Route) -> None: ...
-
-    def stream_opened(self, sandbox_id: str) -> None: ...
-
-    def stream_closed(self, sandbox_id: str) -> None: ...
-
-
-class RouterHeaders(Protocol):
-    """agent-sandbox's router headers (``gateway.compat.RouterCompat`` satisfies it)."""
-
-    def target(self, sandbox: bytes, namespace: bytes | None, port: bytes | None,
-               authorization: bytes | None) -> Any:
-        """Where the headers point (checked), or None when they are not honoured: route by identity."""
-
-    async def route(self, target: Any) -> Route: ...
-
-    def forget(self, target: Any) -> None: ...
-
-
-class NoRouterHeaders:
-    """The null object (router headers off, the default): the headers are dropped, the request routes by identity."""
-
-    def target(self, sandbox: bytes, namespace: bytes | None, port: bytes | None,
-               authorization: bytes | None) -> None:
-        return None
-
-    async def route(self, target: Any) -> Route:
-        raise NotFound("router headers are not enabled")  # unreachable: target() never gives one
-
-    def forget(self, target: Any) -> None:
-        pass
 
 
 class DataPlane(PlaneState):

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from gateway.model import Route
     from gateway.proxy._admission import Admission
     from gateway.proxy._keys import PreviewKeys
-    from gateway.proxy._plane import DataPlane, PlaneOptions, RouteResolver, RouterHeaders
+    from gateway.proxy._plane import DataPlane, PlaneOptions
+    from gateway.proxy._seams import RouteResolver, RouterHeaders
     from gateway.proxy._upstream import UpstreamConnection, UpstreamPool
     from gateway.proxy._wire import RequestIds
     from gateway.proxy._wsframe import MessageSizeGuard
