@@ -42,8 +42,14 @@ def record(sandbox_id: str, *, pool: str = "shared", org_id: str | None = "acme"
 ENDPOINT = Endpoint("10.0.0.7", 8080)
 
 
-async def still_waiting(*tasks: asyncio.Task[Settlement]) -> bool:
-    """True when none of ``tasks`` returns within ``SETTLE`` (they are blocked waiting)."""
+async def still_waiting(store: SessionStore, sandbox_id: str, *tasks: asyncio.Task[Settlement]) -> bool:
+    """True when ``tasks``, ``wait_settled`` calls on ``store`` for ``sandbox_id``, wait for its next settlement:
+    the store counts them as past their read (``waiting``; one still reading may take a settlement from its read,
+    not as a waiter: seen under load), and none returns within ``SETTLE``."""
+    deadline = asyncio.get_running_loop().time() + 5
+    while store.waiting(sandbox_id) < len(tasks) and not any(task.done() for task in tasks):
+        assert asyncio.get_running_loop().time() < deadline, f"{len(tasks)} waiters never parked"
+        await asyncio.sleep(0.005)
     done, _ = await asyncio.wait(tasks, timeout=SETTLE)
     return not done
 
@@ -214,7 +220,7 @@ class StoreContract:
     async def test_mark_ready_wakes_every_waiter(self, store: SessionStore) -> None:
         await store.reserve_sandbox(record("org-1"), Caps(), 30)
         waiters = [asyncio.create_task(store.wait_settled("org-1", timeout=5)) for _ in range(3)]
-        assert await still_waiting(*waiters)
+        assert await still_waiting(store, "org-1", *waiters)
         ready = await store.mark_ready("org-1", ENDPOINT)
         assert ready.state is SandboxState.READY and ready.endpoint == ENDPOINT
         for settlement in await asyncio.gather(*waiters):
@@ -226,7 +232,7 @@ class StoreContract:
     async def test_release_with_error_wakes_every_waiter_with_it(self, store: SessionStore) -> None:
         await store.reserve_sandbox(record("org-1"), Caps(), 30)
         waiters = [asyncio.create_task(store.wait_settled("org-1", timeout=5)) for _ in range(3)]
-        assert await still_waiting(*waiters)
+        assert await still_waiting(store, "org-1", *waiters)
         released = await store.release_sandbox("org-1", error="image pull failed")
         assert released is not None and released.sandbox_id == "org-1"
         assert await asyncio.gather(*waiters) == [Settlement(Settled.FAILED, error="image pull failed")] * 3
@@ -235,7 +241,7 @@ class StoreContract:
     async def test_release_without_error_tells_waiters_to_reserve_again(self, store: SessionStore) -> None:
         await store.reserve_sandbox(record("org-1"), Caps(), 30)
         waiter = asyncio.create_task(store.wait_settled("org-1", timeout=5))
-        assert await still_waiting(waiter)
+        assert await still_waiting(store, "org-1", waiter)
         await store.release_sandbox("org-1")
         assert await waiter == Settlement(Settled.REMOVED)
 
@@ -606,18 +612,18 @@ class StoreContract:
         await ready_at(store, {"org-1": T0})
         await store.begin_suspend("org-1", 30)
         waiter = asyncio.create_task(store.wait_settled("org-1", timeout=5))  # waits out the suspend
-        assert await still_waiting(waiter)
+        assert await still_waiting(store, "org-1", waiter)
         await store.mark_suspended("org-1")
         assert (await waiter).outcome is Settled.SUSPENDED
         assert (await store.reserve_sandbox(record("org-1"), Caps(), 30)).outcome is Reserved.RESUME
         waiters = [asyncio.create_task(store.wait_settled("org-1", timeout=5)) for _ in range(3)]
-        assert await still_waiting(*waiters)
+        assert await still_waiting(store, "org-1", *waiters)
         back = await store.mark_suspended("org-1", error="node is gone")
         assert back is not None and back.state is SandboxState.SUSPENDED  # failed: suspended, never stuck
         assert await asyncio.gather(*waiters) == [Settlement(Settled.FAILED, error="node is gone")] * 3
         assert (await store.reserve_sandbox(record("org-1"), Caps(), 30)).outcome is Reserved.RESUME  # retried
         ready = asyncio.create_task(store.wait_settled("org-1", timeout=5))
-        assert await still_waiting(ready)
+        assert await still_waiting(store, "org-1", ready)
         await store.mark_ready("org-1", ENDPOINT)
         assert (await ready).outcome is Settled.READY
 

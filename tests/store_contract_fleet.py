@@ -154,11 +154,11 @@ class FleetContract:
         again = await store.reserve_sandbox(record(own, pool="small"), Caps(), 30)
         assert again.outcome is Reserved.EXISTING and again.record.state is SandboxState.DELETING
         waiter = asyncio.create_task(store.wait_settled(own, 5))
-        assert await still_waiting(waiter)
+        assert await still_waiting(store, own, waiter)
         with pytest.raises(NotReserved):
             await store.mark_ready(own, ENDPOINT)  # being deleted: nobody completes it
         assert await store.finish_due([], [own], "claim-2") == []  # another claim's token: left alone
-        assert await still_waiting(waiter)
+        assert await still_waiting(store, own, waiter)
         assert await store.finish_due([], [own], "claim-1") == [own]  # s-2 is left for the caller
         assert (await waiter).outcome is Settled.REMOVED  # reserve again: a new sandbox
         assert await store.get_sandbox(own) is None
@@ -189,7 +189,7 @@ class FleetContract:
         due = Due("org-1", SandboxState.READY, clock(), SandboxState.SUSPENDING)
         assert await store.claim_due([due], clock() + 30, "claim-1") == [Claim.CLAIMED]
         waiter = asyncio.create_task(store.wait_settled("org-1", 5))
-        assert await still_waiting(waiter)
+        assert await still_waiting(store, "org-1", waiter)
         clock.advance(1)
         assert await store.finish_due(["org-1"], [], "claim-1") == []
         settled = await waiter

@@ -131,7 +131,7 @@ async def test_create_once_across_replicas(replicas: Callable[..., RedisStore]) 
     assert (await a.reserve_sandbox(record("org-1"), Caps(), 30)).created
     assert not (await b.reserve_sandbox(record("org-1"), Caps(), 30)).created
     waiter = asyncio.create_task(b.wait_settled("org-1", timeout=10))
-    assert await still_waiting(waiter)
+    assert await still_waiting(b, "org-1", waiter)
     await a.mark_ready("org-1", ENDPOINT)
     settlement = await asyncio.wait_for(waiter, 5)
     assert settlement.record is not None and settlement.record.endpoint == ENDPOINT
@@ -148,7 +148,7 @@ async def test_creator_error_reaches_the_other_replica(replicas: Callable[..., R
     a, b = replicas("replica-a"), replicas("replica-b", recheck_interval=60)
     await a.reserve_sandbox(record("org-1"), Caps(), 30)
     waiter = asyncio.create_task(b.wait_settled("org-1", timeout=10))
-    assert await still_waiting(waiter)
+    assert await still_waiting(b, "org-1", waiter)
     await a.release_sandbox("org-1", error="quota exceeded at the provider")
     assert await asyncio.wait_for(waiter, 5) == Settlement(Settled.FAILED, error="quota exceeded at the provider")
 

@@ -285,6 +285,8 @@ class SessionStore(Protocol):
     async def wait_settled(self, sandbox_id: str, timeout: float) -> Settlement:
         """Wait until the record is not ``creating``, ``resuming`` or ``suspending``; raise
         ``SettleTimeout`` past ``timeout``."""
+    def waiting(self, sandbox_id: str) -> int:
+        """How many of this instance's ``wait_settled`` calls have read the record and wait for its next settlement."""
 
     # activity and streams
     async def touch(self, sandboxes: Mapping[str, float], sessions: Mapping[str, float]) -> None: ...

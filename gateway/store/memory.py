@@ -291,6 +291,10 @@ class MemoryStore:
             if waiters and future in waiters:
                 waiters.remove(future)
 
+    def waiting(self, sandbox_id: str) -> int:
+        """How many ``wait_settled`` calls wait for the record's next settlement."""
+        return len(self._waiters.get(sandbox_id, ()))
+
     # activity and streams -----------------------------------------------
     async def touch(self, sandboxes: Mapping[str, float], sessions: Mapping[str, float]) -> None:
         for sandbox_id, at in sandboxes.items():

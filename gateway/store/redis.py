@@ -407,7 +407,8 @@ class RedisStore(RedisFleet, RedisStreamCounts):
                 left = deadline - loop.time()
                 if left <= 0:
                     raise SettleTimeout(sandbox_id, timeout)
-                await asyncio.wait((waiter,), timeout=min(left, lease_left, self._recheck_interval))
+                with self._listener.parked(sandbox_id):
+                    await asyncio.wait((waiter,), timeout=min(left, lease_left, self._recheck_interval))
                 if not waiter.done():
                     continue  # a deadline, a lease expiry or a periodic re-check: read again
                 message = waiter.result()  # raises StoreUnavailable if the store was closed
@@ -417,6 +418,9 @@ class RedisStore(RedisFleet, RedisStreamCounts):
                     if message.get("state") == "suspended" and message.get("error"):
                         return Settlement(Settled.FAILED, error=message["error"])  # the resume failed
                 # "ready", another incarnation's message, or a pub/sub reconnect: read again
+
+    def waiting(self, sandbox_id: str) -> int:
+        return self._listener.parked_count(sandbox_id)
 
     # activity and streams -----------------------------------------------
     @translated("list idle sessions")

@@ -19,6 +19,7 @@ subscriber gets ``INVALIDATE_ALL``: messages sent while disconnected are lost.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -58,6 +59,7 @@ class RedisListener:
         self.subscribe_timeout = connect_timeout + 2 * _MAX_BACKOFF  # the listener retries at least this often
         self._callbacks: list[Invalidation] = []
         self._waiters: dict[str, set[Waiter]] = {}
+        self._parked: collections.Counter[str] = collections.Counter()  # waiters past their read: parked()
         self._subscribed = asyncio.Event()
         self._was_subscribed = False
         self._stopping = asyncio.Event()
@@ -109,6 +111,20 @@ class RedisListener:
                 waiters.discard(future)
                 if not waiters:
                     del self._waiters[sandbox_id]
+
+    @contextmanager
+    def parked(self, sandbox_id: str) -> Iterator[None]:
+        """Counted in ``parked_count`` (the store's ``waiting``) while a waiter that has read the record waits."""
+        self._parked[sandbox_id] += 1
+        try:
+            yield
+        finally:
+            self._parked[sandbox_id] -= 1
+            if not self._parked[sandbox_id]:
+                del self._parked[sandbox_id]
+
+    def parked_count(self, sandbox_id: str) -> int:
+        return self._parked[sandbox_id]
 
     def notify(self, key: str) -> None:
         """Deliver an invalidation made by this instance to its own subscribers, synchronously."""
